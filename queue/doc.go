@@ -1,0 +1,20 @@
+// Package queue is a Redis lease queue for background jobs that must not be lost.
+//
+// A producer enqueues jobs (Queue.Enqueue); worker processes lease them (Worker). A lease is a deadline in a
+// sorted set plus a fencing epoch that grows with every lease, so that only the worker holding the current
+// lease can complete, fail or extend it: a worker whose lease was taken away gets ErrLeaseLost and changes
+// nothing. Every state change is one Lua script run atomically by Redis, and every deadline comes from Redis's
+// clock, never a worker's.
+//
+// The guarantee is at-least-once: a job that was enqueued runs until it completes or is dead, even when its
+// worker is killed mid-job. Each worker process keeps a short liveness record; the sweeper, run by every
+// worker but at most once per interval across all of them, hands the jobs of a process whose liveness ran out
+// back to ready within seconds, without waiting for their per-job lease, and it never reclaims a slow job of a
+// live process. A job that keeps killing its workers is dead after MaxStalls, with the reason recorded.
+//
+// Because a job can run twice, handlers must make their side effects idempotent; the oncegate gateway exists
+// for that. Job.ID and Job.Epoch let a handler name its effects stably and fence them.
+//
+// All keys of a queue share one hash tag, {q:NAME}, and every key a script touches is passed in KEYS, so a
+// queue lives on one Redis Cluster slot.
+package queue

@@ -1,0 +1,102 @@
+package queue
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+)
+
+// JobState is where a job is in its life. The values are stored as they are in each job's record in Redis.
+type JobState string
+
+const (
+	StateReady     JobState = "ready"     // waiting for a worker
+	StateDelayed   JobState = "delayed"   // waiting for its run_at: scheduled, or a retry after backoff
+	StateActive    JobState = "active"    // leased by a worker
+	StateCompleted JobState = "completed" // done, retained for a while (Options.RetainCompleted)
+	StateDead      JobState = "dead"      // failed for good: see Job.DeadReason; kept until purged
+)
+
+// JobStates lists every state, in the order of a job's life.
+func JobStates() []JobState {
+	return []JobState{StateReady, StateDelayed, StateActive, StateCompleted, StateDead}
+}
+
+// Job is a job as the queue holds it.
+type Job struct {
+	ID      string
+	Kind    string
+	Payload []byte
+	State   JobState
+
+	// Epoch is the fencing token: it grows by one with every lease. Only the holder of the current epoch can
+	// complete, fail or extend the job, and effects performed for the job can carry it to be fenced too.
+	Epoch int64
+	// Attempt is the 1-based number of the attempt a handler is running: failed attempts so far plus one.
+	Attempt int
+	// Failures counts attempts that ended in an error; Stalls counts leases lost to a crash or an expired lease.
+	// They are counted apart, so a crashing worker does not use up a job's retries.
+	Failures    int
+	Stalls      int
+	MaxAttempts int
+	MaxStalls   int
+
+	CreatedAt  time.Time
+	ReadyAt    time.Time // when it last became ready
+	RunAt      time.Time // for a delayed job, when it becomes ready
+	LeasedAt   time.Time
+	FinishedAt time.Time
+
+	Owner      string // the worker process holding an active job
+	LastError  string
+	LastStall  string // why it was last reclaimed
+	DeadReason string
+
+	// TraceContext carries the W3C trace context of the enqueue, so the handler continues the same trace.
+	TraceContext map[string]string
+}
+
+// record is a job's JSON record in Redis: times in ms of Redis's clock, names as the Lua scripts use them.
+type record struct {
+	ID          string            `json:"id"`
+	Kind        string            `json:"kind,omitempty"`
+	State       JobState          `json:"state,omitempty"`
+	Epoch       int64             `json:"epoch"`
+	Failures    int               `json:"failures"`
+	Stalls      int               `json:"stalls"`
+	MaxAttempts int               `json:"max_attempts"`
+	MaxStalls   int               `json:"max_stalls"`
+	CreatedAt   int64             `json:"created_at,omitempty"`
+	ReadyAt     int64             `json:"ready_at,omitempty"`
+	RunAt       int64             `json:"run_at,omitempty"`
+	LeasedAt    int64             `json:"leased_at,omitempty"`
+	FinishedAt  int64             `json:"finished_at,omitempty"`
+	Owner       string            `json:"owner,omitempty"`
+	LastError   string            `json:"last_error,omitempty"`
+	LastStall   string            `json:"last_stall,omitempty"`
+	DeadReason  string            `json:"dead_reason,omitempty"`
+	Trace       map[string]string `json:"trace,omitempty"`
+}
+
+func msTime(ms int64) time.Time {
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms)
+}
+
+func decodeJob(raw string, payload []byte) (*Job, error) {
+	var r record
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		return nil, fmt.Errorf("queue: decode job record: %w", err)
+	}
+	return &Job{
+		ID: r.ID, Kind: r.Kind, Payload: payload, State: r.State,
+		Epoch: r.Epoch, Attempt: r.Failures + 1, Failures: r.Failures, Stalls: r.Stalls,
+		MaxAttempts: r.MaxAttempts, MaxStalls: r.MaxStalls,
+		CreatedAt: msTime(r.CreatedAt), ReadyAt: msTime(r.ReadyAt), RunAt: msTime(r.RunAt),
+		LeasedAt: msTime(r.LeasedAt), FinishedAt: msTime(r.FinishedAt),
+		Owner: r.Owner, LastError: r.LastError, LastStall: r.LastStall, DeadReason: r.DeadReason,
+		TraceContext: r.Trace,
+	}, nil
+}

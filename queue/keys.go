@@ -1,0 +1,36 @@
+package queue
+
+// keys names every Redis key of one queue. They share the hash tag {q:NAME}, so a queue's scripts run on one
+// Redis Cluster slot. Nothing else in the package builds a key name.
+type keys struct {
+	prefix                                                                                 string
+	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead, sweepGuard string
+}
+
+func newKeys(name string) keys {
+	p := "{q:" + name + "}:"
+	return keys{
+		prefix:     p,
+		jobs:       p + "jobs",     // hash: id -> job record (JSON)
+		payloads:   p + "payloads", // hash: id -> payload
+		ready:      p + "ready",    // list of ids, oldest first
+		delayed:    p + "delayed",  // zset: id -> run_at ms
+		leases:     p + "leases",   // zset: id -> lease deadline ms
+		owned:      p + "owned",    // zset (lex): "<worker id>:<job id>"
+		workers:    p + "workers",  // zset: worker id -> liveness deadline ms
+		marker:     p + "marker",   // zset idle workers block on
+		done:       p + "done",     // zset: id -> finished_at ms (retained completed jobs)
+		dead:       p + "dead",     // zset: id -> died at ms
+		sweepGuard: p + "sweep",    // string with a TTL: a sweep ran within the interval
+	}
+}
+
+// all lists every key, for tests and for Queue.Destroy.
+func (k keys) all() []string {
+	return []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.done,
+		k.dead, k.sweepGuard}
+}
+
+// wake is a worker process's own wake-up key, which its fetcher blocks on beside the shared marker, so that a
+// closing worker can wake its own fetcher at once.
+func (k keys) wake(workerID string) string { return k.prefix + "wake:" + workerID }

@@ -1,0 +1,57 @@
+-- Leases up to ARGV[2] ready jobs to one worker process, after moving due delayed jobs to ready. Each lease
+-- increments the job's fencing epoch and puts a deadline in `leases`, so expired leases are found by score.
+-- It also refreshes the worker's liveness: a worker that leases is alive.
+--
+-- KEYS[1] jobs      KEYS[2] payloads  KEYS[3] ready   KEYS[4] delayed
+-- KEYS[5] leases    zset: id -> lease deadline ms
+-- KEYS[6] owned     zset of "<wid>:<id>" (score 0), the jobs each worker process holds
+-- KEYS[7] workers   zset: wid -> liveness deadline ms
+-- KEYS[8] marker
+-- ARGV[1] worker id
+-- ARGV[2] how many jobs at most
+-- ARGV[3] lease TTL ms
+-- ARGV[4] liveness TTL ms
+-- Returns {now, next delayed run_at or -1, record1, payload1, record2, payload2, ...}
+
+local now = now_ms()
+local wid = ARGV[1]
+
+local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1000)
+for _, id in ipairs(due) do
+  local job = load_job(KEYS[1], id)
+  if job then
+    make_ready(KEYS[1], KEYS[3], id, job, now)
+  end
+  redis.call('ZREM', KEYS[4], id)
+end
+
+redis.call('ZADD', KEYS[7], now + tonumber(ARGV[4]), wid)
+
+local out = {now, -1}
+local ids = redis.call('LPOP', KEYS[3], tonumber(ARGV[2]))
+if ids then
+  local deadline = now + tonumber(ARGV[3])
+  for _, id in ipairs(ids) do
+    local job = load_job(KEYS[1], id)
+    -- A ready id without a record was purged while it waited; there is nothing to run.
+    if job and job.state == 'ready' then
+      job.epoch = job.epoch + 1
+      job.state = 'active'
+      job.owner = wid
+      job.leased_at = now
+      out[#out + 1] = save_job(KEYS[1], id, job)
+      out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
+      redis.call('ZADD', KEYS[5], deadline, id)
+      redis.call('ZADD', KEYS[6], 0, owned_member(wid, id))
+    end
+  end
+end
+
+if redis.call('LLEN', KEYS[3]) > 0 then
+  wake(KEYS[8])
+end
+local nxt = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+if nxt[2] then
+  out[2] = tonumber(nxt[2])
+end
+return out

@@ -1,0 +1,70 @@
+-- Helpers shared by every script in this folder. scripts.go prepends this file to each script, so a script
+-- reads as one unit in Redis (SCRIPT LOAD) while the helpers are written once.
+--
+-- A job's record is a JSON object in the queue's `jobs` hash (field = job ID); its payload sits apart in the
+-- `payloads` hash so that state changes never rewrite the payload. All times are milliseconds of Redis's own
+-- clock (TIME): worker clocks play no part in any deadline.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function load_job(jobs_key, id)
+  local raw = redis.call('HGET', jobs_key, id)
+  if not raw then
+    return nil
+  end
+  return cjson.decode(raw)
+end
+
+local function save_job(jobs_key, id, job)
+  local raw = cjson.encode(job)
+  redis.call('HSET', jobs_key, id, raw)
+  return raw
+end
+
+-- Wakes one worker blocked in BZPOPMIN on the marker. The marker has a single member, so a burst of enqueues
+-- wakes one worker, which wakes the next if it leaves ready jobs behind (see lease.lua).
+local function wake(marker_key)
+  redis.call('ZADD', marker_key, 0, 'm')
+end
+
+-- The member of `owned` that ties a job to the worker process holding it. Worker IDs have a fixed length, so
+-- ZRANGEBYLEX on "[<wid>:" .. "[<wid>;" lists exactly that worker's jobs.
+local function owned_member(wid, id)
+  return wid .. ':' .. id
+end
+
+-- Puts a job at the tail of the ready list. The list stays ordered by ready_at, so its head is the oldest.
+local function make_ready(keys_jobs, keys_ready, id, job, now)
+  job.state = 'ready'
+  job.ready_at = now
+  job.owner = nil
+  job.run_at = nil
+  save_job(keys_jobs, id, job)
+  redis.call('RPUSH', keys_ready, id)
+end
+
+local function make_dead(keys_jobs, keys_dead, id, job, now, reason)
+  job.state = 'dead'
+  job.dead_reason = reason
+  job.finished_at = now
+  job.owner = nil
+  job.run_at = nil
+  save_job(keys_jobs, id, job)
+  redis.call('ZADD', keys_dead, now, id)
+end
+
+-- Removes an active job's lease. The caller has checked that the job is active.
+local function drop_lease(keys_leases, keys_owned, id, job)
+  redis.call('ZREM', keys_leases, id)
+  if job.owner then
+    redis.call('ZREM', keys_owned, owned_member(job.owner, id))
+  end
+end
+
+-- The fence: a lease is the caller's only while the job is active under the epoch the caller was given.
+local function holds(job, epoch)
+  return job ~= nil and job.state == 'active' and tonumber(job.epoch) == tonumber(epoch)
+end

@@ -1,0 +1,24 @@
+-- A graceful close: hands a worker's unfinished jobs back to ready at once, so nobody waits for their lease
+-- to expire, and removes the worker from the liveness registry. Neither an attempt nor a stall is counted.
+--
+-- KEYS[1] jobs  KEYS[2] leases  KEYS[3] owned  KEYS[4] ready  KEYS[5] marker  KEYS[6] workers
+-- ARGV[1] worker id
+-- ARGV[2..] pairs of id, epoch
+-- Returns the number of jobs handed back.
+
+local now = now_ms()
+local n = 0
+for i = 2, #ARGV, 2 do
+  local id = ARGV[i]
+  local job = load_job(KEYS[1], id)
+  if holds(job, ARGV[i + 1]) then
+    drop_lease(KEYS[2], KEYS[3], id, job)
+    make_ready(KEYS[1], KEYS[4], id, job, now)
+    n = n + 1
+  end
+end
+redis.call('ZREM', KEYS[6], ARGV[1])
+if n > 0 then
+  wake(KEYS[5])
+end
+return n

@@ -1,0 +1,177 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	if proctest.Role() == "worker" {
+		os.Exit(workerProcess())
+	}
+	os.Exit(m.Run())
+}
+
+// workerProcess is a real worker process for crash tests. It prints "start <id> <epoch>" on stdout when a
+// handler starts and "done <id> <epoch>" when one returns, and runs until SIGTERM (a graceful close) or
+// SIGKILL. WORKER_HANDLER says what handlers do: "block" waits for their context, "sleep" sleeps WORKER_SLEEP
+// ignoring the context, "ok" returns at once.
+func workerProcess() int {
+	env := func(k string, d time.Duration) time.Duration {
+		if v, err := time.ParseDuration(os.Getenv(k)); err == nil {
+			return v
+		}
+		return d
+	}
+	opts, err := redis.ParseURL(testenv.RedisURL())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	rdb := redis.NewClient(opts)
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	q, err := New(rdb, os.Getenv("WORKER_QUEUE"), &Options{Logger: log})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	mode := os.Getenv("WORKER_HANDLER")
+	h := HandlerFunc(func(ctx context.Context, job *Job) error {
+		fmt.Printf("start %s %d\n", job.ID, job.Epoch)
+		defer fmt.Printf("done %s %d\n", job.ID, job.Epoch)
+		switch mode {
+		case "block":
+			<-ctx.Done()
+			return context.Cause(ctx)
+		case "sleep":
+			time.Sleep(env("WORKER_SLEEP", time.Second))
+		}
+		return nil
+	})
+	conc, _ := strconv.Atoi(os.Getenv("WORKER_CONCURRENCY"))
+	w, err := NewWorker(q, h, &WorkerConfig{
+		Concurrency:   conc,
+		LeaseTTL:      env("WORKER_LEASE_TTL", 0),
+		LivenessTTL:   env("WORKER_LIVENESS_TTL", 0),
+		SweepInterval: env("WORKER_SWEEP_INTERVAL", 0),
+		DrainTimeout:  env("WORKER_DRAIN", 0),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	fmt.Printf("ready %s\n", w.ID())
+	if err := w.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("closed")
+	return 0
+}
+
+// newQueue returns a queue of the test's own, destroyed when the test ends.
+func newQueue(t *testing.T, opts *Options) (*Queue, *redis.Client) {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	q, err := New(rdb, testenv.Name(t, "q"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := q.Destroy(context.Background()); err != nil {
+			t.Errorf("destroy queue: %v", err)
+		}
+	})
+	return q, rdb
+}
+
+// runWorker runs a worker until the test ends, and checks that it closes cleanly.
+func runWorker(t *testing.T, q *Queue, h Handler, cfg *WorkerConfig) *Worker {
+	t.Helper()
+	w, err := NewWorker(q, h, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("worker run: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("worker did not close within 30s")
+		}
+	})
+	return w
+}
+
+func mustEnqueue(t *testing.T, q *Queue, nj NewJob) *EnqueueResult {
+	t.Helper()
+	res, err := q.Enqueue(context.Background(), nj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func mustJob(t *testing.T, q *Queue, id string) *Job {
+	t.Helper()
+	j, err := q.Job(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return j
+}
+
+// waitState waits until the job is in state s and returns it.
+func waitState(t *testing.T, q *Queue, id string, s JobState, d time.Duration) *Job {
+	t.Helper()
+	var j *Job
+	testenv.Eventually(t, d, fmt.Sprintf("job %s never reached state %s (last: %+v)", id, s, j), func() bool {
+		var err error
+		j, err = q.Job(context.Background(), id)
+		return err == nil && j.State == s
+	})
+	return j
+}
+
+// completeAs runs the complete script as a worker holding epoch would, bypassing any Worker.
+func completeAs(t *testing.T, q *Queue, id string, epoch int64) bool {
+	t.Helper()
+	k := q.keys
+	res, err := completeScript.Run(context.Background(), q.rdb,
+		[]string{k.jobs, k.payloads, k.leases, k.owned, k.done}, 10, 60_000, id, epoch).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res[0] == 1
+}
+
+// leaseAs leases up to n jobs to a made-up worker that will never heartbeat.
+func leaseAs(t *testing.T, q *Queue, wid string, n int, leaseTTL, livenessTTL time.Duration) []*Job {
+	t.Helper()
+	w := &Worker{q: q, id: wid, cfg: WorkerConfig{LeaseTTL: leaseTTL, LivenessTTL: livenessTTL}}
+	jobs, _, _, err := w.lease(context.Background(), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return jobs
+}

@@ -1,0 +1,485 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncegate/oncegate/internal/backoff"
+	"github.com/oncegate/oncegate/internal/testenv"
+)
+
+func TestEnqueueRunsJobWithPayloadAndKind(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	got := make(chan *Job, 1)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { got <- j; return nil }), nil)
+	res := mustEnqueue(t, q, NewJob{ID: "signup:user_1", Kind: "signup", Payload: []byte(`{"user":1}`)})
+	if res.Duplicate || res.Job.State != StateReady || res.Job.Epoch != 0 {
+		t.Fatalf("enqueue result = %+v", res)
+	}
+	select {
+	case j := <-got:
+		if j.ID != "signup:user_1" || j.Kind != "signup" || string(j.Payload) != `{"user":1}` ||
+			j.Epoch != 1 || j.Attempt != 1 || j.State != StateActive {
+			t.Fatalf("handler got %+v", j)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("job never ran")
+	}
+	j := waitState(t, q, "signup:user_1", StateCompleted, 5*time.Second)
+	if j.FinishedAt.Before(j.LeasedAt) || j.Owner != "" {
+		t.Fatalf("completed job = %+v", j)
+	}
+}
+
+func TestJobsRunInEnqueueOrder(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	for i := range 20 {
+		mustEnqueue(t, q, NewJob{ID: fmt.Sprint(i)})
+	}
+	var mu sync.Mutex
+	var order []string
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		mu.Lock()
+		order = append(order, j.ID)
+		mu.Unlock()
+		return nil
+	}), &WorkerConfig{Concurrency: 1})
+	testenv.Eventually(t, 5*time.Second, "20 jobs run", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == 20
+	})
+	for i, id := range order {
+		if id != fmt.Sprint(i) {
+			t.Fatalf("run order %v, want 0..19", order)
+		}
+	}
+}
+
+// A job ID names a business action: while the job exists in any state, enqueueing it again adds nothing.
+func TestEnqueueSameIDIsOneJobInEveryState(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	ctx := context.Background()
+
+	again := func(id string, want JobState) {
+		t.Helper()
+		res := mustEnqueue(t, q, NewJob{ID: id, Payload: []byte("second")})
+		if !res.Duplicate || res.Job.State != want || string(res.Job.Payload) != "first" {
+			t.Fatalf("re-enqueue of %s: duplicate=%v state=%s payload=%q, want duplicate in %s with the first payload",
+				id, res.Duplicate, res.Job.State, res.Job.Payload, want)
+		}
+	}
+	mustEnqueue(t, q, NewJob{ID: "r", Payload: []byte("first")})
+	again("r", StateReady)
+	mustEnqueue(t, q, NewJob{ID: "d", Payload: []byte("first"), Delay: time.Hour})
+	again("d", StateDelayed)
+
+	// Drain "r" through a worker to see it active, then completed; fail "x" permanently to see it dead.
+	mustEnqueue(t, q, NewJob{ID: "x", Payload: []byte("first")})
+	running, release := make(chan string, 2), make(chan struct{})
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		if j.ID == "x" {
+			return Permanent(errors.New("bad job"))
+		}
+		running <- j.ID
+		<-release
+		return nil
+	}), nil)
+	if id := <-running; id != "r" {
+		t.Fatalf("ran %s", id)
+	}
+	again("r", StateActive)
+	close(release)
+	waitState(t, q, "r", StateCompleted, 5*time.Second)
+	again("r", StateCompleted)
+	waitState(t, q, "x", StateDead, 5*time.Second)
+	again("x", StateDead)
+
+	// Once purged, the ID is free again.
+	if n, err := q.PurgeDead(ctx, "x"); err != nil || n != 1 {
+		t.Fatalf("purge = %d, %v", n, err)
+	}
+	if res := mustEnqueue(t, q, NewJob{ID: "x", Payload: []byte("new")}); res.Duplicate {
+		t.Fatal("enqueue after purge was a duplicate")
+	}
+}
+
+func TestConcurrentEnqueuesOfOneIDMakeOneJob(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	var created atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Go(func() {
+			res, err := q.Enqueue(context.Background(), NewJob{ID: "once", Payload: []byte(fmt.Sprint(i))})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if !res.Duplicate {
+				created.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if created.Load() != 1 {
+		t.Fatalf("%d enqueues created the job, want 1", created.Load())
+	}
+	if n := rdb.LLen(context.Background(), q.keys.ready).Val(); n != 1 {
+		t.Fatalf("ready list holds %d ids, want 1", n)
+	}
+}
+
+func TestDelayedJobWaitsForItsTime(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	got := make(chan *Job, 1)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { got <- j; return nil }), nil)
+	mustEnqueue(t, q, NewJob{ID: "later", Delay: 700 * time.Millisecond})
+	select {
+	case j := <-got:
+		// Both times come from Redis's clock.
+		if wait := j.LeasedAt.Sub(j.CreatedAt); wait < 700*time.Millisecond {
+			t.Fatalf("delayed job ran after %v, want at least 700ms", wait)
+		} else {
+			t.Logf("delayed 700ms, ran after %v", wait)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("delayed job never ran")
+	}
+}
+
+// An idle worker blocks on Redis and wakes as soon as a job arrives: with IdleBlock far longer than the test,
+// only the marker can have woken it.
+func TestIdleWorkerWakesOnEnqueue(t *testing.T) {
+	t.Parallel()
+	base, _ := newQueue(t, nil)
+	// A client whose reads outlast the long IdleBlock below.
+	opts := *base.rdb.(*redis.Client).Options()
+	opts.ReadTimeout = time.Minute
+	rdb := redis.NewClient(&opts)
+	t.Cleanup(func() { _ = rdb.Close() })
+	q, err := New(rdb, base.name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan time.Time, 2)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { got <- time.Now(); return nil }),
+		&WorkerConfig{IdleBlock: 30 * time.Second})
+	for range 2 {
+		time.Sleep(300 * time.Millisecond) // let the worker find the queue empty and block
+		sent := time.Now()
+		mustEnqueue(t, q, NewJob{})
+		select {
+		case at := <-got:
+			t.Logf("idle worker picked a job up %v after the enqueue", at.Sub(sent))
+		case <-time.After(5 * time.Second):
+			t.Fatal("idle worker did not wake on enqueue")
+		}
+	}
+}
+
+func TestFailedJobIsRetriedWithBackoffThenDead(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	policy := backoff.Policy{Base: 100 * time.Millisecond, Max: 250 * time.Millisecond}
+	var mu sync.Mutex
+	var leased []time.Time
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		mu.Lock()
+		defer mu.Unlock()
+		leased = append(leased, j.LeasedAt)
+		if j.Attempt != len(leased) {
+			t.Errorf("attempt %d is the job's run %d", j.Attempt, len(leased))
+		}
+		return fmt.Errorf("boom %d", j.Attempt)
+	}), &WorkerConfig{RetryBase: policy.Base, RetryMax: policy.Max})
+	mustEnqueue(t, q, NewJob{ID: "flaky", MaxAttempts: 5})
+	j := waitState(t, q, "flaky", StateDead, 10*time.Second)
+	if j.Failures != 5 || j.LastError != "boom 5" || j.DeadReason != "failed 5 of 5 attempts: boom 5" {
+		t.Fatalf("dead job = %+v", j)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(leased) != 5 {
+		t.Fatalf("ran %d times, want 5", len(leased))
+	}
+	// Each wait between runs is the jittered delay plus the handler's few ms; the lease times are Redis's.
+	for i := 1; i < len(leased); i++ {
+		gap, ceil := leased[i].Sub(leased[i-1]), policy.Ceiling(i)
+		t.Logf("retry %d after %v (delay drawn from [0, %v])", i, gap, ceil)
+		if gap > ceil+150*time.Millisecond {
+			t.Errorf("retry %d came %v after the previous run, above its ceiling %v", i, gap, ceil)
+		}
+	}
+}
+
+func TestRetryAfterDelaysTheNextAttempt(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	runs := make(chan *Job, 2)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		runs <- j
+		if j.Attempt == 1 {
+			return RetryAfter(600*time.Millisecond, errors.New("rate limited"))
+		}
+		return nil
+	}), &WorkerConfig{RetryBase: time.Millisecond})
+	mustEnqueue(t, q, NewJob{ID: "limited"})
+	first, second := <-runs, <-runs
+	if gap := second.LeasedAt.Sub(first.LeasedAt); gap < 600*time.Millisecond {
+		t.Fatalf("second attempt %v after the first, want at least 600ms", gap)
+	}
+	if second.LastError != "retry after 600ms: rate limited" || second.Failures != 1 {
+		t.Fatalf("second run sees %+v", second)
+	}
+}
+
+func TestPermanentErrorAndPanicAreRecorded(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	var runs atomic.Int32
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		runs.Add(1)
+		if j.ID == "panics" {
+			panic("nil map")
+		}
+		return Permanent(errors.New("invalid address"))
+	}), &WorkerConfig{RetryBase: time.Millisecond})
+	mustEnqueue(t, q, NewJob{ID: "permanent"})
+	mustEnqueue(t, q, NewJob{ID: "panics", MaxAttempts: 2})
+	j := waitState(t, q, "permanent", StateDead, 5*time.Second)
+	if j.Failures != 1 || !strings.HasPrefix(j.DeadReason, "permanent error: ") {
+		t.Fatalf("permanent failure recorded as %+v", j)
+	}
+	j = waitState(t, q, "panics", StateDead, 5*time.Second)
+	if j.Failures != 2 || !strings.Contains(j.LastError, "handler panicked: nil map") {
+		t.Fatalf("panicking job recorded as %+v", j)
+	}
+	if runs.Load() != 3 {
+		t.Fatalf("handlers ran %d times, want 3", runs.Load())
+	}
+}
+
+func TestDeadLettersListRequeuePurge(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	ctx := context.Background()
+	var healed atomic.Bool
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		if healed.Load() {
+			return nil
+		}
+		return Permanent(errors.New("downstream refused"))
+	}), nil)
+	for _, id := range []string{"a", "b", "c"} {
+		mustEnqueue(t, q, NewJob{ID: id})
+		waitState(t, q, id, StateDead, 5*time.Second)
+		time.Sleep(5 * time.Millisecond) // distinct death times, for the order below
+	}
+	dead, err := q.DeadJobs(ctx, 0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dead) != 3 || dead[0].ID != "c" || dead[2].ID != "a" || dead[0].DeadReason == "" {
+		t.Fatalf("dead jobs = %v", ids(dead))
+	}
+	if page, _ := q.DeadJobs(ctx, 1, 1); len(page) != 1 || page[0].ID != "b" {
+		t.Fatalf("second page = %v", ids(page))
+	}
+
+	healed.Store(true)
+	if n, err := q.RequeueDead(ctx, "a", "not-dead-or-missing"); err != nil || n != 1 {
+		t.Fatalf("requeue = %d, %v", n, err)
+	}
+	j := waitState(t, q, "a", StateCompleted, 5*time.Second)
+	if j.Failures != 0 || j.LastError != "permanent: downstream refused" {
+		t.Fatalf("requeued job = %+v", j)
+	}
+	if n, err := q.PurgeDead(ctx, "b", "a"); err != nil || n != 1 {
+		t.Fatalf("purge of b and completed a = %d, %v; want only b purged", n, err)
+	}
+	if _, err := q.Job(ctx, "b"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("purged job still found: %v", err)
+	}
+	s, err := q.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Counts[StateDead] != 1 || s.Counts[StateCompleted] != 1 {
+		t.Fatalf("counts after requeue and purge: %v", s.Counts)
+	}
+}
+
+func TestRetentionOfCompletedJobs(t *testing.T) {
+	t.Parallel()
+	t.Run("by count", func(t *testing.T) {
+		t.Parallel()
+		q, _ := newQueue(t, &Options{RetainCompleted: 3})
+		runWorker(t, q, HandlerFunc(func(context.Context, *Job) error { return nil }), &WorkerConfig{Concurrency: 1})
+		for i := range 5 {
+			mustEnqueue(t, q, NewJob{ID: fmt.Sprint(i)})
+			waitState(t, q, fmt.Sprint(i), StateCompleted, 5*time.Second)
+		}
+		for i, want := range []bool{false, false, true, true, true} {
+			_, err := q.Job(context.Background(), fmt.Sprint(i))
+			if kept := err == nil; kept != want {
+				t.Errorf("job %d kept=%v, want %v", i, kept, want)
+			}
+		}
+	})
+	t.Run("by age", func(t *testing.T) {
+		t.Parallel()
+		q, _ := newQueue(t, &Options{RetainCompletedFor: 300 * time.Millisecond})
+		runWorker(t, q, HandlerFunc(func(context.Context, *Job) error { return nil }), nil)
+		mustEnqueue(t, q, NewJob{ID: "old"})
+		waitState(t, q, "old", StateCompleted, 5*time.Second)
+		time.Sleep(400 * time.Millisecond)
+		mustEnqueue(t, q, NewJob{ID: "new"}) // its completion trims what is older than 300ms
+		waitState(t, q, "new", StateCompleted, 5*time.Second)
+		if _, err := q.Job(context.Background(), "old"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("job older than the retention still found: %v", err)
+		}
+	})
+	t.Run("none", func(t *testing.T) {
+		t.Parallel()
+		q, _ := newQueue(t, &Options{RetainCompleted: -1})
+		done := make(chan struct{})
+		runWorker(t, q, HandlerFunc(func(context.Context, *Job) error { close(done); return nil }), nil)
+		mustEnqueue(t, q, NewJob{ID: "gone"})
+		<-done
+		testenv.Eventually(t, 5*time.Second, "completed job deleted", func() bool {
+			_, err := q.Job(context.Background(), "gone")
+			return errors.Is(err, ErrNotFound)
+		})
+	})
+}
+
+func TestStatsCountsAndOldestReadyAge(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	ctx := context.Background()
+	s, err := q.Stats(ctx)
+	if err != nil || s.OldestReady != 0 || s.Counts[StateReady] != 0 {
+		t.Fatalf("empty queue stats = %+v, %v", s, err)
+	}
+	mustEnqueue(t, q, NewJob{ID: "1"})
+	mustEnqueue(t, q, NewJob{ID: "2"})
+	mustEnqueue(t, q, NewJob{ID: "3", Delay: time.Hour})
+	time.Sleep(250 * time.Millisecond)
+	s, err = q.Stats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Counts[StateReady] != 2 || s.Counts[StateDelayed] != 1 || s.Workers != 0 {
+		t.Fatalf("stats = %+v", s)
+	}
+	if s.OldestReady < 250*time.Millisecond || s.OldestReady > 5*time.Second {
+		t.Fatalf("oldest ready age %v, want about 250ms", s.OldestReady)
+	}
+	block := make(chan struct{})
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { <-block; return nil }), nil)
+	t.Cleanup(func() { close(block) }) // before the worker's cleanup, which waits for its handlers
+	testenv.Eventually(t, 5*time.Second, "both ready jobs active under one live worker", func() bool {
+		s, err = q.Stats(ctx)
+		return err == nil && s.Counts[StateActive] == 2 && s.Counts[StateReady] == 0 && s.Workers == 1 &&
+			s.OldestReady == 0
+	})
+}
+
+// The handler continues the trace of the enqueue, whatever process enqueued it.
+func TestHandlerContinuesTheEnqueuersTrace(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	traceID := trace.TraceID{0x4b, 0xf9, 0x2f, 0x35, 0x77, 0xb3, 0x4d, 0xa6, 0xa3, 0xce, 0x92, 0x9d, 0x0e, 0x0e, 0x47, 0x36}
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: traceID,
+		SpanID: trace.SpanID{0, 0xf0, 0x67, 0xaa, 0x0b, 0xa9, 0x02, 0xb7}, TraceFlags: trace.FlagsSampled})
+	got := make(chan trace.SpanContext, 1)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		got <- trace.SpanContextFromContext(ctx)
+		return nil
+	}), nil)
+	res, err := q.Enqueue(trace.ContextWithSpanContext(context.Background(), parent), NewJob{ID: "traced"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(res.Job.TraceContext["traceparent"], traceID.String()) {
+		t.Fatalf("stored trace context %v", res.Job.TraceContext)
+	}
+	if sc := <-got; sc.TraceID() != traceID {
+		t.Fatalf("handler's trace %s, want %s", sc.TraceID(), traceID)
+	}
+}
+
+func TestMuxRoutesByKind(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	m := NewMux()
+	got := make(chan string, 1)
+	m.RegisterFunc("signup", func(ctx context.Context, j *Job) error { got <- j.ID; return nil })
+	runWorker(t, q, m, nil)
+	mustEnqueue(t, q, NewJob{ID: "s", Kind: "signup"})
+	mustEnqueue(t, q, NewJob{ID: "u", Kind: "unknown"})
+	if id := <-got; id != "s" {
+		t.Fatalf("signup handler got %s", id)
+	}
+	j := waitState(t, q, "u", StateDead, 5*time.Second)
+	if !strings.Contains(j.DeadReason, `no handler for job kind "unknown"`) {
+		t.Fatalf("unknown kind: %+v", j)
+	}
+}
+
+func TestInvalidInputIsRefused(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	for _, name := range []string{"", "a{b", "a}b", strings.Repeat("x", 201)} {
+		if _, err := New(rdb, name, nil); err == nil {
+			t.Errorf("New(%q) accepted", name)
+		}
+	}
+	q, _ := newQueue(t, nil)
+	if _, err := q.Enqueue(context.Background(), NewJob{ID: strings.Repeat("x", 513)}); err == nil {
+		t.Error("513-byte ID accepted")
+	}
+	if _, err := q.Enqueue(context.Background(), NewJob{Delay: -time.Second}); err == nil {
+		t.Error("negative delay accepted")
+	}
+	if _, err := NewWorker(q, nil, &WorkerConfig{LeaseTTL: time.Millisecond}); err == nil {
+		t.Error("1ms lease TTL accepted")
+	}
+}
+
+func TestCheckRedisWarnsAboutRiskySettings(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	policy := rdb.ConfigGet(ctx, "maxmemory-policy").Val()["maxmemory-policy"]
+	aof := rdb.ConfigGet(ctx, "appendonly").Val()["appendonly"]
+	warnings := strings.Join(CheckRedis(ctx, rdb), "\n")
+	if got := strings.Contains(warnings, "maxmemory-policy is"); got != (policy != "noeviction") {
+		t.Errorf("policy %q: warnings %q", policy, warnings)
+	}
+	if got := strings.Contains(warnings, "--appendonly yes"); got != (aof != "yes") {
+		t.Errorf("appendonly %q: warnings %q", aof, warnings)
+	}
+}
+
+func ids(jobs []*Job) []string {
+	out := make([]string, len(jobs))
+	for i, j := range jobs {
+		out[i] = j.ID
+	}
+	return out
+}

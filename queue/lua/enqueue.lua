@@ -1,4 +1,6 @@
 -- Adds a job unless a job with its ID exists in any state (ready, delayed, active, retained completed, dead).
+-- The hot path of every producer, so it appends the fields only Redis knows (its clock, the state) to the
+-- record the client encoded, rather than decoding and re-encoding it.
 --
 -- KEYS[1] jobs      hash: id -> job record (JSON)
 -- KEYS[2] payloads  hash: id -> payload
@@ -6,7 +8,7 @@
 -- KEYS[4] delayed   zset: id -> run_at ms
 -- KEYS[5] marker    zset that idle workers block on
 -- ARGV[1] id
--- ARGV[2] job record (JSON) without times or state
+-- ARGV[2] job record (a JSON object) without times or state, with epoch, failures and stalls at 0
 -- ARGV[3] payload
 -- ARGV[4] delay in ms (0 = ready now)
 -- Returns {1, record} when the job was added, {0, record} with the existing job's record when the ID existed.
@@ -17,26 +19,23 @@ if existing then
 end
 
 local now = now_ms()
-local job = cjson.decode(ARGV[2])
-job.created_at = now
-job.epoch = 0
-job.failures = 0
-job.stalls = 0
-redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
-
 local delay = tonumber(ARGV[4])
+local head = string.sub(ARGV[2], 1, -2) .. ',"created_at":' .. string.format('%d', now)
 local raw
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 if delay > 0 then
-  job.state = 'delayed'
-  job.run_at = now + delay
-  raw = save_job(KEYS[1], ARGV[1], job)
-  redis.call('ZADD', KEYS[4], job.run_at, ARGV[1])
+  raw = head .. ',"state":"delayed","run_at":' .. string.format('%d', now + delay) .. '}'
+  redis.call('HSET', KEYS[1], ARGV[1], raw)
+  redis.call('ZADD', KEYS[4], now + delay, ARGV[1])
+  -- Wakes a worker that may be blocked until a later due time, so it learns of this earlier one.
+  wake(KEYS[5])
 else
-  job.state = 'ready'
-  job.ready_at = now
-  raw = save_job(KEYS[1], ARGV[1], job)
-  redis.call('RPUSH', KEYS[3], ARGV[1])
+  raw = head .. ',"state":"ready","ready_at":' .. string.format('%d', now) .. '}'
+  redis.call('HSET', KEYS[1], ARGV[1], raw)
+  -- Only an empty list can have idle workers waiting: whatever made the list non-empty woke one already, and
+  -- a worker that leaves jobs behind wakes the next.
+  if redis.call('RPUSH', KEYS[3], ARGV[1]) == 1 then
+    wake(KEYS[5])
+  end
 end
--- A delayed job wakes a worker too, so that a worker blocked until a later due time learns of this earlier one.
-wake(KEYS[5])
 return {1, raw}

@@ -1,0 +1,288 @@
+// Command queuebench measures oncegate's lease queue against asynq on the same Redis, in one run:
+//
+//   - enqueue rate: jobs enqueued per second by 50 concurrent producers;
+//   - throughput: no-op jobs leased, run and completed per second with 50 concurrent handlers, timed from
+//     the worker's start until the queue reports every job done;
+//   - crash detection (oncegate only): a worker process holding a job is SIGKILLed; the time until another
+//     worker runs the job, with default settings.
+//
+// Each throughput figure is the median of -rounds runs, alternating the two queues. Both keep no completed
+// jobs (asynq's default), and both use the Redis at REDIS_URL. Run it with scripts/bench or `make bench`.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oncegate/oncegate/queue"
+)
+
+var (
+	jobs        = flag.Int("jobs", 20000, "jobs per throughput run")
+	concurrency = flag.Int("concurrency", 50, "concurrent handlers, and concurrent producers")
+	rounds      = flag.Int("rounds", 3, "runs of each measurement; the median is reported")
+	crashes     = flag.Int("crashes", 3, "SIGKILL crash-detection runs")
+)
+
+func redisURL() string {
+	if u := os.Getenv("REDIS_URL"); u != "" {
+		return u
+	}
+	return "redis://127.0.0.1:6379/0"
+}
+
+func main() {
+	if len(os.Args) > 2 && os.Args[1] == "child-worker" {
+		os.Exit(childWorker(os.Args[2]))
+	}
+	flag.Parse()
+	log.SetFlags(0)
+	opts, err := redis.ParseURL(redisURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	opts.PoolSize = 4 * *concurrency
+	rdb := redis.NewClient(opts)
+	ctx := context.Background()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+
+	info := rdb.Info(ctx, "server").Val()
+	fmt.Printf("Redis %s at %s; %d jobs a run, concurrency %d, %d rounds\n\n", field(info, "redis_version"),
+		redisURL(), *jobs, *concurrency, *rounds)
+
+	var ogEnq, ogRun, aqEnq, aqRun []float64
+	for r := 0; r < *rounds; r++ {
+		e, p := benchOncegate(ctx, rdb, quiet)
+		ogEnq, ogRun = append(ogEnq, e), append(ogRun, p)
+		e, p = benchAsynq(ctx, rdb)
+		aqEnq, aqRun = append(aqEnq, e), append(aqRun, p)
+		fmt.Printf("round %d: oncegate %.0f enq/s %.0f jobs/s; asynq %.0f enq/s %.0f jobs/s\n", r+1,
+			ogEnq[r], ogRun[r], aqEnq[r], aqRun[r])
+	}
+
+	var detect []time.Duration
+	for range *crashes {
+		d, err := crashDetection(ctx, rdb, quiet)
+		if err != nil {
+			log.Fatal(err)
+		}
+		detect = append(detect, d)
+	}
+	slices.Sort(detect)
+
+	fmt.Printf("\n| measure (median of %d) | oncegate | asynq v0.26.0 | ratio |\n", *rounds)
+	fmt.Println("|---|---|---|---|")
+	fmt.Printf("| enqueue, jobs/s (%d producers) | %.0f | %.0f | %.2f× |\n", *concurrency, median(ogEnq),
+		median(aqEnq), median(ogEnq)/median(aqEnq))
+	fmt.Printf("| lease+run+complete, no-op jobs/s (concurrency %d) | %.0f | %.0f | %.2f× |\n", *concurrency,
+		median(ogRun), median(aqRun), median(ogRun)/median(aqRun))
+	fmt.Printf("\ncrash detection with defaults (liveness TTL %v, sweep every %v, lease TTL %v), %d SIGKILLs: "+
+		"min %v, median %v, max %v\n", queue.DefaultLivenessTTL, queue.DefaultSweepInterval, queue.DefaultLeaseTTL,
+		len(detect), detect[0].Round(10*time.Millisecond), detect[len(detect)/2].Round(10*time.Millisecond),
+		detect[len(detect)-1].Round(10*time.Millisecond))
+}
+
+func benchOncegate(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (enqRate, runRate float64) {
+	q, err := queue.New(rdb, fmt.Sprintf("bench-%d", time.Now().UnixNano()),
+		&queue.Options{RetainCompleted: -1, Logger: quiet})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = q.Destroy(ctx) }()
+
+	enqRate = produce(func() error {
+		_, err := q.Enqueue(ctx, queue.NewJob{Kind: "noop"})
+		return err
+	})
+
+	var ran atomic.Int64
+	w, err := queue.NewWorker(q, queue.HandlerFunc(func(context.Context, *queue.Job) error {
+		ran.Add(1)
+		return nil
+	}), &queue.WorkerConfig{Concurrency: *concurrency, Logger: quiet})
+	if err != nil {
+		log.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { _ = w.Run(wctx); close(done) }()
+	waitUntil(func() bool { return ran.Load() >= int64(*jobs) })
+	waitUntil(func() bool {
+		s, err := q.Stats(ctx)
+		return err == nil && s.Counts[queue.StateReady]+s.Counts[queue.StateActive] == 0
+	})
+	runRate = float64(*jobs) / time.Since(start).Seconds()
+	stop()
+	<-done
+	return enqRate, runRate
+}
+
+func benchAsynq(ctx context.Context, rdb *redis.Client) (enqRate, runRate float64) {
+	opt, err := asynq.ParseRedisURI(redisURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	name := fmt.Sprintf("bench-%d", time.Now().UnixNano())
+	client := asynq.NewClient(opt)
+	defer client.Close()
+	inspector := asynq.NewInspector(opt)
+	defer inspector.Close()
+	defer func() { _ = inspector.DeleteQueue(name, true) }()
+
+	enqRate = produce(func() error {
+		_, err := client.Enqueue(asynq.NewTask("noop", nil), asynq.Queue(name))
+		return err
+	})
+
+	var ran atomic.Int64
+	mux := asynq.NewServeMux()
+	mux.HandleFunc("noop", func(context.Context, *asynq.Task) error { ran.Add(1); return nil })
+	srv := asynq.NewServer(opt, asynq.Config{Concurrency: *concurrency, Queues: map[string]int{name: 1},
+		LogLevel: asynq.ErrorLevel})
+	start := time.Now()
+	if err := srv.Start(mux); err != nil {
+		log.Fatal(err)
+	}
+	waitUntil(func() bool { return ran.Load() >= int64(*jobs) })
+	waitUntil(func() bool {
+		qi, err := inspector.GetQueueInfo(name)
+		return err == nil && qi.Pending+qi.Active == 0
+	})
+	runRate = float64(*jobs) / time.Since(start).Seconds()
+	srv.Shutdown()
+	return enqRate, runRate
+}
+
+// produce runs enqueue *jobs times from *concurrency goroutines and returns enqueues per second.
+func produce(enqueue func() error) float64 {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range *concurrency {
+		wg.Go(func() {
+			for next.Add(1) <= int64(*jobs) {
+				if err := enqueue(); err != nil {
+					log.Fatal(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(*jobs) / time.Since(start).Seconds()
+}
+
+// crashDetection SIGKILLs a worker process holding a job and times until another worker runs the job.
+func crashDetection(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (time.Duration, error) {
+	q, err := queue.New(rdb, fmt.Sprintf("bench-crash-%d", time.Now().UnixNano()), &queue.Options{Logger: quiet})
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = q.Destroy(ctx) }()
+	self, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	child := exec.Command(self, "child-worker", q.Name())
+	child.Stderr = os.Stderr
+	out, err := child.StdoutPipe()
+	if err != nil {
+		return 0, err
+	}
+	if err := child.Start(); err != nil {
+		return 0, err
+	}
+	if _, err := q.Enqueue(ctx, queue.NewJob{ID: "held"}); err != nil {
+		return 0, err
+	}
+	sc := bufio.NewScanner(out)
+	if !sc.Scan() || sc.Text() != "started" {
+		_ = child.Process.Kill()
+		return 0, fmt.Errorf("child worker did not start the job: %q", sc.Text())
+	}
+	_ = child.Process.Signal(syscall.SIGKILL)
+	_ = child.Wait()
+	killed := time.Now()
+
+	ran := make(chan time.Time, 1)
+	w, err := queue.NewWorker(q, queue.HandlerFunc(func(context.Context, *queue.Job) error {
+		ran <- time.Now()
+		return nil
+	}), &queue.WorkerConfig{Logger: quiet})
+	if err != nil {
+		return 0, err
+	}
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = w.Run(wctx) }()
+	select {
+	case at := <-ran:
+		return at.Sub(killed), nil
+	case <-time.After(2 * queue.DefaultLeaseTTL):
+		return 0, fmt.Errorf("the killed worker's job did not run again within %v", 2*queue.DefaultLeaseTTL)
+	}
+}
+
+// childWorker holds every job it gets until it is killed.
+func childWorker(name string) int {
+	opts, err := redis.ParseURL(redisURL())
+	if err != nil {
+		return 2
+	}
+	rdb := redis.NewClient(opts)
+	q, err := queue.New(rdb, name, &queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		return 2
+	}
+	w, err := queue.NewWorker(q, queue.HandlerFunc(func(ctx context.Context, j *queue.Job) error {
+		fmt.Println("started")
+		<-ctx.Done()
+		return ctx.Err()
+	}), nil)
+	if err != nil {
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	_ = w.Run(ctx)
+	return 0
+}
+
+func waitUntil(cond func() bool) {
+	for !cond() {
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func field(info, name string) string {
+	sc := bufio.NewScanner(strings.NewReader(info))
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":"); ok && k == name {
+			return v
+		}
+	}
+	return "?"
+}

@@ -1,0 +1,95 @@
+// Command gateway is oncegate's gateway: the HTTP API that performs side effects once, and the outbox
+// dispatcher, in one process.
+//
+//	gateway serve [--config FILE] [--no-migrate]   serve until SIGTERM or SIGINT, then shut down gracefully
+//	gateway migrate [--config FILE]                apply database migrations (DATABASE_URL alone will do)
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/oncegate/oncegate/gateway"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		usage()
+	}
+	cmd, args := os.Args[1], os.Args[2:]
+	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
+	configPath := fs.String("config", "", "configuration file (YAML); defaults serve one dev tenant on loopback")
+	noMigrate := fs.Bool("no-migrate", false, "serve: do not apply migrations at start")
+	level := fs.String("log-level", envOr("LOG_LEVEL", "info"), "debug, info, warn or error")
+	_ = fs.Parse(args)
+
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		fatal(fmt.Errorf("--log-level: %w", err))
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv})).With("service", "gateway")
+	slog.SetDefault(log)
+
+	cfg, err := gateway.Load(*configPath)
+	if err != nil {
+		fatal(err)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	g, err := gateway.New(cfg, gateway.Options{Logger: log})
+	if err != nil {
+		fatal(err)
+	}
+	defer g.Close()
+
+	switch cmd {
+	case "migrate":
+		if err := g.Migrate(ctx); err != nil {
+			fatal(err)
+		}
+	case "serve":
+		if !*noMigrate {
+			if err := g.Migrate(ctx); err != nil {
+				fatal(err)
+			}
+		}
+		l, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			fatal(err)
+		}
+		log.Info("gateway listening", "addr", l.Addr().String())
+		// The resolved address on stdout lets a supervisor (or a test) use port 0.
+		fmt.Printf("listening %s\n", l.Addr())
+		if err := g.Serve(ctx, l); err != nil {
+			fatal(err)
+		}
+		log.Info("gateway stopped")
+	default:
+		usage()
+	}
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return strings.ToLower(v)
+	}
+	return d
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: gateway serve [--config FILE] [--no-migrate] | gateway migrate [--config FILE]")
+	os.Exit(2)
+}
+
+func fatal(err error) {
+	slog.Error("gateway", "err", err)
+	fmt.Fprintln(os.Stderr, "gateway:", err)
+	os.Exit(1)
+}

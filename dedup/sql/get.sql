@@ -1,0 +1,2 @@
+-- $1 tenant, $2 key
+SELECT {{columns}} FROM oncegate_effects WHERE tenant = $1 AND key = $2

@@ -1,0 +1,296 @@
+// Package gateway is oncegate's HTTP service: workers ask it to perform a side effect under an idempotency
+// key, and it performs that effect once, however often it is asked. It records each effect and its outbox
+// row in one transaction under a unique (tenant, key) constraint (package dedup), and runs the dispatcher
+// that delivers outbox rows to providers (package outbox) in the same process.
+//
+// Its promise to a client: a request that got a 2xx was recorded and will be delivered (or end failed, dead
+// or unknown, visible on the effect); a request that got anything else recorded nothing, and retrying it
+// with the same key is always safe.
+package gateway
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"database/sql"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/metrics"
+	"github.com/oncegate/oncegate/migrations"
+	"github.com/oncegate/oncegate/outbox"
+	"github.com/oncegate/oncegate/providers"
+)
+
+//go:embed openapi.yaml
+var openAPI []byte
+
+// Gateway is the HTTP API and the dispatcher over one database.
+type Gateway struct {
+	cfg        *Config
+	log        *slog.Logger
+	pool       *pgxpool.Pool
+	store      *dedup.Store
+	dispatcher *outbox.Dispatcher
+	providers  map[string]providers.Provider
+	keys       []apiKey
+	waiters    *waiters
+	router     *mux.Router
+	registry   *prometheus.Registry
+}
+
+type apiKey struct {
+	hash   []byte
+	tenant string
+}
+
+// Options are what a gateway takes besides its configuration file.
+type Options struct {
+	Logger *slog.Logger
+	// DispatcherOwner names this gateway's leases; defaults to host, PID and a random suffix.
+	DispatcherOwner string
+}
+
+// New connects to the database (lazily: a database that is down makes requests fail with 503, not New) and
+// builds the gateway.
+func New(cfg *Config, opts Options) (*Gateway, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: database_url: %w", err)
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 || pcfg.ConnConfig.ConnectTimeout > 5*time.Second {
+		pcfg.ConnConfig.ConnectTimeout = 3 * time.Second
+	}
+	pcfg.MaxConns = max(pcfg.MaxConns, 40)
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	types, byName, err := cfg.outboxTypes()
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	d, err := outbox.New(pool, outbox.Config{
+		Types: types, Owner: opts.DispatcherOwner, Retention: time.Duration(cfg.Retention.Keys),
+		PollInterval: time.Duration(cfg.Dispatcher.PollInterval), LeaseMargin: time.Duration(cfg.Dispatcher.LeaseMargin),
+		DrainTimeout: time.Duration(cfg.Dispatcher.DrainTimeout), Logger: log,
+	})
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	g := &Gateway{cfg: cfg, log: log, pool: pool, store: dedup.NewStore(pool), dispatcher: d,
+		providers: byName, waiters: newWaiters()}
+	tenants := make([]string, 0, len(cfg.Tenants))
+	for t := range cfg.Tenants {
+		tenants = append(tenants, t)
+	}
+	sort.Strings(tenants)
+	for _, t := range tenants {
+		for _, k := range cfg.Tenants[t].APIKeys {
+			h, _ := keyHash(k) // checked by Load
+			g.keys = append(g.keys, apiKey{hash: h, tenant: t})
+		}
+	}
+	g.registry = metrics.NewRegistry(backlogCollector{pool: pool})
+	g.router = g.routes()
+	return g, nil
+}
+
+// Close releases the database pool.
+func (g *Gateway) Close() { g.pool.Close() }
+
+// Handler returns the HTTP API.
+func (g *Gateway) Handler() http.Handler { return g.router }
+
+// Migrate applies pending migrations.
+func (g *Gateway) Migrate(ctx context.Context) error {
+	db := stdlib.OpenDBFromPool(g.pool)
+	defer db.Close()
+	v, err := migrations.Up(ctx, db, g.log)
+	if err != nil {
+		return err
+	}
+	g.log.Info("database schema is current", "version", v)
+	return nil
+}
+
+// Serve runs the HTTP API on l and the dispatcher until ctx ends, then shuts down gracefully: it stops
+// accepting, lets requests in flight finish (up to 10 s), stops the dispatcher (which drains its deliveries
+// and hands back the rest) and returns.
+func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
+	srv := &http.Server{Handler: g.router, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	var wg sync.WaitGroup
+	lst := &listener{url: g.cfg.DatabaseURL, log: g.log, onOutbox: g.dispatcher.Wake, waiters: g.waiters}
+	wg.Go(func() { lst.run(bg) })
+	wg.Go(func() { _ = g.dispatcher.Run(bg) })
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if serr := srv.Shutdown(sctx); serr != nil {
+		g.log.Warn("HTTP shutdown", "err", serr)
+	}
+	stopBG()
+	wg.Wait()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+type tenantKey struct{}
+
+func tenantOf(r *http.Request) string { return r.Context().Value(tenantKey{}).(string) }
+
+// authenticate resolves the bearer API key to its tenant. Every configured key's hash is compared, in
+// constant time, so the time taken says nothing about which key came close.
+func (g *Gateway) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || strings.TrimSpace(token) == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate"`)
+			writeProblem(w, Problem{Type: problemType("unauthorized"), Title: "Unauthorized", Status: 401,
+				Detail: "send an API key as Authorization: Bearer <key>"})
+			return
+		}
+		sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
+		tenant := ""
+		for _, k := range g.keys {
+			if subtle.ConstantTimeCompare(sum[:], k.hash) == 1 {
+				tenant = k.tenant
+			}
+		}
+		if tenant == "" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate", error="invalid_token"`)
+			writeProblem(w, Problem{Type: problemType("unauthorized"), Title: "Unauthorized", Status: 401,
+				Detail: "the API key is not valid"})
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
+	})
+}
+
+// recoverer turns a panic into a plain 500 problem: never a stack trace to the client.
+func (g *Gateway) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				g.log.Error("handler panicked", "path", r.URL.Path, "panic", v)
+				writeProblem(w, Problem{Type: problemType("internal"), Title: "Internal error", Status: 500})
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (g *Gateway) routes() *mux.Router {
+	r := mux.NewRouter()
+	// Keys may contain "/": keep %2F encoded while routing, and unescape the variable ourselves.
+	r.UseEncodedPath()
+	r.Use(g.recoverer)
+	r.HandleFunc("/healthz", g.healthz).Methods(http.MethodGet)
+	r.HandleFunc("/readyz", g.readyz).Methods(http.MethodGet)
+	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+	r.HandleFunc("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(openAPI)
+	}).Methods(http.MethodGet)
+
+	v1 := r.PathPrefix("/v1").Subrouter()
+	v1.Use(g.authenticate)
+	v1.HandleFunc("/effects", g.createEffect).Methods(http.MethodPost)
+	v1.HandleFunc("/effects", g.listEffects).Methods(http.MethodGet)
+	v1.HandleFunc("/effects/{key}", g.getEffect).Methods(http.MethodGet)
+	v1.HandleFunc("/effects/{key}/retry", g.retryEffect).Methods(http.MethodPost)
+
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeProblem(w, Problem{Type: problemType("not-found"), Status: 404, Detail: "no such route"})
+	})
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		writeProblem(w, Problem{Type: problemType("method-not-allowed"), Status: 405})
+	})
+	return r
+}
+
+func (g *Gateway) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+}
+
+// readyz is ready when the database answers and its schema has every migration this binary knows.
+func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	defer cancel()
+	if err := g.pool.Ping(ctx); err != nil {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, Problem{Type: problemType("unavailable"), Status: 503, Detail: "the database cannot be reached"})
+		return
+	}
+	db := stdlib.OpenDBFromPool(g.pool)
+	defer func(db *sql.DB) { _ = db.Close() }(db)
+	pending, err := migrations.Pending(ctx, db)
+	if err != nil || pending {
+		writeProblem(w, Problem{Type: problemType("unavailable"), Status: 503,
+			Detail: "the database schema is not current: run `gateway migrate`"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+}
+
+// backlogCollector reads the outbox backlog when /metrics is scraped.
+type backlogCollector struct{ pool *pgxpool.Pool }
+
+var (
+	backlogRows = prometheus.NewDesc("oncegate_outbox_backlog", "Outbox rows waiting for delivery.", []string{"type"}, nil)
+	backlogAge  = prometheus.NewDesc("oncegate_outbox_oldest_due_seconds",
+		"How long the oldest due outbox row has waited.", []string{"type"}, nil)
+)
+
+func (backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- backlogRows; ch <- backlogAge }
+
+func (b backlogCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	backlogs, err := outbox.Backlogs(ctx, b.pool)
+	if err != nil {
+		return
+	}
+	for _, bl := range backlogs {
+		ch <- prometheus.MustNewConstMetric(backlogRows, prometheus.GaugeValue, float64(bl.Rows), bl.Type)
+		ch <- prometheus.MustNewConstMetric(backlogAge, prometheus.GaugeValue, bl.OldestDue.Seconds(), bl.Type)
+	}
+}

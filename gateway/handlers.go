@@ -1,0 +1,305 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/metrics"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// dbTimeout bounds the database work of one request, so a database that hangs gives a 503, not a hang.
+const dbTimeout = 5 * time.Second
+
+type createRequest struct {
+	Type    string          `json:"type"`
+	Payload json.RawMessage `json:"payload"`
+	Wait    string          `json:"wait"`
+}
+
+func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
+	tenant := tenantOf(r)
+	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+		writeProblem(w, Problem{Type: problemType("unsupported-media-type"), Status: 415,
+			Detail: "send the request body as Content-Type: application/json"})
+		return
+	}
+	key, err := dedup.ParseKey(r.Header.Get("Idempotency-Key"))
+	if err != nil {
+		badRequest(w, "Idempotency-Key", err.Error())
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(g.cfg.Limits.MaxBody)))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeProblem(w, Problem{Type: problemType("body-too-large"), Status: 413,
+				Detail: fmt.Sprintf("the body is over the limit of %d bytes", g.cfg.Limits.MaxBody)})
+			return
+		}
+		badRequest(w, "", "could not read the request body")
+		return
+	}
+	req, field, err := decodeCreate(body)
+	if err != nil {
+		badRequest(w, field, err.Error())
+		return
+	}
+	p, ok := g.providers[req.Type]
+	if !ok {
+		badRequest(w, "type", fmt.Sprintf("unknown effect type %q", req.Type))
+		return
+	}
+	if err := p.Validate(req.Payload); err != nil {
+		var fe *providers.FieldError
+		if errors.As(err, &fe) {
+			badRequest(w, fe.Field, fe.Error())
+		} else {
+			badRequest(w, "payload", err.Error())
+		}
+		return
+	}
+	wait, err := parseWait(req.Wait)
+	if err != nil {
+		badRequest(w, "wait", err.Error())
+		return
+	}
+
+	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	defer cancel()
+	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload})
+	var reused *dedup.KeyReusedError
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &reused):
+		metrics.KeyReuses.WithLabelValues(req.Type).Inc()
+		writeProblem(w, Problem{Type: problemType("idempotency-key-reused"), Title: "Idempotency key reused",
+			Status: 422, Field: "Idempotency-Key", Detail: fmt.Sprintf(
+				"the key %q was used for another request (a different type or payload); use a new key for a new "+
+					"request, or send exactly the same request to get its result", key)})
+		return
+	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
+		// Valid JSON that Postgres cannot store, such as a \u0000 escape.
+		badRequest(w, "payload", "the payload cannot be stored: "+pgErr.Message)
+		return
+	case err != nil:
+		g.storeError(w, r, err)
+		return
+	}
+	if replayed {
+		metrics.Replays.WithLabelValues(e.Type).Inc()
+		w.Header().Set("Idempotent-Replayed", "true")
+	} else {
+		metrics.EffectsCreated.WithLabelValues(e.Type).Inc()
+	}
+	if wait > 0 && !e.Status.Terminal() {
+		e = g.waitTerminal(r.Context(), tenant, e, wait)
+	}
+	w.Header().Set("Location", effectPath(key))
+	status := http.StatusAccepted
+	if (replayed && e.Status.Terminal()) || (!replayed && e.Status == dedup.StatusDelivered) {
+		status = http.StatusOK
+	}
+	writeJSON(w, status, e)
+}
+
+// decodeCreate parses the request body strictly and returns the field at fault with its error.
+func decodeCreate(body []byte) (createRequest, string, error) {
+	var req createRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var syn *json.SyntaxError
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &syn):
+			return req, "", fmt.Errorf("the body is not valid JSON: %v (at byte %d)", err, syn.Offset)
+		case errors.As(err, &typ):
+			return req, typ.Field, fmt.Errorf("%s has the wrong type: %v", typ.Field, typ.Value)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			return req, f, fmt.Errorf("unknown field %q: the body has type, payload and wait", f)
+		case errors.Is(err, io.EOF):
+			return req, "", errors.New("the body is empty")
+		default:
+			return req, "", fmt.Errorf("the body is not valid JSON: %v", err)
+		}
+	}
+	if dec.More() {
+		return req, "", errors.New("the body has data after its JSON object")
+	}
+	if req.Type == "" {
+		return req, "type", errors.New("type is required")
+	}
+	if len(req.Payload) == 0 || string(req.Payload) == "null" {
+		return req, "payload", errors.New("payload is required")
+	}
+	if req.Payload[0] != '{' {
+		return req, "payload", errors.New("payload must be a JSON object")
+	}
+	return req, "", nil
+}
+
+func parseWait(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%q is not a duration like 5s", s)
+	}
+	if d > MaxWait {
+		return 0, fmt.Errorf("%v is over the longest wait, %v", d, MaxWait)
+	}
+	return d, nil
+}
+
+// waitTerminal re-reads the effect until it is terminal or wait runs out, woken by the notification that a
+// gateway sends when it records an outcome. It returns the latest state it read.
+func (g *Gateway) waitTerminal(ctx context.Context, tenant string, e *dedup.Effect, wait time.Duration) *dedup.Effect {
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for !e.Status.Terminal() {
+		ch, forget := g.waiters.add(e.ID)
+		// Read after registering, so an outcome recorded in between is not missed.
+		next, err := g.get(ctx, tenant, e.Key)
+		if err == nil {
+			e = next
+		}
+		if e.Status.Terminal() {
+			forget()
+			break
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			forget()
+			return e
+		case <-ctx.Done():
+			forget()
+			return e
+		}
+	}
+	return e
+}
+
+func (g *Gateway) get(ctx context.Context, tenant, key string) (*dedup.Effect, error) {
+	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	defer cancel()
+	return g.store.Get(ctx, tenant, key)
+}
+
+func pathKey(r *http.Request) (string, error) {
+	return url.PathUnescape(mux.Vars(r)["key"])
+}
+
+func effectPath(key string) string { return "/v1/effects/" + url.PathEscape(key) }
+
+func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) {
+	key, err := pathKey(r)
+	if err != nil {
+		badRequest(w, "key", "the key in the path is not validly escaped")
+		return
+	}
+	wait, err := parseWait(r.URL.Query().Get("wait"))
+	if err != nil {
+		badRequest(w, "wait", err.Error())
+		return
+	}
+	e, err := g.get(r.Context(), tenantOf(r), key)
+	if errors.Is(err, dedup.ErrNotFound) {
+		writeProblem(w, Problem{Type: problemType("not-found"), Status: 404, Detail: fmt.Sprintf("no effect under the key %q", key)})
+		return
+	}
+	if err != nil {
+		g.storeError(w, r, err)
+		return
+	}
+	if wait > 0 {
+		e = g.waitTerminal(r.Context(), tenantOf(r), e, wait)
+	}
+	writeJSON(w, http.StatusOK, e)
+}
+
+type listResponse struct {
+	Data       []*dedup.Effect `json:"data"`
+	NextCursor *string         `json:"next_cursor"`
+}
+
+func (g *Gateway) listEffects(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := dedup.Filter{Status: dedup.Status(q.Get("status")), Type: q.Get("type"), Cursor: q.Get("cursor"), Limit: 50}
+	if f.Status != "" && !f.Status.Valid() {
+		badRequest(w, "status", fmt.Sprintf("unknown status %q; one of %v", f.Status, dedup.Statuses()))
+		return
+	}
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 500 {
+			badRequest(w, "limit", "limit must be a whole number from 1 to 500")
+			return
+		}
+		f.Limit = n
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	defer cancel()
+	page, err := g.store.List(ctx, tenantOf(r), f)
+	if errors.Is(err, dedup.ErrBadCursor) {
+		badRequest(w, "cursor", "the cursor is not one this API handed out")
+		return
+	}
+	if err != nil {
+		g.storeError(w, r, err)
+		return
+	}
+	resp := listResponse{Data: page.Effects}
+	if page.Next != "" {
+		resp.NextCursor = &page.Next
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) {
+	key, err := pathKey(r)
+	if err != nil {
+		badRequest(w, "key", "the key in the path is not validly escaped")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	defer cancel()
+	e, err := g.store.Retry(ctx, tenantOf(r), key)
+	switch {
+	case errors.Is(err, dedup.ErrNotFound):
+		writeProblem(w, Problem{Type: problemType("not-found"), Status: 404, Detail: fmt.Sprintf("no effect under the key %q", key)})
+	case errors.Is(err, dedup.ErrNotRetryable):
+		writeProblem(w, Problem{Type: problemType("not-retryable"), Title: "Effect not retryable", Status: 409,
+			Detail: "only dead, failed and unknown effects can be retried"})
+	case err != nil:
+		g.storeError(w, r, err)
+	default:
+		writeJSON(w, http.StatusOK, e)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,27 @@
+-- Leases up to $2 due outbox rows of effect type $1 to dispatcher $3 for $4 milliseconds, and marks their
+-- effects delivering, in one statement. SKIP LOCKED lets any number of dispatchers claim at once without
+-- waiting on each other or taking the same row. A row whose lease expired is due again: its dispatcher died
+-- mid-delivery, and `rescued` tells the caller that the attempt may have reached the provider.
+WITH due AS (
+    SELECT effect_id, lease_expires_at IS NOT NULL AS rescued
+    FROM oncegate_outbox
+    WHERE type = $1
+      AND run_at <= now()
+      AND (lease_expires_at IS NULL OR lease_expires_at < now())
+    ORDER BY run_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE oncegate_outbox o
+    SET lease_token = gen_random_uuid(),
+        lease_owner = $3,
+        lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
+    FROM due
+    WHERE o.effect_id = due.effect_id
+    RETURNING o.effect_id, o.lease_token, due.rescued
+)
+UPDATE oncegate_effects e
+SET status = 'delivering', updated_at = now()
+FROM claimed
+WHERE e.id = claimed.effect_id
+RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.payload, e.attempts

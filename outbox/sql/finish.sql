@@ -1,0 +1,20 @@
+-- Records a terminal outcome (delivered, failed, dead or unknown) under the lease: the outbox row goes, the
+-- effect takes its final status, and waiters are told. No row comes back when the lease was lost, and then
+-- nothing changed. $1 effect id, $2 lease token, $3 status, $4 result, $5 last error, $6 attempts to add
+WITH gone AS (
+    DELETE FROM oncegate_outbox
+    WHERE effect_id = $1 AND lease_token = $2
+    RETURNING effect_id
+)
+UPDATE oncegate_effects e
+SET status = $3,
+    attempts = e.attempts + $6,
+    result = COALESCE($4, e.result),
+    last_error = $5,
+    delivered_at = CASE WHEN $3 = 'delivered' THEN now() ELSE e.delivered_at END,
+    next_attempt_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM gone, pg_notify('oncegate_effect_done', gone.effect_id::text)
+WHERE e.id = gone.effect_id
+RETURNING e.id

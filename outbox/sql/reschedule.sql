@@ -1,0 +1,18 @@
+-- Puts a leased row back to wait $3 ms (by the database's clock), under the lease. A failed attempt adds $5 = 1 to the attempts
+-- and records its error; a row handed back unattempted (breaker open, shutdown) adds 0 and keeps the last
+-- error. $1 effect id, $2 lease token, $3 delay in ms, $4 last error or NULL to keep it, $5 attempts to add
+WITH back AS (
+    UPDATE oncegate_outbox
+    SET run_at = now() + make_interval(secs => $3::double precision / 1000), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+    WHERE effect_id = $1 AND lease_token = $2
+    RETURNING effect_id
+)
+UPDATE oncegate_effects e
+SET status = 'pending',
+    attempts = e.attempts + $5,
+    last_error = COALESCE($4, e.last_error),
+    next_attempt_at = now() + make_interval(secs => $3::double precision / 1000),
+    updated_at = now()
+FROM back
+WHERE e.id = back.effect_id
+RETURNING e.id

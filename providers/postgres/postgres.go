@@ -1,0 +1,115 @@
+// Package postgres is the analytics-insert provider: each effect inserts one event row into a table of the
+// gateway's own database. The insert runs in the transaction that marks the effect delivered, and the table
+// has a unique constraint on (tenant, key), so the event is recorded exactly once: there is no crash window.
+package postgres
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/oncegate/oncegate/providers"
+)
+
+//go:embed insert.sql
+var insertSQL string
+
+// DefaultTable is the table a migration creates.
+const DefaultTable = "analytics_events"
+
+// Config configures the provider for one effect type.
+type Config struct {
+	// Table receives the events: (tenant, key, name, properties, occurred_at) with UNIQUE (tenant, key), in
+	// the gateway's database. An identifier, optionally schema-qualified. Defaults to DefaultTable.
+	Table string `yaml:"table"`
+}
+
+var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
+
+// Provider inserts analytics events.
+type Provider struct {
+	query string
+}
+
+// New checks the configuration and returns a provider.
+func New(c Config) (*Provider, error) {
+	if c.Table == "" {
+		c.Table = DefaultTable
+	}
+	parts := strings.Split(c.Table, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("postgres: table %q: at most schema.table", c.Table)
+	}
+	for _, p := range parts {
+		if !identifier.MatchString(p) {
+			return nil, fmt.Errorf("postgres: table %q is not an identifier (letters, digits, _; at most 63)", c.Table)
+		}
+	}
+	table := pgx.Identifier(parts).Sanitize()
+	return &Provider{query: strings.ReplaceAll(insertSQL, "{{table}}", table)}, nil
+}
+
+// Payload is an analytics event.
+type Payload struct {
+	Name       string          `json:"name"`
+	Properties json.RawMessage `json:"properties,omitempty"`
+	OccurredAt *time.Time      `json:"occurred_at,omitempty"`
+}
+
+func parse(raw json.RawMessage) (Payload, error) {
+	var p Payload
+	if err := providers.DecodeStrict(raw, &p); err != nil {
+		return p, err
+	}
+	if strings.TrimSpace(p.Name) == "" {
+		return p, providers.Invalid("name", "is required")
+	}
+	if len(p.Name) > 200 {
+		return p, providers.Invalid("name", "is %d bytes, at most 200", len(p.Name))
+	}
+	if len(p.Properties) > 0 && p.Properties[0] != '{' && string(p.Properties) != "null" {
+		return p, providers.Invalid("properties", "must be an object")
+	}
+	return p, nil
+}
+
+func (*Provider) Validate(payload json.RawMessage) error {
+	_, err := parse(payload)
+	return err
+}
+
+// Deliver is not used: the dispatcher calls DeliverTx. It exists so that Provider is satisfied.
+func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
+	return providers.Failed(errors.New("postgres provider delivers only inside a transaction"), false)
+}
+
+// DeliverTx inserts the event in tx; the caller commits it with the effect's delivered mark.
+func (p *Provider) DeliverTx(ctx context.Context, tx pgx.Tx, d providers.Delivery) providers.Outcome {
+	ev, err := parse(d.Payload)
+	if err != nil {
+		return providers.Failed(err, true)
+	}
+	var props any
+	if len(ev.Properties) > 0 && string(ev.Properties) != "null" {
+		props = ev.Properties
+	}
+	var id int64
+	if err := tx.QueryRow(ctx, p.query, d.Tenant, d.Key, ev.Name, props, ev.OccurredAt).Scan(&id); err != nil {
+		var pgErr *pgconn.PgError
+		// Class 22 (data exception) will fail the same way every time; anything else (connection, a missing
+		// table an operator can create) may pass on a later attempt.
+		if errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22") {
+			return providers.Failed(fmt.Errorf("insert event: %w", err), true)
+		}
+		return providers.Retry(fmt.Errorf("insert event: %w", err))
+	}
+	return providers.Delivered(map[string]int64{"event_id": id})
+}

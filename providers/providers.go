@@ -1,0 +1,185 @@
+// Package providers defines what a provider is: the code that performs one kind of external effect (send an
+// email, post a webhook, insert an analytics row, call an HTTP API) for the gateway's dispatcher. Each kind
+// lives in its own subpackage and is bound to effect types by the gateway's configuration.
+//
+// A provider says what should happen next through the Outcome it returns: delivered (with a small result),
+// retry (optionally after a delay), failed for good, or in doubt. The dispatcher owns everything else:
+// leases, attempts, backoff, circuit breakers, and recording the outcome under a fence.
+//
+// The guarantee a provider adds is about the crash window, the moment between the provider's success and the
+// commit that records it: a provider that implements TxProvider closes it entirely (its effect commits with
+// the record), the others make a resend recognisable to the receiver through Delivery.StableID.
+package providers
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Delivery is one attempt to perform an effect.
+type Delivery struct {
+	Tenant string
+	Key    string // the client's idempotency key; never forwarded to a shared receiver (see StableID)
+	Type   string
+	// StableID names the effect for receivers, the same on every attempt: derived from tenant and key, so two
+	// tenants' "k1" never collide at a shared receiver, and the raw client key is never sent.
+	StableID string
+	Payload  json.RawMessage
+	// Attempt is 1-based.
+	Attempt int
+	// Rescued is set when an earlier attempt's gateway died while delivering: that attempt may have reached
+	// the destination.
+	Rescued bool
+}
+
+// Provider performs effects of one kind.
+type Provider interface {
+	// Validate checks a payload when the effect is requested, so that a bad payload is a 400 at once rather
+	// than a failed delivery later. Errors should be *FieldError.
+	Validate(payload json.RawMessage) error
+	// Deliver performs the effect once. ctx carries the effect type's timeout.
+	Deliver(ctx context.Context, d Delivery) Outcome
+}
+
+// TxProvider performs its effect inside the database transaction in which the dispatcher records the
+// outcome: both commit, or neither. Such a provider has no crash window.
+type TxProvider interface {
+	Provider
+	DeliverTx(ctx context.Context, tx pgx.Tx, d Delivery) Outcome
+}
+
+// OutcomeKind says what happens after an attempt.
+type OutcomeKind int
+
+const (
+	// KindDelivered: the effect happened; Result is kept and replayed.
+	KindDelivered OutcomeKind = iota + 1
+	// KindRetry: a transient failure (timeout, 5xx, 429, SMTP 4xx, connection error); try again after
+	// backoff, or after RetryAfter when set.
+	KindRetry
+	// KindFailed: a permanent failure (4xx other than 408/429, SMTP 5xx, invalid address); no retry.
+	KindFailed
+	// KindInDoubt: the effect may or may not have happened, and resending is not safe; an operator decides.
+	KindInDoubt
+)
+
+func (k OutcomeKind) String() string {
+	switch k {
+	case KindDelivered:
+		return "delivered"
+	case KindRetry:
+		return "retry"
+	case KindFailed:
+		return "failed"
+	case KindInDoubt:
+		return "in_doubt"
+	}
+	return fmt.Sprintf("OutcomeKind(%d)", int(k))
+}
+
+// Outcome is what a provider's attempt came to.
+type Outcome struct {
+	Kind       OutcomeKind
+	Result     json.RawMessage // for KindDelivered (and what a destination answered, when useful)
+	RetryAfter time.Duration   // for KindRetry: the destination asked for this delay
+	Err        error           // why, for every kind but KindDelivered
+	// DestinationUp is set with KindFailed when the destination answered (a 4xx): it is up, and the circuit
+	// breaker counts the attempt as a success.
+	DestinationUp bool
+}
+
+// Delivered returns a delivered outcome with result encoded as JSON.
+func Delivered(result any) Outcome {
+	b, err := json.Marshal(result)
+	if err != nil {
+		return Outcome{Kind: KindFailed, Err: fmt.Errorf("encode result: %w", err)}
+	}
+	return Outcome{Kind: KindDelivered, Result: b}
+}
+
+// Retry returns a transient failure.
+func Retry(err error) Outcome { return Outcome{Kind: KindRetry, Err: err} }
+
+// RetryAfter returns a transient failure whose destination asked to wait d.
+func RetryAfter(d time.Duration, err error) Outcome {
+	return Outcome{Kind: KindRetry, RetryAfter: d, Err: err}
+}
+
+// Failed returns a permanent failure. destinationUp tells the breaker the destination answered.
+func Failed(err error, destinationUp bool) Outcome {
+	return Outcome{Kind: KindFailed, Err: err, DestinationUp: destinationUp}
+}
+
+// InDoubt returns an outcome that needs an operator.
+func InDoubt(err error) Outcome { return Outcome{Kind: KindInDoubt, Err: err} }
+
+// StableID derives the effect's receiver-facing ID from tenant and key: "eff_" and 26 base32 characters of
+// SHA-256(tenant, NUL, key).
+func StableID(tenant, key string) string {
+	h := sha256.Sum256([]byte(tenant + "\x00" + key))
+	return "eff_" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:])[:26])
+}
+
+// FieldError is a payload that is invalid for its provider, naming the field, as "payload.to[1]".
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Invalid returns a *FieldError for a field of the payload.
+func Invalid(field, format string, args ...any) error {
+	if field == "" {
+		field = "payload"
+	} else {
+		field = "payload." + field
+	}
+	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// DecodeStrict decodes a payload into v, refusing unknown fields and trailing data, and turning the decoder's
+// errors into *FieldError.
+func DecodeStrict(payload json.RawMessage, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &typeErr):
+			return Invalid(typeErr.Field, "must be %s, not %s", jsonKind(typeErr.Type.Kind().String()), typeErr.Value)
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			name := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			return Invalid(name, "unknown field")
+		default:
+			return Invalid("", "%v", err)
+		}
+	}
+	if dec.More() {
+		return Invalid("", "unexpected data after the payload object")
+	}
+	return nil
+}
+
+func jsonKind(goKind string) string {
+	switch goKind {
+	case "string":
+		return "a string"
+	case "slice", "array":
+		return "an array"
+	case "map", "struct":
+		return "an object"
+	case "bool":
+		return "a boolean"
+	}
+	return "a number"
+}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -53,6 +55,8 @@ func unavailable(err error) bool {
 	var netErr net.Error
 	var connErr *pgconn.ConnectError
 	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
 		pgconn.Timeout(err) || pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed") ||
 		strings.Contains(err.Error(), "closed pool")
 }
@@ -64,7 +68,8 @@ func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, err error) 
 		g.log.Warn("database unavailable", "path", r.URL.Path, "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, Problem{Type: problemType("unavailable"), Title: "Service unavailable", Status: 503,
-			Detail: "the database cannot be reached; nothing was recorded, retry with the same Idempotency-Key"})
+			Detail: "the database cannot be reached; retry with the same Idempotency-Key: it records the " +
+				"effect once, or returns it if the connection failed after it was recorded"})
 		return
 	}
 	g.log.Error("request failed", "path", r.URL.Path, "err", err)

@@ -1,0 +1,234 @@
+package gateway
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// Every row of the API's status table, against the real server and database.
+func TestCreateEffectStatusCodes(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) { c.Limits.MaxBody = 1024 })
+
+	r := h.post("signup:1", analytics("signup"))
+	if r.status != 202 || r.header.Get("Location") != "/v1/effects/signup:1" || r.body["key"] != "signup:1" ||
+		r.header.Get("Idempotent-Replayed") != "" || r.header.Get("Content-Type") != "application/json" {
+		t.Fatalf("new key: %d %v %s", r.status, r.header, r.raw)
+	}
+	h.waitStatus(acmeKey, "signup:1", "delivered")
+
+	// The same request again: the stored effect, terminal, so 200; no new effect, no new outbox row.
+	r = h.post(`"signup:1"`, analytics("signup"))
+	if r.status != 200 || r.header.Get("Idempotent-Replayed") != "true" || r.body["status"] != "delivered" {
+		t.Fatalf("replay of a delivered effect: %d %v %s", r.status, r.header, r.raw)
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_effects"); n != 1 {
+		t.Fatalf("%d effects after a replay", n)
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_outbox"); n != 0 {
+		t.Fatalf("%d outbox rows after a replay of a delivered effect", n)
+	}
+	if n := h.count("SELECT count(*) FROM analytics_events"); n != 1 {
+		t.Fatalf("%d analytics rows", n)
+	}
+
+	// Same key, another request.
+	r = h.post("signup:1", analytics("login"))
+	if r.status != 422 || r.body["type"] != "/problems/idempotency-key-reused" ||
+		r.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("key reuse: %d %s", r.status, r.raw)
+	}
+
+	// With wait, a new effect is answered once delivered.
+	r = h.req("POST", "/v1/effects", acmeKey, `{"type":"analytics","payload":{"name":"x"},"wait":"5s"}`,
+		"Idempotency-Key: waited")
+	if r.status != 200 || r.body["status"] != "delivered" || r.body["delivered_at"] == nil {
+		t.Fatalf("wait: %d %s", r.status, r.raw)
+	}
+
+	cases := []struct {
+		name    string
+		key     string // "-" sends no header
+		body    string
+		apiKey  string
+		ctype   string
+		status  int
+		problem string
+		field   string
+	}{
+		{"missing key", "-", analytics("a"), acmeKey, "", 400, "invalid-request", "Idempotency-Key"},
+		{"empty key", `""`, analytics("a"), acmeKey, "", 400, "invalid-request", "Idempotency-Key"},
+		{"unterminated quote", `"abc`, analytics("a"), acmeKey, "", 400, "invalid-request", "Idempotency-Key"},
+		{"key with a space", `"a b"`, analytics("a"), acmeKey, "", 400, "invalid-request", "Idempotency-Key"},
+		{"key too long", strings.Repeat("k", 256), analytics("a"), acmeKey, "", 400, "invalid-request", "Idempotency-Key"},
+		{"malformed JSON", "k1", `{"type":`, acmeKey, "", 400, "invalid-request", ""},
+		{"unknown field", "k1", `{"type":"analytics","payload":{"name":"a"},"extra":1}`, acmeKey, "", 400, "invalid-request", "extra"},
+		{"no type", "k1", `{"payload":{"name":"a"}}`, acmeKey, "", 400, "invalid-request", "type"},
+		{"unknown type", "k1", `{"type":"fax","payload":{"name":"a"}}`, acmeKey, "", 400, "invalid-request", "type"},
+		{"no payload", "k1", `{"type":"analytics"}`, acmeKey, "", 400, "invalid-request", "payload"},
+		{"payload not an object", "k1", `{"type":"analytics","payload":[1]}`, acmeKey, "", 400, "invalid-request", "payload"},
+		{"payload invalid for its provider", "k1", `{"type":"analytics","payload":{"properties":{}}}`, acmeKey, "", 400, "invalid-request", "payload.name"},
+		{"payload field of the wrong type", "k1", `{"type":"analytics","payload":{"name":5}}`, acmeKey, "", 400, "invalid-request", "payload.name"},
+		{"payload Postgres cannot store", "k1", `{"type":"analytics","payload":{"name":"a","properties":{"x":"\u0000"}}}`, acmeKey, "", 400, "invalid-request", "payload"},
+		{"wait too long", "k1", `{"type":"analytics","payload":{"name":"a"},"wait":"31s"}`, acmeKey, "", 400, "invalid-request", "wait"},
+		{"no API key", "k1", analytics("a"), "", "", 401, "unauthorized", ""},
+		{"wrong API key", "k1", analytics("a"), "not-a-real-key", "", 401, "unauthorized", ""},
+		{"body over the limit", "k1", `{"type":"analytics","payload":{"name":"` + strings.Repeat("a", 2000) + `"}}`, acmeKey, "", 413, "body-too-large", ""},
+		{"not JSON", "k1", analytics("a"), acmeKey, "text/plain", 415, "unsupported-media-type", ""},
+	}
+	for _, c := range cases {
+		headers := []string{}
+		if c.key != "-" {
+			headers = append(headers, "Idempotency-Key: "+c.key)
+		}
+		if c.ctype != "" {
+			headers = append(headers, "Content-Type: "+c.ctype)
+		}
+		r := h.req("POST", "/v1/effects", c.apiKey, c.body, headers...)
+		if r.status != c.status || r.body["type"] != "/problems/"+c.problem || r.body["status"] != float64(c.status) ||
+			r.body["title"] == "" || r.header.Get("Content-Type") != "application/problem+json" {
+			t.Errorf("%s: %d %s, want %d %s", c.name, r.status, r.raw, c.status, c.problem)
+			continue
+		}
+		if c.field != "" && r.body["field"] != c.field {
+			t.Errorf("%s: field %v, want %s (%s)", c.name, r.body["field"], c.field, r.raw)
+		}
+		if c.status == 401 && !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
+			t.Errorf("%s: WWW-Authenticate %q", c.name, r.header.Get("WWW-Authenticate"))
+		}
+	}
+	// None of the refused requests recorded anything.
+	if n := h.count("SELECT count(*) FROM oncegate_effects"); n != 2 {
+		t.Fatalf("%d effects after the refused requests, want 2", n)
+	}
+}
+
+// A replay of an effect that is not terminal yet is a 202, with the header.
+func TestReplayOfPendingEffectIs202(t *testing.T) {
+	t.Parallel()
+	// A table that does not exist keeps the effect pending (retrying) for as long as the test needs.
+	h := startGateway(t, func(c *Config) {
+		c.EffectTypes["later"] = EffectType{Provider: "postgres", Postgres: &postgresConfig{Table: "not_yet"},
+			Retry: &Retry{BaseDelay: Duration(10 * 1e9)}}
+	})
+	body := `{"type":"later","payload":{"name":"a"}}`
+	if r := h.post("p1", body); r.status != 202 {
+		t.Fatalf("%d %s", r.status, r.raw)
+	}
+	r := h.post("p1", body)
+	if r.status != 202 || r.header.Get("Idempotent-Replayed") != "true" || r.body["status"] == "delivered" {
+		t.Fatalf("replay of a pending effect: %d %v %s", r.status, r.header, r.raw)
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_outbox"); n != 1 {
+		t.Fatalf("%d outbox rows, want 1", n)
+	}
+}
+
+// 100 concurrent requests with one key: one effect, one delivery, 99 replays.
+func TestConcurrentSameKeyMakesOneEffectAndOneDelivery(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, nil)
+	var mu sync.Mutex
+	statuses := map[string]int{}
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Go(func() {
+			r := h.post("order:42", analytics("order"))
+			mu.Lock()
+			statuses[fmt.Sprintf("%d replayed=%s", r.status, r.header.Get("Idempotent-Replayed"))]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	created := statuses["202 replayed="] + statuses["200 replayed="]
+	if created != 1 || created+statuses["202 replayed=true"]+statuses["200 replayed=true"] != 100 {
+		t.Fatalf("answers: %v; want one creation and 99 replays", statuses)
+	}
+	h.waitStatus(acmeKey, "order:42", "delivered")
+	if n := h.count("SELECT count(*) FROM analytics_events WHERE key = 'order:42'"); n != 1 {
+		t.Fatalf("%d deliveries", n)
+	}
+	if n := h.count("SELECT attempts FROM oncegate_effects WHERE key = 'order:42'"); n != 1 {
+		t.Fatalf("%d attempts", n)
+	}
+}
+
+// Tenants' keys are separate effects, and a tenant never sees another's.
+func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, nil)
+	if r := h.req("POST", "/v1/effects", acmeKey, analytics("a"), "Idempotency-Key: k1"); r.status != 202 {
+		t.Fatal(r.raw)
+	}
+	// globex's k1 with another body is a new effect, not a 422.
+	if r := h.req("POST", "/v1/effects", globexKey, analytics("b"), "Idempotency-Key: k1"); r.status != 202 ||
+		r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("globex k1: %d %s", r.status, r.raw)
+	}
+	if r := h.req("POST", "/v1/effects", globexKey, analytics("c"), "Idempotency-Key: acme-only"); r.status != 202 {
+		t.Fatal(r.raw)
+	}
+	if r := h.req("GET", "/v1/effects/acme-only", acmeKey, ""); r.status != 404 || r.body["type"] != "/problems/not-found" {
+		t.Fatalf("acme read globex's key: %d %s", r.status, r.raw)
+	}
+	if r := h.req("POST", "/v1/effects/acme-only/retry", acmeKey, ""); r.status != 404 {
+		t.Fatalf("acme retried globex's key: %d %s", r.status, r.raw)
+	}
+	r := h.req("GET", "/v1/effects", acmeKey, "")
+	if data := r.body["data"].([]any); len(data) != 1 || data[0].(map[string]any)["key"] != "k1" {
+		t.Fatalf("acme's list: %s", r.raw)
+	}
+	h.waitStatus(acmeKey, "k1", "delivered")
+	h.waitStatus(globexKey, "k1", "delivered")
+	if n := h.count("SELECT count(DISTINCT tenant) FROM analytics_events WHERE key = 'k1'"); n != 2 {
+		t.Fatalf("k1 delivered for %d tenants, want 2", n)
+	}
+}
+
+func TestListFiltersAndPages(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, nil)
+	for i := range 7 {
+		if r := h.post(fmt.Sprintf("e%d", i), analytics("x")); r.status != 202 {
+			t.Fatal(r.raw)
+		}
+	}
+	h.waitStatus(acmeKey, "e6", "delivered")
+	var keys []string
+	cursor := ""
+	for page := 0; ; page++ {
+		path := "/v1/effects?limit=3&type=analytics"
+		if cursor != "" {
+			path += "&cursor=" + cursor
+		}
+		r := h.req("GET", path, acmeKey, "")
+		if r.status != 200 {
+			t.Fatal(r.raw)
+		}
+		for _, e := range r.body["data"].([]any) {
+			keys = append(keys, e.(map[string]any)["key"].(string))
+		}
+		next, _ := r.body["next_cursor"].(string)
+		if next == "" {
+			break
+		}
+		cursor = next
+		if page > 5 {
+			t.Fatal("pagination does not end")
+		}
+	}
+	if strings.Join(keys, ",") != "e6,e5,e4,e3,e2,e1,e0" {
+		t.Fatalf("pages gave %v, want newest first, each once", keys)
+	}
+	if r := h.req("GET", "/v1/effects?status=dead", acmeKey, ""); len(r.body["data"].([]any)) != 0 {
+		t.Fatalf("status filter: %s", r.raw)
+	}
+	for _, bad := range []string{"status=lost", "limit=0", "limit=501", "cursor=zzz"} {
+		if r := h.req("GET", "/v1/effects?"+bad, acmeKey, ""); r.status != http.StatusBadRequest {
+			t.Errorf("%s: %d %s", bad, r.status, r.raw)
+		}
+	}
+}

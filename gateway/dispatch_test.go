@@ -1,0 +1,232 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/providers/postgres"
+)
+
+type postgresConfig = postgres.Config
+
+// A destination that fails: a table that does not exist (yet). Every insert fails with a transient error,
+// until the test creates the table.
+func failingType(table string, retry *Retry, breaker Breaker) EffectType {
+	return EffectType{Provider: "postgres", Postgres: &postgresConfig{Table: table}, Retry: retry, Breaker: breaker}
+}
+
+func createEventsTable(t *testing.T, h *harness, table string) {
+	t.Helper()
+	_, err := h.pool.Exec(context.Background(), fmt.Sprintf(`CREATE TABLE %s (LIKE analytics_events INCLUDING ALL)`, table))
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Retries use up max_attempts, the effect is dead with the error; an operator's retry delivers it once the
+// destination works.
+func TestRetriesThenDeadThenOperatorRetry(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.EffectTypes["flaky"] = failingType("flaky_events",
+			&Retry{MaxAttempts: 3, BaseDelay: Duration(20 * time.Millisecond), MaxDelay: Duration(50 * time.Millisecond)},
+			Breaker{Failures: 100})
+	})
+	if r := h.post("f1", `{"type":"flaky","payload":{"name":"a"}}`); r.status != 202 {
+		t.Fatal(r.raw)
+	}
+	r := h.waitStatus(acmeKey, "f1", "dead")
+	if r.body["attempts"] != float64(3) || !strings.Contains(r.body["last_error"].(string), "failed 3 of 3 attempts") ||
+		!strings.Contains(r.body["last_error"].(string), "flaky_events") {
+		t.Fatalf("dead effect: %s", r.raw)
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_outbox"); n != 0 {
+		t.Fatalf("a dead effect kept %d outbox rows", n)
+	}
+	// Retrying a delivered or pending effect is refused; a dead one goes back to pending.
+	h.post("ok", analytics("a"))
+	h.waitStatus(acmeKey, "ok", "delivered")
+	if r := h.req("POST", "/v1/effects/ok/retry", acmeKey, ""); r.status != 409 || r.body["type"] != "/problems/not-retryable" {
+		t.Fatalf("retry of a delivered effect: %d %s", r.status, r.raw)
+	}
+	if r := h.req("POST", "/v1/effects/nope/retry", acmeKey, ""); r.status != 404 {
+		t.Fatalf("retry of a missing effect: %d %s", r.status, r.raw)
+	}
+	createEventsTable(t, h, "flaky_events")
+	if r := h.req("POST", "/v1/effects/f1/retry", acmeKey, ""); r.status != 200 || r.body["attempts"] != float64(0) {
+		t.Fatalf("retry: %d %s", r.status, r.raw)
+	}
+	r = h.waitStatus(acmeKey, "f1", "delivered")
+	if r.body["attempts"] != float64(1) || r.body["result"] == nil {
+		t.Fatalf("after the retry: %s", r.raw)
+	}
+	if n := h.count("SELECT count(*) FROM flaky_events"); n != 1 {
+		t.Fatalf("%d rows delivered", n)
+	}
+}
+
+// While a destination fails, its breaker opens: rows wait without being charged attempts, and drain once it
+// recovers. Other effect types are not held up.
+func TestBreakerOpensRowsWaitThenDrain(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.EffectTypes["down"] = failingType("down_events",
+			&Retry{MaxAttempts: 5, BaseDelay: Duration(10 * time.Millisecond), MaxDelay: Duration(20 * time.Millisecond)},
+			Breaker{Failures: 3, OpenFor: Duration(700 * time.Millisecond)})
+	})
+	for i := range 10 {
+		if r := h.post(fmt.Sprintf("d%d", i), `{"type":"down","payload":{"name":"a"}}`); r.status != 202 {
+			t.Fatal(r.raw)
+		}
+	}
+	// Long enough for many retry rounds had the breaker not opened: 5 attempts each would make them dead.
+	time.Sleep(2 * time.Second)
+	if !strings.Contains(h.logs.String(), "to=open") {
+		t.Fatalf("the breaker never opened; log:\n%s", h.logs.String())
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_effects WHERE type = 'down' AND status IN ('dead', 'failed')"); n != 0 {
+		t.Fatalf("%d effects ended while the breaker was open", n)
+	}
+	charged := h.count("SELECT COALESCE(sum(attempts), 0) FROM oncegate_effects WHERE type = 'down'")
+	t.Logf("%d attempts charged to 10 effects in 2s with the breaker opening after 3 failures", charged)
+	if charged >= 30 {
+		t.Fatalf("%d attempts charged: rows were not held while the breaker was open", charged)
+	}
+	// Another type delivers meanwhile.
+	if r := h.req("POST", "/v1/effects", acmeKey, `{"type":"analytics","payload":{"name":"x"},"wait":"5s"}`,
+		"Idempotency-Key: other"); r.body["status"] != "delivered" {
+		t.Fatalf("other type held up: %s", r.raw)
+	}
+	createEventsTable(t, h, "down_events")
+	for i := range 10 {
+		h.waitStatus(acmeKey, fmt.Sprintf("d%d", i), "delivered")
+	}
+	if n := h.count("SELECT count(*) FROM down_events"); n != 10 {
+		t.Fatalf("%d rows delivered, want 10", n)
+	}
+	if !strings.Contains(h.logs.String(), "to=closed") {
+		t.Fatal("the breaker never closed again")
+	}
+}
+
+// Retention purges terminal effects older than retention.keys, and only those; a purged key is new again.
+func TestRetentionPurgesOnlyExpiredTerminalEffects(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.Retention.Keys = Duration(time.Hour)
+		c.EffectTypes["stuck"] = failingType("never", &Retry{BaseDelay: Duration(time.Hour)}, Breaker{Failures: 100})
+	})
+	for _, k := range []string{"old", "recent"} {
+		h.post(k, analytics(k))
+		h.waitStatus(acmeKey, k, "delivered")
+	}
+	h.post("pending-old", `{"type":"stuck","payload":{"name":"a"}}`)
+	ctx := context.Background()
+	if _, err := h.pool.Exec(ctx, `UPDATE oncegate_effects SET finished_at = now() - interval '2 hours',
+		created_at = now() - interval '3 hours' WHERE key = 'old'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.pool.Exec(ctx, `UPDATE oncegate_effects SET created_at = now() - interval '3 hours'
+		WHERE key = 'pending-old'`); err != nil {
+		t.Fatal(err)
+	}
+	h.g.dispatcher.Purge(ctx)
+	if r := h.req("GET", "/v1/effects/old", acmeKey, ""); r.status != 404 {
+		t.Fatalf("expired effect still there: %s", r.raw)
+	}
+	for _, k := range []string{"recent", "pending-old"} {
+		if r := h.req("GET", "/v1/effects/"+k, acmeKey, ""); r.status != 200 {
+			t.Fatalf("%s purged: %s", k, r.raw)
+		}
+	}
+	// The purged key can be used again, for any request.
+	if r := h.post("old", analytics("another")); r.status != 202 || r.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("reuse of a purged key: %d %s", r.status, r.raw)
+	}
+}
+
+func TestGetWithWaitReturnsTerminalState(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.EffectTypes["slow"] = failingType("slow_events",
+			&Retry{MaxAttempts: 2, BaseDelay: Duration(300 * time.Millisecond), MaxDelay: Duration(300 * time.Millisecond)},
+			Breaker{Failures: 100})
+	})
+	h.post("w", `{"type":"slow","payload":{"name":"a"}}`)
+	start := time.Now()
+	r := h.req("GET", "/v1/effects/w?wait=10s", acmeKey, "")
+	if r.status != 200 || r.body["status"] != "dead" {
+		t.Fatalf("wait returned %d %s", r.status, r.raw)
+	}
+	t.Logf("GET ?wait answered %v after the request, when the effect went dead", time.Since(start))
+	// A wait that runs out returns the state as it is.
+	h.post("w2", `{"type":"slow","payload":{"name":"a"}}`)
+	r = h.req("GET", "/v1/effects/w2?wait=100ms", acmeKey, "")
+	if r.status != 200 || r.body["status"] == "dead" {
+		t.Fatalf("short wait: %s", r.raw)
+	}
+	if r := h.req("GET", "/v1/effects/w2?wait=forever", acmeKey, ""); r.status != 400 || r.body["field"] != "wait" {
+		t.Fatalf("bad wait: %s", r.raw)
+	}
+}
+
+// With Postgres down, requests get 503 with Retry-After and nothing is half-written; once it is back, the
+// same request succeeds and is delivered once.
+func TestPostgresDownGives503AndNothingHalfWritten(t *testing.T) {
+	t.Parallel()
+	cluster := pgtest.StartCluster(t)
+	dbURL := pgtest.DatabaseAt(t, cluster.URL())
+	cfg := testConfig(t, dbURL)
+	if err := cfg.fill(); err != nil {
+		t.Fatal(err)
+	}
+	h := serve(t, cfg)
+	if r := h.post("before", analytics("a")); r.status != 202 {
+		t.Fatal(r.raw)
+	}
+	h.waitStatus(acmeKey, "before", "delivered")
+
+	cluster.Stop()
+	for i := range 3 {
+		r := h.post("during", analytics("b"))
+		if r.status != 503 || r.header.Get("Retry-After") == "" || r.body["type"] != "/problems/unavailable" {
+			t.Fatalf("request %d during the outage: %d %v %s", i, r.status, r.header, r.raw)
+		}
+		if strings.Contains(r.raw, "goroutine") || strings.Contains(r.raw, ".go:") {
+			t.Fatalf("the 503 leaks internals: %s", r.raw)
+		}
+	}
+	if r := h.req("GET", "/readyz", "", ""); r.status != 503 {
+		t.Fatalf("readyz during the outage: %d", r.status)
+	}
+	if r := h.req("GET", "/healthz", "", ""); r.status != 200 {
+		t.Fatalf("healthz during the outage: %d", r.status)
+	}
+	cluster.Start()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		r := h.post("during", analytics("b"))
+		if r.status == 202 || r.status == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("still %d after Postgres came back: %s", r.status, r.raw)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	h.waitStatus(acmeKey, "during", "delivered")
+	pool := pgtest.Pool(t, dbURL)
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects"); n != 2 {
+		t.Fatalf("%d effects, want 2", n)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM analytics_events"); n != 2 {
+		t.Fatalf("%d deliveries, want 2", n)
+	}
+	if r := h.req("GET", "/readyz", "", ""); r.status != 200 {
+		t.Fatalf("readyz after the outage: %d %s", r.status, r.raw)
+	}
+}

@@ -1,0 +1,175 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/internal/pgtest"
+)
+
+const (
+	acmeKey   = "acme-api-key"
+	globexKey = "globex-api-key"
+)
+
+// harness is a gateway serving on loopback over a database of the test's own, with two tenants.
+type harness struct {
+	t    *testing.T
+	url  string
+	db   string
+	pool *pgxpool.Pool
+	g    *Gateway
+	logs *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func testConfig(t *testing.T, dbURL string) *Config {
+	t.Helper()
+	cfg, err := Load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.DatabaseURL = dbURL
+	cfg.Listen = "127.0.0.1:0"
+	cfg.Tenants = map[string]Tenant{"acme": {APIKeys: []string{acmeKey}}, "globex": {APIKeys: []string{globexKey}}}
+	cfg.Dispatcher.PollInterval = Duration(100 * time.Millisecond)
+	return cfg
+}
+
+func startGateway(t *testing.T, mutate func(*Config)) *harness {
+	t.Helper()
+	dbURL := pgtest.Database(t)
+	cfg := testConfig(t, dbURL)
+	if mutate != nil {
+		mutate(cfg)
+	}
+	if err := cfg.fill(); err != nil {
+		t.Fatal(err)
+	}
+	return serve(t, cfg)
+}
+
+func serve(t *testing.T, cfg *Config) *harness {
+	t.Helper()
+	logs := &syncBuffer{}
+	g, err := New(cfg, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- g.Serve(ctx, l) }()
+	h := &harness{t: t, url: "http://" + l.Addr().String(), db: cfg.DatabaseURL, g: g, logs: logs}
+	h.pool = pgtest.Pool(t, cfg.DatabaseURL)
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("gateway did not shut down within 30s")
+		}
+		g.Close()
+		if t.Failed() {
+			t.Logf("gateway log:\n%s", logs.String())
+		}
+	})
+	return h
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   map[string]any
+	raw    string
+}
+
+// req sends a request; headers are "Name: value" strings. A nil apiKey sends no Authorization header.
+func (h *harness) req(method, path, apiKey, body string, headers ...string) response {
+	h.t.Helper()
+	r, err := http.NewRequest(method, h.url+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if apiKey != "" {
+		r.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	if body != "" {
+		r.Header.Set("Content-Type", "application/json")
+	}
+	for _, hv := range headers {
+		k, v, _ := strings.Cut(hv, ": ")
+		r.Header.Set(k, v)
+	}
+	resp, err := http.DefaultClient.Do(r)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	out := response{status: resp.StatusCode, header: resp.Header, raw: string(raw)}
+	_ = json.Unmarshal(raw, &out.body)
+	return out
+}
+
+// post creates an effect as acme.
+func (h *harness) post(key, body string) response {
+	h.t.Helper()
+	return h.req("POST", "/v1/effects", acmeKey, body, "Idempotency-Key: "+key)
+}
+
+func (h *harness) count(query string, args ...any) int {
+	h.t.Helper()
+	return pgtest.Count(h.t, h.pool, query, args...)
+}
+
+func (h *harness) waitStatus(apiKey, key, status string) response {
+	h.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		r := h.req("GET", "/v1/effects/"+key+"?wait=2s", apiKey, "")
+		if r.body["status"] == status {
+			return r
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("effect %s never reached %s: %s", key, status, r.raw)
+		}
+	}
+}
+
+func analytics(name string) string {
+	return `{"type":"analytics","payload":{"name":"` + name + `"}}`
+}

@@ -87,6 +87,9 @@ type Limits struct {
 
 // Dispatcher tunes the outbox dispatcher.
 type Dispatcher struct {
+	// Disabled runs the gateway as an API node only: it records effects, and other gateways (with the
+	// dispatcher on) deliver them. API and delivery capacity then scale apart.
+	Disabled     bool     `yaml:"disabled"`
 	PollInterval Duration `yaml:"poll_interval"`
 	LeaseMargin  Duration `yaml:"lease_margin"`
 	DrainTimeout Duration `yaml:"drain_timeout"`

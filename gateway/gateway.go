@@ -90,7 +90,9 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		pool.Close()
 		return nil, err
 	}
+	w := newWaiters()
 	d, err := outbox.New(pool, outbox.Config{
+		OnFinished: w.wake,
 		Types: types, Owner: opts.DispatcherOwner, Retention: time.Duration(cfg.Retention.Keys),
 		PollInterval: time.Duration(cfg.Dispatcher.PollInterval), LeaseMargin: time.Duration(cfg.Dispatcher.LeaseMargin),
 		DrainTimeout: time.Duration(cfg.Dispatcher.DrainTimeout), Logger: log,
@@ -100,7 +102,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, log: log, pool: pool, store: dedup.NewStore(pool), dispatcher: d,
-		providers: byName, waiters: newWaiters()}
+		providers: byName, waiters: w}
 	tenants := make([]string, 0, len(cfg.Tenants))
 	for t := range cfg.Tenants {
 		tenants = append(tenants, t)
@@ -146,7 +148,11 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	var wg sync.WaitGroup
 	lst := &listener{url: g.cfg.DatabaseURL, log: g.log, onOutbox: g.dispatcher.Wake, waiters: g.waiters}
 	wg.Go(func() { lst.run(bg) })
-	wg.Go(func() { _ = g.dispatcher.Run(bg) })
+	if g.cfg.Dispatcher.Disabled {
+		g.log.Info("dispatcher disabled: this gateway records effects, other gateways deliver them")
+	} else {
+		wg.Go(func() { _ = g.dispatcher.Run(bg) })
+	}
 
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(l) }()

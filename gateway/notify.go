@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -64,8 +65,10 @@ func (l *listener) listen(ctx context.Context, connected func()) error {
 		case "oncegate_outbox":
 			l.onOutbox()
 		case "oncegate_effect_done":
-			if id, err := strconv.ParseInt(n.Payload, 10, 64); err == nil {
-				l.waiters.wake(id)
+			for _, f := range strings.Split(n.Payload, ",") {
+				if id, err := strconv.ParseInt(f, 10, 64); err == nil {
+					l.waiters.wake(id)
+				}
 			}
 		}
 	}

@@ -22,7 +22,8 @@ var files embed.FS
 const versionTable = "oncegate_schema_migrations"
 
 func provider(db *sql.DB, log *slog.Logger) (*goose.Provider, error) {
-	locker, err := lock.NewPostgresSessionLocker()
+	// Gateways that start together wait for the one migrating: retry the lock every second, for 5 minutes.
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
 	if err != nil {
 		return nil, err
 	}

@@ -17,6 +17,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -113,7 +115,11 @@ type Config struct {
 	Retention time.Duration
 	// PurgeInterval is how often expired effects are purged. Defaults to DefaultPurgeInterval.
 	PurgeInterval time.Duration
-	Logger        *slog.Logger
+	// OnFinished is called with the ID of every effect this dispatcher brought to a terminal status, for the
+	// gateway's own waiters. Other gateways learn of it from a NOTIFY on oncegate_effect_done, whose payload
+	// lists IDs separated by commas.
+	OnFinished func(id int64)
+	Logger     *slog.Logger
 }
 
 func (c *Config) withDefaults() (Config, error) {
@@ -182,6 +188,10 @@ type Dispatcher struct {
 	log   *slog.Logger
 	wake  chan struct{}
 	freed chan struct{}
+
+	finishedMu sync.Mutex
+	finished   []int64       // terminal since the last notification
+	notifyNow  chan struct{} // rung when finished gains its first ID
 }
 
 // New returns a dispatcher for the effect types of cfg.
@@ -191,7 +201,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 		return nil, err
 	}
 	d := &Dispatcher{pool: pool, cfg: c, log: c.Logger.With("component", "dispatcher", "owner", c.Owner),
-		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), notifyNow: make(chan struct{}, 1)}
 	for _, t := range c.Types {
 		et := &effectType{EffectType: t, lease: t.Timeout + c.LeaseMargin}
 		name, failures := t.Name, t.BreakerFailures
@@ -233,6 +243,10 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	purge := time.NewTicker(d.cfg.PurgeInterval)
 	defer purge.Stop()
 	var claimErrors int
+	notifierCtx, stopNotifier := context.WithCancel(context.WithoutCancel(ctx))
+	notified := make(chan struct{})
+	go func() { defer close(notified); d.notifyFinished(notifierCtx) }()
+	defer func() { stopNotifier(); <-notified }()
 
 	for ctx.Err() == nil {
 		more, err := d.claimAll(ctx, deliveries, &wg)
@@ -448,6 +462,7 @@ func (d *Dispatcher) deliverTx(ctx context.Context, log *slog.Logger, p provider
 		return out, true
 	}
 	metrics.Finished.WithLabelValues(t.Name, "delivered").Inc()
+	d.finishedEffect(r.id)
 	return out, true
 }
 
@@ -472,6 +487,58 @@ func (d *Dispatcher) finish(log *slog.Logger, t *effectType, r row, status strin
 		log.Error("recording the outcome failed; the row will be rescued after its lease", "status", status, "err", err)
 	default:
 		metrics.Finished.WithLabelValues(t.Name, status).Inc()
+		d.finishedEffect(r.id)
+	}
+}
+
+// finishedEffect wakes this gateway's waiters at once and queues the ID for the other gateways.
+func (d *Dispatcher) finishedEffect(id int64) {
+	if d.cfg.OnFinished != nil {
+		d.cfg.OnFinished(id)
+	}
+	d.finishedMu.Lock()
+	d.finished = append(d.finished, id)
+	first := len(d.finished) == 1
+	d.finishedMu.Unlock()
+	if first {
+		select {
+		case d.notifyNow <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// notifyFinished sends the IDs of finished effects to other gateways: one NOTIFY for all that finished while
+// the previous one was sent, at most every 5 ms, each payload under Postgres's 8000-byte limit.
+func (d *Dispatcher) notifyFinished(ctx context.Context) {
+	for {
+		select {
+		case <-d.notifyNow:
+		case <-ctx.Done():
+		}
+		d.finishedMu.Lock()
+		ids := d.finished
+		d.finished = nil
+		d.finishedMu.Unlock()
+		for len(ids) > 0 {
+			var b strings.Builder
+			for len(ids) > 0 && b.Len() < 7900 {
+				if b.Len() > 0 {
+					b.WriteByte(',')
+				}
+				b.WriteString(strconv.FormatInt(ids[0], 10))
+				ids = ids[1:]
+			}
+			nctx, cancel := dbContext()
+			if _, err := d.pool.Exec(nctx, "SELECT pg_notify('oncegate_effect_done', $1)", b.String()); err != nil {
+				d.log.Warn("notifying other gateways of finished effects failed; their waiters poll on", "err", err)
+			}
+			cancel()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		sleep(ctx, 5*time.Millisecond)
 	}
 }
 

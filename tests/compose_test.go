@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/compose-spec/compose-go/v2/cli"
+
+	"github.com/oncegate/oncegate/gateway"
 )
 
 // No Docker engine runs in CI, so compose.yaml is checked with Compose's own loader: it must parse and
@@ -62,6 +64,19 @@ func TestComposeFileIsValidAndMatchesTheDocs(t *testing.T) {
 
 // composeServicesInReadme returns the first column of the table in the README section whose heading names
 // `docker compose up`.
+// The configuration compose.yaml mounts into the gateway loads.
+func TestComposeGatewayConfigLoads(t *testing.T) {
+	t.Setenv("DATABASE_URL", "postgres://postgres:postgres@postgres:5432/oncegate")
+	t.Setenv("ACME_API_KEY", "dev-acme-key")
+	c, err := gateway.Load("../deploy/gateway.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.DatabaseURL != "postgres://postgres:postgres@postgres:5432/oncegate" || c.EffectTypes["clicks"].Provider != "postgres" {
+		t.Fatalf("loaded %+v", c)
+	}
+}
+
 func composeServicesInReadme(t *testing.T, readme string) []string {
 	t.Helper()
 	loc := regexp.MustCompile("(?m)^## .*`docker compose up`.*$").FindStringIndex(readme)

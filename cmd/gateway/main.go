@@ -1,7 +1,7 @@
 // Command gateway is oncegate's gateway: the HTTP API that performs side effects once, and the outbox
 // dispatcher, in one process.
 //
-//	gateway serve [--config FILE] [--no-migrate]   serve until SIGTERM or SIGINT, then shut down gracefully
+//	gateway serve [--config FILE] [--no-migrate] [--no-dispatch]   serve until SIGTERM, then shut down gracefully
 //	gateway migrate [--config FILE]                apply database migrations (DATABASE_URL alone will do)
 package main
 
@@ -27,6 +27,7 @@ func main() {
 	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
 	configPath := fs.String("config", "", "configuration file (YAML); defaults serve one dev tenant on loopback")
 	noMigrate := fs.Bool("no-migrate", false, "serve: do not apply migrations at start")
+	noDispatch := fs.Bool("no-dispatch", false, "serve: record effects but leave delivery to other gateways")
 	level := fs.String("log-level", envOr("LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
 
@@ -40,6 +41,9 @@ func main() {
 	cfg, err := gateway.Load(*configPath)
 	if err != nil {
 		fatal(err)
+	}
+	if *noDispatch {
+		cfg.Dispatcher.Disabled = true
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -84,7 +88,7 @@ func envOr(k, d string) string {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: gateway serve [--config FILE] [--no-migrate] | gateway migrate [--config FILE]")
+	fmt.Fprintln(os.Stderr, "usage: gateway serve [--config FILE] [--no-migrate] [--no-dispatch] | gateway migrate [--config FILE]")
 	os.Exit(2)
 }
 

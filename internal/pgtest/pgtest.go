@@ -108,4 +108,3 @@ func Count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 	}
 	return n
 }
-

@@ -1,6 +1,7 @@
--- Records a terminal outcome (delivered, failed, dead or unknown) under the lease: the outbox row goes, the
--- effect takes its final status, and waiters are told. No row comes back when the lease was lost, and then
--- nothing changed. $1 effect id, $2 lease token, $3 status, $4 result, $5 last error, $6 attempts to add
+-- Records a terminal outcome (delivered, failed, dead or unknown) under the lease: the outbox row goes and
+-- the effect takes its final status. No row comes back when the lease was lost, and then nothing changed.
+-- Waiters are told by the dispatcher, which batches the notifications (a NOTIFY in every one of these
+-- transactions would serialise their commits). $1 effect id, $2 lease token, $3 status, $4 result, $5 last error, $6 attempts to add
 WITH gone AS (
     DELETE FROM oncegate_outbox
     WHERE effect_id = $1 AND lease_token = $2
@@ -15,6 +16,6 @@ SET status = $3,
     next_attempt_at = NULL,
     finished_at = now(),
     updated_at = now()
-FROM gone, pg_notify('oncegate_effect_done', gone.effect_id::text)
+FROM gone
 WHERE e.id = gone.effect_id
 RETURNING e.id

@@ -1,0 +1,256 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// scripted is a provider whose outcomes the test chooses, attempt by attempt: the dispatcher's logic is under
+// test here, against the real database; real providers have their own suite.
+type scripted struct {
+	mu       sync.Mutex
+	outcomes []providers.Outcome // consumed one per call; the last one repeats
+	calls    atomic.Int32
+	block    chan struct{} // when set, Deliver waits for it or for ctx
+}
+
+func (s *scripted) Validate(json.RawMessage) error { return nil }
+
+func (s *scripted) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
+	s.calls.Add(1)
+	if s.block != nil {
+		select {
+		case <-s.block:
+		case <-ctx.Done():
+			return providers.Retry(ctx.Err())
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	o := s.outcomes[0]
+	if len(s.outcomes) > 1 {
+		s.outcomes = s.outcomes[1:]
+	}
+	return o
+}
+
+type fixture struct {
+	t     *testing.T
+	pool  *pgxpool.Pool
+	store *dedup.Store
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	pool := pgtest.Pool(t, pgtest.Database(t))
+	return &fixture{t: t, pool: pool, store: dedup.NewStore(pool)}
+}
+
+func (f *fixture) create(key, typ string) {
+	f.t.Helper()
+	if _, _, err := f.store.Create(context.Background(), dedup.NewEffect{Tenant: "t", Key: key, Type: typ,
+		Payload: json.RawMessage(`{}`)}); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+func (f *fixture) get(key string) *dedup.Effect {
+	f.t.Helper()
+	e, err := f.store.Get(context.Background(), "t", key)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return e
+}
+
+func (f *fixture) waitStatus(key string, s dedup.Status) *dedup.Effect {
+	f.t.Helper()
+	var e *dedup.Effect
+	testenv.Eventually(f.t, 10*time.Second, "effect "+key+" reaches "+string(s), func() bool {
+		e = f.get(key)
+		return e.Status == s
+	})
+	return e
+}
+
+// run runs a dispatcher until the test ends and returns it.
+func (f *fixture) run(types ...EffectType) *Dispatcher {
+	f.t.Helper()
+	d, err := New(f.pool, Config{Types: types, PollInterval: 50 * time.Millisecond, DrainTimeout: time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	f.t.Cleanup(func() { cancel(); <-done })
+	return d
+}
+
+func TestOutcomesAreRecorded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.create("ok", "ok")
+	f.create("refused", "refused")
+	f.create("doubt", "doubt")
+	f.run(
+		EffectType{Name: "ok", Provider: &scripted{outcomes: []providers.Outcome{providers.Delivered(map[string]string{"id": "m1"})}}},
+		EffectType{Name: "refused", Provider: &scripted{outcomes: []providers.Outcome{providers.Failed(errors.New("550 no such user"), true)}}},
+		EffectType{Name: "doubt", Provider: &scripted{outcomes: []providers.Outcome{providers.InDoubt(errors.New("connection lost after DATA"))}}},
+	)
+	if e := f.waitStatus("ok", dedup.StatusDelivered); string(e.Result) != `{"id": "m1"}` || e.Attempts != 1 || e.DeliveredAt == nil {
+		t.Fatalf("delivered: %+v result %s", e, e.Result)
+	}
+	if e := f.waitStatus("refused", dedup.StatusFailed); *e.LastError != "550 no such user" || e.Attempts != 1 {
+		t.Fatalf("failed: %+v", e)
+	}
+	if e := f.waitStatus("doubt", dedup.StatusUnknown); *e.LastError != "connection lost after DATA" {
+		t.Fatalf("in doubt: %+v", e)
+	}
+	if n := pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_outbox"); n != 0 {
+		t.Fatalf("%d outbox rows left for terminal effects", n)
+	}
+}
+
+// A destination's Retry-After replaces the backoff delay.
+func TestRetryAfterIsHonoured(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.create("limited", "api")
+	p := &scripted{outcomes: []providers.Outcome{
+		providers.RetryAfter(1500*time.Millisecond, errors.New("429 slow down")),
+		providers.Delivered(nil),
+	}}
+	f.run(EffectType{Name: "api", Provider: p})
+	testenv.Eventually(t, 5*time.Second, "first attempt", func() bool { return f.get("limited").Attempts == 1 })
+	e := f.get("limited")
+	if e.Status != dedup.StatusPending || e.NextAttemptAt == nil || *e.LastError != "429 slow down" {
+		t.Fatalf("after a 429: %+v", e)
+	}
+	if wait := e.NextAttemptAt.Sub(e.UpdatedAt); wait < 1400*time.Millisecond || wait > 1600*time.Millisecond {
+		t.Fatalf("next attempt %v after the failure, want the 1.5s the destination asked for", wait)
+	}
+	e = f.waitStatus("limited", dedup.StatusDelivered)
+	if d := e.DeliveredAt.Sub(e.CreatedAt); d < 1500*time.Millisecond {
+		t.Fatalf("delivered %v after creation, before Retry-After ran out", d)
+	}
+}
+
+// A 4xx from a destination that answered does not open the breaker; failures of a destination that is down
+// do, and while it is open nothing is charged.
+func TestBreakerCountsOnlyDestinationFailures(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	refusing := &scripted{outcomes: []providers.Outcome{providers.Failed(errors.New("422 invalid"), true)}}
+	down := &scripted{outcomes: []providers.Outcome{providers.Retry(errors.New("connection refused"))}}
+	for i := range 6 {
+		f.create("r"+string(rune('a'+i)), "refusing")
+		f.create("d"+string(rune('a'+i)), "down")
+	}
+	d := f.run(
+		EffectType{Name: "refusing", Provider: refusing, BreakerFailures: 2},
+		EffectType{Name: "down", Provider: down, BreakerFailures: 2, BreakerOpenFor: time.Hour,
+			Retry: backoffPolicy(time.Millisecond)},
+	)
+	for i := range 6 {
+		f.waitStatus("r"+string(rune('a'+i)), dedup.StatusFailed)
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, et := range d.types {
+		want := map[string]string{"refusing": "closed", "down": "open"}[et.Name]
+		if got := et.breaker.State().String(); got != want {
+			t.Errorf("breaker of %s is %s, want %s", et.Name, got, want)
+		}
+	}
+	if calls := down.calls.Load(); calls != 2 {
+		t.Fatalf("the down destination was called %d times; the breaker should have stopped it after 2", calls)
+	}
+	if n := pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_effects WHERE type = 'down' AND status = 'pending'"); n != 6 {
+		t.Fatalf("%d of 6 effects of the down type still pending", n)
+	}
+}
+
+// A row whose dispatcher died mid-delivery is marked unknown under at_most_once, and resent under
+// at_least_once (with Rescued set).
+func TestRescuedRowsFollowOnCrash(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.create("most", "most")
+	f.create("least", "least")
+	ctx := context.Background()
+	// A dispatcher that claimed both rows and died: its leases ran out a moment ago.
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_token = gen_random_uuid(), lease_owner = 'dead',
+		lease_expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_effects SET status = 'delivering'`); err != nil {
+		t.Fatal(err)
+	}
+	var rescued atomic.Bool
+	least := &rescueRecorder{seen: &rescued}
+	most := &scripted{outcomes: []providers.Outcome{providers.Delivered(nil)}}
+	f.run(EffectType{Name: "most", Provider: most, OnCrash: AtMostOnce},
+		EffectType{Name: "least", Provider: least, OnCrash: AtLeastOnce})
+	e := f.waitStatus("most", dedup.StatusUnknown)
+	if most.calls.Load() != 0 || e.LastError == nil {
+		t.Fatalf("at_most_once: provider called %d times, effect %+v", most.calls.Load(), e)
+	}
+	f.waitStatus("least", dedup.StatusDelivered)
+	if !rescued.Load() {
+		t.Fatal("the resent delivery was not marked Rescued")
+	}
+}
+
+type rescueRecorder struct{ seen *atomic.Bool }
+
+func (r *rescueRecorder) Validate(json.RawMessage) error { return nil }
+func (r *rescueRecorder) Deliver(_ context.Context, d providers.Delivery) providers.Outcome {
+	r.seen.Store(d.Rescued)
+	return providers.Delivered(nil)
+}
+
+// At shutdown, deliveries that outlast the drain time are cancelled and their rows handed back unattempted,
+// for another gateway at once.
+func TestShutdownHandsUnfinishedRowsBack(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.create("slow", "slow")
+	p := &scripted{outcomes: []providers.Outcome{providers.Delivered(nil)}, block: make(chan struct{})}
+	d, err := New(f.pool, Config{Types: []EffectType{{Name: "slow", Provider: p}}, PollInterval: 50 * time.Millisecond,
+		DrainTimeout: 200 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	testenv.Eventually(t, 5*time.Second, "delivery starts", func() bool { return p.calls.Load() == 1 })
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its drain timeout")
+	}
+	e := f.get("slow")
+	if e.Status != dedup.StatusPending || e.Attempts != 0 {
+		t.Fatalf("after shutdown: %+v; want pending with no attempt charged", e)
+	}
+	if n := pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_outbox WHERE lease_token IS NULL AND run_at <= now()"); n != 1 {
+		t.Fatal("the row is not free for another dispatcher at once")
+	}
+}

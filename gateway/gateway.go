@@ -92,10 +92,14 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	}
 	w := newWaiters()
 	d, err := outbox.New(pool, outbox.Config{
-		OnFinished: w.wake,
-		Types:      types, Owner: opts.DispatcherOwner, Retention: time.Duration(cfg.Retention.Keys),
-		PollInterval: time.Duration(cfg.Dispatcher.PollInterval), LeaseMargin: time.Duration(cfg.Dispatcher.LeaseMargin),
-		DrainTimeout: time.Duration(cfg.Dispatcher.DrainTimeout), Logger: log,
+		Types:        types,
+		Owner:        opts.DispatcherOwner,
+		Retention:    time.Duration(cfg.Retention.Keys),
+		PollInterval: time.Duration(cfg.Dispatcher.PollInterval),
+		LeaseMargin:  time.Duration(cfg.Dispatcher.LeaseMargin),
+		DrainTimeout: time.Duration(cfg.Dispatcher.DrainTimeout),
+		OnFinished:   w.wake,
+		Logger:       log,
 	})
 	if err != nil {
 		pool.Close()

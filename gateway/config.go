@@ -18,7 +18,10 @@ import (
 	"github.com/oncegate/oncegate/internal/backoff"
 	"github.com/oncegate/oncegate/outbox"
 	"github.com/oncegate/oncegate/providers"
+	httpprov "github.com/oncegate/oncegate/providers/http"
 	"github.com/oncegate/oncegate/providers/postgres"
+	"github.com/oncegate/oncegate/providers/smtp"
+	"github.com/oncegate/oncegate/providers/webhook"
 )
 
 // Defaults for a gateway started with no configuration file: loopback, one dev tenant, one analytics type.
@@ -53,6 +56,9 @@ type Tenant struct {
 type EffectType struct {
 	Provider string           `yaml:"provider"`
 	Postgres *postgres.Config `yaml:"postgres"`
+	SMTP     *smtp.Config     `yaml:"smtp"`
+	Webhook  *webhook.Config  `yaml:"webhook"`
+	HTTP     *httpprov.Config `yaml:"http"`
 	// OnCrash: at_least_once (default) resends a delivery interrupted by a gateway crash; at_most_once marks
 	// it unknown for an operator.
 	OnCrash     string   `yaml:"on_crash"`
@@ -294,8 +300,18 @@ func keyHash(k string) ([]byte, error) {
 	return sum[:], nil
 }
 
-// provider builds the effect type's provider from its settings.
+// kinds lists the provider kinds, for messages.
+const kinds = "postgres, smtp, webhook, http"
+
+// provider builds the effect type's provider from its settings: the block named after its kind, and no other.
 func (t EffectType) provider() (providers.Provider, error) {
+	blocks := map[string]bool{"postgres": t.Postgres != nil, "smtp": t.SMTP != nil, "webhook": t.Webhook != nil,
+		"http": t.HTTP != nil}
+	for kind, set := range blocks {
+		if set && kind != t.Provider {
+			return nil, fmt.Errorf("%s: a %s block on an effect type whose provider is %q", kind, kind, t.Provider)
+		}
+	}
 	switch t.Provider {
 	case "postgres":
 		var c postgres.Config
@@ -303,11 +319,51 @@ func (t EffectType) provider() (providers.Provider, error) {
 			c = *t.Postgres
 		}
 		return postgres.New(c)
-	case "":
-		return nil, errors.New("provider: missing; one of: postgres")
-	default:
-		return nil, fmt.Errorf("provider: unknown kind %q; one of: postgres", t.Provider)
+	case "smtp", "webhook", "http":
+		if !blocks[t.Provider] {
+			return nil, fmt.Errorf("%s: the settings of the %s provider are missing", t.Provider, t.Provider)
+		}
 	}
+	var (
+		p   providers.Provider
+		err error
+	)
+	switch t.Provider {
+	case "smtp":
+		p, err = smtp.New(*t.SMTP)
+	case "webhook":
+		p, err = webhook.New(*t.Webhook)
+	case "http":
+		p, err = httpprov.New(*t.HTTP)
+	case "":
+		return nil, errors.New("provider: missing; one of: " + kinds)
+	default:
+		return nil, fmt.Errorf("provider: unknown kind %q; one of: %s", t.Provider, kinds)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", t.Provider, err)
+	}
+	return p, nil
+}
+
+// timeout and onCrash read the provider block's settings, which win over the effect type's.
+func (t EffectType) timeout() time.Duration {
+	switch {
+	case t.SMTP != nil && t.SMTP.Timeout > 0:
+		return t.SMTP.Timeout
+	case t.Webhook != nil && t.Webhook.Timeout > 0:
+		return t.Webhook.Timeout
+	case t.HTTP != nil && t.HTTP.Timeout > 0:
+		return t.HTTP.Timeout
+	}
+	return time.Duration(t.Timeout)
+}
+
+func (t EffectType) onCrash() string {
+	if t.SMTP != nil && t.SMTP.OnCrash != "" {
+		return t.SMTP.OnCrash
+	}
+	return t.OnCrash
 }
 
 // outboxTypes turns the effect types into the dispatcher's.
@@ -330,10 +386,10 @@ func (c *Config) outboxTypes() ([]outbox.EffectType, map[string]providers.Provid
 			retry = *t.Retry
 		}
 		out = append(out, outbox.EffectType{
-			Name: name, Provider: p, Concurrency: t.Concurrency, Timeout: time.Duration(t.Timeout),
+			Name: name, Provider: p, Concurrency: t.Concurrency, Timeout: t.timeout(),
 			MaxAttempts: retry.MaxAttempts,
 			Retry:       backoff.Policy{Base: time.Duration(retry.BaseDelay), Max: time.Duration(retry.MaxDelay)},
-			OnCrash:     outbox.OnCrash(t.OnCrash), BreakerFailures: t.Breaker.Failures,
+			OnCrash:     outbox.OnCrash(t.onCrash()), BreakerFailures: t.Breaker.Failures,
 			BreakerOpenFor: time.Duration(t.Breaker.OpenFor),
 		})
 		byName[name] = p

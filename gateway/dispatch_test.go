@@ -155,6 +155,9 @@ func TestGetWithWaitReturnsTerminalState(t *testing.T) {
 		c.EffectTypes["slow"] = failingType("slow_events",
 			&Retry{MaxAttempts: 2, BaseDelay: Duration(300 * time.Millisecond), MaxDelay: Duration(300 * time.Millisecond)},
 			Breaker{Failures: 100})
+		// Retried an hour from now at the earliest: certainly not terminal within a short wait.
+		c.EffectTypes["stuck"] = failingType("stuck_events",
+			&Retry{MaxAttempts: 5, BaseDelay: Duration(time.Hour), MaxDelay: Duration(time.Hour)}, Breaker{Failures: 100})
 	})
 	h.post("w", `{"type":"slow","payload":{"name":"a"}}`)
 	start := time.Now()
@@ -164,9 +167,10 @@ func TestGetWithWaitReturnsTerminalState(t *testing.T) {
 	}
 	t.Logf("GET ?wait answered %v after the request, when the effect went dead", time.Since(start))
 	// A wait that runs out returns the state as it is.
-	h.post("w2", `{"type":"slow","payload":{"name":"a"}}`)
-	r = h.req("GET", "/v1/effects/w2?wait=100ms", acmeKey, "")
-	if r.status != 200 || r.body["status"] == "dead" {
+	h.post("w2", `{"type":"stuck","payload":{"name":"a"}}`)
+	start = time.Now()
+	r = h.req("GET", "/v1/effects/w2?wait=300ms", acmeKey, "")
+	if took := time.Since(start); r.status != 200 || r.body["status"] != "pending" || took < 300*time.Millisecond {
 		t.Fatalf("short wait: %s", r.raw)
 	}
 	if r := h.req("GET", "/v1/effects/w2?wait=forever", acmeKey, ""); r.status != 400 || r.body["field"] != "wait" {

@@ -189,11 +189,19 @@ func (g *Gateway) waitTerminal(ctx context.Context, tenant string, e *dedup.Effe
 		case <-ch:
 		case <-deadline.C:
 			forget()
-			return e
+			return g.latest(ctx, tenant, e)
 		case <-ctx.Done():
 			forget()
 			return e
 		}
+	}
+	return e
+}
+
+// latest re-reads e, so a wait that ran out answers with the state at its end, not at its start.
+func (g *Gateway) latest(ctx context.Context, tenant string, e *dedup.Effect) *dedup.Effect {
+	if next, err := g.get(ctx, tenant, e.Key); err == nil {
+		return next
 	}
 	return e
 }

@@ -331,6 +331,7 @@ type row struct {
 	typ      string
 	payload  []byte
 	attempts int
+	created  time.Time
 }
 
 func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]row, error) {
@@ -344,7 +345,7 @@ func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]row, er
 	}
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.token, &x.rescued, &x.tenant, &x.key, &x.typ, &x.payload, &x.attempts)
+		err := r.Scan(&x.id, &x.token, &x.rescued, &x.tenant, &x.key, &x.typ, &x.payload, &x.attempts, &x.created)
 		return x, err
 	})
 	if err != nil {
@@ -359,7 +360,7 @@ var errBreakerFailure = errors.New("outbox: destination failure")
 func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r row) {
 	log := d.log.With("type", t.Name, "effect", r.id, "tenant", r.tenant, "key", r.key, "attempt", r.attempts+1)
 	del := providers.Delivery{Tenant: r.tenant, Key: r.key, Type: r.typ, StableID: providers.StableID(r.tenant, r.key),
-		Payload: r.payload, Attempt: r.attempts + 1, Rescued: r.rescued}
+		Payload: r.payload, Attempt: r.attempts + 1, Rescued: r.rescued, CreatedAt: r.created}
 	txp, isTx := t.Provider.(providers.TxProvider)
 	if r.rescued {
 		metrics.Rescued.WithLabelValues(t.Name).Inc()

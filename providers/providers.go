@@ -39,6 +39,8 @@ type Delivery struct {
 	// Rescued is set when an earlier attempt's gateway died while delivering: that attempt may have reached
 	// the destination.
 	Rescued bool
+	// CreatedAt is when the effect was first requested: the same on every attempt.
+	CreatedAt time.Time
 }
 
 // Provider performs effects of one kind.
@@ -97,13 +99,16 @@ type Outcome struct {
 	DestinationUp bool
 }
 
-// Delivered returns a delivered outcome with result encoded as JSON.
+// Delivered returns a delivered outcome with result encoded as JSON (without HTML escaping: results are
+// stored and replayed as they are, "<id@host>" included).
 func Delivered(result any) Outcome {
-	b, err := json.Marshal(result)
-	if err != nil {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(result); err != nil {
 		return Outcome{Kind: KindFailed, Err: fmt.Errorf("encode result: %w", err)}
 	}
-	return Outcome{Kind: KindDelivered, Result: b}
+	return Outcome{Kind: KindDelivered, Result: bytes.TrimSuffix(b.Bytes(), []byte("\n"))}
 }
 
 // Retry returns a transient failure.

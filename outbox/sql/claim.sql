@@ -24,4 +24,4 @@ UPDATE oncegate_effects e
 SET status = 'delivering', updated_at = now()
 FROM claimed
 WHERE e.id = claimed.effect_id
-RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.payload, e.attempts
+RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.payload, e.attempts, e.created_at

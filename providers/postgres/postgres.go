@@ -61,7 +61,8 @@ func New(c Config) (*Provider, error) {
 type Payload struct {
 	Name       string          `json:"name"`
 	Properties json.RawMessage `json:"properties,omitempty"`
-	OccurredAt *time.Time      `json:"occurred_at,omitempty"`
+	OccurredAt string          `json:"occurred_at,omitempty"` // RFC 3339; defaults to the time of insert
+	occurred   *time.Time
 }
 
 func parse(raw json.RawMessage) (Payload, error) {
@@ -77,6 +78,13 @@ func parse(raw json.RawMessage) (Payload, error) {
 	}
 	if len(p.Properties) > 0 && p.Properties[0] != '{' && string(p.Properties) != "null" {
 		return p, providers.Invalid("properties", "must be an object")
+	}
+	if p.OccurredAt != "" {
+		t, err := time.Parse(time.RFC3339Nano, p.OccurredAt)
+		if err != nil {
+			return p, providers.Invalid("occurred_at", "%q is not an RFC 3339 time", p.OccurredAt)
+		}
+		p.occurred = &t
 	}
 	return p, nil
 }
@@ -102,7 +110,7 @@ func (p *Provider) DeliverTx(ctx context.Context, tx pgx.Tx, d providers.Deliver
 		props = ev.Properties
 	}
 	var id int64
-	if err := tx.QueryRow(ctx, p.query, d.Tenant, d.Key, ev.Name, props, ev.OccurredAt).Scan(&id); err != nil {
+	if err := tx.QueryRow(ctx, p.query, d.Tenant, d.Key, ev.Name, props, ev.occurred).Scan(&id); err != nil {
 		var pgErr *pgconn.PgError
 		// Class 22 (data exception) will fail the same way every time; anything else (connection, a missing
 		// table an operator can create) may pass on a later attempt.

@@ -1,0 +1,135 @@
+// Package safehttp is the HTTP client that providers use to reach destinations named in configuration or in
+// payloads. It refuses private destinations at dial time, after DNS resolution, so neither a hostile URL nor a
+// name that resolves to a public address first and a private one later (DNS rebinding) reaches loopback,
+// private networks, link-local or cloud metadata addresses unless private networks are allowed. It never
+// follows redirects (a 3xx is the answer) and never uses proxies from the environment.
+package safehttp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/oncegate/oncegate/providers"
+)
+
+// ErrForbiddenAddress is returned when a destination resolves to an address that is not allowed.
+var ErrForbiddenAddress = errors.New("destination address is not allowed")
+
+var blocked = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),     // "this network"
+	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
+	netip.MustParsePrefix("192.0.0.0/24"),  // IETF protocol assignments
+	netip.MustParsePrefix("198.18.0.0/15"), // benchmarking
+	netip.MustParsePrefix("240.0.0.0/4"),   // reserved, and broadcast
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+}
+
+// Forbidden reports whether addr is loopback, private (RFC 1918, IPv6 ULA), link-local (which holds the
+// metadata address 169.254.169.254), CGNAT, unspecified, multicast or reserved. IPv4-mapped IPv6 addresses
+// are judged as the IPv4 address they carry.
+func Forbidden(addr netip.Addr) bool {
+	addr = addr.Unmap()
+	if addr.IsLoopback() || addr.IsPrivate() || addr.IsLinkLocalUnicast() || addr.IsLinkLocalMulticast() ||
+		addr.IsInterfaceLocalMulticast() || addr.IsMulticast() || addr.IsUnspecified() || !addr.IsValid() {
+		return true
+	}
+	for _, p := range blocked {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// Client returns an HTTP client for destinations. With allowPrivate false, every connection to a forbidden
+// address fails with ErrForbiddenAddress.
+func Client(allowPrivate bool) *http.Client {
+	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	if !allowPrivate {
+		dialer.Control = func(network, address string, _ syscall.RawConn) error {
+			ap, err := netip.ParseAddrPort(address)
+			if err != nil {
+				return fmt.Errorf("%w: %s", ErrForbiddenAddress, address)
+			}
+			if Forbidden(ap.Addr()) {
+				return fmt.Errorf("%w: %s is a private, loopback, link-local or reserved address", ErrForbiddenAddress, ap.Addr())
+			}
+			return nil
+		}
+	}
+	return &http.Client{
+		Transport: &http.Transport{
+			Proxy:                 nil,
+			DialContext:           dialer.DialContext,
+			ForceAttemptHTTP2:     true,
+			MaxIdleConnsPerHost:   32,
+			IdleConnTimeout:       90 * time.Second,
+			TLSHandshakeTimeout:   10 * time.Second,
+			ResponseHeaderTimeout: 0, // the request's context carries the effect type's timeout
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// ReadBounded reads at most n bytes of r and reports whether there was more.
+func ReadBounded(r io.Reader, n int64) ([]byte, bool, error) {
+	b, err := io.ReadAll(io.LimitReader(r, n+1))
+	if int64(len(b)) > n {
+		return b[:n], true, err
+	}
+	return b, false, err
+}
+
+// RetryAfter parses a Retry-After header: seconds, or an HTTP date. Zero when absent or unreadable; capped at
+// an hour, so a destination cannot park an effect for days.
+func RetryAfter(h string, now time.Time) time.Duration {
+	if h == "" {
+		return 0
+	}
+	var d time.Duration
+	if secs, err := strconv.Atoi(h); err == nil && secs >= 0 {
+		d = time.Duration(secs) * time.Second
+	} else if t, err := http.ParseTime(h); err == nil {
+		d = t.Sub(now)
+	}
+	return max(0, min(d, time.Hour))
+}
+
+// Classify turns an HTTP answer into an outcome: 2xx delivered; 408, 429 and 5xx retried (honouring
+// Retry-After); any other status, 3xx included since redirects are not followed, failed for good from a
+// destination that is up. result is kept with the outcome.
+func Classify(status int, header http.Header, result any) providers.Outcome {
+	switch {
+	case status >= 200 && status < 300:
+		return providers.Delivered(result)
+	case status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status >= 500:
+		o := providers.RetryAfter(RetryAfter(header.Get("Retry-After"), time.Now()),
+			fmt.Errorf("destination answered %d %s", status, http.StatusText(status)))
+		o.Result = providers.Delivered(result).Result
+		return o
+	default:
+		o := providers.Failed(fmt.Errorf("destination answered %d %s", status, http.StatusText(status)), true)
+		o.Result = providers.Delivered(result).Result
+		return o
+	}
+}
+
+// TransportError turns an error from Client.Do into an outcome: a forbidden address fails for good (no retry
+// will make it allowed); a timeout, a refused or reset connection is retried.
+func TransportError(ctx context.Context, err error) providers.Outcome {
+	if errors.Is(err, ErrForbiddenAddress) {
+		return providers.Failed(err, true)
+	}
+	if ctx.Err() != nil {
+		return providers.Retry(fmt.Errorf("timed out: %w", err))
+	}
+	return providers.Retry(err)
+}

@@ -1,0 +1,162 @@
+// Package smtptest runs a real SMTP server (github.com/emersion/go-smtp) on loopback for tests: it records
+// every message it accepts, and can be told to misbehave the way mail servers do (refuse a recipient, defer
+// with a 4xx, hang, or drop the connection after the message was sent).
+package smtptest
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"net/mail"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/emersion/go-smtp"
+)
+
+// Message is a message the server accepted.
+type Message struct {
+	From      string
+	To        []string
+	Data      []byte
+	MessageID string
+	Header    mail.Header
+}
+
+// Fault makes the server misbehave.
+type Fault int
+
+const (
+	None Fault = iota
+	// Defer answers DATA with 451: try again later.
+	Defer
+	// Reject answers DATA with 554: refused for good.
+	Reject
+	// Hang never answers DATA.
+	Hang
+	// DropAfterData reads the message, then closes the connection without answering: the client cannot
+	// know whether it was accepted. The message is recorded as accepted.
+	DropAfterData
+)
+
+// Server is a running SMTP server.
+type Server struct {
+	Addr string
+
+	mu       sync.Mutex
+	messages []Message
+	fault    Fault
+	refuse   map[string]bool // recipients answered 550
+	srv      *smtp.Server
+}
+
+// Start runs a server until the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s := &Server{refuse: map[string]bool{}}
+	s.srv = smtp.NewServer(smtp.BackendFunc(func(c *smtp.Conn) (smtp.Session, error) {
+		return &session{s: s, conn: c}, nil
+	}))
+	s.srv.Domain = "smtptest.invalid"
+	s.srv.AllowInsecureAuth = true
+	s.srv.ReadTimeout = 30 * time.Second
+	s.srv.WriteTimeout = 30 * time.Second
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Addr = l.Addr().String()
+	go func() { _ = s.srv.Serve(l) }()
+	t.Cleanup(func() { _ = s.srv.Close() })
+	return s
+}
+
+// SetFault sets how the server answers from now on.
+func (s *Server) SetFault(f Fault) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fault = f
+}
+
+// Refuse makes RCPT TO for addr fail with 550.
+func (s *Server) Refuse(addr string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refuse[strings.ToLower(addr)] = true
+}
+
+// Messages returns the messages accepted so far.
+func (s *Server) Messages() []Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]Message(nil), s.messages...)
+}
+
+// ByMessageID counts the accepted messages per Message-ID.
+func (s *Server) ByMessageID() map[string]int {
+	out := map[string]int{}
+	for _, m := range s.Messages() {
+		out[m.MessageID]++
+	}
+	return out
+}
+
+type session struct {
+	s    *Server
+	conn *smtp.Conn
+	from string
+	to   []string
+}
+
+func (x *session) Reset()        { x.from, x.to = "", nil }
+func (x *session) Logout() error { return nil }
+
+func (x *session) Mail(from string, _ *smtp.MailOptions) error {
+	x.from = from
+	return nil
+}
+
+func (x *session) Rcpt(to string, _ *smtp.RcptOptions) error {
+	x.s.mu.Lock()
+	refused := x.s.refuse[strings.ToLower(to)]
+	x.s.mu.Unlock()
+	if refused {
+		return &smtp.SMTPError{Code: 550, EnhancedCode: smtp.EnhancedCode{5, 1, 1}, Message: "no such user: " + to}
+	}
+	x.to = append(x.to, to)
+	return nil
+}
+
+func (x *session) Data(r io.Reader) error {
+	data, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	x.s.mu.Lock()
+	fault := x.s.fault
+	x.s.mu.Unlock()
+	switch fault {
+	case Defer:
+		return &smtp.SMTPError{Code: 451, EnhancedCode: smtp.EnhancedCode{4, 3, 0}, Message: "try again later"}
+	case Reject:
+		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "message refused"}
+	case Hang:
+		time.Sleep(time.Minute)
+		return errors.New("hung")
+	}
+	msg := Message{From: x.from, To: x.to, Data: data}
+	if m, err := mail.ReadMessage(bytes.NewReader(data)); err == nil {
+		msg.Header = m.Header
+		msg.MessageID = m.Header.Get("Message-Id")
+	}
+	x.s.mu.Lock()
+	x.s.messages = append(x.s.messages, msg)
+	x.s.mu.Unlock()
+	if fault == DropAfterData {
+		_ = x.conn.Conn().Close()
+	}
+	return nil
+}

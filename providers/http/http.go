@@ -1,0 +1,176 @@
+// Package http is the HTTP dedup proxy provider: it forwards a request (method, path, headers, body) to the
+// configured upstream with Idempotency-Key set to the effect's stable ID, and keeps the upstream's status,
+// chosen headers and body (bounded) as the effect's result, which every later request with the same key gets
+// back instead of a second call. An upstream that honours Idempotency-Key (as Stripe's API does) sees a resend
+// after a crash as the same request; one that does not may act twice in that window.
+package http
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/safehttp"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// Config configures the provider for one effect type.
+type Config struct {
+	// BaseURL is the upstream; a payload's path is appended to it.
+	BaseURL string `yaml:"base_url"`
+	// Headers are sent with every request, after the payload's (for credentials: "Bearer ${TOKEN}").
+	Headers map[string]string `yaml:"headers"`
+	// KeepHeaders are the response headers stored in the result. Defaults to Content-Type, Location, ETag and
+	// Retry-After.
+	KeepHeaders []string `yaml:"keep_headers"`
+	// AllowPrivateNetworks lets requests reach loopback, private and link-local addresses. Off by default.
+	AllowPrivateNetworks bool `yaml:"allow_private_networks"`
+	// Timeout bounds one attempt; the gateway reads it as the effect type's timeout.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// MaxBody bounds the upstream's body kept in the result.
+const MaxBody = 64 << 10
+
+// Provider forwards requests.
+type Provider struct {
+	base    *url.URL
+	headers http.Header
+	keep    []string
+	client  *http.Client
+}
+
+// New checks the configuration and returns a provider.
+func New(c Config) (*Provider, error) {
+	u, err := url.Parse(c.BaseURL)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
+		return nil, fmt.Errorf("http: base_url %q: want an http or https URL with a host and no user info", c.BaseURL)
+	}
+	p := &Provider{base: u, headers: http.Header{}, client: safehttp.Client(c.AllowPrivateNetworks)}
+	for k, v := range c.Headers {
+		if err := checkHeader(k, v); err != nil {
+			return nil, fmt.Errorf("http: headers: %w", err)
+		}
+		p.headers.Set(k, v)
+	}
+	p.keep = c.KeepHeaders
+	if len(p.keep) == 0 {
+		p.keep = []string{"Content-Type", "Location", "ETag", "Retry-After"}
+	}
+	return p, nil
+}
+
+// Payload is a request to forward.
+type Payload struct {
+	Method  string            `json:"method"`
+	Path    string            `json:"path"`
+	Headers map[string]string `json:"headers,omitempty"`
+	// Body is a string, sent as it is, or any other JSON value, sent as JSON.
+	Body json.RawMessage `json:"body,omitempty"`
+}
+
+var methods = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true}
+
+// Headers the gateway sets itself, or that would change how the request is framed.
+var reserved = map[string]bool{"Idempotency-Key": true, "Host": true, "Content-Length": true,
+	"Transfer-Encoding": true, "Connection": true, "Te": true, "Upgrade": true, "Trailer": true}
+
+func checkHeader(k, v string) error {
+	if k == "" || strings.ContainsAny(k, " \t\r\n:") || k != strings.TrimSpace(k) {
+		return fmt.Errorf("%q is not a header name", k)
+	}
+	if strings.ContainsAny(v, "\r\n\x00") {
+		return fmt.Errorf("header %s: value has a line break or NUL", k)
+	}
+	return nil
+}
+
+func parse(raw json.RawMessage) (Payload, error) {
+	var p Payload
+	if err := providers.DecodeStrict(raw, &p); err != nil {
+		return p, err
+	}
+	p.Method = strings.ToUpper(p.Method)
+	if !methods[p.Method] {
+		return p, providers.Invalid("method", "must be GET, POST, PUT, PATCH or DELETE")
+	}
+	if !strings.HasPrefix(p.Path, "/") || strings.HasPrefix(p.Path, "//") || strings.ContainsAny(p.Path, "\r\n\x00 ") {
+		return p, providers.Invalid("path", "must start with a single / and hold no spaces or line breaks")
+	}
+	if _, err := url.Parse(p.Path); err != nil {
+		return p, providers.Invalid("path", "%v", err)
+	}
+	for k, v := range p.Headers {
+		if err := checkHeader(k, v); err != nil {
+			return p, providers.Invalid("headers."+k, "%v", err)
+		}
+		if reserved[textproto.CanonicalMIMEHeaderKey(k)] {
+			return p, providers.Invalid("headers."+k, "is set by the gateway")
+		}
+	}
+	return p, nil
+}
+
+func (*Provider) Validate(payload json.RawMessage) error {
+	_, err := parse(payload)
+	return err
+}
+
+func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
+	pl, err := parse(d.Payload)
+	if err != nil {
+		return providers.Failed(err, true)
+	}
+	rel, _ := url.Parse(pl.Path)
+	target := *p.base
+	target.Path = strings.TrimSuffix(p.base.Path, "/") + rel.Path
+	target.RawPath = ""
+	target.RawQuery = rel.RawQuery
+	var body []byte
+	contentType := ""
+	if len(pl.Body) > 0 && string(pl.Body) != "null" {
+		var s string
+		if json.Unmarshal(pl.Body, &s) == nil {
+			body = []byte(s)
+		} else {
+			body, contentType = pl.Body, "application/json"
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, pl.Method, target.String(), bytes.NewReader(body))
+	if err != nil {
+		return providers.Failed(err, true)
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for k, v := range pl.Headers {
+		req.Header.Set(k, v)
+	}
+	for k, v := range p.headers {
+		req.Header[k] = v
+	}
+	req.Header.Set("Idempotency-Key", d.StableID)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return safehttp.TransportError(ctx, err)
+	}
+	defer resp.Body.Close()
+	answer, truncated, _ := safehttp.ReadBounded(resp.Body, MaxBody)
+	kept := map[string]string{}
+	for _, h := range p.keep {
+		if v := resp.Header.Get(h); v != "" {
+			kept[h] = v
+		}
+	}
+	result := map[string]any{"status": resp.StatusCode, "headers": kept, "body": string(answer)}
+	if truncated {
+		result["body_truncated"] = true
+	}
+	return safehttp.Classify(resp.StatusCode, resp.Header, result)
+}

@@ -1,0 +1,173 @@
+package http
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/providers"
+	"github.com/oncegate/oncegate/providers/providertest"
+)
+
+// upstream is a real HTTP API on loopback that counts requests by Idempotency-Key.
+type upstream struct {
+	srv       *httptest.Server
+	mu        sync.Mutex
+	behaviour providertest.Behaviour
+	received  map[string]int
+	last      *http.Request
+	lastBody  []byte
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{received: map[string]int{}}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		b := u.behaviour
+		u.last, u.lastBody = r, body
+		u.mu.Unlock()
+		switch b {
+		case providertest.FailTransient:
+			w.WriteHeader(502)
+			return
+		case providertest.FailPermanent:
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(402)
+			_, _ = w.Write([]byte(`{"error":"card_declined"}`))
+			return
+		case providertest.Hang:
+			<-r.Context().Done()
+			return
+		}
+		u.mu.Lock()
+		u.received[r.Header.Get("Idempotency-Key")]++
+		u.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/v1/charges/ch_1")
+		w.Header().Set("X-Secret-Internal", "not kept")
+		w.WriteHeader(201)
+		_, _ = w.Write([]byte(`{"id":"ch_1"}`))
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+type dest struct {
+	*upstream
+	p *Provider
+}
+
+func (d dest) Provider() providers.Provider { return d.p }
+func (d dest) Deliver(ctx context.Context, del providers.Delivery) providers.Outcome {
+	return d.p.Deliver(ctx, del)
+}
+func (d dest) Set(b providertest.Behaviour) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.behaviour = b
+	return true
+}
+func (d dest) Received(del providers.Delivery) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.received[del.StableID]
+}
+func (d dest) ValidPayload() json.RawMessage {
+	return json.RawMessage(`{"method":"POST","path":"/v1/charges?expand=customer","headers":{"X-Trace":"t1"},"body":{"amount":500}}`)
+}
+func (d dest) InvalidPayloads() map[string]json.RawMessage {
+	return map[string]json.RawMessage{
+		"payload.method":                  json.RawMessage(`{"method":"TRACE","path":"/x"}`),
+		"payload.path":                    json.RawMessage(`{"method":"GET","path":"https://evil.example/x"}`),
+		"payload.headers.X-Evil":          json.RawMessage(`{"method":"GET","path":"/x","headers":{"X-Evil":"a\r\nHost: evil"}}`),
+		"payload.headers.Idempotency-Key": json.RawMessage(`{"method":"GET","path":"/x","headers":{"Idempotency-Key":"mine"}}`),
+	}
+}
+
+func newDest(t *testing.T) providertest.Destination {
+	u := newUpstream(t)
+	p, err := New(Config{BaseURL: u.srv.URL + "/api", AllowPrivateNetworks: true, Headers: map[string]string{"Authorization": "Bearer sk_test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dest{u, p}
+}
+
+func TestConformance(t *testing.T) {
+	providertest.Exercise(t, providertest.Capabilities{}, newDest)
+}
+
+func delivery(key, payload string) providers.Delivery {
+	return providers.Delivery{Tenant: "acme", Key: key, StableID: providers.StableID("acme", key),
+		Payload: json.RawMessage(payload), Attempt: 1, CreatedAt: time.Now()}
+}
+
+// The request is forwarded as described, with the effect's stable ID as Idempotency-Key, and the answer is
+// kept (bounded, chosen headers) as the result that replays return.
+func TestForwardsAndKeepsTheAnswer(t *testing.T) {
+	t.Parallel()
+	d := newDest(t).(dest)
+	del := delivery("charge:42", string(d.ValidPayload()))
+	o := d.p.Deliver(context.Background(), del)
+	if o.Kind != providers.KindDelivered {
+		t.Fatalf("%v %v", o.Kind, o.Err)
+	}
+	r := d.last
+	if r.Method != "POST" || r.URL.Path != "/api/v1/charges" || r.URL.RawQuery != "expand=customer" ||
+		r.Header.Get("X-Trace") != "t1" || r.Header.Get("Authorization") != "Bearer sk_test" ||
+		r.Header.Get("Idempotency-Key") != del.StableID || r.Header.Get("Content-Type") != "application/json" ||
+		string(d.lastBody) != `{"amount":500}` {
+		t.Fatalf("forwarded %s %s %v %s", r.Method, r.URL, r.Header, d.lastBody)
+	}
+	var res struct {
+		Status  int               `json:"status"`
+		Headers map[string]string `json:"headers"`
+		Body    string            `json:"body"`
+	}
+	if err := json.Unmarshal(o.Result, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != 201 || res.Body != `{"id":"ch_1"}` || res.Headers["Location"] != "/v1/charges/ch_1" ||
+		res.Headers["X-Secret-Internal"] != "" {
+		t.Fatalf("result %s", o.Result)
+	}
+	// A string body is sent as it is.
+	o = d.p.Deliver(context.Background(), delivery("form", `{"method":"PUT","path":"/f","body":"a=1&b=2"}`))
+	if o.Kind != providers.KindDelivered || string(d.lastBody) != "a=1&b=2" || d.last.Header.Get("Content-Type") != "" {
+		t.Fatalf("string body: %s %v", d.lastBody, d.last.Header)
+	}
+	// A refusal is kept too: the client sees what the upstream said.
+	d.Set(providertest.FailPermanent)
+	o = d.p.Deliver(context.Background(), delivery("declined", string(d.ValidPayload())))
+	if o.Kind != providers.KindFailed || !strings.Contains(string(o.Result), "card_declined") {
+		t.Fatalf("refusal: %v %s", o.Kind, o.Result)
+	}
+}
+
+func TestPrivateUpstreamRefusedUnlessAllowed(t *testing.T) {
+	t.Parallel()
+	u := newUpstream(t)
+	p, err := New(Config{BaseURL: u.srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := p.Deliver(context.Background(), delivery("x", `{"method":"GET","path":"/"}`))
+	if o.Kind != providers.KindFailed || !strings.Contains(o.Err.Error(), "not allowed") || u.last != nil {
+		t.Fatalf("%v %v; upstream got %v", o.Kind, o.Err, u.last)
+	}
+	for _, bad := range []string{"", "ftp://x", "http://", "https://u:p@x.example"} {
+		if _, err := New(Config{BaseURL: bad}); err == nil {
+			t.Errorf("base_url %q accepted", bad)
+		}
+	}
+	if _, err := New(Config{BaseURL: "https://x.example", Headers: map[string]string{"A": "b\r\nc: d"}}); err == nil {
+		t.Error("a configured header with CR/LF was accepted")
+	}
+}

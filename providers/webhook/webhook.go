@@ -1,0 +1,204 @@
+// Package webhook is the signed-webhook provider: it POSTs {"type", "timestamp", "data"} to a receiver with
+// Standard Webhooks headers. The guarantee it adds is that every attempt and every resend of one effect
+// carries the same webhook-id (and the same Idempotency-Key), derived from tenant and key, so a receiver that
+// drops ids it has seen receives each effect once; the raw client key is never sent, so two tenants' keys
+// never collide at a shared receiver. A resend remains possible after a crash between the receiver's 2xx and
+// the gateway's record of it, or when the answer is lost in a timeout.
+package webhook
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/safehttp"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// Config configures the provider for one effect type.
+type Config struct {
+	// URL is the default endpoint; a payload may name another URL, on AllowedHosts only.
+	URL string `yaml:"url"`
+	// AllowedHosts are the hosts (as "hooks.example.com", or "*.example.com" for its subdomains) that a
+	// payload's url may name.
+	AllowedHosts []string `yaml:"allowed_hosts"`
+	// Secret signs requests: "whsec_" and base64, as Standard Webhooks. Secrets adds more, for rotation:
+	// each request carries one signature per secret.
+	Secret  string   `yaml:"secret"`
+	Secrets []string `yaml:"secrets"`
+	// AllowPrivateNetworks lets requests reach loopback, private and link-local addresses. Off by default.
+	AllowPrivateNetworks bool `yaml:"allow_private_networks"`
+	// Timeout bounds one attempt; the gateway reads it as the effect type's timeout.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// MaxResponse bounds the part of a receiver's answer that is kept in the effect's result.
+const MaxResponse = 4 << 10
+
+// Provider delivers webhooks.
+type Provider struct {
+	def     *url.URL
+	allowed []string
+	keys    [][]byte
+	client  *http.Client
+}
+
+// New checks the configuration and returns a provider.
+func New(c Config) (*Provider, error) {
+	p := &Provider{client: safehttp.Client(c.AllowPrivateNetworks)}
+	if c.URL != "" {
+		u, err := parseURL(c.URL)
+		if err != nil {
+			return nil, fmt.Errorf("webhook: url: %w", err)
+		}
+		p.def = u
+	}
+	for _, h := range c.AllowedHosts {
+		p.allowed = append(p.allowed, strings.ToLower(h))
+	}
+	secrets := c.Secrets
+	if c.Secret != "" {
+		secrets = append([]string{c.Secret}, secrets...)
+	}
+	if len(secrets) == 0 {
+		return nil, fmt.Errorf("webhook: secret: at least one is required (whsec_ and base64)")
+	}
+	for i, s := range secrets {
+		b64, ok := strings.CutPrefix(s, "whsec_")
+		key, err := base64.StdEncoding.DecodeString(b64)
+		if !ok || err != nil || len(key) < 16 {
+			return nil, fmt.Errorf("webhook: secret %d: want whsec_ and the base64 of at least 16 bytes", i)
+		}
+		p.keys = append(p.keys, key)
+	}
+	if p.def == nil && len(p.allowed) == 0 {
+		return nil, fmt.Errorf("webhook: url or allowed_hosts: at least one is required")
+	}
+	return p, nil
+}
+
+func parseURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "https" && u.Scheme != "http" {
+		return nil, fmt.Errorf("%q: scheme must be https or http", s)
+	}
+	if u.Host == "" || u.User != nil {
+		return nil, fmt.Errorf("%q: needs a host and no user info", s)
+	}
+	return u, nil
+}
+
+// Payload is a webhook to send.
+type Payload struct {
+	Event string          `json:"event"`
+	Data  json.RawMessage `json:"data"`
+	URL   string          `json:"url,omitempty"`
+}
+
+func (p *Provider) parse(raw json.RawMessage) (Payload, *url.URL, error) {
+	var pl Payload
+	if err := providers.DecodeStrict(raw, &pl); err != nil {
+		return pl, nil, err
+	}
+	if strings.TrimSpace(pl.Event) == "" || len(pl.Event) > 200 {
+		return pl, nil, providers.Invalid("event", "is required, at most 200 bytes")
+	}
+	if len(pl.Data) == 0 {
+		return pl, nil, providers.Invalid("data", "is required (any JSON value)")
+	}
+	if pl.URL == "" {
+		if p.def == nil {
+			return pl, nil, providers.Invalid("url", "is required: this effect type has no default url")
+		}
+		return pl, p.def, nil
+	}
+	u, err := parseURL(pl.URL)
+	if err != nil {
+		return pl, nil, providers.Invalid("url", "%v", err)
+	}
+	if !p.hostAllowed(u.Hostname()) {
+		return pl, nil, providers.Invalid("url", "host %q is not in this effect type's allowed_hosts", u.Hostname())
+	}
+	return pl, u, nil
+}
+
+func (p *Provider) hostAllowed(host string) bool {
+	host = strings.ToLower(host)
+	for _, a := range p.allowed {
+		if a == host || (strings.HasPrefix(a, "*.") && strings.HasSuffix(host, a[1:])) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *Provider) Validate(payload json.RawMessage) error {
+	_, _, err := p.parse(payload)
+	return err
+}
+
+// Sign returns the webhook-signature header for one request: "v1,<base64 HMAC-SHA256>" per secret,
+// separated by spaces, over "<id>.<timestamp>.<body>".
+func Sign(keys [][]byte, id string, ts int64, body []byte) string {
+	sigs := make([]string, len(keys))
+	for i, k := range keys {
+		m := hmac.New(sha256.New, k)
+		fmt.Fprintf(m, "%s.%d.", id, ts)
+		m.Write(body)
+		sigs[i] = "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+	}
+	return strings.Join(sigs, " ")
+}
+
+func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
+	pl, u, err := p.parse(d.Payload)
+	if err != nil {
+		return providers.Failed(err, true)
+	}
+	// The body is the same on every attempt: its timestamp is when the effect was requested.
+	body, err := json.Marshal(struct {
+		Type      string          `json:"type"`
+		Timestamp string          `json:"timestamp"`
+		Data      json.RawMessage `json:"data"`
+	}{pl.Event, d.CreatedAt.UTC().Format(time.RFC3339Nano), pl.Data})
+	if err != nil {
+		return providers.Failed(err, true)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return providers.Failed(err, true)
+	}
+	ts := time.Now().Unix()
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "oncegate-webhook/1")
+	req.Header.Set("webhook-id", d.StableID)
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
+	req.Header.Set("webhook-signature", Sign(p.keys, d.StableID, ts, body))
+	req.Header.Set("Idempotency-Key", d.StableID)
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return safehttp.TransportError(ctx, err)
+	}
+	defer resp.Body.Close()
+	answer, truncated, _ := safehttp.ReadBounded(resp.Body, MaxResponse)
+	result := map[string]any{"status": resp.StatusCode, "webhook_id": d.StableID}
+	if len(answer) > 0 {
+		result["body"] = string(answer)
+	}
+	if truncated {
+		result["body_truncated"] = true
+	}
+	return safehttp.Classify(resp.StatusCode, resp.Header, result)
+}

@@ -29,6 +29,7 @@ func query(name string) string {
 
 var (
 	insertSQL = query("insert")
+	fenceSQL  = query("fence")
 	getSQL    = query("get")
 	listSQL   = query("list")
 	retrySQL  = query("retry")
@@ -40,6 +41,17 @@ var (
 	// ErrNotRetryable: only dead, failed and unknown effects can be sent back to pending.
 	ErrNotRetryable = errors.New("dedup: effect is not dead, failed or unknown")
 )
+
+// FencedError is returned when a request names a queue job under an epoch lower than one the gateway has
+// seen for that job: the worker lost its lease to a successor, and may not start effects any more.
+type FencedError struct {
+	JobID string
+	Epoch int64
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("dedup: job %q is fenced: epoch %d is behind a newer lease of the job", e.JobID, e.Epoch)
+}
 
 // KeyReusedError is returned when a key the tenant already used arrives with another request.
 type KeyReusedError struct {
@@ -63,6 +75,9 @@ func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
 type NewEffect struct {
 	Tenant, Key, Type string
 	Payload           json.RawMessage
+	// JobID and JobEpoch, when JobID is set, name the queue job asking and its lease epoch, for fencing.
+	JobID    string
+	JobEpoch int64
 }
 
 // Create records the effect and its outbox row, or returns the effect already stored under the key with
@@ -74,7 +89,15 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 	}
 	// Two tries: the stored effect can be purged by retention between the insert that lost and the read.
 	for range 2 {
-		e, err = scan(s.pool.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload))
+		if ne.JobID != "" {
+			e, err = s.createFenced(ctx, ne, fp)
+			var fenced *FencedError
+			if errors.As(err, &fenced) {
+				return nil, false, err
+			}
+		} else {
+			e, err = scan(s.pool.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload))
+		}
 		if err == nil {
 			return e, false, nil
 		}
@@ -184,6 +207,32 @@ func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) 
 		return nil, err
 	}
 	return nil, ErrNotRetryable
+}
+
+// createFenced raises the job's fence and records the effect in one transaction; pgx.ErrNoRows means the
+// key existed, as for an unfenced insert.
+func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte) (*Effect, error) {
+	var e *Effect
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var epoch int64
+		if err := tx.QueryRow(ctx, fenceSQL, ne.Tenant, ne.JobID, ne.JobEpoch).Scan(&epoch); err != nil {
+			if errors.Is(err, pgx.ErrNoRows) {
+				return &FencedError{JobID: ne.JobID, Epoch: ne.JobEpoch}
+			}
+			return err
+		}
+		var err error
+		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload))
+		if errors.Is(err, pgx.ErrNoRows) {
+			// The key exists: keep the raised fence, answer as a replay (or a reuse) below.
+			return nil
+		}
+		return err
+	})
+	if err == nil && e == nil {
+		return nil, pgx.ErrNoRows
+	}
+	return e, err
 }
 
 func scan(row pgx.Row) (*Effect, error) {

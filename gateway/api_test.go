@@ -232,3 +232,45 @@ func TestListFiltersAndPages(t *testing.T) {
 		}
 	}
 }
+
+// A job's effects are fenced by its lease epoch: once a request came with epoch 2, epoch 1 starts nothing.
+func TestJobEpochFence(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, nil)
+	send := func(key string, epoch string) response {
+		return h.req("POST", "/v1/effects", acmeKey, analytics(key), "Idempotency-Key: "+key,
+			"Oncegate-Job-Id: signup:user_6", "Oncegate-Job-Epoch: "+epoch)
+	}
+	if r := send("a:signup:user_6", "1"); r.status != 202 {
+		t.Fatalf("epoch 1: %d %s", r.status, r.raw)
+	}
+	if r := send("b:signup:user_6", "2"); r.status != 202 {
+		t.Fatalf("epoch 2: %d %s", r.status, r.raw)
+	}
+	for _, key := range []string{"c:signup:user_6", "a:signup:user_6"} {
+		r := send(key, "1")
+		if r.status != 409 || r.body["type"] != "/problems/job-fenced" {
+			t.Fatalf("stale epoch 1, key %s: %d %s", key, r.status, r.raw)
+		}
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_effects"); n != 2 {
+		t.Fatalf("%d effects, want 2: a fenced request recorded something", n)
+	}
+	if r := send("a:signup:user_6", "2"); r.status != 202 && r.status != 200 || r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("replay under the current epoch: %d %s", r.status, r.raw)
+	}
+	// Another job is not fenced by this one; other tenants have their own fences.
+	if r := h.req("POST", "/v1/effects", acmeKey, analytics("x"), "Idempotency-Key: x", "Oncegate-Job-Id: other",
+		"Oncegate-Job-Epoch: 1"); r.status != 202 {
+		t.Fatalf("another job: %d %s", r.status, r.raw)
+	}
+	if r := h.req("POST", "/v1/effects", globexKey, analytics("x"), "Idempotency-Key: y", "Oncegate-Job-Id: signup:user_6",
+		"Oncegate-Job-Epoch: 1"); r.status != 202 {
+		t.Fatalf("another tenant: %d %s", r.status, r.raw)
+	}
+	for _, bad := range [][]string{{"Oncegate-Job-Id: j"}, {"Oncegate-Job-Epoch: 1"}, {"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: zero"}} {
+		if r := h.req("POST", "/v1/effects", acmeKey, analytics("x"), append([]string{"Idempotency-Key: z"}, bad...)...); r.status != 400 {
+			t.Errorf("%v: %d %s", bad, r.status, r.raw)
+		}
+	}
+}

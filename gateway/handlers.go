@@ -80,12 +80,25 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	jobID, epoch, err := jobHeaders(r)
+	if err != nil {
+		badRequest(w, "Oncegate-Job-Epoch", err.Error())
+		return
+	}
+
 	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
 	defer cancel()
-	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload})
+	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload,
+		JobID: jobID, JobEpoch: epoch})
 	var reused *dedup.KeyReusedError
+	var fenced *dedup.FencedError
 	var pgErr *pgconn.PgError
 	switch {
+	case errors.As(err, &fenced):
+		writeProblem(w, Problem{Type: problemType("job-fenced"), Title: "Job lease superseded", Status: 409,
+			Field: "Oncegate-Job-Epoch", Detail: fmt.Sprintf("job %q was leased again under a newer epoch than %d: "+
+				"this worker lost the job and may not start effects for it; stop the handler", fenced.JobID, fenced.Epoch)})
+		return
 	case errors.As(err, &reused):
 		metrics.KeyReuses.WithLabelValues(req.Type).Inc()
 		writeProblem(w, Problem{Type: problemType("idempotency-key-reused"), Title: "Idempotency key reused",
@@ -116,6 +129,21 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusOK
 	}
 	writeJSON(w, status, e)
+}
+
+// jobHeaders reads Oncegate-Job-Id and Oncegate-Job-Epoch, which a worker sends to have its effects fenced
+// by its job's lease epoch.
+func jobHeaders(r *http.Request) (string, int64, error) {
+	id := r.Header.Get("Oncegate-Job-Id")
+	raw := r.Header.Get("Oncegate-Job-Epoch")
+	if id == "" && raw == "" {
+		return "", 0, nil
+	}
+	epoch, err := strconv.ParseInt(raw, 10, 64)
+	if id == "" || len(id) > 512 || err != nil || epoch < 1 {
+		return "", 0, errors.New("Oncegate-Job-Id (at most 512 bytes) and Oncegate-Job-Epoch (a positive integer) go together")
+	}
+	return id, epoch, nil
 }
 
 // decodeCreate parses the request body strictly and returns the field at fault with its error.

@@ -376,7 +376,7 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 		w.log.Warn("job failed after its lease was lost", "job", job.ID, "err", err)
 	case ferr != nil:
 		w.log.Error("recording a failure failed; the job will run again after its lease", "job", job.ID,
-			"err", ferr)
+			"err", err, "record_err", ferr)
 	case outcome == "dead":
 		w.log.Error("job is dead", "job", job.ID, "attempt", job.Attempt, "err", err)
 	default:

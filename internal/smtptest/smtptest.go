@@ -1,6 +1,6 @@
-// Package smtptest runs a real SMTP server (github.com/emersion/go-smtp) on loopback for tests: it records
-// every message it accepts, and can be told to misbehave the way mail servers do (refuse a recipient, defer
-// with a 4xx, hang, or drop the connection after the message was sent).
+// Package smtptest runs a real SMTP server (github.com/emersion/go-smtp) on loopback for tests and for the
+// crash demo: it records every message it accepts, and can be told to misbehave the way mail servers do
+// (refuse a recipient, defer with a 4xx, hang, or drop the connection after the message was sent).
 package smtptest
 
 import (
@@ -46,16 +46,16 @@ const (
 type Server struct {
 	Addr string
 
-	mu       sync.Mutex
-	messages []Message
-	fault    Fault
-	refuse   map[string]bool // recipients answered 550
-	srv      *smtp.Server
+	mu        sync.Mutex
+	messages  []Message
+	fault     Fault
+	refuse    map[string]bool // recipients answered 550
+	onMessage func(Message)
+	srv       *smtp.Server
 }
 
-// Start runs a server until the test ends.
-func Start(t testing.TB) *Server {
-	t.Helper()
+// New starts a server on addr ("127.0.0.1:0" for any free port). Close stops it.
+func New(addr string) (*Server, error) {
 	s := &Server{refuse: map[string]bool{}}
 	s.srv = smtp.NewServer(smtp.BackendFunc(func(c *smtp.Conn) (smtp.Session, error) {
 		return &session{s: s, conn: c}, nil
@@ -64,14 +64,34 @@ func Start(t testing.TB) *Server {
 	s.srv.AllowInsecureAuth = true
 	s.srv.ReadTimeout = 30 * time.Second
 	s.srv.WriteTimeout = 30 * time.Second
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	s.Addr = l.Addr().String()
 	go func() { _ = s.srv.Serve(l) }()
-	t.Cleanup(func() { _ = s.srv.Close() })
+	return s, nil
+}
+
+// Start runs a server on loopback until the test ends.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	s, err := New("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close() })
 	return s
+}
+
+// Close stops the server.
+func (s *Server) Close() error { return s.srv.Close() }
+
+// OnMessage sets a function called with every message the server accepts, as it accepts it.
+func (s *Server) OnMessage(f func(Message)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.onMessage = f
 }
 
 // SetFault sets how the server answers from now on.
@@ -154,7 +174,11 @@ func (x *session) Data(r io.Reader) error {
 	}
 	x.s.mu.Lock()
 	x.s.messages = append(x.s.messages, msg)
+	on := x.s.onMessage
 	x.s.mu.Unlock()
+	if on != nil {
+		on(msg)
+	}
 	if fault == DropAfterData {
 		_ = x.conn.Conn().Close()
 	}

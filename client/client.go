@@ -1,0 +1,259 @@
+// Package client is the Go client of the oncegate gateway. Perform asks the gateway to perform an effect once
+// under an idempotency key; a call that fails in transit, or meets a gateway or database that is briefly
+// down, is retried with the same key, which is safe by design: the gateway records an effect once and answers
+// every repeat with it. Answers that no retry will change (a key reused for another request, an invalid
+// payload, a fenced job) come back as *ProblemError at once.
+//
+// ForJob ties effects to a queue job: keys derive from the job's ID, so a re-run of the job sends the same
+// keys and its effects are replays; and each request carries the job's lease epoch, so the gateway refuses
+// new effects from a worker whose lease was taken over.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/oncegate/oncegate/internal/backoff"
+)
+
+// Options configures a client. A nil *Options means all defaults.
+type Options struct {
+	// HTTPClient defaults to a client with a 60 s timeout (a wait may take 30 s).
+	HTTPClient *http.Client
+	// MaxTries bounds the tries of one call that meets transient failures. Defaults to 8.
+	MaxTries int
+	// RetryBase and RetryMax shape the backoff between tries (full jitter). Default to 100 ms and 5 s.
+	RetryBase, RetryMax time.Duration
+	// Propagator injects the trace context into requests. Defaults to W3C trace context and baggage.
+	Propagator propagation.TextMapPropagator
+}
+
+// Client calls one gateway as one tenant.
+type Client struct {
+	base   string
+	apiKey string
+	http   *http.Client
+	tries  int
+	retry  backoff.Policy
+	prop   propagation.TextMapPropagator
+}
+
+// New returns a client for the gateway at baseURL ("http://127.0.0.1:8080"), authenticating with apiKey.
+func New(baseURL, apiKey string, opts *Options) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("client: gateway URL %q: want http(s)://host[:port]", baseURL)
+	}
+	if apiKey == "" {
+		return nil, errors.New("client: an API key is required")
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.HTTPClient == nil {
+		o.HTTPClient = &http.Client{Timeout: 60 * time.Second}
+	}
+	if o.MaxTries <= 0 {
+		o.MaxTries = 8
+	}
+	if o.RetryBase <= 0 {
+		o.RetryBase = 100 * time.Millisecond
+	}
+	if o.RetryMax <= 0 {
+		o.RetryMax = 5 * time.Second
+	}
+	if o.Propagator == nil {
+		o.Propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+	}
+	return &Client{base: strings.TrimSuffix(baseURL, "/"), apiKey: apiKey, http: o.HTTPClient, tries: o.MaxTries,
+		retry: backoff.Policy{Base: o.RetryBase, Max: o.RetryMax}, prop: o.Propagator}, nil
+}
+
+// Effect is an effect as the gateway returns it.
+type Effect struct {
+	Key           string          `json:"key"`
+	Type          string          `json:"type"`
+	Status        string          `json:"status"`
+	Attempts      int             `json:"attempts"`
+	CreatedAt     time.Time       `json:"created_at"`
+	UpdatedAt     time.Time       `json:"updated_at"`
+	DeliveredAt   *time.Time      `json:"delivered_at"`
+	NextAttemptAt *time.Time      `json:"next_attempt_at"`
+	LastError     *string         `json:"last_error"`
+	Result        json.RawMessage `json:"result"`
+	// Replayed is true when the gateway answered with an effect it had recorded before: nothing new happened.
+	Replayed bool `json:"-"`
+}
+
+// Terminal reports whether the effect is delivered, failed, dead or unknown.
+func (e *Effect) Terminal() bool {
+	switch e.Status {
+	case "delivered", "failed", "dead", "unknown":
+		return true
+	}
+	return false
+}
+
+// PerformOptions are the optional parts of a request.
+type PerformOptions struct {
+	// Wait asks the gateway to answer once the effect is terminal, or after Wait (at most 30 s).
+	Wait time.Duration
+	// JobID and JobEpoch fence the effect by a queue job's lease (ForJob sets them).
+	JobID    string
+	JobEpoch int64
+}
+
+// ProblemError is an answer of the gateway that no retry changes.
+type ProblemError struct {
+	Status int
+	Type   string
+	Title  string
+	Detail string
+	Field  string
+}
+
+func (e *ProblemError) Error() string {
+	s := fmt.Sprintf("gateway: %d %s", e.Status, e.Title)
+	if e.Detail != "" {
+		s += ": " + e.Detail
+	}
+	return s
+}
+
+// Is matches the sentinels below by problem type.
+func (e *ProblemError) Is(target error) bool {
+	s, ok := target.(sentinel)
+	return ok && e.Type == string(s)
+}
+
+type sentinel string
+
+func (s sentinel) Error() string { return "gateway problem " + string(s) }
+
+var (
+	// ErrKeyReused: the key was used for another request (422).
+	ErrKeyReused error = sentinel("/problems/idempotency-key-reused")
+	// ErrFenced: the job was leased again under a newer epoch (409); the handler should stop.
+	ErrFenced error = sentinel("/problems/job-fenced")
+	// ErrInvalid: the request is invalid (400); ProblemError.Field names the part.
+	ErrInvalid error = sentinel("/problems/invalid-request")
+	// ErrUnauthorized: the API key is missing or wrong (401).
+	ErrUnauthorized error = sentinel("/problems/unauthorized")
+)
+
+// Perform asks for the effect of type typ with payload (encoded as JSON) under key, retrying transient failures
+// with the same key. payload must be built deterministically: the same business action must always produce
+// the same payload, or a retry is a different request and the gateway answers 422.
+func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts *PerformOptions) (*Effect, error) {
+	var o PerformOptions
+	if opts != nil {
+		o = *opts
+	}
+	raw, err := json.Marshal(payload)
+	if err != nil {
+		return nil, fmt.Errorf("client: encode payload: %w", err)
+	}
+	body := map[string]any{"type": typ, "payload": json.RawMessage(raw)}
+	if o.Wait > 0 {
+		body["wait"] = o.Wait.String()
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	headers := http.Header{"Idempotency-Key": {key}, "Content-Type": {"application/json"}}
+	if o.JobID != "" {
+		headers.Set("Oncegate-Job-Id", o.JobID)
+		headers.Set("Oncegate-Job-Epoch", strconv.FormatInt(o.JobEpoch, 10))
+	}
+	return c.do(ctx, http.MethodPost, "/v1/effects", b, headers)
+}
+
+// Get reads the effect under key, waiting up to wait for it to be terminal.
+func (c *Client) Get(ctx context.Context, key string, wait time.Duration) (*Effect, error) {
+	path := "/v1/effects/" + url.PathEscape(key)
+	if wait > 0 {
+		path += "?wait=" + wait.String()
+	}
+	return c.do(ctx, http.MethodGet, path, nil, http.Header{})
+}
+
+// retryable reports whether another try with the same key can succeed.
+func retryable(status int) bool {
+	return status == http.StatusTooManyRequests || status == http.StatusRequestTimeout || status >= 500
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body []byte, headers http.Header) (*Effect, error) {
+	var lastErr error
+	for try := 1; try <= c.tries; try++ {
+		e, wait, err := c.once(ctx, method, path, body, headers)
+		if err == nil {
+			return e, nil
+		}
+		var pe *ProblemError
+		if errors.As(err, &pe) && !retryable(pe.Status) {
+			return nil, err
+		}
+		lastErr = err
+		if try == c.tries {
+			break
+		}
+		if wait <= 0 {
+			wait = c.retry.Delay(try)
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("client: %w (last error: %v)", ctx.Err(), lastErr)
+		case <-t.C:
+		}
+	}
+	return nil, fmt.Errorf("client: gave up after %d tries: %w", c.tries, lastErr)
+}
+
+func (c *Client) once(ctx context.Context, method, path string, body []byte, headers http.Header) (*Effect, time.Duration, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, 0, err
+	}
+	req.Header = headers.Clone()
+	req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	c.prop.Inject(ctx, propagation.HeaderCarrier(req.Header))
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return nil, 0, err
+	}
+	if resp.StatusCode >= 300 {
+		pe := &ProblemError{Status: resp.StatusCode, Title: http.StatusText(resp.StatusCode)}
+		_ = json.Unmarshal(data, pe)
+		var wait time.Duration
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+			wait = time.Duration(s) * time.Second
+		}
+		return nil, wait, pe
+	}
+	var e Effect
+	if err := json.Unmarshal(data, &e); err != nil {
+		return nil, 0, fmt.Errorf("client: decode effect: %w", err)
+	}
+	e.Replayed = resp.Header.Get("Idempotent-Replayed") == "true"
+	return &e, 0, nil
+}

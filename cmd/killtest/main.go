@@ -1,0 +1,122 @@
+// Command killtest is the crash demo: the seeds' experiment against the real system, with real processes
+// killed. Twenty sign-ups; the worker is SIGKILLed right after the SMTP server received the welcome email
+// for user_6; a new worker takes over. Three strategies, counted from what the SMTP server received:
+//
+//	| strategy                                   | users emailed | users never emailed | duplicate emails |
+//	| in-memory queue                            |             6 |                  14 |                0 |
+//	| lease queue, worker sends the email itself |            20 |                   0 |                1 |
+//	| lease queue + oncegate                     |            20 |                   0 |                0 |
+//
+// It exits non-zero unless the oncegate row is 20 / 0 / 0. REDIS_URL and DATABASE_URL name the services
+// (scripts/demo brings them up); --bin names the folder holding the gateway and worker binaries.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+
+	"github.com/oncegate/oncegate/internal/killtest"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "child" {
+		os.Exit(killtest.Child(os.Args[2:]))
+	}
+	asJSON := flag.Bool("json", false, "print the results as JSON")
+	bin := flag.String("bin", "", "folder with the gateway and worker binaries (default: built into a temporary folder)")
+	verbose := flag.Bool("v", false, "show the processes' logs")
+	flag.Parse()
+
+	self, err := os.Executable()
+	if err != nil {
+		fatal(err)
+	}
+	env := killtest.Env{RedisURL: envOr("REDIS_URL", "redis://127.0.0.1:6379/0"),
+		DatabaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
+		Self:        self, Log: io.Discard}
+	if *verbose {
+		env.Log = os.Stderr
+	}
+	if env.Gateway, env.Worker, err = binaries(*bin); err != nil {
+		fatal(err)
+	}
+	ctx := context.Background()
+	var rows []killtest.Row
+	for _, s := range []func(context.Context, killtest.Env) (killtest.Row, error){
+		killtest.InMemory, killtest.LeaseDirect, killtest.Oncegate} {
+		r, err := s(ctx, env)
+		if err != nil {
+			fatal(err)
+		}
+		if !*asJSON {
+			fmt.Fprintf(os.Stderr, "killtest: %s: done\n", r.Strategy)
+		}
+		rows = append(rows, r)
+	}
+	og := rows[len(rows)-1]
+	ok := og.UsersEmailed == killtest.Users && og.UsersNeverEmailed == 0 && og.DuplicateEmails == 0
+	if *asJSON {
+		out, _ := json.MarshalIndent(map[string]any{"users": killtest.Users, "killed_after": killtest.KillAfter,
+			"strategies": rows, "oncegate_exactly_once": ok}, "", "  ")
+		fmt.Println(string(out))
+	} else {
+		fmt.Printf("\n20 sign-ups; the worker is SIGKILLed right after the SMTP server received %s's email.\n\n", killtest.KillAfter)
+		fmt.Print(killtest.Table(rows))
+		for _, r := range rows {
+			if r.TakeoverSeconds > 0 {
+				fmt.Printf("\n%s: the new worker re-ran %s's job %.2fs after the kill.", r.Strategy, killtest.KillAfter, r.TakeoverSeconds)
+			}
+		}
+		fmt.Println()
+		if ok {
+			fmt.Println("\noncegate: every user emailed exactly once.")
+		}
+	}
+	if !ok {
+		fmt.Fprintln(os.Stderr, "killtest: the oncegate row is not 20 / 0 / 0")
+		os.Exit(1)
+	}
+}
+
+// binaries finds the gateway and worker binaries in dir, or builds them from the module.
+func binaries(dir string) (string, string, error) {
+	if dir != "" {
+		g, w := filepath.Join(dir, "gateway"), filepath.Join(dir, "worker")
+		if _, err := os.Stat(g); err == nil {
+			if _, err := os.Stat(w); err == nil {
+				return g, w, nil
+			}
+		}
+		return "", "", fmt.Errorf("--bin %s: gateway and worker binaries not found", dir)
+	}
+	tmp, err := os.MkdirTemp("", "killtest-bin-")
+	if err != nil {
+		return "", "", err
+	}
+	for _, c := range []string{"gateway", "worker"} {
+		cmd := exec.Command("go", "build", "-o", filepath.Join(tmp, c), "github.com/oncegate/oncegate/cmd/"+c)
+		cmd.Stderr = os.Stderr
+		if err := cmd.Run(); err != nil {
+			return "", "", fmt.Errorf("building %s: %w", c, err)
+		}
+	}
+	return filepath.Join(tmp, "gateway"), filepath.Join(tmp, "worker"), nil
+}
+
+func envOr(k, d string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return d
+}
+
+func fatal(err error) {
+	fmt.Fprintln(os.Stderr, "killtest:", err)
+	os.Exit(1)
+}

@@ -1,0 +1,173 @@
+package tests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/queue"
+)
+
+// A worker paused (SIGSTOP) mid-job loses the job to another worker, which finishes it under epoch 2. While
+// paused it was also cut off from Redis, so when it resumes its heartbeat cannot tell it the lease is gone:
+// it carries on with the job. The gateway refuses its next effect (409): a stale worker cannot start effects
+// after its successor began, and the job's record is untouched.
+func TestPausedWorkerIsFencedByTheGateway(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Database(t)
+	pool := pgtest.Pool(t, dbURL)
+	hk := newHooks(t)
+	hk.hold = make(chan struct{})
+	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  hook: { provider: webhook, webhook: { url: "%s", secret: "%s", timeout: 20s, allow_private_networks: true } }
+  clicks: { provider: postgres }
+dispatcher: { poll_interval: 100ms }
+`, dbURL, apiKey, hk.srv.URL, whsec))
+	_, base := startGateway(t, config)
+
+	rdb := testenv.Redis(t)
+	q, err := queue.New(rdb, testenv.Name(t, "q"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Destroy(context.Background()) //nolint:errcheck
+	payload, _ := json.Marshal(jobs.Effects{Effects: []jobs.Effect{
+		{Name: "notify", Type: "hook", Payload: json.RawMessage(`{"event":"job.done","data":1}`)},
+		{Name: "audit", Type: "clicks", Payload: json.RawMessage(`{"name":"audit"}`)},
+	}})
+	if _, err := q.Enqueue(context.Background(), queue.NewJob{ID: "job-1", Kind: jobs.KindEffects, Payload: payload}); err != nil {
+		t.Fatal(err)
+	}
+	link := newTCPProxy(t, redisAddr(t))
+	worker := func(redisURL string) *proctest.Proc {
+		cmd := exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(), "--wait", "15s",
+			"--gateway", base, "--api-key", apiKey, "--redis", redisURL, "--log-level", "debug")
+		p := proctest.Start(t, cmd)
+		p.WaitLine("worker ", 30*time.Second)
+		return p
+	}
+	first := worker("redis://" + link.addr + "/0")
+	select {
+	case <-hk.arrived: // worker 1 is inside its first effect, waiting for the gateway's answer
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first effect never reached the receiver")
+	}
+	first.Signal(syscall.SIGSTOP)
+	link.cut()
+	hk.mu.Lock()
+	close(hk.hold)
+	hk.hold = nil
+	hk.mu.Unlock()
+
+	second := worker(testenv.RedisURL())
+	defer second.Signal(syscall.SIGTERM)
+	var j *queue.Job
+	testenv.Eventually(t, 30*time.Second, "worker 2 finishes the job under epoch 2", func() bool {
+		j, err = q.Job(context.Background(), "job-1")
+		return err == nil && j.State == queue.StateCompleted
+	})
+	if j.Epoch != 2 {
+		t.Fatalf("job finished under epoch %d", j.Epoch)
+	}
+
+	first.Signal(syscall.SIGCONT)
+	testenv.Eventually(t, 20*time.Second, "the resumed worker is refused by the gateway's fence", func() bool {
+		return strings.Contains(first.Log(), "409 Job lease superseded")
+	})
+	if got, _ := q.Job(context.Background(), "job-1"); got.State != queue.StateCompleted || got.Epoch != 2 || got.Failures != 0 {
+		t.Fatalf("the resumed worker changed the job: %+v", got)
+	}
+	if n := len(hk.byID); n != 1 {
+		t.Fatalf("the receiver saw %d effects", n)
+	}
+	for id, n := range hk.byID {
+		if n != 1 {
+			t.Fatalf("webhook %s delivered %d times", id, n)
+		}
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM analytics_events WHERE key = 'audit:job-1'"); n != 1 {
+		t.Fatalf("audit event recorded %d times", n)
+	}
+	if n := pgtest.Count(t, pool, "SELECT epoch FROM oncegate_job_fences WHERE job_id = 'job-1'"); n != 2 {
+		t.Fatalf("the job's fence is at %d", n)
+	}
+}
+
+func redisAddr(t *testing.T) string {
+	opts, err := redis.ParseURL(testenv.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return opts.Addr
+}
+
+// tcpProxy forwards connections to target until cut, which closes them all and refuses new ones: a network
+// partition between one process and Redis.
+type tcpProxy struct {
+	addr  string
+	mu    sync.Mutex
+	conns []net.Conn
+	down  bool
+}
+
+func newTCPProxy(t *testing.T, target string) *tcpProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &tcpProxy{addr: l.Addr().String()}
+	t.Cleanup(func() { l.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			if p.down {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				p.mu.Unlock()
+				c.Close()
+				continue
+			}
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(u, c); u.Close() }()
+			go func() { _, _ = io.Copy(c, u); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *tcpProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}

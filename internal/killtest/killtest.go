@@ -284,7 +284,7 @@ func Oncegate(ctx context.Context, env Env) (Row, error) {
 		return Row{}, err
 	}
 	defer drop()
-	_, base, stopGateway, err := StartGateway(env, dbURL, map[string]string{"welcome-email": fmt.Sprintf(
+	_, base, stopGateway, err := StartGateway(env, dbURL, "127.0.0.1:0", map[string]string{"welcome-email": fmt.Sprintf(
 		`{provider: smtp, smtp: {addr: "%s", from: "Acme <noreply@acme.test>", on_crash: at_least_once}}`, srv.Addr)})
 	if err != nil {
 		return Row{}, err
@@ -299,15 +299,15 @@ func Oncegate(ctx context.Context, env Env) (Row, error) {
 // APIKey is the demo tenant's key.
 const APIKey = "killtest-api-key"
 
-// StartGateway runs the gateway binary on dbURL with the given effect types (name -> YAML flow mapping), and
-// returns it, its base URL and a stop function.
-func StartGateway(env Env, dbURL string, types map[string]string) (*proc, string, func(), error) {
+// StartGateway runs the gateway binary on dbURL with the given effect types (name -> YAML flow mapping),
+// listening on listen ("127.0.0.1:0" for any port), and returns it, its base URL and a stop function.
+func StartGateway(env Env, dbURL, listen string, types map[string]string) (*proc, string, func(), error) {
 	dir, err := os.MkdirTemp("", "killtest-")
 	if err != nil {
 		return nil, "", nil, err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "listen: 127.0.0.1:0\ndatabase_url: %s\ntenants: { demo: { api_keys: [%s] } }\neffect_types:\n", dbURL, APIKey)
+	fmt.Fprintf(&b, "listen: %s\ndatabase_url: %s\ntenants: { demo: { api_keys: [%s] } }\neffect_types:\n", listen, dbURL, APIKey)
 	for name, t := range types {
 		fmt.Fprintf(&b, "  %s: %s\n", name, t)
 	}

@@ -1,0 +1,291 @@
+package killtest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncegate/oncegate/internal/smtptest"
+	"github.com/oncegate/oncegate/jobs"
+	"github.com/oncegate/oncegate/providers"
+	"github.com/oncegate/oncegate/queue"
+)
+
+// ChaosConfig sizes a chaos run.
+type ChaosConfig struct {
+	Jobs      int           // jobs in all, a third of each kind
+	KillEvery time.Duration // mean time between kills
+	Workers   int           // worker processes (default 3)
+	Gateways  int           // gateway processes (default 2); workers spread over them
+}
+
+// ChaosRow is one effect type's outcome.
+type ChaosRow struct {
+	Type       string `json:"type"`
+	Jobs       int    `json:"jobs"`
+	Delivered  int    `json:"delivered"`
+	Lost       int    `json:"lost"`
+	Duplicated int    `json:"duplicated"`
+	// How the destination tells one effect from another.
+	CountedBy string `json:"counted_by"`
+}
+
+// ChaosReport is what a chaos run found.
+type ChaosReport struct {
+	Rows        []ChaosRow     `json:"rows"`
+	Kills       map[string]int `json:"kills"`
+	Seconds     float64        `json:"seconds"`
+	DeadJobs    int64          `json:"dead_jobs"`
+	LostTotal   int            `json:"lost_total"`
+	AnalyticDup int            `json:"analytics_duplicates"`
+}
+
+// OK is true when nothing was lost and no analytics event was recorded twice.
+func (r ChaosReport) OK() bool { return r.LostTotal == 0 && r.AnalyticDup == 0 && r.DeadJobs == 0 }
+
+// member is a process the chaos loop kills and restarts.
+type member struct {
+	name  string
+	start func() (*proc, error)
+	mu    sync.Mutex
+	p     *proc
+}
+
+func (m *member) restart() error {
+	p, err := m.start()
+	if err != nil {
+		return fmt.Errorf("%s: %w", m.name, err)
+	}
+	m.mu.Lock()
+	m.p = p
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *member) current() *proc {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.p
+}
+
+func freeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// Chaos runs jobs of all three demo kinds while SIGKILLing workers and gateways at random moments and
+// restarting them, then counts per effect type, at the destinations, what was delivered, lost and duplicated.
+func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 3
+	}
+	if cfg.Gateways <= 0 {
+		cfg.Gateways = 2
+	}
+	started := time.Now()
+	mail, err := smtptest.New("127.0.0.1:0")
+	if err != nil {
+		return ChaosReport{}, err
+	}
+	defer mail.Close()
+	var hmu sync.Mutex
+	hooks := map[string]int{}
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		hmu.Lock()
+		hooks[r.Header.Get("webhook-id")]++
+		hmu.Unlock()
+		w.WriteHeader(204)
+	}))
+	defer receiver.Close()
+
+	rdb, err := redisClient(env)
+	if err != nil {
+		return ChaosReport{}, err
+	}
+	defer rdb.Close()
+	q, err := queue.New(rdb, fmt.Sprintf("killtest-chaos-%d", time.Now().UnixNano()), &queue.Options{Logger: quiet()})
+	if err != nil {
+		return ChaosReport{}, err
+	}
+	defer func() { _ = q.Destroy(context.Background()) }()
+	dbURL, drop, err := createDatabase(ctx, env.DatabaseURL)
+	if err != nil {
+		return ChaosReport{}, err
+	}
+	defer drop()
+
+	secret := "whsec_Y2hhb3Mtd2ViaG9vay1zZWNyZXQtMzItYnl0ZXMh"
+	types := map[string]string{
+		"welcome-email": fmt.Sprintf(`{provider: smtp, smtp: {addr: "%s", from: "Acme <noreply@acme.test>", timeout: 5s}}`, mail.Addr),
+		"clicks":        `{provider: postgres, timeout: 5s}`,
+		"order-webhook": fmt.Sprintf(`{provider: webhook, webhook: {url: "%s", secret: "%s", timeout: 5s, allow_private_networks: true}}`, receiver.URL, secret),
+	}
+	var members []*member
+	var gateways []string
+	for i := range cfg.Gateways {
+		addr, err := freeAddr()
+		if err != nil {
+			return ChaosReport{}, err
+		}
+		gateways = append(gateways, "http://"+addr)
+		members = append(members, &member{name: fmt.Sprintf("gateway-%d", i), start: func() (*proc, error) {
+			p, _, _, err := StartGateway(env, dbURL, addr, types)
+			return p, err
+		}})
+	}
+	for i := range cfg.Workers {
+		base := gateways[i%len(gateways)]
+		members = append(members, &member{name: fmt.Sprintf("worker-%d", i), start: func() (*proc, error) {
+			// Each job works 100ms after its effect, so kills land in the middle of jobs.
+			return start(env, env.Worker, []string{"run", "--queue", q.Name(), "--concurrency", "8", "--work", "100ms",
+				"--log-level", "warn"},
+				"REDIS_URL="+env.RedisURL, "GATEWAY_URL="+base, "GATEWAY_API_KEY="+APIKey)
+		}})
+	}
+	for _, m := range members {
+		if err := m.restart(); err != nil {
+			return ChaosReport{}, err
+		}
+	}
+	defer func() {
+		for _, m := range members {
+			if p := m.current(); p != nil {
+				p.kill()
+			}
+		}
+	}()
+
+	// Kills are random, not caused by the jobs: a job may be in the hands of two killed workers in a row,
+	// which is not the "job of death" MaxStalls guards against.
+	per := cfg.Jobs / 3
+	for i := range per {
+		for _, j := range []struct {
+			kind    string
+			payload any
+		}{
+			{jobs.KindSignup, jobs.Signup{User: fmt.Sprintf("user_%d", i), Email: email(fmt.Sprintf("user_%d", i))}},
+			{jobs.KindClick, jobs.Click{User: fmt.Sprintf("user_%d", i), Link: "/l/" + fmt.Sprint(i)}},
+			{jobs.KindOrder, jobs.Order{OrderID: fmt.Sprint(i), Amount: int64(100 + i)}},
+		} {
+			b, _ := json.Marshal(j.payload)
+			if _, err := q.Enqueue(ctx, queue.NewJob{ID: fmt.Sprintf("%s:%d", j.kind, i), Kind: j.kind, Payload: b,
+				MaxStalls: 20}); err != nil {
+				return ChaosReport{}, err
+			}
+		}
+	}
+
+	kills := map[string]int{}
+	next := time.Now().Add(jitter(cfg.KillEvery))
+	deadline := time.Now().Add(10 * time.Minute)
+	for {
+		s, err := q.Stats(ctx)
+		if err != nil {
+			return ChaosReport{}, err
+		}
+		if s.Counts[queue.StateCompleted]+s.Counts[queue.StateDead] >= int64(per*3) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return ChaosReport{}, fmt.Errorf("jobs unfinished after 10 minutes: %v", s.Counts)
+		}
+		if time.Now().After(next) {
+			m := members[rand.IntN(len(members))]
+			m.current().kill()
+			kills[m.name]++
+			if err := m.restart(); err != nil {
+				return ChaosReport{}, err
+			}
+			next = time.Now().Add(jitter(cfg.KillEvery))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+
+	// Every job is done; let the outbox drain (deliveries of killed gateways are rescued after their lease).
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return ChaosReport{}, err
+	}
+	defer conn.Close(ctx)
+	for end := time.Now().Add(2 * time.Minute); ; {
+		var open int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM oncegate_outbox").Scan(&open); err != nil {
+			return ChaosReport{}, err
+		}
+		if open == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			return ChaosReport{}, fmt.Errorf("%d effects still undelivered 2 minutes after the last job", open)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	st, _ := q.Stats(ctx)
+	report := ChaosReport{Kills: kills, DeadJobs: st.Counts[queue.StateDead]}
+	byRecipient := count(mail)
+	hmu.Lock()
+	hookCounts := hooks
+	hmu.Unlock()
+	email := ChaosRow{Type: "welcome-email (smtp)", Jobs: per, CountedBy: "recipient at the SMTP server"}
+	orders := ChaosRow{Type: "order-webhook (webhook)", Jobs: per, CountedBy: "webhook-id at the receiver"}
+	clicks := ChaosRow{Type: "clicks (postgres)", Jobs: per, CountedBy: "rows in analytics_events"}
+	for i := range per {
+		tally(&email, byRecipient[fmt.Sprintf("user_%d", i)])
+		tally(&orders, hookCounts[providers.StableID("demo", fmt.Sprintf("order-webhook:order:%d", i))])
+		var n int
+		if err := conn.QueryRow(ctx, "SELECT count(*) FROM analytics_events WHERE key = $1",
+			fmt.Sprintf("click-event:click:%d", i)).Scan(&n); err != nil {
+			return ChaosReport{}, err
+		}
+		tally(&clicks, n)
+	}
+	report.Rows = []ChaosRow{email, orders, clicks}
+	for _, r := range report.Rows {
+		report.LostTotal += r.Lost
+	}
+	report.AnalyticDup = clicks.Duplicated
+	report.Seconds = time.Since(started).Round(100 * time.Millisecond).Seconds()
+	return report, nil
+}
+
+func tally(r *ChaosRow, n int) {
+	switch {
+	case n == 0:
+		r.Lost++
+	default:
+		r.Delivered++
+		r.Duplicated += n - 1
+	}
+}
+
+func jitter(d time.Duration) time.Duration {
+	return d/2 + time.Duration(rand.Int64N(int64(d)+1))
+}
+
+// ChaosTable formats a report.
+func ChaosTable(r ChaosReport) string {
+	var b strings.Builder
+	b.WriteString("| effect type             | jobs | delivered | lost | duplicated | counted by |\n")
+	b.WriteString("|-------------------------|------|-----------|------|------------|------------|\n")
+	for _, row := range r.Rows {
+		fmt.Fprintf(&b, "| %-23s | %4d | %9d | %4d | %10d | %s |\n", row.Type, row.Jobs, row.Delivered, row.Lost,
+			row.Duplicated, row.CountedBy)
+	}
+	return b.String()
+}

@@ -22,6 +22,7 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/oncegate/oncegate/internal/backoff"
@@ -29,7 +30,8 @@ import (
 
 // Options configures a client. A nil *Options means all defaults.
 type Options struct {
-	// HTTPClient defaults to a client with a 60 s timeout (a wait may take 30 s).
+	// HTTPClient defaults to a client with a 60 s timeout (a wait may take 30 s) that makes a client span
+	// for each call.
 	HTTPClient *http.Client
 	// MaxTries bounds the tries of one call that meets transient failures. Defaults to 8.
 	MaxTries int
@@ -63,7 +65,8 @@ func New(baseURL, apiKey string, opts *Options) (*Client, error) {
 		o = *opts
 	}
 	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{Timeout: 60 * time.Second}
+		// Client spans for every call to the gateway.
+		o.HTTPClient = &http.Client{Timeout: 60 * time.Second, Transport: otelhttp.NewTransport(http.DefaultTransport)}
 	}
 	if o.MaxTries <= 0 {
 		o.MaxTries = 8

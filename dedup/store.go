@@ -13,6 +13,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 )
 
 //go:embed sql/*.sql
@@ -63,6 +67,19 @@ func (e *KeyReusedError) Error() string {
 	return fmt.Sprintf("dedup: idempotency key %q was used for another request", e.Key)
 }
 
+var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")
+
+// traceContext returns the W3C trace context of ctx as JSON, for the outbox row, or nil outside a trace.
+func traceContext(ctx context.Context) []byte {
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	if len(carrier) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(carrier)
+	return b
+}
+
 // Store reads and writes effects.
 type Store struct {
 	pool *pgxpool.Pool
@@ -87,16 +104,20 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 	if err != nil {
 		return nil, false, err
 	}
+	ctx, span := tracer.Start(ctx, "dedup.record", trace.WithAttributes(attribute.String("effect.type", ne.Type),
+		attribute.String("idempotency.key", ne.Key)))
+	defer span.End()
+	tc := traceContext(ctx)
 	// Two tries: the stored effect can be purged by retention between the insert that lost and the read.
 	for range 2 {
 		if ne.JobID != "" {
-			e, err = s.createFenced(ctx, ne, fp)
+			e, err = s.createFenced(ctx, ne, fp, tc)
 			var fenced *FencedError
 			if errors.As(err, &fenced) {
 				return nil, false, err
 			}
 		} else {
-			e, err = scan(s.pool.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload))
+			e, err = scan(s.pool.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc))
 		}
 		if err == nil {
 			return e, false, nil
@@ -114,6 +135,7 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 		if !bytes.Equal(e.Fingerprint, fp) {
 			return nil, false, &KeyReusedError{Key: ne.Key, Existing: e}
 		}
+		span.SetAttributes(attribute.Bool("idempotency.replayed", true))
 		return e, true, nil
 	}
 	return nil, false, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key)
@@ -211,7 +233,7 @@ func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) 
 
 // createFenced raises the job's fence and records the effect in one transaction; pgx.ErrNoRows means the
 // key existed, as for an unfenced insert.
-func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte) (*Effect, error) {
+func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []byte) (*Effect, error) {
 	var e *Effect
 	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
 		var epoch int64
@@ -222,7 +244,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte) (*Eff
 			return err
 		}
 		var err error
-		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload))
+		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc))
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key exists: keep the raised fence, answer as a replay (or a reuse) below.
 			return nil

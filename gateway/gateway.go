@@ -24,11 +24,14 @@ import (
 	"sync"
 	"time"
 
+	"github.com/exaring/otelpgx"
 	"github.com/gorilla/mux"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/metrics"
@@ -64,6 +67,9 @@ type Options struct {
 	Logger *slog.Logger
 	// DispatcherOwner names this gateway's leases; defaults to host, PID and a random suffix.
 	DispatcherOwner string
+	// DriverTracing makes the spans of Postgres calls (telemetry.Telemetry.Children: only inside a trace).
+	// Nil traces no database calls.
+	DriverTracing trace.TracerProvider
 }
 
 // New connects to the database (lazily: a database that is down makes requests fail with 503, not New) and
@@ -81,6 +87,10 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		pcfg.ConnConfig.ConnectTimeout = 3 * time.Second
 	}
 	pcfg.MaxConns = max(pcfg.MaxConns, 40)
+	if opts.DriverTracing != nil {
+		pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing),
+			otelpgx.WithTrimSQLInSpanName())
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -178,6 +188,23 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	return err
 }
 
+// traced starts a server span per request, named after the route, continuing the caller's trace context.
+// Probes and metrics are left out: they would drown the traces that matter.
+func traced(next http.Handler) http.Handler {
+	return otelhttp.NewHandler(next, "gateway",
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+			if route := mux.CurrentRoute(r); route != nil {
+				if tmpl, err := route.GetPathTemplate(); err == nil {
+					return r.Method + " " + tmpl
+				}
+			}
+			return r.Method
+		}),
+		otelhttp.WithFilter(func(r *http.Request) bool {
+			return strings.HasPrefix(r.URL.Path, "/v1/")
+		}))
+}
+
 type tenantKey struct{}
 
 func tenantOf(r *http.Request) string { return r.Context().Value(tenantKey{}).(string) }
@@ -230,7 +257,7 @@ func (g *Gateway) routes() *mux.Router {
 	r := mux.NewRouter()
 	// Keys may contain "/": keep %2F encoded while routing, and unescape the variable ourselves.
 	r.UseEncodedPath()
-	r.Use(g.recoverer)
+	r.Use(g.recoverer, traced)
 	r.HandleFunc("/healthz", g.healthz).Methods(http.MethodGet)
 	r.HandleFunc("/readyz", g.readyz).Methods(http.MethodGet)
 	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)

@@ -16,6 +16,8 @@ import (
 
 	"github.com/gorilla/mux"
 	"github.com/jackc/pgx/v5/pgconn"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/metrics"
@@ -114,6 +116,10 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		g.storeError(w, r, err)
 		return
 	}
+	span := trace.SpanFromContext(r.Context())
+	span.SetAttributes(attribute.String("idempotency.key", key), attribute.Bool("idempotency.replayed", replayed),
+		attribute.String("effect.type", e.Type), attribute.String("tenant", tenant))
+	defer func() { span.SetAttributes(attribute.String("effect.status", string(e.Status))) }()
 	if replayed {
 		metrics.Replays.WithLabelValues(e.Type).Inc()
 		w.Header().Set("Idempotent-Replayed", "true")

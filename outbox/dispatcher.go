@@ -26,6 +26,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/internal/backoff"
 	"github.com/oncegate/oncegate/internal/metrics"
@@ -332,6 +337,7 @@ type row struct {
 	payload  []byte
 	attempts int
 	created  time.Time
+	trace    map[string]string // the creating request's trace context
 }
 
 func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]row, error) {
@@ -345,7 +351,7 @@ func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]row, er
 	}
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		err := r.Scan(&x.id, &x.token, &x.rescued, &x.tenant, &x.key, &x.typ, &x.payload, &x.attempts, &x.created)
+		err := r.Scan(&x.id, &x.token, &x.rescued, &x.tenant, &x.key, &x.typ, &x.payload, &x.attempts, &x.created, &x.trace)
 		return x, err
 	})
 	if err != nil {
@@ -358,6 +364,19 @@ func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]row, er
 var errBreakerFailure = errors.New("outbox: destination failure")
 
 func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r row) {
+	// The delivery continues the trace of the request that created the effect.
+	ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(r.trace))
+	ctx, span := tracer.Start(ctx, "outbox.dispatch "+t.Name, trace.WithAttributes(
+		attribute.String("effect.type", t.Name), attribute.String("idempotency.key", r.key),
+		attribute.Int("effect.attempt", r.attempts+1), attribute.Bool("effect.rescued", r.rescued),
+		attribute.String("effect.stable_id", providers.StableID(r.tenant, r.key))))
+	defer span.End()
+	d.deliverSpan(ctx, span, t, r)
+}
+
+var tracer = otel.Tracer("github.com/oncegate/oncegate/outbox")
+
+func (d *Dispatcher) deliverSpan(ctx context.Context, span trace.Span, t *effectType, r row) {
 	log := d.log.With("type", t.Name, "effect", r.id, "tenant", r.tenant, "key", r.key, "attempt", r.attempts+1)
 	del := providers.Delivery{Tenant: r.tenant, Key: r.key, Type: r.typ, StableID: providers.StableID(r.tenant, r.key),
 		Payload: r.payload, Attempt: r.attempts + 1, Rescued: r.rescued, CreatedAt: r.created}
@@ -397,6 +416,13 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r row) {
 		return
 	}
 	metrics.Attempts.WithLabelValues(t.Name, out.Kind.String()).Inc()
+	span.SetAttributes(attribute.String("effect.outcome", out.Kind.String()))
+	if out.Err != nil {
+		span.RecordError(out.Err)
+		if out.Kind != providers.KindDelivered {
+			span.SetStatus(codes.Error, out.Err.Error())
+		}
+	}
 	if recorded {
 		return
 	}

@@ -92,6 +92,11 @@ type WorkerConfig struct {
 	RetryBase, RetryMax time.Duration
 	// Logger defaults to the queue's logger.
 	Logger *slog.Logger
+	// OnJobDone, when set, is called after each handler run with the job, what came of it ("completed",
+	// "retry", "dead", "lease_lost", "stopped", "error") and how long the handler took: a hook for metrics.
+	OnJobDone func(job *Job, outcome string, took time.Duration)
+	// OnSweep, when set, is called with the result of each sweep this worker ran.
+	OnSweep func(SweepResult)
 }
 
 // WithDefaults returns a copy of c with every unset field at its default.
@@ -258,6 +263,7 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 			}
 			continue
 		}
+		leasedAt := time.Now()
 		jobs, now, next, err := w.lease(ctx, free)
 		if err != nil {
 			failures++
@@ -268,6 +274,7 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 		}
 		failures = 0
 		for _, job := range jobs {
+			w.traceLease(job, leasedAt)
 			w.start(handlerCtx, job)
 		}
 		if len(jobs) > 0 {
@@ -322,6 +329,16 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next int64
 	return jobs, now, next, nil
 }
 
+// traceLease records the lease in the job's trace: a short consumer span from the lease call to the handler.
+func (w *Worker) traceLease(job *Job, leasedAt time.Time) {
+	ctx := w.q.opts.Propagator.Extract(context.Background(), propagation.MapCarrier(job.TraceContext))
+	_, span := w.q.tracer.Start(ctx, "queue.lease "+w.q.name, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithTimestamp(leasedAt), trace.WithAttributes(attribute.String("messaging.system", "oncegate"),
+			attribute.String("messaging.destination.name", w.q.name), attribute.String("messaging.message.id", job.ID),
+			attribute.Int64("job.epoch", job.Epoch), attribute.String("worker.id", w.id)))
+	span.End()
+}
+
 func (w *Worker) start(handlerCtx context.Context, job *Job) {
 	ctx, cancel := context.WithCancelCause(handlerCtx)
 	w.mu.Lock()
@@ -352,35 +369,50 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 			attribute.Int("job.stalls", job.Stalls)))
 	defer span.End()
 
+	started := time.Now()
+	outcome := "error"
+	defer func() {
+		if w.cfg.OnJobDone != nil {
+			w.cfg.OnJobDone(job, outcome, time.Since(started))
+		}
+	}()
 	err := w.call(ctx, job)
 	if cause := context.Cause(ctx); cause != nil {
 		// The lease was lost or handed back at close: the job is someone else's now, there is nothing to record.
-		w.log.Info("handler stopped", "job", job.ID, "epoch", job.Epoch, "cause", cause, "err", err)
+		w.log.InfoContext(ctx, "handler stopped", "job", job.ID, "epoch", job.Epoch, "cause", cause, "err", err)
+		outcome = "stopped"
 		return
 	}
 	if err == nil {
 		err = w.complete(job)
-		if errors.Is(err, ErrLeaseLost) {
-			w.log.Warn("job finished after its lease was lost; another worker owns it", "job", job.ID,
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			w.log.WarnContext(ctx, "job finished after its lease was lost; another worker owns it", "job", job.ID,
 				"epoch", job.Epoch)
-		} else if err != nil {
-			w.log.Error("complete failed; the job will run again after its lease", "job", job.ID, "err", err)
+			outcome = "lease_lost"
+		case err != nil:
+			w.log.ErrorContext(ctx, "complete failed; the job will run again after its lease", "job", job.ID, "err", err)
+		default:
+			outcome = "completed"
 		}
 		return
 	}
 	span.RecordError(err)
 	span.SetStatus(codes.Error, err.Error())
-	outcome, ferr := w.fail(job, err)
+	result, ferr := w.fail(job, err)
 	switch {
 	case errors.Is(ferr, ErrLeaseLost):
-		w.log.Warn("job failed after its lease was lost", "job", job.ID, "err", err)
+		w.log.WarnContext(ctx, "job failed after its lease was lost", "job", job.ID, "err", err)
+		outcome = "lease_lost"
 	case ferr != nil:
-		w.log.Error("recording a failure failed; the job will run again after its lease", "job", job.ID,
+		w.log.ErrorContext(ctx, "recording a failure failed; the job will run again after its lease", "job", job.ID,
 			"err", err, "record_err", ferr)
-	case outcome == "dead":
-		w.log.Error("job is dead", "job", job.ID, "attempt", job.Attempt, "err", err)
+	case result == "dead":
+		w.log.ErrorContext(ctx, "job is dead", "job", job.ID, "attempt", job.Attempt, "err", err)
+		outcome = "dead"
 	default:
-		w.log.Info("job failed; will retry", "job", job.ID, "attempt", job.Attempt, "err", err)
+		w.log.InfoContext(ctx, "job failed; will retry", "job", job.ID, "attempt", job.Attempt, "err", err)
+		outcome = "retry"
 	}
 }
 
@@ -555,6 +587,9 @@ func (w *Worker) sweepLoop(ctx context.Context) {
 		case err == nil && (res.Reclaimed > 0 || res.Dead > 0 || res.WorkersLost > 0):
 			w.log.Info("sweep reclaimed stalled jobs", "reclaimed", res.Reclaimed, "dead", res.Dead,
 				"workers_lost", res.WorkersLost)
+		}
+		if err == nil && res.Ran && w.cfg.OnSweep != nil {
+			w.cfg.OnSweep(res)
 		}
 		select {
 		case <-t.C:

@@ -15,8 +15,10 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/oncegate/oncegate/gateway"
+	"github.com/oncegate/oncegate/internal/telemetry"
 )
 
 func main() {
@@ -31,12 +33,21 @@ func main() {
 	level := fs.String("log-level", envOr("LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
 
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+	lv, err := telemetry.ParseLevel(*level)
+	if err != nil {
 		fatal(fmt.Errorf("--log-level: %w", err))
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv})).With("service", "gateway")
+	log := telemetry.Logger(os.Stderr, lv, "gateway")
 	slog.SetDefault(log)
+	tel, err := telemetry.Setup(context.Background(), "oncegate-gateway")
+	if err != nil {
+		fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
 
 	cfg, err := gateway.Load(*configPath)
 	if err != nil {
@@ -47,7 +58,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	g, err := gateway.New(cfg, gateway.Options{Logger: log})
+	g, err := gateway.New(cfg, gateway.Options{Logger: log, DriverTracing: tel.Children})
 	if err != nil {
 		fatal(err)
 	}

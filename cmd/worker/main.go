@@ -9,14 +9,20 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oncegate/oncegate/client"
+	"github.com/oncegate/oncegate/internal/metrics"
+	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/queue"
 )
@@ -46,14 +52,24 @@ func main() {
 	clickType := fs.String("click-type", "clicks", "effect type of click jobs' event")
 	orderType := fs.String("order-type", "order-webhook", "effect type of order jobs' webhook")
 	level := fs.String("log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error")
+	metricsAddr := fs.String("metrics", env("METRICS_ADDR", ""), "serve Prometheus /metrics on this address, as 127.0.0.1:9091")
 	_ = fs.Parse(os.Args[2:])
 
-	var lv slog.Level
-	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+	lv, err := telemetry.ParseLevel(*level)
+	if err != nil {
 		fatal(err)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: lv})).With("service", "worker")
+	log := telemetry.Logger(os.Stderr, lv, "worker")
 	slog.SetDefault(log)
+	tel, err := telemetry.Setup(context.Background(), "oncegate-worker")
+	if err != nil {
+		fatal(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(sctx)
+	}()
 
 	opts, err := redis.ParseURL(*redisURL)
 	if err != nil {
@@ -61,6 +77,10 @@ func main() {
 	}
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
+	// Redis calls appear in traces as children of a job's spans; background polling makes no traces.
+	if err := redisotel.InstrumentTracing(rdb, redisotel.WithTracerProvider(tel.Children)); err != nil {
+		fatal(err)
+	}
 	q, err := queue.New(rdb, *queueName, &queue.Options{Logger: log})
 	if err != nil {
 		fatal(err)
@@ -71,9 +91,23 @@ func main() {
 	}
 	h := jobs.Handlers(gw, jobs.Config{EmailType: *emailType, ClickType: *clickType, OrderType: *orderType,
 		Work: *work, Wait: *wait})
-	w, err := queue.NewWorker(q, h, &queue.WorkerConfig{Concurrency: *concurrency, DrainTimeout: *drain, Logger: log})
+	onDone, onSweep := metrics.Hooks(*queueName)
+	w, err := queue.NewWorker(q, h, &queue.WorkerConfig{Concurrency: *concurrency, DrainTimeout: *drain, Logger: log,
+		OnJobDone: onDone, OnSweep: onSweep})
 	if err != nil {
 		fatal(err)
+	}
+	if *metricsAddr != "" {
+		l, err := net.Listen("tcp", *metricsAddr)
+		if err != nil {
+			fatal(fmt.Errorf("--metrics: %w", err))
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.NewWorkerRegistry(q), promhttp.HandlerOpts{}))
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(l) }()
+		defer srv.Close()
+		log.Info("metrics served", "addr", l.Addr().String())
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()

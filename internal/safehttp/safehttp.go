@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -66,7 +68,8 @@ func Client(allowPrivate bool) *http.Client {
 		}
 	}
 	return &http.Client{
-		Transport: &http.Transport{
+		// Client spans, and the trace context to the destination.
+		Transport: otelhttp.NewTransport(&http.Transport{
 			Proxy:                 nil,
 			DialContext:           dialer.DialContext,
 			ForceAttemptHTTP2:     true,
@@ -74,7 +77,7 @@ func Client(allowPrivate bool) *http.Client {
 			IdleConnTimeout:       90 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
 			ResponseHeaderTimeout: 0, // the request's context carries the effect type's timeout
-		},
+		}),
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 }

@@ -18,10 +18,11 @@ WITH due AS (
         lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
     FROM due
     WHERE o.effect_id = due.effect_id
-    RETURNING o.effect_id, o.lease_token, due.rescued
+    RETURNING o.effect_id, o.lease_token, due.rescued, o.trace
 )
 UPDATE oncegate_effects e
 SET status = 'delivering', updated_at = now()
 FROM claimed
 WHERE e.id = claimed.effect_id
-RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.payload, e.attempts, e.created_at
+RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.payload, e.attempts, e.created_at,
+    claimed.trace

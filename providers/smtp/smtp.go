@@ -24,6 +24,11 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -224,7 +229,22 @@ func replyOutcome(stage string, err error) (providers.Outcome, bool) {
 	return providers.Retry(e), true
 }
 
+var tracer = otel.Tracer("github.com/oncegate/oncegate/providers/smtp")
+
 func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
+	ctx, span := tracer.Start(ctx, "smtp.send", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
+		attribute.String("server.address", p.host), attribute.String("smtp.message_id", p.MessageID(d))))
+	defer span.End()
+	o := p.deliver(ctx, d)
+	span.SetAttributes(attribute.String("effect.outcome", o.Kind.String()))
+	if o.Err != nil {
+		span.RecordError(o.Err)
+		span.SetStatus(codes.Error, o.Err.Error())
+	}
+	return o
+}
+
+func (p *Provider) deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
 	pl, err := parse(d.Payload)
 	if err != nil {
 		return providers.Failed(err, true)

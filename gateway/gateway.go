@@ -88,8 +88,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	}
 	pcfg.MaxConns = max(pcfg.MaxConns, 40)
 	if opts.DriverTracing != nil {
-		pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing),
-			otelpgx.WithTrimSQLInSpanName())
+		pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing))
 	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	if err != nil {

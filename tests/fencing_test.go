@@ -57,9 +57,9 @@ dispatcher: { poll_interval: 100ms }
 		t.Fatal(err)
 	}
 	link := newTCPProxy(t, redisAddr(t))
-	worker := func(redisURL string) *proctest.Proc {
-		cmd := exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(), "--wait", "15s",
-			"--gateway", base, "--api-key", apiKey, "--redis", redisURL, "--log-level", "debug")
+	worker := func(redisURL string, extra ...string) *proctest.Proc {
+		cmd := exec.Command(filepath.Join(bin, "worker"), append([]string{"run", "--queue", q.Name(), "--wait", "15s",
+			"--gateway", base, "--api-key", apiKey, "--redis", redisURL, "--log-level", "debug"}, extra...)...)
 		p := proctest.Start(t, cmd)
 		p.WaitLine("worker ", 30*time.Second)
 		return p
@@ -77,7 +77,8 @@ dispatcher: { poll_interval: 100ms }
 	hk.hold = nil
 	hk.mu.Unlock()
 
-	second := worker(testenv.RedisURL())
+	metricsAddr := freeTCPAddr(t)
+	second := worker(testenv.RedisURL(), "--metrics", metricsAddr)
 	defer second.Signal(syscall.SIGTERM)
 	var j *queue.Job
 	testenv.Eventually(t, 30*time.Second, "worker 2 finishes the job under epoch 2", func() bool {
@@ -109,6 +110,29 @@ dispatcher: { poll_interval: 100ms }
 	if n := pgtest.Count(t, pool, "SELECT epoch FROM oncegate_job_fences WHERE job_id = 'job-1'"); n != 2 {
 		t.Fatalf("the job's fence is at %d", n)
 	}
+
+	// The second worker's metrics: the job it completed, the stall it reclaimed, the queue's state.
+	m := scrape(t, "http://"+metricsAddr)
+	for _, want := range []string{
+		`oncegate_jobs_total{kind="effects",outcome="completed",queue="` + q.Name() + `"} 1`,
+		`oncegate_stalls_total{queue="` + q.Name() + `"} 1`,
+		`oncegate_queue_jobs{queue="` + q.Name() + `",state="completed"} 1`,
+		`oncegate_queue_jobs{queue="` + q.Name() + `",state="dead"} 0`,
+		`oncegate_queue_oldest_ready_seconds{queue="` + q.Name() + `"} 0`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("worker metrics lack %s", want)
+		}
+	}
+}
+
+func freeTCPAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
 func redisAddr(t *testing.T) string {

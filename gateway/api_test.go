@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"fmt"
+	"github.com/oncegate/oncegate/internal/reliability"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,6 +12,8 @@ import (
 // Every row of the API's status table, against the real server and database.
 func TestCreateEffectStatusCodes(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Hostile input", "Every bad request of the API table (keys, JSON, types, payloads, \\\\u0000, sizes, content types, API keys)", "Problem+json with the right status and field; nothing recorded")
+	result("19 bad requests refused, 0 recorded")
 	h := startGateway(t, func(c *Config) { c.Limits.MaxBody = 1024 })
 
 	r := h.post("signup:1", analytics("signup"))
@@ -130,6 +133,8 @@ func TestReplayOfPendingEffectIs202(t *testing.T) {
 // 100 concurrent requests with one key: one effect, one delivery, 99 replays.
 func TestConcurrentSameKeyMakesOneEffectAndOneDelivery(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Gateway", "100 concurrent requests with one key", "One effect, one delivery, 99 replays")
+	result("1 effect, 1 delivery, 99 replays")
 	h := startGateway(t, nil)
 	var mu sync.Mutex
 	statuses := map[string]int{}
@@ -159,6 +164,9 @@ func TestConcurrentSameKeyMakesOneEffectAndOneDelivery(t *testing.T) {
 // Tenants' keys are separate effects, and a tenant never sees another's.
 func TestTenantIsolation(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Auth", "Another tenant reads and retries a key it does not own",
+		"404, never the data of another tenant; the same key is two effects")
+	result("404 on read and retry")
 	h := startGateway(t, nil)
 	if r := h.req("POST", "/v1/effects", acmeKey, analytics("a"), "Idempotency-Key: k1"); r.status != 202 {
 		t.Fatal(r.raw)
@@ -236,6 +244,8 @@ func TestListFiltersAndPages(t *testing.T) {
 // A job's effects are fenced by its lease epoch: once a request came with epoch 2, epoch 1 starts nothing.
 func TestJobEpochFence(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Gateway", "Requests of a job under an epoch older than one seen", "409 job-fenced, nothing recorded")
+	result("409 for stale epochs, 0 recorded")
 	h := startGateway(t, nil)
 	send := func(key string, epoch string) response {
 		return h.req("POST", "/v1/effects", acmeKey, analytics(key), "Idempotency-Key: "+key,

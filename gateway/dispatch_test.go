@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/providers/postgres"
 )
 
@@ -73,6 +74,7 @@ func TestRetriesThenDeadThenOperatorRetry(t *testing.T) {
 // recovers. Other effect types are not held up.
 func TestBreakerOpensRowsWaitThenDrain(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Gateway", "A destination failing (missing table) for 10 effects, then recovering", "Breaker opens; rows wait uncharged; other types unaffected; all 10 delivered once after recovery")
 	h := startGateway(t, func(c *Config) {
 		c.EffectTypes["down"] = failingType("down_events",
 			&Retry{MaxAttempts: 5, BaseDelay: Duration(10 * time.Millisecond), MaxDelay: Duration(20 * time.Millisecond)},
@@ -93,6 +95,7 @@ func TestBreakerOpensRowsWaitThenDrain(t *testing.T) {
 	}
 	charged := h.count("SELECT COALESCE(sum(attempts), 0) FROM oncegate_effects WHERE type = 'down'")
 	t.Logf("%d attempts charged to 10 effects in 2s with the breaker opening after 3 failures", charged)
+	result(fmt.Sprintf("%d attempts charged to 10 effects in 2 s; 10/10 delivered after", charged))
 	if charged >= 30 {
 		t.Fatalf("%d attempts charged: rows were not held while the breaker was open", charged)
 	}
@@ -182,6 +185,8 @@ func TestGetWithWaitReturnsTerminalState(t *testing.T) {
 // same request succeeds and is delivered once.
 func TestPostgresDownGives503AndNothingHalfWritten(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Gateway", "Postgres stopped (immediate) under requests, then started", "503 with Retry-After during the outage, no half-written effect, the retried request delivered once")
+	result("503 x3, then 1 effect, 1 delivery")
 	cluster := pgtest.StartCluster(t)
 	dbURL := pgtest.DatabaseAt(t, cluster.URL())
 	cfg := testConfig(t, dbURL)

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gorilla/mux"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -155,6 +156,9 @@ func jobHeaders(r *http.Request) (string, int64, error) {
 // decodeCreate parses the request body strictly and returns the field at fault with its error.
 func decodeCreate(body []byte) (createRequest, string, error) {
 	var req createRequest
+	if !utf8.Valid(body) {
+		return req, "", errors.New("the body is not valid UTF-8, which JSON requires")
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {

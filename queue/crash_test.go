@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testenv"
 )
 
@@ -49,6 +50,7 @@ func (s *started) count(id string) int {
 // The killed worker's epoch can then neither complete, fail nor extend the job.
 func TestKilledWorkersJobIsLeasedAgainWithinLivenessTTL(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Queue", "Worker process SIGKILLed holding a job (defaults; lease TTL 60 s)", "Another worker runs the job within liveness TTL + sweep; the dead epoch can neither complete, fail nor extend it")
 	q, _ := newQueue(t, nil)
 	a := startWorkerProcess(t, q, "WORKER_HANDLER=block", "WORKER_LEASE_TTL=60s")
 	mustEnqueue(t, q, NewJob{ID: "signup:user_6"})
@@ -68,6 +70,7 @@ func TestKilledWorkersJobIsLeasedAgainWithinLivenessTTL(t *testing.T) {
 	case at := <-s.at:
 		t.Logf("job of the SIGKILLed worker ran again %v after the kill (liveness TTL %v, sweep every %v, lease TTL 60s)",
 			at.Sub(killed).Round(time.Millisecond), DefaultLivenessTTL, DefaultSweepInterval)
+		result(fmt.Sprintf("re-run %v after the kill", at.Sub(killed).Round(10*time.Millisecond)))
 		if at.Sub(killed) > bound {
 			t.Errorf("recovery took %v, want under %v", at.Sub(killed), bound)
 		}
@@ -106,6 +109,8 @@ func TestKilledWorkersJobIsLeasedAgainWithinLivenessTTL(t *testing.T) {
 // resumes, it learns of the loss and records nothing.
 func TestPausedWorkerResumesWithoutTouchingItsLostJob(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Queue", "Worker process SIGSTOPped past its liveness, then SIGCONT", "Its job completes elsewhere under epoch 2; the resumed worker records nothing")
+	result("lost its lease, recorded nothing")
 	q, _ := newQueue(t, nil)
 	a := startWorkerProcess(t, q, "WORKER_HANDLER=sleep", "WORKER_SLEEP=1500ms", "WORKER_LIVENESS_TTL=600ms")
 	mustEnqueue(t, q, NewJob{ID: "job"})
@@ -133,6 +138,8 @@ func TestPausedWorkerResumesWithoutTouchingItsLostJob(t *testing.T) {
 // A live worker's slow job keeps its lease however long it runs, while other workers sweep all along.
 func TestSlowJobOfLiveWorkerIsNeverReclaimed(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Queue", "A job running 10x its lease TTL while sweeps run every 20 ms", "Never reclaimed: one run, epoch 1, no stall")
+	result("one run, epoch 1, 0 stalls")
 	q, _ := newQueue(t, nil)
 	cfg := &WorkerConfig{LeaseTTL: 300 * time.Millisecond, LivenessTTL: 300 * time.Millisecond,
 		SweepInterval: 50 * time.Millisecond}
@@ -179,6 +186,8 @@ func TestSlowJobOfLiveWorkerIsNeverReclaimed(t *testing.T) {
 // sweep that runs anyway (the guard expired) finds nothing left to reclaim.
 func TestConcurrentSweepsReclaimEachJobOnce(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Queue", "Four sweepers at once over 200 expired leases", "Each job reclaimed once; one of four simultaneous sweeps passes the guard")
+	result("200 reclaims for 200 jobs")
 	q, rdb := newQueue(t, nil)
 	const n = 200
 	for i := range n {
@@ -255,6 +264,8 @@ func TestConcurrentSweepsReclaimEachJobOnce(t *testing.T) {
 // not run a third time.
 func TestJobThatKeepsKillingWorkersGoesDead(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Queue", "Two worker processes SIGKILLed by the same job", "The job is dead after max stalls with the reason, and never runs again")
+	result("dead: stalled 2 times (max 1)")
 	q, _ := newQueue(t, nil)
 	mustEnqueue(t, q, NewJob{ID: "poison"})
 	env := []string{"WORKER_HANDLER=block", "WORKER_LIVENESS_TTL=500ms", "WORKER_SWEEP_INTERVAL=100ms"}
@@ -283,6 +294,8 @@ func TestJobThatKeepsKillingWorkersGoesDead(t *testing.T) {
 // is up is back in ready the moment the process exits, with no attempt or stall counted.
 func TestGracefulCloseHandsUnfinishedJobsBackAtOnce(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Queue", "SIGTERM while a job runs past the drain timeout", "The job is ready the moment the process exits; no attempt or stall counted")
+	result("ready at exit, 0 failures, 0 stalls")
 	q, _ := newQueue(t, nil)
 	a := startWorkerProcess(t, q, "WORKER_HANDLER=block", "WORKER_DRAIN=300ms", "WORKER_LEASE_TTL=60s")
 	mustEnqueue(t, q, NewJob{ID: "long"})

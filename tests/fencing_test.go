@@ -18,6 +18,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testenv"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/queue"
@@ -29,6 +30,8 @@ import (
 // after its successor began, and the job's record is untouched.
 func TestPausedWorkerIsFencedByTheGateway(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Queue + gateway", "Worker SIGSTOPped mid-job and cut off from Redis; its job finished elsewhere; SIGCONT", "The gateway refuses its next effect with 409; each effect delivered once")
+	result("409 job-fenced; webhook 1x, audit 1x")
 	dbURL := pgtest.Database(t)
 	pool := pgtest.Pool(t, dbURL)
 	hk := newHooks(t)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testenv"
 )
 
@@ -93,6 +94,7 @@ func get(t *testing.T, base, key string) effect {
 // lease expires, and another gateway rescues and delivers it, once.
 func TestKilledGatewayMidDeliveryIsRescuedByAnother(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Gateway", "Gateway SIGKILLed inside a delivery (analytics insert blocked)", "Another gateway rescues the row after its lease; one row inserted")
 	dbURL := pgtest.Database(t)
 	pool := pgtest.Pool(t, dbURL)
 	ctx := context.Background()
@@ -127,6 +129,7 @@ func TestKilledGatewayMidDeliveryIsRescuedByAnother(t *testing.T) {
 	})
 	t.Logf("delivered by the second gateway %v after the first was SIGKILLed (lease: timeout 3s + margin 1s)",
 		time.Since(killed).Round(10*time.Millisecond))
+	result(fmt.Sprintf("rescued and delivered %v after the kill; 1 row", time.Since(killed).Round(100*time.Millisecond)))
 	if n := pgtest.Count(t, pool, "SELECT count(*) FROM analytics_events WHERE key = 'order:1'"); n != 1 {
 		t.Fatalf("%d analytics rows, want exactly 1", n)
 	}
@@ -145,6 +148,7 @@ func TestKilledGatewayMidDeliveryIsRescuedByAnother(t *testing.T) {
 // attempt, and no lease is ever lost.
 func TestTwoGatewaysDeliverEachEffectOnce(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Gateway", "Two live gateways dispatching one outbox (400 effects)", "Each effect delivered once, in one attempt; no lease lost; both gateways worked")
 	dbURL := pgtest.Database(t)
 	pool := pgtest.Pool(t, dbURL)
 	config := gatewayConfig(t, dbURL, "    concurrency: 8")
@@ -184,6 +188,7 @@ func TestTwoGatewaysDeliverEachEffectOnce(t *testing.T) {
 	da := attemptsIn(scrape(t, baseA))
 	db := attemptsIn(scrape(t, baseB))
 	t.Logf("gateway A delivered %d, gateway B %d", da, db)
+	result(fmt.Sprintf("A %d + B %d = %d deliveries, all in 1 attempt", da, db, da+db))
 	if da+db != n || da == 0 || db == 0 {
 		t.Fatalf("deliveries A=%d B=%d, want both working and %d in all", da, db, n)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/smtptest"
 	"github.com/oncegate/oncegate/internal/testenv"
 )
@@ -157,6 +158,8 @@ dispatcher: { poll_interval: 100ms }
 // same webhook-id, under at_most_once it marks it unknown and sends nothing.
 func TestKilledGatewayMidWebhookFollowsOnCrash(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Providers", "Gateway SIGKILLed while a webhook is in flight", "at_least_once: resent with the same webhook-id; at_most_once: unknown, not resent")
+	result("at_least_once: 2 sends, 1 webhook-id; at_most_once: 1 send, unknown")
 	for _, policy := range []string{"at_least_once", "at_most_once"} {
 		t.Run(policy, func(t *testing.T) {
 			t.Parallel()

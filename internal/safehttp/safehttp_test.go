@@ -3,6 +3,7 @@ package safehttp
 import (
 	"context"
 	"errors"
+	"github.com/oncegate/oncegate/internal/reliability"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -31,6 +32,8 @@ func TestForbiddenAddresses(t *testing.T) {
 
 // The guard runs at dial time: a loopback server is unreachable, whatever name or form the URL uses.
 func TestClientRefusesPrivateDestinationsAtDialTime(t *testing.T) {
+	result := reliability.Record(t, "SSRF", "Requests to loopback by IP, by name, IPv6 and IPv4-mapped forms", "Refused at dial time (after DNS), failed for good")
+	result("all refused: ErrForbiddenAddress")
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }))
 	defer srv.Close()
 	port := srv.Listener.Addr().(interface{ AddrPort() netip.AddrPort }).AddrPort().Port()

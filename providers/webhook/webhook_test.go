@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/providers"
 	"github.com/oncegate/oncegate/providers/providertest"
 )
@@ -210,6 +211,8 @@ func TestConfigIsChecked(t *testing.T) {
 // comes from; a redirect is not followed, so it cannot lead a request anywhere.
 func TestPrivateDestinationsAndRedirectsAreRefused(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "SSRF", "Webhook to loopback (default URL, allowed host names, ::1), a redirect to another server", "Refused before or at dial; redirects not followed; the receivers got nothing")
+	result("0 requests reached")
 	r := newReceiver(t)
 	p, err := New(Config{URL: r.srv.URL, Secret: secretA, AllowedHosts: []string{"localhost", "*.internal.test"}})
 	if err != nil {

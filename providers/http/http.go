@@ -44,6 +44,9 @@ type Provider struct {
 	headers http.Header
 	keep    []string
 	client  *http.Client
+	// redact holds the configured header values (credentials, typically), which are cut out of every stored
+	// response: an upstream that echoes its request must not hand them to the tenant reading the result.
+	redact *strings.Replacer
 }
 
 // New checks the configuration and returns a provider.
@@ -53,12 +56,20 @@ func New(c Config) (*Provider, error) {
 		return nil, fmt.Errorf("http: base_url %q: want an http or https URL with a host and no user info", c.BaseURL)
 	}
 	p := &Provider{base: u, headers: http.Header{}, client: safehttp.Client(c.AllowPrivateNetworks)}
+	var pairs []string
 	for k, v := range c.Headers {
 		if err := checkHeader(k, v); err != nil {
 			return nil, fmt.Errorf("http: headers: %w", err)
 		}
 		p.headers.Set(k, v)
+		if len(v) >= 8 {
+			pairs = append(pairs, v, "[redacted]")
+		}
+		if _, token, ok := strings.Cut(v, " "); ok && len(token) >= 8 {
+			pairs = append(pairs, token, "[redacted]")
+		}
 	}
+	p.redact = strings.NewReplacer(pairs...)
 	p.keep = c.KeepHeaders
 	if len(p.keep) == 0 {
 		p.keep = []string{"Content-Type", "Location", "ETag", "Retry-After"}
@@ -165,10 +176,10 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	kept := map[string]string{}
 	for _, h := range p.keep {
 		if v := resp.Header.Get(h); v != "" {
-			kept[h] = v
+			kept[h] = p.redact.Replace(v)
 		}
 	}
-	result := map[string]any{"status": resp.StatusCode, "headers": kept, "body": string(answer)}
+	result := map[string]any{"status": resp.StatusCode, "headers": kept, "body": p.redact.Replace(string(answer))}
 	if truncated {
 		result["body_truncated"] = true
 	}

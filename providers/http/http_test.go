@@ -171,3 +171,31 @@ func TestPrivateUpstreamRefusedUnlessAllowed(t *testing.T) {
 		t.Error("a configured header with CR/LF was accepted")
 	}
 }
+
+// An upstream that echoes its request does not hand the configured credentials to whoever reads the result.
+func TestConfiguredCredentialsAreRedactedFromResults(t *testing.T) {
+	t.Parallel()
+	echo := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/echo?auth="+r.Header.Get("Authorization"))
+		w.WriteHeader(200)
+		_, _ = w.Write([]byte("you sent: " + r.Header.Get("Authorization") + " and " + r.Header.Get("X-Api-Key")))
+	}))
+	defer echo.Close()
+	p, err := New(Config{BaseURL: echo.URL, AllowPrivateNetworks: true,
+		Headers: map[string]string{"Authorization": "Bearer sk_live_secret123", "X-Api-Key": "key-abcdef12"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := p.Deliver(context.Background(), delivery("echo", `{"method":"GET","path":"/"}`))
+	if o.Kind != providers.KindDelivered {
+		t.Fatalf("%v %v", o.Kind, o.Err)
+	}
+	for _, secret := range []string{"sk_live_secret123", "key-abcdef12"} {
+		if strings.Contains(string(o.Result), secret) {
+			t.Fatalf("result holds %q: %s", secret, o.Result)
+		}
+	}
+	if !strings.Contains(string(o.Result), "[redacted]") {
+		t.Fatalf("result %s", o.Result)
+	}
+}

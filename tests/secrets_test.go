@@ -1,0 +1,135 @@
+package tests
+
+import (
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/jaegertest"
+	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/internal/smtptest"
+)
+
+// API keys, webhook secrets, upstream credentials and SMTP passwords never appear in the gateway's logs (at
+// debug level), its metrics, its error bodies, or its traces, whatever requests and failures it meets.
+func TestSecretsNeverLeak(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Secrets", "Requests with right, wrong and other tenants' keys; failing deliveries with credentials configured",
+		"No API key, webhook secret, upstream token or SMTP password in logs, metrics, error bodies or traces")
+	const (
+		acmeKey     = "acme-key-Qx7pL2mZ9vR4"
+		otherKey    = "globex-key-Hk3nW8sT1yB6"
+		wrongKey    = "guessed-key-Ue5cJ0aF"
+		upstreamTok = "sk_live_Tn4qV9wX2zK7"
+		smtpPass    = "smtp-pass-Lr8dM3eG6"
+	)
+	hookKey := []byte("webhook-key-Ps2oY5iA8uQ1wE4rT7y")
+	secret := "whsec_" + base64.StdEncoding.EncodeToString(hookKey)
+	secrets := []string{acmeKey, otherKey, wrongKey, upstreamTok, smtpPass, secret, base64.StdEncoding.EncodeToString(hookKey)}
+
+	jg := (*jaegertest.Jaeger)(nil)
+	if jaegertest.Binary() != "" {
+		jg = jaegertest.Start(t)
+	}
+	dbURL := pgtest.Database(t)
+	mail := smtptest.Start(t)
+	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.WriteHeader(500)
+		fmt.Fprintf(w, "upstream echo: %s", r.Header.Get("Authorization")) // a hostile upstream echoing the token
+	}))
+	defer failing.Close()
+	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants:
+  acme: { api_keys: [%s] }
+  globex: { api_keys: [%s] }
+effect_types:
+  hook: { provider: webhook, webhook: { url: "%s", secret: "%s", allow_private_networks: true }, retry: { max_attempts: 2, base_delay: 10ms } }
+  proxy: { provider: http, http: { base_url: "%s", headers: { Authorization: "Bearer %s" }, allow_private_networks: true }, retry: { max_attempts: 2, base_delay: 10ms } }
+  email: { provider: smtp, smtp: { addr: "%s", from: "a@b.test", username: u, password: %s }, retry: { max_attempts: 2, base_delay: 10ms } }
+dispatcher: { poll_interval: 100ms }
+`, dbURL, acmeKey, otherKey, failing.URL, secret, failing.URL, upstreamTok, mail.Addr, smtpPass))
+	cmd := exec.Command(filepath.Join(bin, "gateway"), "serve", "--config", config, "--log-level", "debug")
+	if jg != nil {
+		cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT="+jg.OTLP, "OTEL_BSP_SCHEDULE_DELAY=100")
+	}
+	p := proctest.Start(t, cmd)
+	base := "http://" + strings.TrimPrefix(p.WaitLine("listening ", 30*time.Second), "listening ")
+
+	var bodies []string
+	do := func(method, path, key, idem, body string) {
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if idem != "" {
+			req.Header.Set("Idempotency-Key", idem)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		bodies = append(bodies, string(b))
+	}
+	do("POST", "/v1/effects", wrongKey, "k1", `{"type":"hook","payload":{"event":"e","data":1}}`)
+	do("POST", "/v1/effects", "", "k1", `{"type":"hook","payload":{"event":"e","data":1}}`)
+	do("POST", "/v1/effects", acmeKey, "k1", `{"type":"hook","payload":{"event":"e","data":1}}`)
+	do("POST", "/v1/effects", acmeKey, "k2", `{"type":"proxy","payload":{"method":"POST","path":"/charge"}}`)
+	do("POST", "/v1/effects", acmeKey, "k3", `{"type":"email","payload":{"to":["x@y.test"],"subject":"s","text":"t"}}`)
+	do("POST", "/v1/effects", acmeKey, "k1", `{"type":"hook","payload":{"event":"other","data":2}}`)
+	do("POST", "/v1/effects", acmeKey, "", `{"type":"hook"}`)
+	do("GET", "/v1/effects/k1", otherKey, "", "")
+	time.Sleep(1500 * time.Millisecond) // let the deliveries fail and exhaust their retries
+	for _, k := range []string{"k1", "k2", "k3"} {
+		do("GET", "/v1/effects/"+k+"?wait=5s", acmeKey, "", "")
+	}
+	do("GET", "/v1/effects?status=dead", acmeKey, "", "")
+	metrics := scrape(t, base)
+	time.Sleep(500 * time.Millisecond)
+	logs := p.Log()
+
+	places := map[string]string{"logs": logs, "metrics": metrics, "error bodies and effects": strings.Join(bodies, "\n")}
+	if jg != nil {
+		places["traces"] = jaegerDump(t, jg.Query)
+	}
+	for where, text := range places {
+		for _, s := range secrets {
+			if strings.Contains(text, s) {
+				i := strings.Index(text, s)
+				t.Errorf("%s contain the secret %q: …%s…", where, s, text[max(0, i-120):min(len(text), i+40)])
+			}
+		}
+	}
+	if !strings.Contains(logs, "delivery failed") {
+		t.Fatalf("the deliveries did not fail as planned; the test proved nothing:\n%s", logs)
+	}
+	result(fmt.Sprintf("%d secrets, 0 found in %d places (%d bytes of logs)", len(secrets), len(places), len(logs)))
+}
+
+// jaegerDump returns every trace of the gateway service as Jaeger stores it.
+func jaegerDump(t *testing.T, query string) string {
+	resp, err := http.Get(query + "/api/traces?service=oncegate-gateway&limit=1000&lookback=1h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if len(b) < 100 {
+		t.Fatalf("no traces to search: %s", b)
+	}
+	return string(b)
+}

@@ -36,6 +36,7 @@ func workerProcess() int {
 		return d
 	}
 	opts, err := redis.ParseURL(testenv.RedisURL())
+	opts.MaxRetries = -1 // report errors at once: the worker's own loops retry with backoff
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

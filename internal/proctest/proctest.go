@@ -21,13 +21,16 @@ import (
 
 // Proc is a running child process.
 type Proc struct {
-	t     testing.TB
-	cmd   *exec.Cmd
-	lines chan string
-	done  chan struct{}
-	mu    sync.Mutex
-	log   bytes.Buffer // stderr, shown when the test fails
-	err   error
+	t      testing.TB
+	cmd    *exec.Cmd
+	done   chan struct{}
+	notify chan struct{} // rung when a line arrives or stdout closes
+	mu     sync.Mutex
+	lines  []string // every stdout line, kept whole so a chatty child never blocks on its stdout
+	next   int      // the first line WaitLine has not looked at
+	closed bool
+	log    bytes.Buffer // stderr, shown when the test fails
+	err    error
 }
 
 // ReExec starts the test binary itself with role in the environment variable PROCTEST_ROLE and env added.
@@ -45,7 +48,7 @@ func Role() string { return os.Getenv("PROCTEST_ROLE") }
 // the test ends, if it still runs.
 func Start(t testing.TB, cmd *exec.Cmd) *Proc {
 	t.Helper()
-	p := &Proc{t: t, cmd: cmd, lines: make(chan string, 1024), done: make(chan struct{})}
+	p := &Proc{t: t, cmd: cmd, done: make(chan struct{}), notify: make(chan struct{}, 1)}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -62,10 +65,16 @@ func Start(t testing.TB, cmd *exec.Cmd) *Proc {
 		sc := bufio.NewScanner(stdout)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		for sc.Scan() {
-			p.lines <- sc.Text()
+			p.mu.Lock()
+			p.lines = append(p.lines, sc.Text())
+			p.mu.Unlock()
+			p.ring()
 		}
 		p.err = cmd.Wait()
-		close(p.lines)
+		p.mu.Lock()
+		p.closed = true
+		p.mu.Unlock()
+		p.ring()
 		close(p.done)
 	}()
 	t.Cleanup(func() {
@@ -88,19 +97,34 @@ func (p *Proc) Log() string {
 	return p.log.String()
 }
 
+func (p *Proc) ring() {
+	select {
+	case p.notify <- struct{}{}:
+	default:
+	}
+}
+
 // WaitLine returns the next stdout line that starts with prefix, skipping others, or fails the test after d.
 func (p *Proc) WaitLine(prefix string, d time.Duration) string {
 	p.t.Helper()
 	timeout := time.After(d)
 	for {
-		select {
-		case l, ok := <-p.lines:
-			if !ok {
-				p.t.Fatalf("pid %d exited (%v) before printing %q; stderr:\n%s", p.Pid(), p.err, prefix, p.Log())
-			}
+		p.mu.Lock()
+		for p.next < len(p.lines) {
+			l := p.lines[p.next]
+			p.next++
 			if strings.HasPrefix(l, prefix) {
+				p.mu.Unlock()
 				return l
 			}
+		}
+		closed := p.closed
+		p.mu.Unlock()
+		if closed {
+			p.t.Fatalf("pid %d exited (%v) before printing %q; stderr:\n%s", p.Pid(), p.err, prefix, p.Log())
+		}
+		select {
+		case <-p.notify:
 		case <-timeout:
 			p.t.Fatalf("pid %d printed no %q within %v; stderr:\n%s", p.Pid(), prefix, d, p.Log())
 		}
@@ -125,10 +149,6 @@ func (p *Proc) Kill() {
 // Wait waits for the process to exit and returns its exit error (nil for exit status 0).
 func (p *Proc) Wait(d time.Duration) error {
 	p.t.Helper()
-	go func() {
-		for range p.lines { // drain, so the reader can reach Wait
-		}
-	}()
 	select {
 	case <-p.done:
 		return p.err

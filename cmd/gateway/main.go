@@ -15,7 +15,6 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/telemetry"
@@ -33,21 +32,11 @@ func main() {
 	level := fs.String("log-level", envOr("LOG_LEVEL", "info"), "debug, info, warn or error")
 	_ = fs.Parse(args)
 
-	lv, err := telemetry.ParseLevel(*level)
-	if err != nil {
-		fatal(fmt.Errorf("--log-level: %w", err))
-	}
-	log := telemetry.Logger(os.Stderr, lv, "gateway")
-	slog.SetDefault(log)
-	tel, err := telemetry.Setup(context.Background(), "oncegate-gateway")
+	log, tel, stopTelemetry, err := telemetry.Start(*level, "gateway")
 	if err != nil {
 		fatal(err)
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = tel.Shutdown(sctx)
-	}()
+	defer stopTelemetry()
 
 	cfg, err := gateway.Load(*configPath)
 	if err != nil {

@@ -55,21 +55,11 @@ func main() {
 	metricsAddr := fs.String("metrics", env("METRICS_ADDR", ""), "serve Prometheus /metrics on this address, as 127.0.0.1:9091")
 	_ = fs.Parse(os.Args[2:])
 
-	lv, err := telemetry.ParseLevel(*level)
+	log, tel, stopTelemetry, err := telemetry.Start(*level, "worker")
 	if err != nil {
 		fatal(err)
 	}
-	log := telemetry.Logger(os.Stderr, lv, "worker")
-	slog.SetDefault(log)
-	tel, err := telemetry.Setup(context.Background(), "oncegate-worker")
-	if err != nil {
-		fatal(err)
-	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = tel.Shutdown(sctx)
-	}()
+	defer stopTelemetry()
 
 	opts, err := redis.ParseURL(*redisURL)
 	if err != nil {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/oncegate/oncegate/internal/smtptest"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/providers"
 	"github.com/oncegate/oncegate/queue"
@@ -97,11 +96,11 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		cfg.Gateways = 2
 	}
 	started := time.Now()
-	mail, err := smtptest.New("127.0.0.1:0")
+	mail, q, cleanup, err := stage(env, "chaos")
 	if err != nil {
 		return ChaosReport{}, err
 	}
-	defer mail.Close()
+	defer cleanup()
 	var hmu sync.Mutex
 	hooks := map[string]int{}
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -113,16 +112,6 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	}))
 	defer receiver.Close()
 
-	rdb, err := redisClient(env)
-	if err != nil {
-		return ChaosReport{}, err
-	}
-	defer rdb.Close()
-	q, err := queue.New(rdb, fmt.Sprintf("killtest-chaos-%d", time.Now().UnixNano()), &queue.Options{Logger: quiet()})
-	if err != nil {
-		return ChaosReport{}, err
-	}
-	defer func() { _ = q.Destroy(context.Background()) }()
 	dbURL, drop, err := createDatabase(ctx, env.DatabaseURL)
 	if err != nil {
 		return ChaosReport{}, err

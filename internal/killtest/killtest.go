@@ -237,23 +237,38 @@ func leaseRun(ctx context.Context, name string, srv *smtptest.Server, q *queue.Q
 	return r, nil
 }
 
-// LeaseDirect: jobs in the Redis lease queue; the worker sends the email itself, then completes the job.
-func LeaseDirect(ctx context.Context, env Env) (Row, error) {
+// stage brings up what a lease strategy needs: an SMTP server that counts the emails, and a queue of its own
+// on the Redis at env.RedisURL. cleanup removes both.
+func stage(env Env, name string) (*smtptest.Server, *queue.Queue, func(), error) {
 	srv, err := smtptest.New("127.0.0.1:0")
 	if err != nil {
-		return Row{}, err
+		return nil, nil, nil, err
 	}
-	defer srv.Close()
 	rdb, err := redisClient(env)
 	if err != nil {
-		return Row{}, err
+		srv.Close()
+		return nil, nil, nil, err
 	}
-	defer rdb.Close()
-	q, err := queue.New(rdb, fmt.Sprintf("killtest-direct-%d", time.Now().UnixNano()), &queue.Options{Logger: quiet()})
+	q, err := queue.New(rdb, fmt.Sprintf("killtest-%s-%d", name, time.Now().UnixNano()), &queue.Options{Logger: quiet()})
+	if err != nil {
+		srv.Close()
+		rdb.Close()
+		return nil, nil, nil, err
+	}
+	return srv, q, func() {
+		_ = q.Destroy(context.Background())
+		_ = rdb.Close()
+		_ = srv.Close()
+	}, nil
+}
+
+// LeaseDirect: jobs in the Redis lease queue; the worker sends the email itself, then completes the job.
+func LeaseDirect(ctx context.Context, env Env) (Row, error) {
+	srv, q, cleanup, err := stage(env, "direct")
 	if err != nil {
 		return Row{}, err
 	}
-	defer func() { _ = q.Destroy(context.Background()) }()
+	defer cleanup()
 	return leaseRun(ctx, "lease queue, worker sends the email itself", srv, q, func() (*proc, error) {
 		return start(env, env.Self, []string{"child", "direct", "--smtp", srv.Addr, "--queue", q.Name()},
 			"REDIS_URL="+env.RedisURL)
@@ -263,21 +278,11 @@ func LeaseDirect(ctx context.Context, env Env) (Row, error) {
 // Oncegate: jobs in the lease queue; the reference worker asks the gateway for the email under the key
 // welcome-email:<job id>; the re-run of user_6's job is a replay.
 func Oncegate(ctx context.Context, env Env) (Row, error) {
-	srv, err := smtptest.New("127.0.0.1:0")
+	srv, q, cleanup, err := stage(env, "oncegate")
 	if err != nil {
 		return Row{}, err
 	}
-	defer srv.Close()
-	rdb, err := redisClient(env)
-	if err != nil {
-		return Row{}, err
-	}
-	defer rdb.Close()
-	q, err := queue.New(rdb, fmt.Sprintf("killtest-oncegate-%d", time.Now().UnixNano()), &queue.Options{Logger: quiet()})
-	if err != nil {
-		return Row{}, err
-	}
-	defer func() { _ = q.Destroy(context.Background()) }()
+	defer cleanup()
 
 	dbURL, drop, err := createDatabase(ctx, env.DatabaseURL)
 	if err != nil {

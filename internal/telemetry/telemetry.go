@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -126,4 +127,25 @@ func ParseLevel(s string) (slog.Level, error) {
 	var lv slog.Level
 	err := lv.UnmarshalText([]byte(s))
 	return lv, err
+}
+
+// Start sets up a binary's logs and tracing: a JSON logger at level (debug, info, warn or error), installed
+// as slog's default, with service=name on every record; and tracing from the environment as service
+// "oncegate-<name>". stop flushes and stops the exporter.
+func Start(level, name string) (log *slog.Logger, tel *Telemetry, stop func(), err error) {
+	lv, err := ParseLevel(level)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("log level: %w", err)
+	}
+	log = Logger(os.Stderr, lv, name)
+	slog.SetDefault(log)
+	tel, err = Setup(context.Background(), "oncegate-"+name)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return log, tel, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = tel.Shutdown(ctx)
+	}, nil
 }

@@ -45,7 +45,7 @@ func main() {
 	for _, r := range rows {
 		if r.Area != area {
 			area = r.Area
-			fmt.Fprintf(&b, "\n## %s\n\n| fault | checked | result | | command |\n|---|---|---|---|---|\n", area)
+			fmt.Fprintf(&b, "\n## %s\n\n| fault | checked | result | status | command |\n|---|---|---|---|---|\n", area)
 		}
 		if r.Status != "PASS" {
 			fails++

@@ -2,6 +2,8 @@ package gateway
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
@@ -12,6 +14,9 @@ import (
 
 	"github.com/oncegate/oncegate/internal/backoff"
 )
+
+// listenIdle is how long the listener waits for a notification before it checks its connection.
+const listenIdle = 15 * time.Second
 
 // listener holds one connection that LISTENs for the gateways' notifications: new outbox rows (wake the
 // dispatcher) and effects that became terminal (wake requests waiting on them). After a reconnect, everyone is
@@ -57,7 +62,20 @@ func (l *listener) listen(ctx context.Context, connected func()) error {
 	l.onOutbox()
 	l.waiters.wakeAll()
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		// Wait in slices and ping when idle: a connection that a network fault left dead without an error
+		// (a blackhole) is found and replaced within a slice, not after the OS's keepalive gives up.
+		wctx, cancel := context.WithTimeout(ctx, listenIdle)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err = conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("idle connection failed its ping: %w", err)
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}

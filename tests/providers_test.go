@@ -40,7 +40,10 @@ func newHooks(t *testing.T) *hooks {
 		h.byID[id]++
 		hold := h.hold
 		h.mu.Unlock()
-		h.arrived <- id
+		select { // tests that do not watch arrivals must not stall the receiver
+		case h.arrived <- id:
+		default:
+		}
 		if hold != nil {
 			select {
 			case <-hold:

@@ -9,6 +9,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -41,12 +44,14 @@ type ChaosRow struct {
 
 // ChaosReport is what a chaos run found.
 type ChaosReport struct {
-	Rows        []ChaosRow     `json:"rows"`
-	Kills       map[string]int `json:"kills"`
-	Seconds     float64        `json:"seconds"`
-	DeadJobs    int64          `json:"dead_jobs"`
-	LostTotal   int            `json:"lost_total"`
-	AnalyticDup int            `json:"analytics_duplicates"`
+	Rows     []ChaosRow     `json:"rows"`
+	Kills    map[string]int `json:"kills"`
+	Seconds  float64        `json:"seconds"`
+	DeadJobs int64          `json:"dead_jobs"`
+	// Memory has, per process that was never killed, its resident memory (MiB) sampled every 2 s.
+	Memory      map[string][]float64 `json:"memory_mib,omitempty"`
+	LostTotal   int                  `json:"lost_total"`
+	AnalyticDup int                  `json:"analytics_duplicates"`
 }
 
 // OK is true when nothing was lost and no analytics event was recorded twice.
@@ -180,6 +185,8 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	}
 
 	kills := map[string]int{}
+	memory := map[string][]float64{}
+	nextSample := time.Now()
 	next := time.Now().Add(jitter(cfg.KillEvery))
 	deadline := time.Now().Add(10 * time.Minute)
 	for {
@@ -193,7 +200,15 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		if time.Now().After(deadline) {
 			return ChaosReport{}, fmt.Errorf("jobs unfinished after 10 minutes: %v", s.Counts)
 		}
-		if time.Now().After(next) {
+		if time.Now().After(nextSample) {
+			for _, m := range members {
+				if kills[m.name] == 0 {
+					memory[m.name] = append(memory[m.name], rssMiB(m.current().cmd.Process.Pid))
+				}
+			}
+			nextSample = time.Now().Add(2 * time.Second)
+		}
+		if cfg.KillEvery > 0 && time.Now().After(next) {
 			m := members[rand.IntN(len(members))]
 			m.current().kill()
 			kills[m.name]++
@@ -226,7 +241,12 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	}
 
 	st, _ := q.Stats(ctx)
-	report := ChaosReport{Kills: kills, DeadJobs: st.Counts[queue.StateDead]}
+	report := ChaosReport{Kills: kills, DeadJobs: st.Counts[queue.StateDead], Memory: map[string][]float64{}}
+	for name, samples := range memory {
+		if kills[name] == 0 && len(samples) > 0 {
+			report.Memory[name] = samples
+		}
+	}
 	byRecipient := count(mail)
 	hmu.Lock()
 	hookCounts := hooks
@@ -253,6 +273,21 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	return report, nil
 }
 
+// rssMiB reads a process's resident memory from /proc, in MiB (0 where /proc is not there).
+func rssMiB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
 func tally(r *ChaosRow, n int) {
 	switch {
 	case n == 0:
@@ -275,6 +310,19 @@ func ChaosTable(r ChaosReport) string {
 	for _, row := range r.Rows {
 		fmt.Fprintf(&b, "| %-23s | %4d | %9d | %4d | %10d | %s |\n", row.Type, row.Jobs, row.Delivered, row.Lost,
 			row.Duplicated, row.CountedBy)
+	}
+	names := make([]string, 0, len(r.Memory))
+	for n := range r.Memory {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		s := r.Memory[n]
+		peak := 0.0
+		for _, v := range s {
+			peak = max(peak, v)
+		}
+		fmt.Fprintf(&b, "\nmemory of %s (never killed): %.1f MiB at the first sample, %.1f at the last, %.1f at the peak, %d samples", n, s[0], s[len(s)-1], peak, len(s))
 	}
 	return b.String()
 }

@@ -34,6 +34,7 @@ func main() {
 	verbose := flag.Bool("v", false, "show the processes' logs")
 	chaosJobs := flag.Int("jobs", 0, "chaos mode: run this many jobs of the three demo kinds while killing processes")
 	killEvery := flag.Duration("kill-every", 2*time.Second, "chaos mode: mean time between SIGKILLs of a random worker or gateway")
+	spare := flag.Bool("spare", false, "chaos mode: never kill gateway-0 and worker-0, and report their memory (a soak)")
 	flag.Parse()
 
 	self, err := os.Executable()
@@ -51,7 +52,7 @@ func main() {
 	}
 	ctx := context.Background()
 	if *chaosJobs > 0 {
-		chaos(ctx, env, *chaosJobs, *killEvery, *asJSON)
+		chaos(ctx, env, *chaosJobs, *killEvery, *spare, *asJSON)
 		return
 	}
 	var rows []killtest.Row
@@ -91,8 +92,8 @@ func main() {
 	}
 }
 
-func chaos(ctx context.Context, env killtest.Env, n int, every time.Duration, asJSON bool) {
-	r, err := killtest.Chaos(ctx, env, killtest.ChaosConfig{Jobs: n, KillEvery: every})
+func chaos(ctx context.Context, env killtest.Env, n int, every time.Duration, spare, asJSON bool) {
+	r, err := killtest.Chaos(ctx, env, killtest.ChaosConfig{Jobs: n, KillEvery: every, Spare: spare})
 	if err != nil {
 		fatal(err)
 	}

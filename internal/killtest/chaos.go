@@ -29,6 +29,8 @@ type ChaosConfig struct {
 	KillEvery time.Duration // mean time between kills
 	Workers   int           // worker processes (default 3)
 	Gateways  int           // gateway processes (default 2); workers spread over them
+	// Spare keeps gateway-0 and worker-0 alive through the run, so a soak can watch their memory.
+	Spare bool
 }
 
 // ChaosRow is one effect type's outcome.
@@ -194,7 +196,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		if err != nil {
 			return ChaosReport{}, err
 		}
-		if s.Counts[queue.StateCompleted]+s.Counts[queue.StateDead] >= int64(per*3) {
+		// Done when nothing is left to run. Completed jobs are not counted: workers keep only so many
+		// (retention), and the effects are counted at the destinations anyway.
+		if s.Counts[queue.StateReady]+s.Counts[queue.StateDelayed]+s.Counts[queue.StateActive] == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -210,6 +214,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		}
 		if cfg.KillEvery > 0 && time.Now().After(next) {
 			m := members[rand.IntN(len(members))]
+			for cfg.Spare && strings.HasSuffix(m.name, "-0") {
+				m = members[rand.IntN(len(members))]
+			}
 			m.current().kill()
 			kills[m.name]++
 			if err := m.restart(); err != nil {

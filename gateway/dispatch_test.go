@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/internal/testenv"
 	"github.com/oncegate/oncegate/providers/postgres"
 )
 
@@ -238,4 +240,75 @@ func TestPostgresDownGives503AndNothingHalfWritten(t *testing.T) {
 	if r := h.req("GET", "/readyz", "", ""); r.status != 200 {
 		t.Fatalf("readyz after the outage: %d %s", r.status, r.raw)
 	}
+}
+
+// Postgres stopped and restarted while four clients keep posting and the dispatcher keeps delivering:
+// requests during the outage get 503, no effect is recorded without its outbox row, and every acknowledged
+// effect is delivered once Postgres is back.
+func TestPostgresOutageUnderLoad(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Gateway", "Postgres stopped for 2 s and restarted under 4 concurrent clients, dispatcher running",
+		"503 + Retry-After during the outage; no effect without its outbox row; every acknowledged effect delivered after")
+	cluster := pgtest.StartCluster(t)
+	dbURL := pgtest.DatabaseAt(t, cluster.URL())
+	cfg := testConfig(t, dbURL)
+	if err := cfg.fill(); err != nil {
+		t.Fatal(err)
+	}
+	h := serve(t, cfg)
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	statuses := map[int]int{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("w%d-%d", w, i)
+				r := h.post(key, analytics("load"))
+				mu.Lock()
+				statuses[r.status]++
+				if r.status == 202 || r.status == 200 {
+					acked[key] = true
+				}
+				if r.status == 503 && r.header.Get("Retry-After") == "" {
+					t.Errorf("503 without Retry-After")
+				}
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+			}
+		})
+	}
+	time.Sleep(time.Second)
+	cluster.Stop()
+	time.Sleep(2 * time.Second)
+	cluster.Start()
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	pool := pgtest.Pool(t, dbURL)
+	testenv.Eventually(t, 30*time.Second, "every acknowledged effect delivered", func() bool {
+		return pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox") == 0
+	})
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_effects e WHERE status NOT IN ('delivered')
+		OR NOT EXISTS (SELECT 1 FROM analytics_events a WHERE a.tenant = e.tenant AND a.key = e.key)`); n != 0 {
+		t.Fatalf("%d effects undelivered or without their event", n)
+	}
+	missing := 0
+	for key := range acked {
+		if pgtest.Count(t, pool, "SELECT count(*) FROM analytics_events WHERE key = $1", key) != 1 {
+			missing++
+		}
+	}
+	if missing != 0 || statuses[503] == 0 {
+		t.Fatalf("%d acknowledged effects missing; answers %v", missing, statuses)
+	}
+	t.Logf("answers %v; %d acknowledged, all delivered once", statuses, len(acked))
+	result(fmt.Sprintf("%d acknowledged and delivered; %d answered 503; 0 half-recorded", len(acked), statuses[503]))
 }

@@ -70,7 +70,7 @@ func TestNoWorkerClockReachesRedis(t *testing.T) {
 	}
 	mon.Stop()
 	time.Sleep(100 * time.Millisecond) // the last lines in flight
-	close(quit) // ch stays open: the monitor's reader may still write to it until its client closes
+	close(quit)                        // ch stays open: the monitor's reader may still write to it until its client closes
 	<-done
 
 	now := time.Now()
@@ -108,4 +108,3 @@ func TestNoWorkerClockReachesRedis(t *testing.T) {
 	t.Logf("%d commands sent by the worker and producer inspected, kinds %v", sent, kinds)
 	result(strconv.Itoa(sent) + " commands sent to Redis inspected; 0 carried a wall-clock time")
 }
-

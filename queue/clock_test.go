@@ -70,7 +70,8 @@ func TestNoWorkerClockReachesRedis(t *testing.T) {
 	}
 	mon.Stop()
 	time.Sleep(100 * time.Millisecond) // the last lines in flight
-	close(quit)                        // ch stays open: the monitor's reader may still write to it until its client closes
+	// ch stays open: the monitor's reader may still write to it until its client closes.
+	close(quit)
 	<-done
 
 	now := time.Now()

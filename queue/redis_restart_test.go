@@ -88,8 +88,10 @@ func TestRedisRestartLosesNoAcknowledgedJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A short lease: a completion that could not reach Redis during the outage (its retries last about 3 s)
+	// leaves its job leased, and the job runs again once that lease expires.
 	w := proctest.ReExec(t, "worker", "WORKER_QUEUE="+q.name, "WORKER_HANDLER=sleep", "WORKER_SLEEP=50ms",
-		"WORKER_CONCURRENCY=4", "REDIS_URL="+r.url())
+		"WORKER_CONCURRENCY=4", "WORKER_LEASE_TTL=3s", "REDIS_URL="+r.url())
 	w.WaitLine("ready ", 10*time.Second)
 
 	var acked sync.Map
@@ -126,8 +128,15 @@ func TestRedisRestartLosesNoAcknowledgedJob(t *testing.T) {
 	wg.Wait()
 
 	n := int(ackedN.Load())
-	testenv.Eventually(t, 60*time.Second, "every acknowledged job completed after the restart", func() bool {
+	var last Stats
+	defer func() {
+		if t.Failed() {
+			t.Logf("queue at the end: %+v (%d acknowledged)", last, n)
+		}
+	}()
+	testenv.Eventually(t, 90*time.Second, "every acknowledged job completed after the restart", func() bool {
 		s, err := q.Stats(context.Background())
+		last = s
 		return err == nil && s.Counts[StateCompleted] == int64(n)
 	})
 	missing := 0

@@ -63,17 +63,8 @@ type effect struct {
 
 func post(t *testing.T, base, key, body string) int {
 	t.Helper()
-	req, _ := http.NewRequest("POST", base+"/v1/effects", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, resp.Body)
-	return resp.StatusCode
+	code, _, _ := postJSON(t, base, key, body)
+	return code
 }
 
 func get(t *testing.T, base, key string) effect {

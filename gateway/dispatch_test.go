@@ -190,12 +190,8 @@ func TestPostgresDownGives503AndNothingHalfWritten(t *testing.T) {
 	result := reliability.Record(t, "Gateway", "Postgres stopped (immediate) under requests, then started", "503 with Retry-After during the outage, no half-written effect, the retried request delivered once")
 	result("503 x3, then 1 effect, 1 delivery")
 	cluster := pgtest.StartCluster(t)
-	dbURL := pgtest.DatabaseAt(t, cluster.URL())
-	cfg := testConfig(t, dbURL)
-	if err := cfg.fill(); err != nil {
-		t.Fatal(err)
-	}
-	h := serve(t, cfg)
+	h := startGatewayOn(t, pgtest.DatabaseAt(t, cluster.URL()), nil)
+	dbURL := h.db
 	if r := h.post("before", analytics("a")); r.status != 202 {
 		t.Fatal(r.raw)
 	}
@@ -250,12 +246,8 @@ func TestPostgresOutageUnderLoad(t *testing.T) {
 	result := reliability.Record(t, "Gateway", "Postgres stopped for 2 s and restarted under 4 concurrent clients, dispatcher running",
 		"503 + Retry-After during the outage; no effect without its outbox row; every acknowledged effect delivered after")
 	cluster := pgtest.StartCluster(t)
-	dbURL := pgtest.DatabaseAt(t, cluster.URL())
-	cfg := testConfig(t, dbURL)
-	if err := cfg.fill(); err != nil {
-		t.Fatal(err)
-	}
-	h := serve(t, cfg)
+	h := startGatewayOn(t, pgtest.DatabaseAt(t, cluster.URL()), nil)
+	dbURL := h.db
 	var mu sync.Mutex
 	acked := map[string]bool{}
 	statuses := map[int]int{}

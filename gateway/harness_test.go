@@ -65,7 +65,12 @@ func testConfig(t *testing.T, dbURL string) *Config {
 
 func startGateway(t *testing.T, mutate func(*Config)) *harness {
 	t.Helper()
-	dbURL := pgtest.Database(t)
+	return startGatewayOn(t, pgtest.Database(t), mutate)
+}
+
+// startGatewayOn is startGateway on a database the test made (on a private cluster, say).
+func startGatewayOn(t *testing.T, dbURL string, mutate func(*Config)) *harness {
+	t.Helper()
 	cfg := testConfig(t, dbURL)
 	if mutate != nil {
 		mutate(cfg)

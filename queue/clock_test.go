@@ -60,7 +60,7 @@ func TestNoWorkerClockReachesRedis(t *testing.T) {
 		}
 		time.Sleep(400 * time.Millisecond) // long enough for heartbeats and sweeps
 		return nil
-	}), &WorkerConfig{LeaseTTL: 300 * time.Millisecond, LivenessTTL: 300 * time.Millisecond,
+	}), &WorkerConfig{LeaseTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond,
 		SweepInterval: 100 * time.Millisecond, RetryBase: 50 * time.Millisecond})
 	mustEnqueue(t, q, NewJob{ID: "now"})
 	mustEnqueue(t, q, NewJob{ID: "later", Delay: 300 * time.Millisecond})

@@ -45,12 +45,12 @@ func (s *started) count(id string) int {
 	return len(s.runs[id])
 }
 
-// A SIGKILLed worker's job goes to another worker within the liveness TTL plus a sweep interval, with the
-// default settings, although its lease still has most of a minute to run: detection does not wait for it.
-// The killed worker's epoch can then neither complete, fail nor extend the job.
-func TestKilledWorkersJobIsLeasedAgainWithinLivenessTTL(t *testing.T) {
+// A SIGKILLed worker's job goes to another worker within a second with the default settings, although its
+// lease still has most of a minute to run: its liveness connection closed with it, and detection does not
+// wait for the lease. The killed worker's epoch can then neither complete, fail nor extend the job.
+func TestKilledWorkersJobIsBackWithinASecond(t *testing.T) {
 	t.Parallel()
-	result := reliability.Record(t, "Queue", "Worker process SIGKILLed holding a job (defaults; lease TTL 60 s)", "Another worker runs the job within liveness TTL + sweep; the dead epoch can neither complete, fail nor extend it")
+	result := reliability.Record(t, "Queue", "Worker process SIGKILLed holding a job (defaults; lease TTL 60 s)", "Another worker runs the job within a second (its connection closed); the dead epoch can neither complete, fail nor extend it")
 	q, _ := newQueue(t, nil)
 	a := startWorkerProcess(t, q, "WORKER_HANDLER=block", "WORKER_LEASE_TTL=60s")
 	mustEnqueue(t, q, NewJob{ID: "signup:user_6"})
@@ -65,11 +65,11 @@ func TestKilledWorkersJobIsLeasedAgainWithinLivenessTTL(t *testing.T) {
 		<-release
 		return nil
 	}), &WorkerConfig{LeaseTTL: 60 * time.Second})
-	bound := DefaultLivenessTTL + DefaultSweepInterval + 2*time.Second // slack for a loaded 2-core machine
+	bound := 2 * time.Second // the goal is 1 s (see scripts/bench queue); slack for a loaded 2-core machine
 	select {
 	case at := <-s.at:
-		t.Logf("job of the SIGKILLed worker ran again %v after the kill (liveness TTL %v, sweep every %v, lease TTL 60s)",
-			at.Sub(killed).Round(time.Millisecond), DefaultLivenessTTL, DefaultSweepInterval)
+		t.Logf("job of the SIGKILLed worker ran again %v after the kill (sweep every %v, reconnect grace %v, lease TTL 60s)",
+			at.Sub(killed).Round(time.Millisecond), DefaultSweepInterval, DefaultReconnectGrace)
 		result(fmt.Sprintf("re-run %v after the kill", at.Sub(killed).Round(10*time.Millisecond)))
 		if at.Sub(killed) > bound {
 			t.Errorf("recovery took %v, want under %v", at.Sub(killed), bound)
@@ -78,7 +78,7 @@ func TestKilledWorkersJobIsLeasedAgainWithinLivenessTTL(t *testing.T) {
 		t.Fatal("the killed worker's job was not leased again within 30s")
 	}
 	j := mustJob(t, q, "signup:user_6")
-	if j.Epoch != 2 || j.Stalls != 1 || j.Failures != 0 || !strings.Contains(j.LastStall, "lost") {
+	if j.Epoch != 2 || j.Stalls != 1 || j.Failures != 0 || !strings.Contains(j.LastStall, "connection closed") {
 		t.Fatalf("re-leased job = %+v; want epoch 2, one stall, no failure", j)
 	}
 
@@ -95,7 +95,7 @@ func TestKilledWorkersJobIsLeasedAgainWithinLivenessTTL(t *testing.T) {
 	}
 	lost, err := heartbeatScript.Run(context.Background(), q.rdb, []string{k.jobs, k.leases, k.workers},
 		j.Owner, 3000, 60000, j.ID, 1).StringSlice()
-	if err != nil || len(lost) != 1 {
+	if err != nil || len(lost) != 2 || lost[0] != j.ID || lost[1] != "1" {
 		t.Fatalf("heartbeat under epoch 1 = %v, %v; want the lease reported lost", lost, err)
 	}
 	if got := mustJob(t, q, j.ID); got.State != StateActive || got.Epoch != 2 || got.Failures != 0 {
@@ -105,14 +105,15 @@ func TestKilledWorkersJobIsLeasedAgainWithinLivenessTTL(t *testing.T) {
 	waitState(t, q, j.ID, StateCompleted, 5*time.Second)
 }
 
-// A worker that is paused (SIGSTOP: a long GC pause, a frozen VM) loses its job to another worker; when it
-// resumes, it learns of the loss and records nothing.
+// A worker that is paused (SIGSTOP: a long GC pause, a frozen VM) past its lease loses its job to another
+// worker; when it resumes, it learns of the loss and records nothing.
 func TestPausedWorkerResumesWithoutTouchingItsLostJob(t *testing.T) {
 	t.Parallel()
-	result := reliability.Record(t, "Queue", "Worker process SIGSTOPped past its liveness, then SIGCONT", "Its job completes elsewhere under epoch 2; the resumed worker records nothing")
+	result := reliability.Record(t, "Queue", "Worker process SIGSTOPped past its lease, then SIGCONT", "Its job completes elsewhere under epoch 2; the resumed worker records nothing")
 	result("lost its lease, recorded nothing")
 	q, _ := newQueue(t, nil)
-	a := startWorkerProcess(t, q, "WORKER_HANDLER=sleep", "WORKER_SLEEP=1500ms", "WORKER_LIVENESS_TTL=600ms")
+	a := startWorkerProcess(t, q, "WORKER_HANDLER=sleep", "WORKER_SLEEP=1500ms", "WORKER_LEASE_TTL=600ms",
+		"WORKER_HEARTBEAT=100ms")
 	mustEnqueue(t, q, NewJob{ID: "job"})
 	a.WaitLine("start job 1", 10*time.Second)
 	a.Signal(syscall.SIGSTOP)
@@ -141,7 +142,7 @@ func TestSlowJobOfLiveWorkerIsNeverReclaimed(t *testing.T) {
 	result := reliability.Record(t, "Queue", "A job running 10x its lease TTL while sweeps run every 20 ms", "Never reclaimed: one run, epoch 1, no stall")
 	result("one run, epoch 1, 0 stalls")
 	q, _ := newQueue(t, nil)
-	cfg := &WorkerConfig{LeaseTTL: 300 * time.Millisecond, LivenessTTL: 300 * time.Millisecond,
+	cfg := &WorkerConfig{LeaseTTL: 300 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond,
 		SweepInterval: 50 * time.Millisecond}
 	var runs atomic.Int32
 	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
@@ -164,7 +165,7 @@ func TestSlowJobOfLiveWorkerIsNeverReclaimed(t *testing.T) {
 				return
 			case <-time.After(20 * time.Millisecond):
 			}
-			if res, err := q.sweep(context.Background(), 10*time.Millisecond); err == nil && res.Ran {
+			if res, err := testSweep(q, 10*time.Millisecond); err == nil && res.Ran {
 				sweeps.Add(1)
 			}
 		}
@@ -193,10 +194,10 @@ func TestConcurrentSweepsReclaimEachJobOnce(t *testing.T) {
 	for i := range n {
 		mustEnqueue(t, q, NewJob{ID: fmt.Sprint(i)})
 	}
-	if got := len(leaseAs(t, q, "deadbeefdeadbeef", n, time.Hour, time.Millisecond)); got != n {
+	if got := len(leaseAs(t, q, "deadbeefdeadbeef", n, time.Millisecond)); got != n {
 		t.Fatalf("leased %d", got)
 	}
-	time.Sleep(20 * time.Millisecond) // the made-up worker's liveness runs out
+	time.Sleep(20 * time.Millisecond) // the made-up worker's leases run out
 
 	var ran, reclaimed atomic.Int32
 	var wg sync.WaitGroup
@@ -205,7 +206,7 @@ func TestConcurrentSweepsReclaimEachJobOnce(t *testing.T) {
 		wg.Go(func() {
 			<-startLine
 			for range 5 { // several rounds: later ones pass the expired guard and must find nothing
-				res, err := q.sweep(context.Background(), 5*time.Millisecond)
+				res, err := testSweep(q, 5*time.Millisecond)
 				if err != nil {
 					t.Error(err)
 					return
@@ -248,7 +249,7 @@ func TestConcurrentSweepsReclaimEachJobOnce(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			<-start
-			if res, err := q.sweep(context.Background(), time.Minute); err == nil && res.Ran {
+			if res, err := testSweep(q, time.Minute); err == nil && res.Ran {
 				ran.Add(1)
 			}
 		})
@@ -268,7 +269,7 @@ func TestJobThatKeepsKillingWorkersGoesDead(t *testing.T) {
 	result("dead: stalled 2 times (max 1)")
 	q, _ := newQueue(t, nil)
 	mustEnqueue(t, q, NewJob{ID: "poison"})
-	env := []string{"WORKER_HANDLER=block", "WORKER_LIVENESS_TTL=500ms", "WORKER_SWEEP_INTERVAL=100ms"}
+	env := []string{"WORKER_HANDLER=block"}
 	for epoch := 1; epoch <= 2; epoch++ {
 		p := startWorkerProcess(t, q, env...)
 		p.WaitLine(fmt.Sprintf("start poison %d", epoch), 15*time.Second)
@@ -278,7 +279,9 @@ func TestJobThatKeepsKillingWorkersGoesDead(t *testing.T) {
 	runWorker(t, q, HandlerFunc(func(context.Context, *Job) error { runs.Add(1); return nil }),
 		&WorkerConfig{SweepInterval: 100 * time.Millisecond})
 	j := waitState(t, q, "poison", StateDead, 15*time.Second)
-	if j.Stalls != 2 || j.Failures != 0 || !strings.HasPrefix(j.DeadReason, "stalled 2 times (max 1), last: worker ") {
+	if j.Stalls != 2 || j.Failures != 0 ||
+		!strings.HasPrefix(j.DeadReason, "stalled 2 times (max 1), last: worker ") ||
+		!strings.HasSuffix(j.DeadReason, "lost: connection closed") {
 		t.Fatalf("dead job = %+v", j)
 	}
 	time.Sleep(300 * time.Millisecond)

@@ -3,8 +3,9 @@ package queue
 // keys names every Redis key of one queue. They share the hash tag {q:NAME}, so a queue's scripts run on one
 // Redis Cluster slot. Nothing else in the package builds a key name.
 type keys struct {
-	prefix                                                                                 string
-	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead, sweepGuard string
+	prefix                                                                     string
+	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead string
+	conns, missing, sweeper, sweepGuard                                        string
 }
 
 func newKeys(name string) keys {
@@ -17,7 +18,10 @@ func newKeys(name string) keys {
 		delayed:    p + "delayed",  // zset: id -> run_at ms
 		leases:     p + "leases",   // zset: id -> lease deadline ms
 		owned:      p + "owned",    // zset (lex): "<worker id>:<job id>"
-		workers:    p + "workers",  // zset: worker id -> liveness deadline ms
+		workers:    p + "workers",  // zset: worker id -> seen-alive-until ms (for Stats)
+		conns:      p + "conns",    // hash: worker id -> "<server run id>:<client id>" of its liveness connection
+		missing:    p + "missing",  // hash: worker id -> ms its liveness connection was first seen gone
+		sweeper:    p + "sweeper",  // hash: run_id, since (ms it was first seen), last (ms of the last sweep)
 		marker:     p + "marker",   // zset idle workers block on
 		done:       p + "done",     // zset: id -> finished_at ms (retained completed jobs)
 		dead:       p + "dead",     // zset: id -> died at ms
@@ -28,7 +32,7 @@ func newKeys(name string) keys {
 // all lists every key, for tests and for Queue.Destroy.
 func (k keys) all() []string {
 	return []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.done,
-		k.dead, k.sweepGuard}
+		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard}
 }
 
 // wake is a worker process's own wake-up key, which its fetcher blocks on beside the shared marker, so that a

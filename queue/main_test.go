@@ -27,7 +27,8 @@ func TestMain(m *testing.M) {
 // workerProcess is a real worker process for crash tests. It prints "start <id> <epoch>" on stdout when a
 // handler starts and "done <id> <epoch>" when one returns, and runs until SIGTERM (a graceful close) or
 // SIGKILL. WORKER_HANDLER says what handlers do: "block" waits for their context, "sleep" sleeps WORKER_SLEEP
-// ignoring the context, "ok" returns at once.
+// ignoring the context, "hog" spends WORKER_SLEEP in BLPOP calls on the caller's own Redis client (as a handler
+// that waits on a list would, holding a pooled connection each), "ok" returns at once.
 func workerProcess() int {
 	env := func(k string, d time.Duration) time.Duration {
 		if v, err := time.ParseDuration(os.Getenv(k)); err == nil {
@@ -58,16 +59,20 @@ func workerProcess() int {
 			return context.Cause(ctx)
 		case "sleep":
 			time.Sleep(env("WORKER_SLEEP", time.Second))
+		case "hog":
+			for end := time.Now().Add(env("WORKER_SLEEP", time.Second)); time.Now().Before(end); {
+				_ = rdb.BLPop(context.Background(), time.Second, "hog:"+job.ID).Err()
+			}
 		}
 		return nil
 	})
 	conc, _ := strconv.Atoi(os.Getenv("WORKER_CONCURRENCY"))
 	w, err := NewWorker(q, h, &WorkerConfig{
-		Concurrency:   conc,
-		LeaseTTL:      env("WORKER_LEASE_TTL", 0),
-		LivenessTTL:   env("WORKER_LIVENESS_TTL", 0),
-		SweepInterval: env("WORKER_SWEEP_INTERVAL", 0),
-		DrainTimeout:  env("WORKER_DRAIN", 0),
+		Concurrency:       conc,
+		LeaseTTL:          env("WORKER_LEASE_TTL", 0),
+		HeartbeatInterval: env("WORKER_HEARTBEAT", 0),
+		SweepInterval:     env("WORKER_SWEEP_INTERVAL", 0),
+		DrainTimeout:      env("WORKER_DRAIN", 0),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -166,13 +171,33 @@ func completeAs(t *testing.T, q *Queue, id string, epoch int64) bool {
 	return res[0] == 1
 }
 
-// leaseAs leases up to n jobs to a made-up worker that will never heartbeat.
-func leaseAs(t *testing.T, q *Queue, wid string, n int, leaseTTL, livenessTTL time.Duration) []*Job {
+// leaseAs leases up to n jobs to a made-up worker that will never heartbeat nor register a connection.
+func leaseAs(t *testing.T, q *Queue, wid string, n int, leaseTTL time.Duration) []*Job {
 	t.Helper()
-	w := &Worker{q: q, id: wid, cfg: WorkerConfig{LeaseTTL: leaseTTL, LivenessTTL: livenessTTL}}
+	w := &Worker{q: q, id: wid, rdb: q.rdb, cfg: WorkerConfig{LeaseTTL: leaseTTL, HeartbeatInterval: time.Second}}
 	jobs, _, _, err := w.lease(context.Background(), n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return jobs
+}
+
+func redisZ(score float64, member string) redis.Z { return redis.Z{Score: score, Member: member} }
+
+// sweepNow runs one sweep at once, whatever the guard says.
+func sweepNow(t *testing.T, q *Queue) {
+	t.Helper()
+	q.rdb.Del(context.Background(), q.keys.sweepGuard)
+	if _, err := testSweep(q, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testSweep runs a sweep as a worker with default settings would, with the guard given, over the test's own
+// client: connection checks included.
+func testSweep(q *Queue, guard time.Duration) (SweepResult, error) {
+	w := &Worker{cfg: (*WorkerConfig)(nil).WithDefaults()}
+	s := w.sweepSettings()
+	s.guard = guard
+	return q.sweep(context.Background(), q.rdb.(*redis.Client), s, nil)
 }

@@ -57,35 +57,43 @@ func (m *Mux) Handle(ctx context.Context, job *Job) error {
 }
 
 const (
-	DefaultConcurrency   = 10
-	DefaultLeaseTTL      = 30 * time.Second
-	DefaultLivenessTTL   = 3 * time.Second
-	DefaultSweepInterval = time.Second
-	DefaultDrainTimeout  = 10 * time.Second
-	DefaultIdleBlock     = time.Second
+	DefaultConcurrency       = 10
+	DefaultLeaseTTL          = 30 * time.Second
+	DefaultHeartbeatInterval = time.Second
+	DefaultSweepInterval     = 100 * time.Millisecond
+	DefaultReconnectGrace    = 500 * time.Millisecond
+	DefaultDrainTimeout      = 10 * time.Second
+	DefaultIdleBlock         = time.Second
 )
 
 // WorkerConfig configures a worker process. A nil *WorkerConfig means all defaults.
 //
-// The worst-case time to notice a killed worker is about LivenessTTL + SweepInterval (4 s by default); the
-// lease TTL only matters when a process is alive but a job's lease cannot be extended. A live process extends
-// the leases of its running jobs however long they run.
+// A worker process that dies has its jobs back in ready within about SweepInterval + ReconnectGrace + a
+// sweep (well under a second by default): its liveness connection closes with it. A process that is alive but
+// frozen or cut off from Redis keeps its jobs until their LeaseTTL runs out; a live process extends the leases
+// of its running jobs however long they run. Workers of one queue should share their liveness settings, since
+// whichever of them sweeps applies its own.
 type WorkerConfig struct {
 	// Concurrency is how many jobs run at once. Defaults to DefaultConcurrency.
 	Concurrency int
-	// LeaseTTL is how long a job's lease lasts without a heartbeat. Defaults to DefaultLeaseTTL.
+	// LeaseTTL is how long a job's lease lasts without a heartbeat: how long a frozen or partitioned worker
+	// keeps its jobs. At least 3 heartbeat intervals. Defaults to DefaultLeaseTTL.
 	LeaseTTL time.Duration
-	// LivenessTTL is how long the process counts as alive after its last heartbeat, which it sends every
-	// LivenessTTL/3. Defaults to DefaultLivenessTTL.
-	LivenessTTL time.Duration
+	// HeartbeatInterval is how often the worker extends its leases and learns which it lost. Defaults to
+	// DefaultHeartbeatInterval.
+	HeartbeatInterval time.Duration
 	// SweepInterval is how often a sweep for lost jobs runs across all workers of the queue. Defaults to
 	// DefaultSweepInterval.
 	SweepInterval time.Duration
+	// ReconnectGrace is how long a worker whose liveness connection closed has to connect again before it
+	// counts as dead (a network blip is not a death). After a Redis restart or failover, workers get four
+	// times as long, at least two heartbeat intervals. Defaults to DefaultReconnectGrace.
+	ReconnectGrace time.Duration
 	// DrainTimeout is how long a graceful close waits for running handlers before it hands their jobs back.
 	// Defaults to DefaultDrainTimeout.
 	DrainTimeout time.Duration
 	// IdleBlock bounds one blocking wait for new jobs, and so how long Run takes to notice its context ended
-	// while idle. It must stay under the Redis client's ReadTimeout. Defaults to DefaultIdleBlock.
+	// while idle. Defaults to DefaultIdleBlock.
 	IdleBlock time.Duration
 	// RetryBase and RetryMax shape the delay before a failed job's next attempt: a random delay in
 	// [0, min(RetryMax, RetryBase*2^(attempt-1))]. Default to 1s and 10m.
@@ -114,24 +122,47 @@ func (c *WorkerConfig) WithDefaults() WorkerConfig {
 		o.Concurrency = DefaultConcurrency
 	}
 	def(&o.LeaseTTL, DefaultLeaseTTL)
-	def(&o.LivenessTTL, DefaultLivenessTTL)
+	def(&o.HeartbeatInterval, DefaultHeartbeatInterval)
 	def(&o.SweepInterval, DefaultSweepInterval)
+	def(&o.ReconnectGrace, DefaultReconnectGrace)
 	def(&o.DrainTimeout, DefaultDrainTimeout)
 	def(&o.IdleBlock, DefaultIdleBlock)
-	p := backoff.Policy{Base: o.RetryBase, Max: o.RetryMax}.WithDefaults()
-	o.RetryBase, o.RetryMax = p.Base, p.Max
+	if o.RetryBase <= 0 || o.RetryMax <= 0 {
+		p := backoff.Policy{Base: o.RetryBase, Max: o.RetryMax}.WithDefaults()
+		o.RetryBase, o.RetryMax = p.Base, p.Max
+	}
 	return o
 }
 
+// validate refuses settings under which the worker cannot keep its promises.
 func (c WorkerConfig) validate() error {
-	if c.LeaseTTL < 100*time.Millisecond || c.LivenessTTL < 100*time.Millisecond {
-		return fmt.Errorf("queue: LeaseTTL and LivenessTTL must be at least 100ms")
+	const floor = 10 * time.Millisecond
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"HeartbeatInterval", c.HeartbeatInterval}, {"SweepInterval", c.SweepInterval},
+		{"ReconnectGrace", c.ReconnectGrace}, {"IdleBlock", c.IdleBlock}} {
+		if d.v < floor {
+			return fmt.Errorf("queue: %s %v is under %v", d.name, d.v, floor)
+		}
+	}
+	if c.LeaseTTL < 3*c.HeartbeatInterval {
+		return fmt.Errorf("queue: LeaseTTL %v is under 3 heartbeat intervals (3 × %v): a live worker's leases "+
+			"would run out between its heartbeats and its jobs would run twice; raise LeaseTTL or lower "+
+			"HeartbeatInterval", c.LeaseTTL, c.HeartbeatInterval)
+	}
+	if c.SweepInterval > c.LeaseTTL {
+		return fmt.Errorf("queue: SweepInterval %v is over LeaseTTL %v: expired leases would wait for the sweep "+
+			"longer than they lasted", c.SweepInterval, c.LeaseTTL)
+	}
+	if c.RetryBase > c.RetryMax {
+		return fmt.Errorf("queue: RetryBase %v is over RetryMax %v", c.RetryBase, c.RetryMax)
 	}
 	return nil
 }
 
 // Worker leases jobs from one queue and runs them. One Worker is one process's worth of workers: it has one
-// liveness record, one heartbeat and one fetcher for all its concurrent handlers.
+// liveness connection, one heartbeat and one fetcher for all its concurrent handlers.
 type Worker struct {
 	q       *Queue
 	h       Handler
@@ -141,24 +172,44 @@ type Worker struct {
 	retry   backoff.Policy
 	started atomic.Bool
 
+	// rdb carries the worker's job traffic over connections of its own, set by Run.
+	rdb redis.UniversalClient
+
 	mu    sync.Mutex
-	held  map[string]*heldJob
+	runs  map[runKey]*run
 	freed chan struct{} // rung when a slot frees up
 
 	completions chan completion
 	handlers    sync.WaitGroup
 }
 
-type heldJob struct {
-	epoch  int64
-	cancel context.CancelCauseFunc
+// runKey names one run of a job: a job taken back and leased again by the same process is a new run, and
+// losing a lease concerns exactly the run that held it.
+type runKey struct {
+	id    string
+	epoch int64
 }
 
-// NewWorker returns a worker that runs h for the jobs of q.
+type run struct {
+	cancel context.CancelCauseFunc
+	// lost is set once the lease is known to be gone (or handed back): heartbeats stop asking about it, but the
+	// run keeps its slot until its handler returns.
+	lost bool
+}
+
+// NewWorker returns a worker that runs h for the jobs of q. It refuses settings that cannot work.
 func NewWorker(q *Queue, h Handler, cfg *WorkerConfig) (*Worker, error) {
+	if h == nil {
+		return nil, errors.New("queue: NewWorker needs a handler")
+	}
 	c := cfg.WithDefaults()
 	if err := c.validate(); err != nil {
 		return nil, err
+	}
+	switch q.rdb.(type) {
+	case *redis.Client, *redis.ClusterClient:
+	default:
+		return nil, fmt.Errorf("queue: a worker needs a *redis.Client or *redis.ClusterClient, not %T", q.rdb)
 	}
 	log := c.Logger
 	if log == nil {
@@ -169,7 +220,7 @@ func NewWorker(q *Queue, h Handler, cfg *WorkerConfig) (*Worker, error) {
 		q: q, h: h, cfg: c, id: id,
 		log:         log.With("queue", q.name, "worker", id),
 		retry:       backoff.Policy{Base: c.RetryBase, Max: c.RetryMax},
-		held:        map[string]*heldJob{},
+		runs:        map[runKey]*run{},
 		freed:       make(chan struct{}, 1),
 		completions: make(chan completion),
 	}, nil
@@ -188,14 +239,34 @@ func (w *Worker) Run(ctx context.Context) error {
 	for _, warning := range CheckRedis(ctx, w.q.rdb) {
 		w.log.Warn(warning)
 	}
+	rdb, err := ownJobClient(w.q.rdb, 2+min(w.cfg.Concurrency, 16), w.cfg.IdleBlock+5*time.Second)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	w.rdb = rdb
+	live, err := w.dialLiveness(ctx)
+	if err != nil {
+		return err
+	}
+	defer live.rdb.Close()
 
 	// Handlers, the heartbeat, the sweeper and completions outlive ctx: they are stopped in order below.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelHandlers(nil)
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
-	var bg sync.WaitGroup
-	bg.Go(func() { w.heartbeatLoop(bgCtx) })
-	bg.Go(func() { w.sweepLoop(bgCtx) })
+	defer stopBackground()
+	// The first heartbeat connects and registers the liveness connection before any job is leased, so that a
+	// crash is detectable from the first job on.
+	if err := w.heartbeat(bgCtx, live); err != nil {
+		w.log.Warn("first heartbeat failed; retrying in the background", "err", err)
+	}
+	if live.connCheck.Load() {
+		w.checkClientList(bgCtx, live)
+	}
+	liveCtx, stopLiveness := context.WithCancel(bgCtx)
+	var bg, liveLoop sync.WaitGroup
+	liveLoop.Go(func() { w.livenessLoop(liveCtx, live) })
 	bg.Go(func() { w.completeLoop(bgCtx) })
 
 	fetched := make(chan struct{})
@@ -206,21 +277,24 @@ func (w *Worker) Run(ctx context.Context) error {
 	<-ctx.Done()
 	drainBy := time.Now().Add(w.cfg.DrainTimeout)
 	wake := w.q.keys.wake(w.id)
-	if err := w.q.rdb.ZAdd(bgCtx, wake, redis.Z{Member: "close"}).Err(); err != nil {
+	if err := w.rdb.ZAdd(bgCtx, wake, redis.Z{Member: "close"}).Err(); err != nil {
 		w.log.Warn("could not wake the fetcher; it stops within IdleBlock", "err", err)
 	}
 	<-fetched
-	_ = w.q.rdb.Del(bgCtx, wake).Err()
+	_ = w.rdb.Del(bgCtx, wake).Err()
 
 	drained := make(chan struct{})
 	go func() { w.handlers.Wait(); close(drained) }()
 	select {
 	case <-drained:
 	case <-time.After(time.Until(drainBy)):
-		w.log.Warn("drain timeout: handing unfinished jobs back", "jobs", len(w.heldPairs())/2)
+		w.log.Warn("drain timeout: handing unfinished jobs back", "jobs", len(w.livePairs())/2)
 	}
-	// Handing back first, then cancelling: a handler that stops early then finds its lease gone and records
-	// nothing.
+	// No more heartbeats, then hand back and leave the registry: the liveness connection that closes next is
+	// then not taken for a crash. Handing back before cancelling means a handler that stops early finds its
+	// lease gone and records nothing.
+	stopLiveness()
+	liveLoop.Wait()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	n, err := w.release(rctx)
 	cancel()
@@ -236,20 +310,46 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-func (w *Worker) heldPairs() []any {
+// checkClientList makes sure at start that Redis answers CLIENT LIST ID, on which crash detection rests, so
+// that a worker whose Redis forbids it says so at once rather than at its first sweep.
+func (w *Worker) checkClientList(ctx context.Context, l *liveness) {
+	err := l.rdb.Do(ctx, "CLIENT", "LIST", "ID", "0").Err()
+	if err != nil && isServerError(err) {
+		l.disable(fmt.Errorf("CLIENT LIST ID: %w", err))
+	}
+}
+
+// livePairs lists (id, epoch) of the runs whose lease the worker believes it still holds.
+func (w *Worker) livePairs() []any {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	pairs := make([]any, 0, 2*len(w.held))
-	for id, h := range w.held {
-		pairs = append(pairs, id, h.epoch)
+	pairs := make([]any, 0, 2*len(w.runs))
+	for k, r := range w.runs {
+		if !r.lost {
+			pairs = append(pairs, k.id, k.epoch)
+		}
 	}
 	return pairs
+}
+
+// lose cancels one run whose lease is gone. Its slot stays taken until its handler returns.
+func (w *Worker) lose(k runKey) {
+	w.mu.Lock()
+	r := w.runs[k]
+	if r != nil {
+		r.lost = true
+	}
+	w.mu.Unlock()
+	if r != nil {
+		w.log.Warn("lease lost; cancelling the handler", "job", k.id, "epoch", k.epoch)
+		r.cancel(ErrLeaseLost)
+	}
 }
 
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.cfg.Concurrency - len(w.held)
+	return w.cfg.Concurrency - len(w.runs)
 }
 
 func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
@@ -280,24 +380,35 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 		if len(jobs) > 0 {
 			continue
 		}
-		wait := w.cfg.IdleBlock
+		due := time.Duration(-1)
 		if next > 0 {
-			wait = min(wait, time.Duration(next-now)*time.Millisecond)
+			if due = time.Duration(next-now) * time.Millisecond; due <= 0 {
+				continue // a delayed job fell due meanwhile
+			}
 		}
-		if wait >= time.Millisecond {
-			w.block(ctx, wait)
-		}
+		w.block(ctx, due)
 	}
 }
 
 // block waits on the marker until an enqueue (or anything else that makes work) rings it, the worker's own
-// wake key is rung by Run at close, or wait runs out.
+// wake key is rung (by Run at close, or by a timer when the next delayed job falls due), or IdleBlock runs
+// out. Redis checks blocking timeouts only every 100 ms, so a delayed job's time is kept by a timer here,
+// which rings the wake key, rather than by the blocking command's timeout. due < 0 means no delayed job.
 // BZPOPMIN is sent by hand because go-redis rounds its timeout up to whole seconds.
-func (w *Worker) block(ctx context.Context, wait time.Duration) {
-	bctx, cancel := context.WithTimeout(ctx, wait+2*time.Second)
+func (w *Worker) block(ctx context.Context, due time.Duration) {
+	wake := w.q.keys.wake(w.id)
+	if due >= 0 && due < w.cfg.IdleBlock {
+		timer := time.AfterFunc(due, func() {
+			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = w.rdb.ZAdd(tctx, wake, redis.Z{Member: "due"}).Err()
+		})
+		defer timer.Stop()
+	}
+	bctx, cancel := context.WithTimeout(ctx, w.cfg.IdleBlock+2*time.Second)
 	defer cancel()
-	secs := strconv.FormatFloat(wait.Seconds(), 'f', 3, 64)
-	err := w.q.rdb.Do(bctx, "BZPOPMIN", w.q.keys.marker, w.q.keys.wake(w.id), secs).Err()
+	secs := strconv.FormatFloat(w.cfg.IdleBlock.Seconds(), 'f', 3, 64)
+	err := w.rdb.Do(bctx, "BZPOPMIN", w.q.keys.marker, wake, secs).Err()
 	if err != nil && !errors.Is(err, redis.Nil) && ctx.Err() == nil {
 		w.log.Warn("waiting for jobs failed", "err", err)
 		sleep(ctx, 100*time.Millisecond)
@@ -310,9 +421,9 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next int64
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	k := w.q.keys
-	res, err := leaseScript.Run(lctx, w.q.rdb,
+	res, err := leaseScript.Run(lctx, w.rdb,
 		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker},
-		w.id, n, w.cfg.LeaseTTL.Milliseconds(), w.cfg.LivenessTTL.Milliseconds()).Slice()
+		w.id, n, w.cfg.LeaseTTL.Milliseconds(), w.seenFor().Milliseconds()).Slice()
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -341,16 +452,15 @@ func (w *Worker) traceLease(job *Job, leasedAt time.Time) {
 
 func (w *Worker) start(handlerCtx context.Context, job *Job) {
 	ctx, cancel := context.WithCancelCause(handlerCtx)
+	k := runKey{id: job.ID, epoch: job.Epoch}
 	w.mu.Lock()
-	w.held[job.ID] = &heldJob{epoch: job.Epoch, cancel: cancel}
+	w.runs[k] = &run{cancel: cancel}
 	w.mu.Unlock()
 	w.handlers.Go(func() {
 		defer cancel(nil)
 		w.runJob(ctx, job)
 		w.mu.Lock()
-		if h := w.held[job.ID]; h != nil && h.epoch == job.Epoch {
-			delete(w.held, job.ID)
-		}
+		delete(w.runs, k)
 		w.mu.Unlock()
 		select {
 		case w.freed <- struct{}{}:
@@ -477,7 +587,7 @@ func (w *Worker) completeLoop(ctx context.Context) {
 		}
 		k := w.q.keys
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		res, err := completeScript.Run(cctx, w.q.rdb,
+		res, err := completeScript.Run(cctx, w.rdb,
 			[]string{k.jobs, k.payloads, k.leases, k.owned, k.done}, args...).Int64Slice()
 		cancel()
 		for i, c := range batch {
@@ -510,7 +620,7 @@ func (w *Worker) fail(job *Job, herr error) (string, error) {
 	for attempt := 1; attempt <= 5; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		var res []any
-		res, err = failScript.Run(ctx, w.q.rdb,
+		res, err = failScript.Run(ctx, w.rdb,
 			[]string{k.jobs, k.leases, k.owned, k.ready, k.delayed, k.dead, k.marker},
 			job.ID, job.Epoch, truncate(herr.Error(), 2048), flag, delay.Milliseconds()).Slice()
 		cancel()
@@ -525,119 +635,27 @@ func (w *Worker) fail(job *Job, herr error) (string, error) {
 	return "", fmt.Errorf("queue: fail %q: %w", job.ID, err)
 }
 
-func (w *Worker) heartbeatLoop(ctx context.Context) {
-	t := time.NewTicker(w.cfg.LivenessTTL / 3)
-	defer t.Stop()
-	var lastExtend time.Time
-	for {
-		extend := time.Since(lastExtend) >= w.cfg.LeaseTTL/3
-		if err := w.heartbeat(ctx, extend); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			w.log.Warn("heartbeat failed", "err", err)
-		} else if extend {
-			lastExtend = time.Now()
-		}
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
-		}
-	}
-}
-
-// heartbeat refreshes the process's liveness and, when extend is set, its leases; it cancels the handlers
-// whose lease is gone.
-func (w *Worker) heartbeat(ctx context.Context, extend bool) error {
-	leaseTTL := int64(0)
-	if extend {
-		leaseTTL = w.cfg.LeaseTTL.Milliseconds()
-	}
-	args := append([]any{w.id, w.cfg.LivenessTTL.Milliseconds(), leaseTTL}, w.heldPairs()...)
-	hctx, cancel := context.WithTimeout(ctx, w.cfg.LivenessTTL)
-	defer cancel()
-	k := w.q.keys
-	lost, err := heartbeatScript.Run(hctx, w.q.rdb, []string{k.jobs, k.leases, k.workers}, args...).StringSlice()
-	if err != nil {
-		return err
-	}
-	for _, id := range lost {
-		w.mu.Lock()
-		h := w.held[id]
-		w.mu.Unlock()
-		if h != nil {
-			w.log.Warn("lease lost; cancelling the handler", "job", id, "epoch", h.epoch)
-			h.cancel(ErrLeaseLost)
-		}
-	}
-	return nil
-}
-
-func (w *Worker) sweepLoop(ctx context.Context) {
-	// A random first delay keeps many workers started together from reaching for the guard in step.
-	sleep(ctx, time.Duration(rand.Int64N(int64(w.cfg.SweepInterval))))
-	t := time.NewTicker(w.cfg.SweepInterval)
-	defer t.Stop()
-	for ctx.Err() == nil {
-		res, err := w.q.sweep(ctx, w.cfg.SweepInterval)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			w.log.Warn("sweep failed", "err", err)
-		case err == nil && (res.Reclaimed > 0 || res.Dead > 0 || res.WorkersLost > 0):
-			w.log.Info("sweep reclaimed stalled jobs", "reclaimed", res.Reclaimed, "dead", res.Dead,
-				"workers_lost", res.WorkersLost)
-		}
-		if err == nil && res.Ran && w.cfg.OnSweep != nil {
-			w.cfg.OnSweep(res)
-		}
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-		}
-	}
-}
-
-// SweepResult says what one sweep did. Ran is false when another sweep ran within the interval.
-type SweepResult struct {
-	Ran                          bool
-	Reclaimed, Dead, WorkersLost int
-}
-
-// sweep runs the sweeper once, unless another worker did within the interval. The guard lives a little less
-// than the interval so that the worker which took it can take it again on its next tick.
-func (q *Queue) sweep(ctx context.Context, interval time.Duration) (SweepResult, error) {
-	k := q.keys
-	guard := max(interval*9/10, time.Millisecond)
-	res, err := sweepScript.Run(ctx, q.rdb,
-		[]string{k.sweepGuard, k.jobs, k.workers, k.owned, k.leases, k.ready, k.dead, k.marker},
-		guard.Milliseconds(), 1000).Int64Slice()
-	if err != nil {
-		return SweepResult{}, fmt.Errorf("queue: sweep: %w", err)
-	}
-	if res[0] < 0 {
-		return SweepResult{}, nil
-	}
-	return SweepResult{Ran: true, Reclaimed: int(res[0]), Dead: int(res[1]), WorkersLost: int(res[2])}, nil
-}
-
-// release hands the held jobs back and forgets them, so heartbeats stop asking about jobs that are no longer
-// this worker's while their handlers wind down.
+// release hands the jobs of the runs still holding a lease back and leaves the liveness registry. The runs
+// are marked lost, so nothing asks about them again while their handlers wind down.
 func (w *Worker) release(ctx context.Context) (int, error) {
 	k := w.q.keys
-	pairs := w.heldPairs()
-	n, err := releaseScript.Run(ctx, w.q.rdb,
-		[]string{k.jobs, k.leases, k.owned, k.ready, k.marker, k.workers}, append([]any{w.id}, pairs...)...).Int()
+	pairs := w.livePairs()
+	n, err := releaseScript.Run(ctx, w.rdb,
+		[]string{k.jobs, k.leases, k.owned, k.ready, k.marker, k.workers, k.conns, k.missing},
+		append([]any{w.id}, pairs...)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("queue: release: %w", err)
 	}
 	w.mu.Lock()
-	for i := 0; i < len(pairs); i += 2 {
-		delete(w.held, pairs[i].(string))
+	for _, r := range w.runs {
+		r.lost = true
 	}
 	w.mu.Unlock()
 	return n, nil
 }
+
+// jitter returns a random duration in [0, d).
+func jitter(d time.Duration) time.Duration { return time.Duration(rand.Int64N(int64(max(d, 1)))) }
 
 func sleep(ctx context.Context, d time.Duration) {
 	t := time.NewTimer(d)

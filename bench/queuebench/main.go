@@ -93,8 +93,8 @@ func main() {
 		median(aqEnq), median(ogEnq)/median(aqEnq))
 	fmt.Printf("| lease+run+complete, no-op jobs/s (concurrency %d) | %.0f | %.0f | %.2f× |\n", *concurrency,
 		median(ogRun), median(aqRun), median(ogRun)/median(aqRun))
-	fmt.Printf("\ncrash detection with defaults (liveness TTL %v, sweep every %v, lease TTL %v), %d SIGKILLs: "+
-		"min %v, median %v, max %v\n", queue.DefaultLivenessTTL, queue.DefaultSweepInterval, queue.DefaultLeaseTTL,
+	fmt.Printf("\ncrash detection with defaults (sweep every %v, reconnect grace %v, lease TTL %v), %d SIGKILLs: "+
+		"min %v, median %v, max %v\n", queue.DefaultSweepInterval, queue.DefaultReconnectGrace, queue.DefaultLeaseTTL,
 		len(detect), detect[0].Round(10*time.Millisecond), detect[len(detect)/2].Round(10*time.Millisecond),
 		detect[len(detect)-1].Round(10*time.Millisecond))
 }

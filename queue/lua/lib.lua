@@ -68,3 +68,16 @@ end
 local function holds(job, epoch)
   return job ~= nil and job.state == 'active' and tonumber(job.epoch) == tonumber(epoch)
 end
+
+-- The identity of the Redis server running the script. Client IDs are only unique within one server run, so a
+-- liveness connection is recorded with the run id of the server that gave it its id: after a restart or a
+-- failover, an old registration is recognised as such instead of matching an unrelated new connection.
+local function server_run_id()
+  return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+end
+
+-- Splits a registration "<run id>:<client id>".
+local function split_reg(reg)
+  local run, id = string.match(reg, '^(%w+):(%d+)$')
+  return run, tonumber(id)
+end

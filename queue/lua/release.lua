@@ -1,7 +1,9 @@
 -- A graceful close: hands a worker's unfinished jobs back to ready at once, so nobody waits for their lease
--- to expire, and removes the worker from the liveness registry. Neither an attempt nor a stall is counted.
+-- to expire, and removes the worker from the liveness registry, so that its closing connection is not
+-- mistaken for a crash. Neither an attempt nor a stall is counted.
 --
 -- KEYS[1] jobs  KEYS[2] leases  KEYS[3] owned  KEYS[4] ready  KEYS[5] marker  KEYS[6] workers
+-- KEYS[7] conns  KEYS[8] missing
 -- ARGV[1] worker id
 -- ARGV[2..] pairs of id, epoch
 -- Returns the number of jobs handed back.
@@ -18,6 +20,8 @@ for i = 2, #ARGV, 2 do
   end
 end
 redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('HDEL', KEYS[7], ARGV[1])
+redis.call('HDEL', KEYS[8], ARGV[1])
 if n > 0 then
   wake(KEYS[5])
 end

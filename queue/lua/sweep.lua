@@ -1,65 +1,125 @@
--- The stalled-job sweeper. Any worker may call it; the guard key makes it run once per interval across all
--- of them, and because the guard is taken inside the script, two workers can never both pass it.
--- It reclaims the jobs of worker processes whose liveness ran out (a crash is seen within the liveness TTL,
--- whatever the lease TTL), then jobs whose own lease expired. A reclaimed job counts a stall, not an attempt;
--- past its max stalls it is dead with the reason recorded.
+-- The second half of a sweep (see sweep_begin.lua), run by the worker that passed the guard. It takes back
+-- the jobs of worker processes that are gone, then jobs whose own lease expired. A reclaimed job counts a
+-- stall, not an attempt; past its max stalls it is dead with the reason recorded.
 --
--- KEYS[1] guard  KEYS[2] jobs  KEYS[3] workers  KEYS[4] owned  KEYS[5] leases  KEYS[6] ready  KEYS[7] dead
--- KEYS[8] marker
--- ARGV[1] guard TTL ms (a little under the sweep interval)
--- ARGV[2] at most this many jobs reclaimed per call
--- Returns {-1} when another sweep ran within the interval, else {reclaimed, dead, workers lost}.
+-- A worker is gone when its registered liveness connection no longer exists on this server (the caller
+-- asked CLIENT LIST) and it has not registered a new one within the reconnect grace: a process that exits
+-- closes its sockets at once, while one that is frozen or slow keeps them. A registration made on another
+-- server run (before a restart or failover) gets the longer restart grace, counted from when this server was
+-- first seen, so that live workers can reconnect before anything is taken from them.
+--
+-- A sweep that follows a gap longer than outage_after (Redis stalled, every sweeping process paused) holds off
+-- lease expiry for outage_grace: leases that ran out while nobody could heartbeat or sweep are not held
+-- against live workers, which get time to heartbeat first.
+--
+-- KEYS[1] jobs  KEYS[2] owned  KEYS[3] leases  KEYS[4] ready  KEYS[5] dead  KEYS[6] marker  KEYS[7] workers
+-- KEYS[8] conns  KEYS[9] missing  KEYS[10] sweeper
+-- ARGV[1] reconnect grace ms
+-- ARGV[2] restart grace ms
+-- ARGV[3] outage_after ms
+-- ARGV[4] outage_grace ms
+-- ARGV[5] at most this many jobs reclaimed per worker and per step
+-- ARGV[6..] pairs of worker id, registration whose connection the caller found gone (or from another run)
+-- Returns {reclaimed, dead, workers lost, outage ms (0 = none), earliest lease deadline ms or -1}.
 
-if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', tonumber(ARGV[1])) then
-  return {-1}
-end
 local now = now_ms()
-local limit = tonumber(ARGV[2])
-local reclaimed, died, lost_workers = 0, 0, 0
+local grace = tonumber(ARGV[1])
+local restart_grace = tonumber(ARGV[2])
+local limit = tonumber(ARGV[5])
+local reclaimed, died, lost_workers, outage = 0, 0, 0, 0
+
+local run_id = server_run_id()
+if redis.call('HGET', KEYS[10], 'run_id') ~= run_id then
+  redis.call('HSET', KEYS[10], 'run_id', run_id, 'since', now)
+end
+local since = tonumber(redis.call('HGET', KEYS[10], 'since'))
+local last = tonumber(redis.call('HGET', KEYS[10], 'last'))
+redis.call('HSET', KEYS[10], 'last', now)
+if last and now - last > tonumber(ARGV[3]) then
+  outage = now - last
+  redis.call('HSET', KEYS[10], 'hold_until', now + tonumber(ARGV[4]))
+end
 
 -- owner, when given, must still hold the job: a tie left behind by a lost worker never reclaims a job that a
 -- live worker leased since.
 local function reclaim(id, why, owner)
-  local job = load_job(KEYS[2], id)
+  local job = load_job(KEYS[1], id)
   if not job or job.state ~= 'active' then
-    redis.call('ZREM', KEYS[5], id)
+    redis.call('ZREM', KEYS[3], id)
     return
   end
   if owner and job.owner ~= owner then
     return
   end
-  drop_lease(KEYS[5], KEYS[4], id, job)
+  drop_lease(KEYS[3], KEYS[2], id, job)
   job.stalls = job.stalls + 1
   if job.stalls > job.max_stalls then
-    make_dead(KEYS[2], KEYS[7], id, job, now,
+    make_dead(KEYS[1], KEYS[5], id, job, now,
       'stalled ' .. job.stalls .. ' times (max ' .. job.max_stalls .. '), last: ' .. why)
     died = died + 1
   else
     job.last_stall = why
-    make_ready(KEYS[2], KEYS[6], id, job, now)
+    make_ready(KEYS[1], KEYS[4], id, job, now)
     reclaimed = reclaimed + 1
   end
 end
 
-local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
-for _, wid in ipairs(gone) do
-  local members = redis.call('ZRANGEBYLEX', KEYS[4], '[' .. wid .. ':', '[' .. wid .. ';', 'LIMIT', 0, limit)
-  for _, m in ipairs(members) do
-    reclaim(string.sub(m, #wid + 2), 'worker ' .. wid .. ' lost', wid)
-    redis.call('ZREM', KEYS[4], m)
-  end
-  if #members < limit then
-    redis.call('ZREM', KEYS[3], wid)
-    lost_workers = lost_workers + 1
+local function forget_worker(wid)
+  redis.call('HDEL', KEYS[8], wid)
+  redis.call('HDEL', KEYS[9], wid)
+  redis.call('ZREM', KEYS[7], wid)
+end
+
+for i = 6, #ARGV, 2 do
+  local wid, reg = ARGV[i], ARGV[i + 1]
+  -- A registration that changed since the caller looked is a reconnect: the worker is alive.
+  if redis.call('HGET', KEYS[8], wid) == reg then
+    local gone, why = false, nil
+    if split_reg(reg) ~= run_id then
+      gone = now - since >= restart_grace
+      why = 'did not reconnect after the Redis server changed'
+    else
+      local first = tonumber(redis.call('HGET', KEYS[9], wid))
+      if not first then
+        redis.call('HSET', KEYS[9], wid, now)
+      elseif now - first >= grace then
+        gone = true
+        why = 'connection closed'
+      end
+    end
+    if gone then
+      local members = redis.call('ZRANGEBYLEX', KEYS[2], '[' .. wid .. ':', '[' .. wid .. ';', 'LIMIT', 0, limit)
+      for _, m in ipairs(members) do
+        reclaim(string.sub(m, #wid + 2), 'worker ' .. wid .. ' lost: ' .. why, wid)
+        redis.call('ZREM', KEYS[2], m)
+      end
+      if #members < limit then
+        forget_worker(wid)
+        lost_workers = lost_workers + 1
+      end
+    end
   end
 end
 
-local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', now, 'LIMIT', 0, limit)
-for _, id in ipairs(expired) do
-  reclaim(id, 'lease expired', nil)
+local hold_until = tonumber(redis.call('HGET', KEYS[10], 'hold_until'))
+if not hold_until or now >= hold_until then
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, limit)
+  for _, id in ipairs(expired) do
+    reclaim(id, 'lease expired', nil)
+  end
+end
+
+-- Workers not seen for a day (where connections cannot be checked, nothing else removes them) are forgotten.
+for _, wid in ipairs(redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', now - 86400000, 'LIMIT', 0, 100)) do
+  forget_worker(wid)
 end
 
 if reclaimed > 0 then
-  wake(KEYS[8])
+  wake(KEYS[6])
 end
-return {reclaimed, died, lost_workers}
+local next_deadline = -1
+local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if first[2] then
+  next_deadline = tonumber(first[2])
+end
+return {reclaimed, died, lost_workers, outage, next_deadline}

@@ -1,0 +1,240 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/internal/testenv"
+)
+
+// runLog records every handler run of an in-process worker by (job ID, epoch), with how its context ended.
+type runLog struct {
+	mu     sync.Mutex
+	starts map[string]int
+	causes map[string]error // "id/epoch" -> context.Cause once the run's context ended
+}
+
+func newRunLog() *runLog { return &runLog{starts: map[string]int{}, causes: map[string]error{}} }
+
+func runName(id string, epoch int64) string { return fmt.Sprintf("%s/%d", id, epoch) }
+
+func (l *runLog) start(j *Job) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.starts[runName(j.ID, j.Epoch)]++
+}
+
+func (l *runLog) started(id string, epoch int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.starts[runName(id, epoch)] > 0
+}
+
+func (l *runLog) ended(j *Job, cause error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.causes[runName(j.ID, j.Epoch)] = cause
+}
+
+func (l *runLog) cause(id string, epoch int64) (error, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c, ok := l.causes[runName(id, epoch)]
+	return c, ok
+}
+
+// expireLease makes the sweeper take a job back from its live worker as if its lease had run out, and returns
+// once it has. The worker's own heartbeat may extend the lease between the two steps, so it tries until the
+// job has left its epoch.
+func expireLease(t *testing.T, q *Queue, id string, epoch int64) {
+	t.Helper()
+	ctx := context.Background()
+	testenv.Eventually(t, 10*time.Second, "the lease of "+id+" was never taken back", func() bool {
+		q.rdb.ZAddXX(ctx, q.keys.leases, redisZ(1, id))
+		sweepNow(t, q)
+		j := mustJob(t, q, id)
+		return j.Epoch != epoch || j.State != StateActive
+	})
+}
+
+// Finding 1 of the queue probe: a worker that takes back its own reclaimed job (epoch 2) while the stale run
+// (epoch 1) still runs. The heartbeat that reports epoch 1 lost must cancel epoch 1 alone; epoch 2 runs to its
+// end and completes. Both runs hold a slot until they return, so a third job waits for a free one.
+func TestLostLeaseCancelsExactlyThatRun(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Queue", "A worker re-leases its own reclaimed job while the stale run goes on",
+		"Only the stale run (epoch 1) is cancelled; epoch 2 completes; both hold a slot until they return")
+	q, _ := newQueue(t, nil)
+	log := newRunLog()
+	releaseStale, releaseFresh := make(chan struct{}), make(chan struct{})
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		log.start(j)
+		switch {
+		case j.ID == "job" && j.Epoch == 1:
+			<-ctx.Done()
+			log.ended(j, context.Cause(ctx))
+			<-releaseStale // a handler that is slow to notice: it still occupies its slot
+			return nil
+		case j.ID == "job":
+			select {
+			case <-ctx.Done():
+				log.ended(j, context.Cause(ctx))
+				return context.Cause(ctx)
+			case <-releaseFresh:
+				return nil
+			}
+		}
+		return nil
+	}), &WorkerConfig{Concurrency: 2, SweepInterval: 50 * time.Millisecond})
+	var staleOnce, freshOnce sync.Once
+	endStale := func() { staleOnce.Do(func() { close(releaseStale) }) }
+	endFresh := func() { freshOnce.Do(func() { close(releaseFresh) }) }
+	t.Cleanup(func() { endStale(); endFresh() })
+
+	mustEnqueue(t, q, NewJob{ID: "job"})
+	testenv.Eventually(t, 10*time.Second, "epoch 1 never started", func() bool { return log.started("job", 1) })
+	expireLease(t, q, "job", 1)
+	testenv.Eventually(t, 10*time.Second, "the worker did not take its own job back as epoch 2", func() bool {
+		return log.started("job", 2)
+	})
+	testenv.Eventually(t, 10*time.Second, "the stale run (epoch 1) was never cancelled", func() bool {
+		_, ok := log.cause("job", 1)
+		return ok
+	})
+	if c, _ := log.cause("job", 1); !errors.Is(c, ErrLeaseLost) {
+		t.Fatalf("epoch 1 ended with %v, want ErrLeaseLost", c)
+	}
+	// Three more heartbeats: none may touch epoch 2.
+	time.Sleep(3500 * time.Millisecond)
+	if c, ok := log.cause("job", 2); ok {
+		t.Fatalf("epoch 2, the live run, was cancelled with %v", c)
+	}
+	// Two runs in a 2-slot worker: a new job must wait for the stale one to return.
+	mustEnqueue(t, q, NewJob{ID: "third"})
+	time.Sleep(500 * time.Millisecond)
+	if log.started("third", 1) {
+		t.Fatal("a third job started while two runs held the worker's two slots")
+	}
+	endFresh()
+	j := waitState(t, q, "job", StateCompleted, 10*time.Second)
+	if j.Epoch != 2 || j.Stalls != 1 {
+		t.Fatalf("job = %+v, want completed by epoch 2 after one stall", j)
+	}
+	endStale()
+	waitState(t, q, "third", StateCompleted, 10*time.Second)
+	result("epoch 1 cancelled (lease lost), epoch 2 completed, third job waited for a slot")
+}
+
+// Finding 2: settings under which a live worker's leases run out between its heartbeats are refused.
+func TestNewWorkerRefusesSettingsThatCannotWork(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	h := HandlerFunc(func(context.Context, *Job) error { return nil })
+	for _, c := range []struct {
+		name string
+		cfg  WorkerConfig
+		want string
+	}{
+		{"lease shorter than the heartbeat", WorkerConfig{LeaseTTL: 300 * time.Millisecond}, "LeaseTTL"},
+	} {
+		if _, err := NewWorker(q, h, &c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: NewWorker(%+v) = %v, want an error naming %s", c.name, c.cfg, err, c.want)
+		}
+	}
+}
+
+// pauseHolders starts n worker processes with env, gives each one job, SIGSTOPs all of them for pause while a
+// healthy in-process worker sweeps beside them, resumes them, and checks that every job ran once, in its first
+// worker, with no stall.
+func pauseHolders(t *testing.T, n int, pause time.Duration, env ...string) {
+	t.Helper()
+	q, _ := newQueue(t, nil)
+	procs := make([]*procHandle, n)
+	for i := range n {
+		p := startWorkerProcess(t, q, append([]string{"WORKER_HANDLER=sleep", "WORKER_CONCURRENCY=1"}, env...)...)
+		id := fmt.Sprintf("job-%d", i)
+		mustEnqueue(t, q, NewJob{ID: id})
+		p.WaitLine("start "+id+" 1", 10*time.Second)
+		procs[i] = &procHandle{p: p, id: id}
+	}
+	var stolen atomic.Int32
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		stolen.Add(1)
+		return nil
+	}), nil)
+	for _, h := range procs {
+		h.p.Signal(syscall.SIGSTOP)
+	}
+	time.Sleep(pause)
+	for _, h := range procs {
+		h.p.Signal(syscall.SIGCONT)
+	}
+	for _, h := range procs {
+		j := waitState(t, q, h.id, StateCompleted, 60*time.Second)
+		if j.Epoch != 1 || j.Stalls != 0 {
+			t.Errorf("%s after a %v pause of its worker: %+v; want completed by epoch 1, no stall", h.id, pause, j)
+		}
+	}
+	if n := stolen.Load(); n != 0 {
+		t.Fatalf("the healthy worker ran %d jobs of paused (live) workers", n)
+	}
+}
+
+type procHandle struct {
+	p  *proctest.Proc
+	id string
+}
+
+// Finding 3: a pause shorter than the lease (2.8 s, with defaults) never costs a live worker its job.
+func TestShortPauseKeepsTheJob(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Queue", "Three worker processes SIGSTOPped 2.8 s holding a job each (defaults)",
+		"No job reclaimed: each completes in its own worker, epoch 1, 0 stalls")
+	pauseHolders(t, 3, 2800*time.Millisecond, "WORKER_SLEEP=4s")
+	result("3 of 3 completed by epoch 1, 0 stalls")
+}
+
+// A 10 s pause under a 30 s lease is still only a pause.
+func TestTenSecondPauseUnderALongerLeaseKeepsTheJob(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Queue", "Two worker processes SIGSTOPped 10 s holding a job each (lease 30 s)",
+		"No job reclaimed: each completes in its own worker, epoch 1, 0 stalls")
+	pauseHolders(t, 2, 10*time.Second, "WORKER_SLEEP=11s", "WORKER_LEASE_TTL=30s")
+	result("2 of 2 completed by epoch 1, 0 stalls")
+}
+
+// Finding 4: handlers that hold every connection of the caller's Redis pool (50 BLPOP loops on a pool of
+// 10 per CPU) must not starve the worker's heartbeats: no live job is taken back.
+func TestHandlersHoggingTheCallersPoolDoNotStarveLiveness(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Queue", "50 handlers hold the caller's Redis pool in BLPOP loops for 6 s (concurrency 50, default pool)",
+		"No job reclaimed or run twice")
+	q, _ := newQueue(t, nil)
+	p := startWorkerProcess(t, q, "WORKER_HANDLER=hog", "WORKER_SLEEP=6s", "WORKER_CONCURRENCY=50")
+	const n = 50
+	for i := range n {
+		mustEnqueue(t, q, NewJob{ID: fmt.Sprintf("hog-%d", i)})
+	}
+	var stolen atomic.Int32
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { stolen.Add(1); return nil }), nil)
+	for i := range n {
+		j := waitState(t, q, fmt.Sprintf("hog-%d", i), StateCompleted, 60*time.Second)
+		if j.Epoch != 1 || j.Stalls != 0 {
+			t.Errorf("%s: %+v; want completed by epoch 1 with no stall", j.ID, j)
+		}
+	}
+	if s := stolen.Load(); s != 0 {
+		t.Fatalf("%d live jobs were taken back and run again by the other worker", s)
+	}
+	_ = p
+	result(fmt.Sprintf("%d of %d completed by epoch 1, 0 run twice", n, n))
+}

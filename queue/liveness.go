@@ -102,6 +102,8 @@ func (w *Worker) dialLiveness(ctx context.Context) (*liveness, error) {
 				return err
 			}
 		}
+		// The name is for operators reading CLIENT LIST; Redis may refuse it, and nothing depends on it.
+		_ = cn.ClientSetName(ctx, "oncegate-worker-"+w.id).Err()
 		id, err := cn.ClientID(ctx).Result()
 		if err != nil {
 			if isServerError(err) {
@@ -116,11 +118,10 @@ func (w *Worker) dialLiveness(ctx context.Context) (*liveness, error) {
 		}
 		return nil
 	}
-	// One connection, never reaped for idleness, named for operators reading CLIENT LIST. Its timeouts ride
+	// One connection, never reaped for idleness. Its timeouts ride
 	// out a Redis stall of several seconds: dropping the connection then would look like a death.
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 0
 	o.ConnMaxIdleTime, o.ConnMaxLifetime = -1, 0
-	o.ClientName = "oncegate-worker-" + w.id
 	o.MaxRetries = 1
 	o.ReadTimeout = atLeast(o.ReadTimeout, max(2*time.Second, w.cfg.LeaseTTL/3))
 	o.WriteTimeout = o.ReadTimeout

@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncegate/oncegate/internal/proctest"
 	"github.com/oncegate/oncegate/internal/reliability"
@@ -237,4 +240,116 @@ func TestHandlersHoggingTheCallersPoolDoNotStarveLiveness(t *testing.T) {
 	}
 	_ = p
 	result(fmt.Sprintf("%d of %d completed by epoch 1, 0 run twice", n, n))
+}
+
+// livenessConn returns the CLIENT ID of a worker's liveness connection, found by its name, or 0.
+func livenessConn(t *testing.T, rdb *redis.Client, wid string) int64 {
+	t.Helper()
+	list, err := rdb.ClientList(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(list, "\n") {
+		if strings.Contains(line, " name=oncegate-worker-"+wid+" ") {
+			var id int64
+			if _, err := fmt.Sscanf(line, "id=%d ", &id); err == nil {
+				return id
+			}
+		}
+	}
+	return 0
+}
+
+// A connection that closes while its process lives (a network blip, a proxy restart, CLIENT KILL) is not a
+// death: the worker connects again within the grace and keeps its job.
+func TestClosedConnectionOfALiveWorkerIsNotADeath(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Queue", "A live worker's liveness connection killed 3 times (CLIENT KILL) while it holds a job",
+		"The worker reconnects and re-registers each time; its job is not reclaimed")
+	q, rdb := newQueue(t, nil)
+	p := startWorkerProcess(t, q, "WORKER_HANDLER=sleep", "WORKER_SLEEP=3s")
+	var wids []string
+	testenv.Eventually(t, 5*time.Second, "the worker process never registered its connection", func() bool {
+		wids = rdb.HKeys(context.Background(), q.keys.conns).Val()
+		return len(wids) == 1
+	})
+	wid := wids[0]
+	mustEnqueue(t, q, NewJob{ID: "job"})
+	p.WaitLine("start job 1", 10*time.Second)
+	var stolen atomic.Int32
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { stolen.Add(1); return nil }), nil)
+	for range 3 {
+		var id int64
+		testenv.Eventually(t, 5*time.Second, "the worker's liveness connection is not listed", func() bool {
+			id = livenessConn(t, rdb, wid)
+			return id != 0
+		})
+		if err := rdb.ClientKillByFilter(context.Background(), "ID", fmt.Sprint(id)).Err(); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 5*time.Second, "the worker did not connect again", func() bool {
+			n := livenessConn(t, rdb, wid)
+			return n != 0 && n != id && strings.HasSuffix(rdb.HGet(context.Background(), q.keys.conns, wid).Val(),
+				fmt.Sprintf(":%d", n))
+		})
+		time.Sleep(300 * time.Millisecond)
+	}
+	j := waitState(t, q, "job", StateCompleted, 15*time.Second)
+	if j.Epoch != 1 || j.Stalls != 0 || stolen.Load() != 0 {
+		t.Fatalf("job = %+v, run elsewhere %d times; want completed by epoch 1 with no stall", j, stolen.Load())
+	}
+	result("3 reconnects, job completed by epoch 1, 0 stalls")
+}
+
+// restrictedUser creates a Redis ACL user that may run everything but the given commands, removed when the
+// test ends, and returns a URL that logs in as it.
+func restrictedUser(t *testing.T, rdb *redis.Client, deny ...string) string {
+	t.Helper()
+	user, pass := testenv.Name(t, "u"), "pw-"+testenv.Name(t, "p")
+	rules := []any{"ACL", "SETUSER", user, "on", ">" + pass, "~*", "&*", "+@all"}
+	for _, d := range deny {
+		rules = append(rules, "-"+d)
+	}
+	if err := rdb.Do(context.Background(), rules...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rdb.Do(context.Background(), "ACL", "DELUSER", user) })
+	u, err := url.Parse(testenv.RedisURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword(user, pass)
+	return u.String()
+}
+
+// Where Redis forbids CLIENT LIST (or CLIENT altogether), workers say so at start and fall back to per-job
+// leases: a killed worker's job comes back when its lease runs out, and nothing is taken from a live one.
+func TestWithoutClientListCrashesAreFoundByLease(t *testing.T) {
+	t.Parallel()
+	for _, deny := range [][]string{{"client|list"}, {"client"}} {
+		t.Run(strings.Join(deny, ","), func(t *testing.T) {
+			t.Parallel()
+			q, rdb := newQueue(t, nil)
+			u := restrictedUser(t, rdb, deny...)
+			env := []string{"REDIS_URL=" + u, "WORKER_HANDLER=block", "WORKER_LEASE_TTL=3s"}
+			a := startWorkerProcess(t, q, env...)
+			mustEnqueue(t, q, NewJob{ID: "job"})
+			a.WaitLine("start job 1", 10*time.Second)
+			b := startWorkerProcess(t, q, append(env, "WORKER_HANDLER=ok")...)
+			time.Sleep(200 * time.Millisecond)
+			for _, p := range []*proctest.Proc{a, b} {
+				if !strings.Contains(p.Log(), "per-job lease (LeaseTTL) only") {
+					t.Fatalf("no start-up warning that crash detection falls back to leases; log:\n%s", p.Log())
+				}
+			}
+			a.Kill()
+			killed := time.Now()
+			j := waitState(t, q, "job", StateCompleted, 20*time.Second)
+			took := time.Since(killed)
+			if j.Epoch != 2 || j.Stalls != 1 || !strings.Contains(j.LastStall, "lease expired") {
+				t.Fatalf("job = %+v; want run again by epoch 2 after its lease expired", j)
+			}
+			t.Logf("without %v: job back %v after the kill (lease 3s)", deny, took.Round(10*time.Millisecond))
+		})
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -158,6 +160,40 @@ func TestDelayedJobWaitsForItsTime(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("delayed job never ran")
+	}
+}
+
+// Delayed jobs run within 20 ms of their time. Redis checks the timeout of a blocking command only every
+// 100 ms, so a worker that waited for a due time in BZPOPMIN alone was 0-100 ms late; it now rings its own wake
+// key from a timer. Lateness is measured on Redis's clock (run_at to leased_at), whatever the test's load.
+func TestDelayedJobsRunWithin20msOfTheirTime(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	const n = 9
+	got := make(chan *Job, n)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { got <- j; return nil }), nil)
+	delay := func(i int) time.Duration { return time.Duration(300+i*137) * time.Millisecond }
+	for i := range n {
+		// Due times spread over odd offsets, so they fall at every phase of Redis's 100 ms cron.
+		mustEnqueue(t, q, NewJob{ID: fmt.Sprint(i), Delay: delay(i)})
+	}
+	var late []time.Duration
+	for range n {
+		select {
+		case j := <-got:
+			i, _ := strconv.Atoi(j.ID)
+			late = append(late, j.LeasedAt.Sub(j.CreatedAt.Add(delay(i))))
+		case <-time.After(10 * time.Second):
+			t.Fatalf("only %d of %d delayed jobs ran", len(late), n)
+		}
+	}
+	slices.Sort(late)
+	t.Logf("lateness on Redis's clock: %v", late)
+	if late[0] < 0 {
+		t.Fatalf("a delayed job ran %v early", -late[0])
+	}
+	if med := late[n/2]; med > 20*time.Millisecond {
+		t.Fatalf("median lateness %v, want at most 20ms (all: %v)", med, late)
 	}
 }
 

@@ -7,10 +7,13 @@
 // clock, never a worker's.
 //
 // The guarantee is at-least-once: a job that was enqueued runs until it completes or is dead, even when its
-// worker is killed mid-job. Each worker process keeps a short liveness record; the sweeper, run by every
-// worker but at most once per interval across all of them, hands the jobs of a process whose liveness ran out
-// back to ready within seconds, without waiting for their per-job lease, and it never reclaims a slow job of a
-// live process. A job that keeps killing its workers is dead after MaxStalls, with the reason recorded.
+// worker is killed mid-job; and a job runs again only when its worker is really gone. Each worker process keeps
+// a Redis connection of its own and registers it; a process that dies closes it. The sweeper, run by every
+// worker but at most once per interval across all of them, hands the jobs of a process whose connection is
+// gone back to ready within a second, without waiting for their per-job lease. A process that is frozen, slow,
+// or starving its own connection pool keeps its connection, and keeps its jobs until their lease runs out; a
+// Redis stall is not held against anyone. A job that keeps killing its workers is dead after MaxStalls, with
+// the reason recorded. docs/queue.md explains the mechanism.
 //
 // Because a job can run twice, handlers must make their side effects idempotent; the oncegate gateway exists
 // for that. Job.ID and Job.Epoch let a handler name its effects stably and fence them.

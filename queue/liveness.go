@@ -123,7 +123,7 @@ func (w *Worker) dialLiveness(ctx context.Context) (*liveness, error) {
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 0
 	o.ConnMaxIdleTime, o.ConnMaxLifetime = -1, 0
 	o.MaxRetries = 1
-	o.ReadTimeout = atLeast(o.ReadTimeout, max(2*time.Second, w.cfg.LeaseTTL/3))
+	o.ReadTimeout = atLeast(o.ReadTimeout, max(10*time.Second, w.cfg.LeaseTTL/3))
 	o.WriteTimeout = o.ReadTimeout
 	o.PoolTimeout = 0
 	l.rdb = redis.NewClient(o)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -26,7 +27,8 @@ func TestMain(m *testing.M) {
 
 // workerProcess is a real worker process for crash tests. It prints "start <id> <epoch>" on stdout when a
 // handler starts and "done <id> <epoch>" when one returns, and runs until SIGTERM (a graceful close) or
-// SIGKILL. WORKER_HANDLER says what handlers do: "block" waits for their context, "sleep" sleeps WORKER_SLEEP
+// SIGKILL. It talks to REDIS_URL, or to the Redis Cluster at WORKER_CLUSTER (comma-separated addresses).
+// WORKER_HANDLER says what handlers do: "block" waits for their context, "sleep" sleeps WORKER_SLEEP
 // ignoring the context, "hog" spends WORKER_SLEEP in BLPOP calls on the caller's own Redis client (as a handler
 // that waits on a list would, holding a pooled connection each), "ok" returns at once.
 func workerProcess() int {
@@ -37,12 +39,15 @@ func workerProcess() int {
 		return d
 	}
 	opts, err := redis.ParseURL(testenv.RedisURL())
-	opts.MaxRetries = -1 // report errors at once: the worker's own loops retry with backoff
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	rdb := redis.NewClient(opts)
+	opts.MaxRetries = -1 // report errors at once: the worker's own loops retry with backoff
+	var rdb redis.UniversalClient = redis.NewClient(opts)
+	if addrs := os.Getenv("WORKER_CLUSTER"); addrs != "" {
+		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ","), MaxRetries: -1})
+	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	q, err := New(rdb, os.Getenv("WORKER_QUEUE"), &Options{Logger: log})
 	if err != nil {

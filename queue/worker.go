@@ -249,7 +249,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer live.rdb.Close()
 
 	// Handlers, the heartbeat, the sweeper and completions outlive ctx: they are stopped in order below.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -293,7 +292,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	// No more heartbeats, then hand back and leave the registry: the liveness connection that closes next is
 	// then not taken for a crash. Handing back before cancelling means a handler that stops early finds its
 	// lease gone and records nothing.
+	// Closing the connection ends a heartbeat stuck on an unreachable Redis; the registration it leaves is
+	// removed by the release below, long before the reconnect grace could make a sweeper act on it.
 	stopLiveness()
+	_ = live.rdb.Close()
 	liveLoop.Wait()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	n, err := w.release(rctx)

@@ -3,77 +3,18 @@ package queue
 import (
 	"context"
 	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/redistest"
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testenv"
 )
-
-// privateRedis is a redis-server of the test's own, with AOF everysec, that the test stops and starts.
-type privateRedis struct {
-	t    *testing.T
-	dir  string
-	port int
-	p    *exec.Cmd
-}
-
-func startPrivateRedis(t *testing.T) *privateRedis {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Skip("no redis-server binary for a private Redis")
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	r := &privateRedis{t: t, dir: t.TempDir(), port: port}
-	r.start()
-	t.Cleanup(func() {
-		if r.p != nil {
-			_ = r.p.Process.Kill()
-			_ = r.p.Wait()
-		}
-	})
-	return r
-}
-
-func (r *privateRedis) url() string { return fmt.Sprintf("redis://127.0.0.1:%d/0", r.port) }
-
-func (r *privateRedis) start() {
-	r.t.Helper()
-	r.p = exec.Command("redis-server", "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--dir", r.dir,
-		"--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction")
-	if err := r.p.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", r.port)})
-	defer c.Close()
-	testenv.Eventually(r.t, 10*time.Second, "private Redis answers", func() bool {
-		return c.Ping(context.Background()).Err() == nil
-	})
-}
-
-// stop shuts Redis down as an operator or an orchestrator would (SIGTERM: it finishes its AOF and exits).
-func (r *privateRedis) stop() {
-	r.t.Helper()
-	_ = r.p.Process.Signal(syscall.SIGTERM)
-	_ = r.p.Wait()
-	r.p = nil
-}
 
 // Redis stopped and restarted under a running queue: every acknowledged enqueue survives, the jobs leased
 // at the time are recovered, and the worker process reconnects by itself.
@@ -81,8 +22,8 @@ func TestRedisRestartLosesNoAcknowledgedJob(t *testing.T) {
 	t.Parallel()
 	result := reliability.Record(t, "Queue", "Redis (AOF everysec) stopped and restarted under a producer and a worker process",
 		"No acknowledged enqueue lost; leased jobs recovered; the worker reconnects by itself")
-	r := startPrivateRedis(t)
-	rdb := redis.NewClient(&redis.Options{Addr: fmt.Sprintf("127.0.0.1:%d", r.port), MaxRetries: -1})
+	r := redistest.Start(t) // AOF everysec, as production runs
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
 	defer rdb.Close()
 	q, err := New(rdb, testenv.Name(t, "q"), nil)
 	if err != nil {
@@ -91,7 +32,7 @@ func TestRedisRestartLosesNoAcknowledgedJob(t *testing.T) {
 	// A short lease: a completion that could not reach Redis during the outage (its retries last about 3 s)
 	// leaves its job leased, and the job runs again once that lease expires.
 	w := proctest.ReExec(t, "worker", "WORKER_QUEUE="+q.name, "WORKER_HANDLER=sleep", "WORKER_SLEEP=50ms",
-		"WORKER_CONCURRENCY=4", "WORKER_LEASE_TTL=3s", "REDIS_URL="+r.url())
+		"WORKER_CONCURRENCY=4", "WORKER_LEASE_TTL=3s", "REDIS_URL="+r.URL())
 	w.WaitLine("ready ", 10*time.Second)
 
 	var acked sync.Map
@@ -120,9 +61,10 @@ func TestRedisRestartLosesNoAcknowledgedJob(t *testing.T) {
 		}
 	})
 	time.Sleep(1500 * time.Millisecond)
-	r.stop()
+	// SIGTERM, as an operator or an orchestrator would: Redis finishes its AOF and exits.
+	r.Stop()
 	time.Sleep(2 * time.Second) // an outage long enough for every lease and liveness to look expired after it
-	r.start()
+	r.Start()
 	time.Sleep(1500 * time.Millisecond)
 	close(stop)
 	wg.Wait()
@@ -155,5 +97,4 @@ func TestRedisRestartLosesNoAcknowledgedJob(t *testing.T) {
 	}
 	t.Logf("%d enqueues acknowledged (%d refused during the outage), all completed", n, refused.Load())
 	result(fmt.Sprintf("%d acknowledged, %d completed, 0 lost; %d refused while down", n, n, refused.Load()))
-	_ = os.Remove(filepath.Join(r.dir, "x"))
 }

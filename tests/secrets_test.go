@@ -37,10 +37,7 @@ func TestSecretsNeverLeak(t *testing.T) {
 	secret := "whsec_" + base64.StdEncoding.EncodeToString(hookKey)
 	secrets := []string{acmeKey, otherKey, wrongKey, upstreamTok, smtpPass, secret, base64.StdEncoding.EncodeToString(hookKey)}
 
-	jg := (*jaegertest.Jaeger)(nil)
-	if jaegertest.Binary() != "" {
-		jg = jaegertest.Start(t)
-	}
+	jg := jaegertest.StartIfBuilt(t)
 	dbURL := pgtest.Database(t)
 	mail := smtptest.Start(t)
 	failing := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

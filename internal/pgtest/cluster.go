@@ -27,18 +27,21 @@ type Cluster struct {
 }
 
 // StartCluster initialises and starts a cluster on a free loopback port. It is stopped and removed when the
-// test ends. A machine without the Postgres server binaries skips the test, saying so.
+// test ends. A machine without the Postgres server binaries fails the test rather than skipping it: scripts/test
+// installs them, and a skipped outage test would hide that the outage was never tried.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
 	bin := serverBin()
 	if bin == "" {
-		t.Skip("no Postgres server binaries (initdb, pg_ctl) found: install postgresql to run this test")
+		t.Fatal("no Postgres server binaries (initdb, pg_ctl) found: run scripts/test, which installs them, " +
+			"or install them yourself (apt-get install postgresql)")
 	}
 	c := &Cluster{t: t, bin: bin, port: freePort(t)}
 	base := os.TempDir()
 	if os.Geteuid() == 0 {
 		if _, err := user.Lookup("postgres"); err != nil {
-			t.Skip("running as root without a postgres user to run a private cluster as")
+			t.Fatal("running as root without a postgres user to run a private cluster as (Postgres refuses root): " +
+				"run scripts/test, which creates one, or install postgresql, whose package does")
 		}
 		c.as = []string{"runuser", "-u", "postgres", "--"}
 	}

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +44,17 @@ func Redis(t testing.TB) *redis.Client {
 		t.Fatalf("Redis at %s is unreachable (scripts/test starts one): %v", RedisURL(), err)
 	}
 	return rdb
+}
+
+// CI reports whether the tests run under CI (CI set, and not to a false value such as "false" or "0"). There,
+// a test that would skip for want of a binary fails instead: CI's scripts install every binary the tests
+// need, so a missing one is a broken install step, not a reason to test less.
+func CI() bool {
+	v := os.Getenv("CI")
+	if b, err := strconv.ParseBool(v); err == nil {
+		return b
+	}
+	return v != ""
 }
 
 var unsafe = regexp.MustCompile(`[^a-zA-Z0-9_-]+`)

@@ -194,6 +194,7 @@ func TestConcurrentSweepsReclaimEachJobOnce(t *testing.T) {
 	for i := range n {
 		mustEnqueue(t, q, NewJob{ID: fmt.Sprint(i)})
 	}
+	primeSweeper(t, q)
 	if got := len(leaseAs(t, q, "deadbeefdeadbeef", n, time.Millisecond)); got != n {
 		t.Fatalf("leased %d", got)
 	}

@@ -206,3 +206,15 @@ func testSweep(q *Queue, guard time.Duration) (SweepResult, error) {
 	s.guard = guard
 	return q.sweep(context.Background(), q.rdb.(*redis.Client), s, nil)
 }
+
+// primeSweeper makes the queue's sweeper state that of a queue swept a moment ago, so that a test's first sweep
+// is not held back as the first sweep of a new queue is.
+func primeSweeper(t *testing.T, q *Queue) {
+	t.Helper()
+	if _, err := testSweep(q, time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.rdb.HDel(context.Background(), q.keys.sweeper, "hold_until").Err(); err != nil {
+		t.Fatal(err)
+	}
+}

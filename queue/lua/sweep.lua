@@ -8,8 +8,8 @@
 -- server run (before a restart or failover) gets the longer restart grace, counted from when this server was
 -- first seen, so that live workers can reconnect before anything is taken from them.
 --
--- A sweep that follows a gap longer than outage_after (Redis stalled, every sweeping process paused) holds off
--- lease expiry for outage_grace: leases that ran out while nobody could heartbeat or sweep are not held
+-- A sweep that follows a gap longer than outage_after (Redis stalled, every sweeping process paused), or the
+-- first sweep of a queue, holds off lease expiry for outage_grace: leases that ran out while nobody could heartbeat or sweep are not held
 -- against live workers, which get time to heartbeat first.
 --
 -- KEYS[1] jobs  KEYS[2] owned  KEYS[3] leases  KEYS[4] ready  KEYS[5] dead  KEYS[6] marker  KEYS[7] workers
@@ -20,7 +20,7 @@
 -- ARGV[4] outage_grace ms
 -- ARGV[5] at most this many jobs reclaimed per worker and per step
 -- ARGV[6..] pairs of worker id, registration whose connection the caller found gone (or from another run)
--- Returns {reclaimed, dead, workers lost, outage ms (0 = none), earliest lease deadline ms or -1}.
+-- Returns {reclaimed, dead, workers lost, gap ms when it was an outage (else 0), earliest lease deadline ms or -1}.
 
 local now = now_ms()
 local grace = tonumber(ARGV[1])
@@ -35,8 +35,10 @@ end
 local since = tonumber(redis.call('HGET', KEYS[10], 'since'))
 local last = tonumber(redis.call('HGET', KEYS[10], 'last'))
 redis.call('HSET', KEYS[10], 'last', now)
-if last and now - last > tonumber(ARGV[3]) then
-  outage = now - last
+-- No previous sweep (a new queue, or state lost) says nothing about what happened before: hold as after an
+-- outage of unknown length.
+if not last or now - last > tonumber(ARGV[3]) then
+  outage = last and now - last or 0
   redis.call('HSET', KEYS[10], 'hold_until', now + tonumber(ARGV[4]))
 end
 

@@ -81,14 +81,14 @@ func TestRedisStallTakesNoLiveJob(t *testing.T) {
 // connect again and register within the restart grace; no job runs twice.
 func TestRedisRestartTakesNoLiveJob(t *testing.T) {
 	t.Parallel()
-	result := reliability.Record(t, "Queue", "Redis (AOF) stopped 3 s and restarted under 8 running jobs in 2 worker processes",
+	result := reliability.Record(t, "Queue", "Redis (AOF) stopped 5 s and restarted under 8 running jobs in 2 worker processes",
 		"Workers reconnect and register again; no job taken back or run twice")
 	srv := redistest.Start(t)
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { _ = rdb.Close() })
-	q, ids, stolen := holders(t, rdb, srv.URL(), 2, 4, 8*time.Second)
+	q, ids, stolen := holders(t, rdb, srv.URL(), 2, 4, 10*time.Second)
 	srv.Stop()
-	time.Sleep(3 * time.Second)
+	time.Sleep(5 * time.Second)
 	srv.Start()
 	checkNoneStolen(t, q, ids, stolen, 60*time.Second)
 	result(fmt.Sprintf("%d of %d completed by epoch 1, 0 stalls", len(ids), len(ids)))

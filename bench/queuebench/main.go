@@ -3,8 +3,9 @@
 //   - enqueue rate: jobs enqueued per second by 50 concurrent producers;
 //   - throughput: no-op jobs leased, run and completed per second with 50 concurrent handlers, timed from
 //     the worker's start until the queue reports every job done;
-//   - crash detection (oncegate only): a worker process holding a job is SIGKILLed; the time until another
-//     worker runs the job, with default settings.
+//   - liveness (oncegate only, liveness.go): the time from a SIGKILL of a worker process holding a job until
+//     another worker runs it, and the live jobs taken away (false reclaims) while worker processes are
+//     SIGSTOPped 10 s and while a Redis of the benchmark's own is frozen 5 s by DEBUG SLEEP.
 //
 // Each throughput figure is the median of -rounds runs, alternating the two queues. Both keep no completed
 // jobs (asynq's default), and both use the Redis at REDIS_URL. Run it with scripts/bench or `make bench`.
@@ -19,9 +20,9 @@ import (
 	"log"
 	"log/slog"
 	"os"
-	"os/exec"
 	"os/signal"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,7 +39,8 @@ var (
 	jobs        = flag.Int("jobs", 20000, "jobs per throughput run")
 	concurrency = flag.Int("concurrency", 50, "concurrent handlers, and concurrent producers")
 	rounds      = flag.Int("rounds", 3, "runs of each measurement; the median is reported")
-	crashes     = flag.Int("crashes", 3, "SIGKILL crash-detection runs")
+	crashes     = flag.Int("crashes", 20, "SIGKILL crash-detection runs")
+	pauses      = flag.Int("pauses", 20, "worker processes paused 10 s at once, for false reclaims")
 )
 
 func redisURL() string {
@@ -49,8 +51,9 @@ func redisURL() string {
 }
 
 func main() {
-	if len(os.Args) > 2 && os.Args[1] == "child-worker" {
-		os.Exit(childWorker(os.Args[2]))
+	if len(os.Args) > 4 && os.Args[1] == "child-worker" {
+		conc, _ := strconv.Atoi(os.Args[4])
+		os.Exit(childWorker(os.Args[2], os.Args[3], conc))
 	}
 	flag.Parse()
 	log.SetFlags(0)
@@ -77,26 +80,15 @@ func main() {
 			ogEnq[r], ogRun[r], aqEnq[r], aqRun[r])
 	}
 
-	var detect []time.Duration
-	for range *crashes {
-		d, err := crashDetection(ctx, rdb, quiet)
-		if err != nil {
-			log.Fatal(err)
-		}
-		detect = append(detect, d)
-	}
-	slices.Sort(detect)
-
 	fmt.Printf("\n| measure (median of %d) | oncegate | asynq v0.26.0 | ratio |\n", *rounds)
 	fmt.Println("|---|---|---|---|")
 	fmt.Printf("| enqueue, jobs/s (%d producers) | %.0f | %.0f | %.2f× |\n", *concurrency, median(ogEnq),
 		median(aqEnq), median(ogEnq)/median(aqEnq))
 	fmt.Printf("| lease+run+complete, no-op jobs/s (concurrency %d) | %.0f | %.0f | %.2f× |\n", *concurrency,
 		median(ogRun), median(aqRun), median(ogRun)/median(aqRun))
-	fmt.Printf("\ncrash detection with defaults (sweep every %v, reconnect grace %v, lease TTL %v), %d SIGKILLs: "+
-		"min %v, median %v, max %v\n", queue.DefaultSweepInterval, queue.DefaultReconnectGrace, queue.DefaultLeaseTTL,
-		len(detect), detect[0].Round(10*time.Millisecond), detect[len(detect)/2].Round(10*time.Millisecond),
-		detect[len(detect)-1].Round(10*time.Millisecond))
+	if err := livenessReport(ctx, rdb, quiet, *crashes, *pauses); err != nil {
+		log.Fatal(err)
+	}
 }
 
 func benchOncegate(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (enqRate, runRate float64) {
@@ -189,80 +181,8 @@ func produce(enqueue func() error) float64 {
 	return float64(*jobs) / time.Since(start).Seconds()
 }
 
-// crashDetection SIGKILLs a worker process holding a job and times until another worker runs the job.
-func crashDetection(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (time.Duration, error) {
-	q, err := queue.New(rdb, fmt.Sprintf("bench-crash-%d", time.Now().UnixNano()), &queue.Options{Logger: quiet})
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = q.Destroy(ctx) }()
-	self, err := os.Executable()
-	if err != nil {
-		return 0, err
-	}
-	child := exec.Command(self, "child-worker", q.Name())
-	child.Stderr = os.Stderr
-	out, err := child.StdoutPipe()
-	if err != nil {
-		return 0, err
-	}
-	if err := child.Start(); err != nil {
-		return 0, err
-	}
-	if _, err := q.Enqueue(ctx, queue.NewJob{ID: "held"}); err != nil {
-		return 0, err
-	}
-	sc := bufio.NewScanner(out)
-	if !sc.Scan() || sc.Text() != "started" {
-		_ = child.Process.Kill()
-		return 0, fmt.Errorf("child worker did not start the job: %q", sc.Text())
-	}
-	_ = child.Process.Signal(syscall.SIGKILL)
-	_ = child.Wait()
-	killed := time.Now()
-
-	ran := make(chan time.Time, 1)
-	w, err := queue.NewWorker(q, queue.HandlerFunc(func(context.Context, *queue.Job) error {
-		ran <- time.Now()
-		return nil
-	}), &queue.WorkerConfig{Logger: quiet})
-	if err != nil {
-		return 0, err
-	}
-	wctx, stop := context.WithCancel(ctx)
-	defer stop()
-	go func() { _ = w.Run(wctx) }()
-	select {
-	case at := <-ran:
-		return at.Sub(killed), nil
-	case <-time.After(2 * queue.DefaultLeaseTTL):
-		return 0, fmt.Errorf("the killed worker's job did not run again within %v", 2*queue.DefaultLeaseTTL)
-	}
-}
-
-// childWorker holds every job it gets until it is killed.
-func childWorker(name string) int {
-	opts, err := redis.ParseURL(redisURL())
-	if err != nil {
-		return 2
-	}
-	rdb := redis.NewClient(opts)
-	q, err := queue.New(rdb, name, &queue.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		return 2
-	}
-	w, err := queue.NewWorker(q, queue.HandlerFunc(func(ctx context.Context, j *queue.Job) error {
-		fmt.Println("started")
-		<-ctx.Done()
-		return ctx.Err()
-	}), nil)
-	if err != nil {
-		return 2
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
-	defer stop()
-	_ = w.Run(ctx)
-	return 0
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM)
 }
 
 func waitUntil(cond func() bool) {

@@ -334,3 +334,26 @@ func TestGracefulCloseLetsRunningHandlersFinish(t *testing.T) {
 		t.Fatalf("job after close = %+v; want completed by the closing worker", j)
 	}
 }
+
+// A job taken back from a dead worker goes to the head of the ready list: it had waited longest and was
+// already running, so a crash does not send it behind the backlog that arrived meanwhile.
+func TestReclaimedJobRunsBeforeTheBacklog(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	a := startWorkerProcess(t, q, "WORKER_HANDLER=block", "WORKER_CONCURRENCY=1")
+	mustEnqueue(t, q, NewJob{ID: "crashed"})
+	a.WaitLine("start crashed 1", 10*time.Second)
+	for i := range 5 {
+		mustEnqueue(t, q, NewJob{ID: fmt.Sprint("backlog-", i)})
+	}
+	a.Kill()
+	testenv.Eventually(t, 10*time.Second, "the crashed job was not taken back", func() bool {
+		return mustJob(t, q, "crashed").State == StateReady
+	})
+	order := make(chan string, 6)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { order <- j.ID; return nil }),
+		&WorkerConfig{Concurrency: 1})
+	if first := <-order; first != "crashed" {
+		t.Fatalf("first job run after the crash: %s, want the reclaimed one", first)
+	}
+}

@@ -46,6 +46,17 @@ local function make_ready(keys_jobs, keys_ready, id, job, now)
   redis.call('RPUSH', keys_ready, id)
 end
 
+-- Puts a job that was taken back from its worker (a stall, a graceful close) at the head of the ready list:
+-- it had waited longest and was already running, so a crash must not send it behind the whole backlog. Its
+-- ready_at is kept, which keeps the list ordered by ready_at.
+local function make_ready_front(keys_jobs, keys_ready, id, job)
+  job.state = 'ready'
+  job.owner = nil
+  job.run_at = nil
+  save_job(keys_jobs, id, job)
+  redis.call('LPUSH', keys_ready, id)
+end
+
 local function make_dead(keys_jobs, keys_dead, id, job, now, reason)
   job.state = 'dead'
   job.dead_reason = reason

@@ -15,7 +15,7 @@ for i = 2, #ARGV, 2 do
   local job = load_job(KEYS[1], id)
   if holds(job, ARGV[i + 1]) then
     drop_lease(KEYS[2], KEYS[3], id, job)
-    make_ready(KEYS[1], KEYS[4], id, job, now)
+    make_ready_front(KEYS[1], KEYS[4], id, job)
     n = n + 1
   end
 end

@@ -61,7 +61,7 @@ local function reclaim(id, why, owner)
     died = died + 1
   else
     job.last_stall = why
-    make_ready(KEYS[1], KEYS[4], id, job, now)
+    make_ready_front(KEYS[1], KEYS[4], id, job)
     reclaimed = reclaimed + 1
   end
 end

@@ -348,6 +348,7 @@ func TestReclaimedJobRunsBeforeTheBacklog(t *testing.T) {
 	}
 	a.Kill()
 	testenv.Eventually(t, 10*time.Second, "the crashed job was not taken back", func() bool {
+		sweepNow(t, q) // no other worker runs yet: it would take the backlog
 		return mustJob(t, q, "crashed").State == StateReady
 	})
 	order := make(chan string, 6)

@@ -93,9 +93,10 @@ func TestKilledWorkersJobIsBackWithinASecond(t *testing.T) {
 	if err != nil || out[0] != "lost" {
 		t.Fatalf("fail under epoch 1 = %v, %v; want lost", out, err)
 	}
-	lost, err := heartbeatScript.Run(context.Background(), q.rdb, []string{k.jobs, k.leases, k.workers},
-		j.Owner, 3000, 60000, j.ID, 1).StringSlice()
-	if err != nil || len(lost) != 2 || lost[0] != j.ID || lost[1] != "1" {
+	lost, err := heartbeatScript.Run(context.Background(), q.rdb,
+		[]string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
+		j.Owner, 3000, 60000, 60000, j.ID, 1).StringSlice()
+	if err != nil || len(lost) != 3 || lost[0] != "0" || lost[1] != j.ID || lost[2] != "1" {
 		t.Fatalf("heartbeat under epoch 1 = %v, %v; want the lease reported lost", lost, err)
 	}
 	if got := mustJob(t, q, j.ID); got.State != StateActive || got.Epoch != 2 || got.Failures != 0 {
@@ -120,7 +121,7 @@ func TestPausedWorkerResumesWithoutTouchingItsLostJob(t *testing.T) {
 
 	s := newStarted()
 	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { s.record(j); return nil }),
-		&WorkerConfig{SweepInterval: 200 * time.Millisecond})
+		nil)
 	j := waitState(t, q, "job", StateCompleted, 15*time.Second)
 	a.Signal(syscall.SIGCONT)
 	a.WaitLine("done job 1", 10*time.Second)

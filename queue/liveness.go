@@ -33,6 +33,12 @@ type liveness struct {
 	// connCheck is false once Redis has refused CLIENT ID or CLIENT LIST: crash detection then rests on leases.
 	connCheck atomic.Bool
 	warnOnce  sync.Once
+	// brokenSince is when Redis refused to take the connection back (unix ns; 0 while it works). Past the
+	// fence time the worker gives its runs up: the sweepers will soon count it gone.
+	brokenSince atomic.Int64
+	// failures counts liveness commands failed in a row, so that a long outage logs now and then, not 10 times
+	// a second.
+	failures int
 }
 
 // nodeOptions returns the options of a client for the Redis node that serves key: the caller's own for a
@@ -63,12 +69,14 @@ func ownJobClient(rdb redis.UniversalClient, poolSize int, readTimeout time.Dura
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = poolSize, 0, poolSize, 0
 		o.ReadTimeout = atLeast(o.ReadTimeout, readTimeout)
 		o.PoolTimeout = 0
+		o.MaxRetries = -1 // a lease or completion repeated after a lost answer would run twice: the loops retry
 		return redis.NewClient(&o), nil
 	case *redis.ClusterClient:
 		o := *c.Options()
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = poolSize, 0, poolSize, 0
 		o.ReadTimeout = atLeast(o.ReadTimeout, readTimeout)
 		o.PoolTimeout = 0
+		o.MaxRetries = -1
 		return redis.NewClusterClient(&o), nil
 	default:
 		return nil, fmt.Errorf("queue: a worker needs a *redis.Client or *redis.ClusterClient, not %T", rdb)
@@ -112,7 +120,8 @@ func (w *Worker) dialLiveness(ctx context.Context) (*liveness, error) {
 			}
 			return err
 		}
-		err = registerScript.Run(ctx, cn, []string{k.conns, k.missing, k.workers}, w.id, id, seen).Err()
+		err = registerScript.Run(ctx, cn, []string{k.conns, k.missing, k.workers}, w.id, id, seen,
+			w.cfg.ReconnectGrace.Milliseconds()).Err()
 		if err != nil && !errors.Is(err, redis.Nil) { // Nil: a newer connection of ours is registered already
 			return fmt.Errorf("queue: register liveness connection: %w", err)
 		}
@@ -122,6 +131,8 @@ func (w *Worker) dialLiveness(ctx context.Context) (*liveness, error) {
 	// out a Redis stall of several seconds: dropping the connection then would look like a death.
 	o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = 1, 0, 1, 0
 	o.ConnMaxIdleTime, o.ConnMaxLifetime = -1, 0
+	// A command retried on a fresh connection is one the sweepers need not wait for: the new connection
+	// registers before it runs. Every liveness script is safe to run twice.
 	o.MaxRetries = 1
 	o.ReadTimeout = atLeast(o.ReadTimeout, max(10*time.Second, w.cfg.LeaseTTL/3))
 	o.WriteTimeout = o.ReadTimeout
@@ -167,14 +178,14 @@ func (w *Worker) livenessLoop(ctx context.Context, l *liveness) {
 		}
 		now = time.Now()
 		if !now.Before(nextBeat) {
-			if err := w.heartbeat(ctx, l); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				w.log.Warn("heartbeat failed; retrying", "err", err)
-				nextBeat = time.Now().Add(min(w.cfg.HeartbeatInterval, 200*time.Millisecond))
-			} else {
-				nextBeat = now.Add(w.cfg.HeartbeatInterval)
+			err := w.heartbeat(ctx, l)
+			if ctx.Err() != nil {
+				return
+			}
+			w.noteLiveness(ctx, l, "heartbeat", err)
+			nextBeat = now.Add(w.cfg.HeartbeatInterval)
+			if err != nil {
+				nextBeat = time.Now().Add(min(w.cfg.HeartbeatInterval, w.cfg.SweepInterval))
 			}
 		}
 		if !now.Before(nextSweep) {
@@ -192,33 +203,145 @@ func earliest(a, b time.Time) time.Time {
 	return b
 }
 
-// heartbeat marks the worker seen, extends the leases of its runs and cancels each run whose lease is gone.
+// noteLiveness keeps track of the liveness connection after each command on it: it notes when the connection
+// broke, follows a cluster's slot to its new master, says so in the log now and then, and, once the worker is
+// back, hands back the runs it gave up while cut off.
+func (w *Worker) noteLiveness(ctx context.Context, l *liveness, what string, err error) {
+	if err == nil {
+		if l.failures > 0 {
+			w.log.Info("liveness connection works again", "failed", l.failures)
+		}
+		l.failures = 0
+		if l.brokenSince.Swap(0) != 0 {
+			w.handBackFenced(ctx)
+		}
+		return
+	}
+	l.failures++
+	if l.failures == 1 || l.failures%50 == 0 {
+		w.log.Warn(what+" failed; retrying", "err", err, "failed_in_a_row", l.failures)
+	}
+	if isMoved(err) {
+		w.redial(ctx, l)
+		return
+	}
+	if connectionLost(err) {
+		l.brokenSince.CompareAndSwap(0, time.Now().UnixNano())
+	}
+}
+
+// connectionLost reports whether err says that Redis is up but will not take the worker's liveness connection
+// back (it is full). Then the sweepers will count the worker gone once the grace runs out, and the worker gives
+// its runs up before that. A closed, reset or refused connection is not enough: Redis may be restarting, and
+// then the sweepers wait for the worker (the restart grace); or the worker is cut off, and then, like a frozen
+// one, it learns that its leases were taken when it is back, and the epoch fences what it does meanwhile.
+func connectionLost(err error) bool {
+	return isServerError(err) && strings.Contains(err.Error(), "max number of clients reached")
+}
+
+// isMoved reports whether Redis answered that the queue's slot lives elsewhere now (a failover, a resharding).
+func isMoved(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	for _, p := range []string{"MOVED ", "ASK ", "READONLY ", "CLUSTERDOWN "} {
+		if strings.HasPrefix(rerr.Error(), p) {
+			return true
+		}
+	}
+	return false
+}
+
+// redial replaces the liveness connection with one to the node that holds the queue's slot now.
+func (w *Worker) redial(ctx context.Context, l *liveness) {
+	if c, ok := w.q.rdb.(*redis.ClusterClient); ok {
+		c.ReloadState(ctx)
+	}
+	next, err := w.dialLiveness(ctx)
+	if err != nil {
+		w.log.Warn("could not find the queue's Redis node again", "err", err)
+		return
+	}
+	old := l.rdb
+	l.rdb = next.rdb
+	_ = old.Close()
+	w.log.Info("liveness connection follows the queue's slot to another node", "addr", next.rdb.Options().Addr)
+}
+
+// fenceAfter is how long the worker keeps running its jobs after Redis refused to take its liveness connection
+// back. A sweeper counts the worker gone ReconnectGrace after it first sees the connection closed, and
+// the worker notices within a sweep interval of Redis, so it gives up its runs a little before that: a job
+// then never runs here and elsewhere at once.
+func (w *Worker) fenceAfter() time.Duration {
+	return max(w.cfg.ReconnectGrace-w.cfg.SweepInterval-50*time.Millisecond, w.cfg.ReconnectGrace/4)
+}
+
+// fenceWatch gives up the worker's runs when its liveness connection has been broken for fenceAfter. It runs
+// apart from the liveness loop, which may be stuck on a dial.
+func (w *Worker) fenceWatch(ctx context.Context, l *liveness) {
+	t := time.NewTicker(max(w.cfg.SweepInterval/4, 5*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		since := l.brokenSince.Load()
+		if since == 0 || time.Since(time.Unix(0, since)) < w.fenceAfter() {
+			continue
+		}
+		if n := w.fenceAll(); n > 0 {
+			w.log.Warn("liveness connection lost and not back within the grace: giving up the running jobs, "+
+				"which other workers may now run", "jobs", n, "broken_for", time.Since(time.Unix(0, since)))
+		}
+	}
+}
+
+// heartbeat marks the worker seen, extends the leases of its runs, cancels each run whose lease is gone, and
+// hands back leases it was given but never heard of.
 func (w *Worker) heartbeat(ctx context.Context, l *liveness) error {
-	args := append([]any{w.id, w.seenFor().Milliseconds(), w.cfg.LeaseTTL.Milliseconds()}, w.livePairs()...)
+	args := append([]any{w.id, w.seenFor().Milliseconds(), w.leaseFor().Milliseconds(),
+		w.orphanAge().Milliseconds()}, w.livePairs()...)
 	k := w.q.keys
-	lost, err := heartbeatScript.Run(ctx, l.rdb, []string{k.jobs, k.leases, k.workers}, args...).StringSlice()
+	res, err := heartbeatScript.Run(ctx, l.rdb, []string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
+		args...).StringSlice()
 	if err != nil {
 		return fmt.Errorf("queue: heartbeat: %w", err)
 	}
-	for i := 0; i+1 < len(lost); i += 2 {
-		epoch, err := strconv.ParseInt(lost[i+1], 10, 64)
+	if res[0] != "0" {
+		w.log.Warn("handed back jobs leased to this worker whose lease never reached it", "jobs", res[0])
+	}
+	for i := 1; i+1 < len(res); i += 2 {
+		epoch, err := strconv.ParseInt(res[i+1], 10, 64)
 		if err != nil {
-			return fmt.Errorf("queue: heartbeat: bad epoch %q", lost[i+1])
+			return fmt.Errorf("queue: heartbeat: bad epoch %q", res[i+1])
 		}
-		w.lose(runKey{id: lost[i], epoch: epoch})
+		w.lose(runKey{id: res[i], epoch: epoch})
 	}
 	return nil
 }
 
+// leaseFor is the lease a lease or heartbeat sets: LeaseTTL counted from the next heartbeat due, so that a
+// pause shorter than LeaseTTL never costs a live worker its job, wherever it falls between two beats.
+func (w *Worker) leaseFor() time.Duration { return w.cfg.LeaseTTL + w.cfg.HeartbeatInterval }
+
+// orphanAge is how old a lease of this worker's must be, unknown to it, before the heartbeat hands it back:
+// older than any lease call can take to answer.
+func (w *Worker) orphanAge() time.Duration { return w.jobReadTimeout() + 2*time.Second }
+
+// jobReadTimeout bounds a command of the worker's job traffic, the blocking wait for jobs included.
+func (w *Worker) jobReadTimeout() time.Duration { return w.cfg.IdleBlock + 5*time.Second }
+
 func (w *Worker) sweepOnce(ctx context.Context, l *liveness) {
 	res, err := w.q.sweep(ctx, l.rdb, w.sweepSettings(), l)
-	switch {
-	case err != nil:
-		if ctx.Err() == nil {
-			w.log.Warn("sweep failed", "err", err)
-		}
+	if ctx.Err() != nil {
 		return
-	case !res.Ran:
+	}
+	w.noteLiveness(ctx, l, "sweep", err)
+	switch {
+	case err != nil, !res.Ran:
 		return
 	case res.Outage > 0:
 		w.log.Warn("no sweep ran for a while (Redis stalled, or every sweeping worker paused): lease expiry held "+
@@ -287,29 +410,41 @@ func (q *Queue) sweep(ctx context.Context, c *redis.Client, s sweepSettings, l *
 		}
 		args = append(args, gone...)
 	}
-	res, err := sweepScript.Run(ctx, c, []string{k.jobs, k.owned, k.leases, k.ready, k.dead, k.marker, k.workers,
-		k.conns, k.missing, k.sweeper}, args...).Int64Slice()
-	if err != nil {
-		return SweepResult{}, fmt.Errorf("queue: sweep: %w", err)
+	out := SweepResult{Ran: true}
+	// A script call reclaims a bounded number of jobs, so that Redis is never blocked long; a dead worker that
+	// held thousands is emptied by calls in a row, not one per interval.
+	for range 100 {
+		res, err := sweepScript.Run(ctx, c, []string{k.jobs, k.owned, k.leases, k.ready, k.dead, k.marker,
+			k.workers, k.conns, k.missing, k.sweeper}, args...).Int64Slice()
+		if err != nil {
+			return out, fmt.Errorf("queue: sweep: %w", err)
+		}
+		out.Reclaimed += int(res[0])
+		out.Dead += int(res[1])
+		out.WorkersLost += int(res[2])
+		out.Outage = max(out.Outage, time.Duration(res[3])*time.Millisecond)
+		if res[5] == 0 {
+			break
+		}
 	}
-	return SweepResult{Ran: true, Reclaimed: int(res[0]), Dead: int(res[1]), WorkersLost: int(res[2]),
-		Outage: time.Duration(res[3]) * time.Millisecond}, nil
+	return out, nil
 }
 
 // goneConnections returns the (worker id, registration) pairs of regs whose connection no longer exists on the
-// server whose run id is runID, and those registered on another server run.
+// server whose run id is runID, and those registered on another server run. A registration is
+// "<run id>:<client id>:<reconnect grace ms>".
 func goneConnections(ctx context.Context, c *redis.Client, runID string, regs []string) ([]any, error) {
 	var gone []any
 	byClient := map[string][]string{} // client id -> worker id, registration
 	args := []any{"CLIENT", "LIST", "ID"}
 	for i := 0; i+1 < len(regs); i += 2 {
-		run, id, ok := strings.Cut(regs[i+1], ":")
-		if !ok || run != runID {
+		parts := strings.Split(regs[i+1], ":")
+		if len(parts) != 3 || parts[0] != runID {
 			gone = append(gone, regs[i], regs[i+1])
 			continue
 		}
-		byClient[id] = []string{regs[i], regs[i+1]}
-		args = append(args, id)
+		byClient[parts[1]] = []string{regs[i], regs[i+1]}
+		args = append(args, parts[1])
 	}
 	if len(byClient) == 0 {
 		return gone, nil

@@ -77,6 +77,7 @@ func workerProcess() int {
 		LeaseTTL:          env("WORKER_LEASE_TTL", 0),
 		HeartbeatInterval: env("WORKER_HEARTBEAT", 0),
 		SweepInterval:     env("WORKER_SWEEP_INTERVAL", 0),
+		ReconnectGrace:    env("WORKER_RECONNECT_GRACE", 0),
 		DrainTimeout:      env("WORKER_DRAIN", 0),
 	})
 	if err != nil {
@@ -179,7 +180,7 @@ func completeAs(t *testing.T, q *Queue, id string, epoch int64) bool {
 // leaseAs leases up to n jobs to a made-up worker that will never heartbeat nor register a connection.
 func leaseAs(t *testing.T, q *Queue, wid string, n int, leaseTTL time.Duration) []*Job {
 	t.Helper()
-	w := &Worker{q: q, id: wid, rdb: q.rdb, cfg: WorkerConfig{LeaseTTL: leaseTTL, HeartbeatInterval: time.Second}}
+	w := &Worker{q: q, id: wid, rdb: q.rdb, cfg: WorkerConfig{LeaseTTL: leaseTTL}}
 	jobs, _, _, err := w.lease(context.Background(), n)
 	if err != nil {
 		t.Fatal(err)

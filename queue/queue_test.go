@@ -197,6 +197,36 @@ func TestDelayedJobsRunWithin20msOfTheirTime(t *testing.T) {
 	}
 }
 
+// A completion or failure repeated after its answer was lost (the worker retries; Redis had run it) reports
+// what the first did, not a lost lease.
+func TestRepeatedCompletionAndFailureAreIdempotent(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	mustEnqueue(t, q, NewJob{ID: "done"})
+	mustEnqueue(t, q, NewJob{ID: "failed"})
+	jobs := leaseAs(t, q, "0123456789abcdef", 2, time.Minute)
+	if len(jobs) != 2 {
+		t.Fatalf("leased %d", len(jobs))
+	}
+	for range 2 {
+		if !completeAs(t, q, "done", 1) {
+			t.Fatal("a repeated completion by the same epoch was refused")
+		}
+	}
+	k := q.keys
+	for range 2 {
+		out, err := failScript.Run(context.Background(), q.rdb,
+			[]string{k.jobs, k.leases, k.owned, k.ready, k.delayed, k.dead, k.marker},
+			"failed", 1, "boom", "0", 60_000).Slice()
+		if err != nil || out[0] != "retry" {
+			t.Fatalf("fail = %v, %v; want retry both times", out, err)
+		}
+	}
+	if j := mustJob(t, q, "failed"); j.Failures != 1 {
+		t.Fatalf("failures = %d after one failure recorded twice, want 1", j.Failures)
+	}
+}
+
 // An idle worker blocks on Redis and wakes as soon as a job arrives: with IdleBlock far longer than the test,
 // only the marker can have woken it.
 func TestIdleWorkerWakesOnEnqueue(t *testing.T) {

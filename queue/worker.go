@@ -151,6 +151,11 @@ func (c WorkerConfig) validate() error {
 			"would run out between its heartbeats and its jobs would run twice; raise LeaseTTL or lower "+
 			"HeartbeatInterval", c.LeaseTTL, c.HeartbeatInterval)
 	}
+	if c.SweepInterval > c.ReconnectGrace/3 {
+		return fmt.Errorf("queue: SweepInterval %v is over a third of ReconnectGrace %v: the worker would notice "+
+			"its own closed connection too late to reconnect, or to give its jobs up, within the grace",
+			c.SweepInterval, c.ReconnectGrace)
+	}
 	if c.SweepInterval > c.LeaseTTL {
 		return fmt.Errorf("queue: SweepInterval %v is over LeaseTTL %v: expired leases would wait for the sweep "+
 			"longer than they lasted", c.SweepInterval, c.LeaseTTL)
@@ -178,6 +183,9 @@ type Worker struct {
 	mu    sync.Mutex
 	runs  map[runKey]*run
 	freed chan struct{} // rung when a slot frees up
+	// fenced are the runs given up while the worker was cut off from Redis, handed back once it is back.
+	fenced []runKey
+	live   *liveness
 
 	completions chan completion
 	handlers    sync.WaitGroup
@@ -195,6 +203,8 @@ type run struct {
 	// lost is set once the lease is known to be gone (or handed back): heartbeats stop asking about it, but the
 	// run keeps its slot until its handler returns.
 	lost bool
+	// finishing is set when the handler has returned and its outcome is being recorded.
+	finishing bool
 }
 
 // NewWorker returns a worker that runs h for the jobs of q. It refuses settings that cannot work.
@@ -239,7 +249,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	for _, warning := range CheckRedis(ctx, w.q.rdb) {
 		w.log.Warn(warning)
 	}
-	rdb, err := ownJobClient(w.q.rdb, 2+min(w.cfg.Concurrency, 16), w.cfg.IdleBlock+5*time.Second)
+	rdb, err := ownJobClient(w.q.rdb, 2+min(w.cfg.Concurrency, 16), w.jobReadTimeout())
 	if err != nil {
 		return err
 	}
@@ -249,6 +259,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	w.live = live
 
 	// Handlers, the heartbeat, the sweeper and completions outlive ctx: they are stopped in order below.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -266,6 +277,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	liveCtx, stopLiveness := context.WithCancel(bgCtx)
 	var bg, liveLoop sync.WaitGroup
 	liveLoop.Go(func() { w.livenessLoop(liveCtx, live) })
+	liveLoop.Go(func() { w.fenceWatch(liveCtx, live) })
 	bg.Go(func() { w.completeLoop(bgCtx) })
 
 	fetched := make(chan struct{})
@@ -342,9 +354,50 @@ func (w *Worker) lose(k runKey) {
 		r.lost = true
 	}
 	w.mu.Unlock()
-	if r != nil {
+	if r != nil && !r.finishing {
 		w.log.Warn("lease lost; cancelling the handler", "job", k.id, "epoch", k.epoch)
 		r.cancel(ErrLeaseLost)
+	}
+}
+
+// fenceAll gives up every run that still holds a lease: the worker has been cut off long enough that the
+// sweepers may count it gone. The runs keep their slots until their handlers return; once Redis is reachable
+// again, handBackFenced returns the jobs that no one took meanwhile.
+func (w *Worker) fenceAll() int {
+	w.mu.Lock()
+	var cancels []context.CancelCauseFunc
+	for k, r := range w.runs {
+		if !r.lost && !r.finishing {
+			r.lost = true
+			w.fenced = append(w.fenced, k)
+			cancels = append(cancels, r.cancel)
+		}
+	}
+	w.mu.Unlock()
+	for _, c := range cancels {
+		c(fmt.Errorf("%w: the worker was cut off from Redis", ErrLeaseLost))
+	}
+	return len(cancels)
+}
+
+// handBackFenced returns to ready the jobs of runs given up while cut off, unless they were taken meanwhile.
+func (w *Worker) handBackFenced(ctx context.Context) {
+	w.mu.Lock()
+	fenced := w.fenced
+	w.fenced = nil
+	w.mu.Unlock()
+	if len(fenced) == 0 {
+		return
+	}
+	pairs := make([]any, 0, 2*len(fenced))
+	for _, k := range fenced {
+		pairs = append(pairs, k.id, k.epoch)
+	}
+	if n, err := w.handBack(ctx, false, pairs); err != nil {
+		w.log.Warn("could not hand back the jobs given up while cut off; they come back when their lease ends",
+			"err", err)
+	} else {
+		w.log.Info("handed back the jobs given up while cut off", "jobs", n, "given_up", len(fenced))
 	}
 }
 
@@ -363,6 +416,11 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 			case <-w.freed:
 			case <-ctx.Done():
 			}
+			continue
+		}
+		if w.live.brokenSince.Load() != 0 {
+			// Without a registered liveness connection, jobs leased now could be taken back at any moment.
+			sleep(ctx, w.cfg.SweepInterval)
 			continue
 		}
 		leasedAt := time.Now()
@@ -425,7 +483,7 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next int64
 	k := w.q.keys
 	res, err := leaseScript.Run(lctx, w.rdb,
 		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker},
-		w.id, n, w.cfg.LeaseTTL.Milliseconds(), w.seenFor().Milliseconds()).Slice()
+		w.id, n, w.leaseFor().Milliseconds(), w.seenFor().Milliseconds()).Slice()
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -489,6 +547,11 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 		}
 	}()
 	err := w.call(ctx, job)
+	w.mu.Lock()
+	if r := w.runs[runKey{id: job.ID, epoch: job.Epoch}]; r != nil {
+		r.finishing = true
+	}
+	w.mu.Unlock()
 	if cause := context.Cause(ctx); cause != nil {
 		// The lease was lost or handed back at close: the job is someone else's now, there is nothing to record.
 		w.log.InfoContext(ctx, "handler stopped", "job", job.ID, "epoch", job.Epoch, "cause", cause, "err", err)
@@ -640,19 +703,32 @@ func (w *Worker) fail(job *Job, herr error) (string, error) {
 // release hands the jobs of the runs still holding a lease back and leaves the liveness registry. The runs
 // are marked lost, so nothing asks about them again while their handlers wind down.
 func (w *Worker) release(ctx context.Context) (int, error) {
-	k := w.q.keys
-	pairs := w.livePairs()
-	n, err := releaseScript.Run(ctx, w.rdb,
-		[]string{k.jobs, k.leases, k.owned, k.ready, k.marker, k.workers, k.conns, k.missing},
-		append([]any{w.id}, pairs...)...).Int()
+	n, err := w.handBack(ctx, true, w.livePairs())
 	if err != nil {
-		return 0, fmt.Errorf("queue: release: %w", err)
+		return 0, err
 	}
 	w.mu.Lock()
 	for _, r := range w.runs {
 		r.lost = true
 	}
 	w.mu.Unlock()
+	return n, nil
+}
+
+// handBack returns the jobs of the given (id, epoch) pairs to the head of the ready list, where this worker
+// still holds them; leave also takes the worker out of the liveness registry.
+func (w *Worker) handBack(ctx context.Context, leave bool, pairs []any) (int, error) {
+	k := w.q.keys
+	flag := "0"
+	if leave {
+		flag = "1"
+	}
+	n, err := releaseScript.Run(ctx, w.rdb,
+		[]string{k.jobs, k.leases, k.owned, k.ready, k.marker, k.workers, k.conns, k.missing},
+		append([]any{w.id, flag}, pairs...)...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("queue: hand back jobs: %w", err)
+	}
 	return n, nil
 }
 

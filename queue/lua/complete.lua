@@ -28,6 +28,9 @@ for i = 3, #ARGV, 2 do
       redis.call('HDEL', KEYS[2], id)
     end
     out[#out + 1] = 1
+  elseif job and job.state == 'completed' and tonumber(job.epoch) == tonumber(ARGV[i + 1]) then
+    -- This epoch completed it already: a call repeated after its answer was lost.
+    out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end

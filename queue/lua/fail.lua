@@ -14,6 +14,13 @@
 local id = ARGV[1]
 local job = load_job(KEYS[1], id)
 if not holds(job, ARGV[2]) then
+  -- This epoch's failure recorded already (a call repeated after its answer was lost): say what came of it.
+  if job and tonumber(job.epoch) == tonumber(ARGV[2]) and job.last_error == ARGV[3] and job.state ~= 'active' then
+    if job.state == 'dead' then
+      return {'dead', cjson.encode(job)}
+    end
+    return {'retry', cjson.encode(job)}
+  end
   return {'lost', ''}
 end
 local now = now_ms()

@@ -1,19 +1,27 @@
 -- A worker process's heartbeat: marks it seen alive and extends the leases of the runs it still holds. Every
 -- run is checked against its epoch, so a worker learns within one beat exactly which run lost its lease.
 --
--- KEYS[1] jobs  KEYS[2] leases  KEYS[3] workers
+-- It also hands back jobs leased to this worker that it does not know it holds: a lease whose answer was lost
+-- on the way (a timeout, a dropped connection) would otherwise sit idle until its lease ran out, and count a
+-- stall. Only leases older than ARGV[4] are orphans; a younger one may still be on its way to the worker.
+--
+-- KEYS[1] jobs  KEYS[2] leases  KEYS[3] workers  KEYS[4] owned  KEYS[5] ready  KEYS[6] marker
 -- ARGV[1] worker id
 -- ARGV[2] ms the worker counts as seen alive (for Stats)
 -- ARGV[3] lease TTL ms
--- ARGV[4..] pairs of id, epoch
--- Returns the pairs {id, epoch, ...} whose lease the worker no longer holds.
+-- ARGV[4] orphan age ms
+-- ARGV[5..] pairs of id, epoch
+-- Returns {orphans handed back, id, epoch, ...}: the pairs whose lease the worker no longer holds.
 
 local now = now_ms()
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
 local deadline = now + tonumber(ARGV[3])
-local lost = {}
-for i = 4, #ARGV, 2 do
+local lost = {'0'}
+local orphans = 0
+local held = {}
+for i = 5, #ARGV, 2 do
   local id = ARGV[i]
+  held[id] = true
   local job = load_job(KEYS[1], id)
   if holds(job, ARGV[i + 1]) and job.owner == ARGV[1] then
     redis.call('ZADD', KEYS[2], 'XX', deadline, id)
@@ -21,5 +29,22 @@ for i = 4, #ARGV, 2 do
     lost[#lost + 1] = id
     lost[#lost + 1] = ARGV[i + 1]
   end
+end
+local wid = ARGV[1]
+local old = now - tonumber(ARGV[4])
+for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[4], '[' .. wid .. ':', '[' .. wid .. ';', 'LIMIT', 0, 1000)) do
+  local id = string.sub(m, #wid + 2)
+  if not held[id] then
+    local job = load_job(KEYS[1], id)
+    if job and job.state == 'active' and job.owner == wid and (job.leased_at or 0) < old then
+      drop_lease(KEYS[2], KEYS[4], id, job)
+      make_ready_front(KEYS[1], KEYS[5], id, job)
+      orphans = orphans + 1
+    end
+  end
+end
+if orphans > 0 then
+  lost[1] = tostring(orphans)
+  wake(KEYS[6])
 end
 return lost

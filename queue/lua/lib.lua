@@ -82,13 +82,18 @@ end
 
 -- The identity of the Redis server running the script. Client IDs are only unique within one server run, so a
 -- liveness connection is recorded with the run id of the server that gave it its id: after a restart or a
--- failover, an old registration is recognised as such instead of matching an unrelated new connection.
+-- failover, an old registration is recognised as such instead of matching an unrelated new connection. An ACL
+-- may refuse INFO (it is in @dangerous): the queue then works on, without telling restarts apart.
 local function server_run_id()
-  return string.match(redis.call('INFO', 'server'), 'run_id:(%w+)')
+  local info = redis.pcall('INFO', 'server')
+  if type(info) ~= 'string' then
+    return 'unknown'
+  end
+  return string.match(info, 'run_id:(%w+)') or 'unknown'
 end
 
--- Splits a registration "<run id>:<client id>".
+-- Splits a registration "<run id>:<client id>:<reconnect grace ms>".
 local function split_reg(reg)
-  local run, id = string.match(reg, '^(%w+):(%d+)$')
-  return run, tonumber(id)
+  local run, id, grace = string.match(reg, '^(%w+):(%d+):(%d+)$')
+  return run, tonumber(id), tonumber(grace)
 end

@@ -5,12 +5,13 @@
 -- KEYS[1] jobs  KEYS[2] leases  KEYS[3] owned  KEYS[4] ready  KEYS[5] marker  KEYS[6] workers
 -- KEYS[7] conns  KEYS[8] missing
 -- ARGV[1] worker id
--- ARGV[2..] pairs of id, epoch
+-- ARGV[2] "1" to leave the registry (a close), "0" to stay (a worker handing back runs it gave up)
+-- ARGV[3..] pairs of id, epoch
 -- Returns the number of jobs handed back.
 
 local now = now_ms()
 local n = 0
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local id = ARGV[i]
   local job = load_job(KEYS[1], id)
   if holds(job, ARGV[i + 1]) then
@@ -19,9 +20,11 @@ for i = 2, #ARGV, 2 do
     n = n + 1
   end
 end
-redis.call('ZREM', KEYS[6], ARGV[1])
-redis.call('HDEL', KEYS[7], ARGV[1])
-redis.call('HDEL', KEYS[8], ARGV[1])
+if ARGV[2] == '1' then
+  redis.call('ZREM', KEYS[6], ARGV[1])
+  redis.call('HDEL', KEYS[7], ARGV[1])
+  redis.call('HDEL', KEYS[8], ARGV[1])
+end
 if n > 0 then
   wake(KEYS[5])
 end

@@ -14,19 +14,20 @@
 --
 -- KEYS[1] jobs  KEYS[2] owned  KEYS[3] leases  KEYS[4] ready  KEYS[5] dead  KEYS[6] marker  KEYS[7] workers
 -- KEYS[8] conns  KEYS[9] missing  KEYS[10] sweeper
--- ARGV[1] reconnect grace ms
+-- ARGV[1] reconnect grace ms, for registrations that do not carry their own
 -- ARGV[2] restart grace ms
 -- ARGV[3] outage_after ms
 -- ARGV[4] outage_grace ms
 -- ARGV[5] at most this many jobs reclaimed per worker and per step
 -- ARGV[6..] pairs of worker id, registration whose connection the caller found gone (or from another run)
--- Returns {reclaimed, dead, workers lost, gap ms when it was an outage (else 0), earliest lease deadline ms or -1}.
+-- Returns {reclaimed, dead, workers lost, gap ms when it was an outage (else 0), earliest lease deadline ms or -1,
+-- 1 when the limit left work for another call at once}.
 
 local now = now_ms()
 local grace = tonumber(ARGV[1])
 local restart_grace = tonumber(ARGV[2])
 local limit = tonumber(ARGV[5])
-local reclaimed, died, lost_workers, outage = 0, 0, 0, 0
+local reclaimed, died, lost_workers, outage, more = 0, 0, 0, 0, 0
 
 local run_id = server_run_id()
 if redis.call('HGET', KEYS[10], 'run_id') ~= run_id then
@@ -77,14 +78,15 @@ for i = 6, #ARGV, 2 do
   -- A registration that changed since the caller looked is a reconnect: the worker is alive.
   if redis.call('HGET', KEYS[8], wid) == reg then
     local gone, why = false, nil
-    if split_reg(reg) ~= run_id then
+    local reg_run, _, reg_grace = split_reg(reg)
+    if reg_run ~= run_id then
       gone = now - since >= restart_grace
       why = 'did not reconnect after the Redis server changed'
     else
       local first = tonumber(redis.call('HGET', KEYS[9], wid))
       if not first then
         redis.call('HSET', KEYS[9], wid, now)
-      elseif now - first >= grace then
+      elseif now - first >= (reg_grace or grace) then
         gone = true
         why = 'connection closed'
       end
@@ -98,6 +100,8 @@ for i = 6, #ARGV, 2 do
       if #members < limit then
         forget_worker(wid)
         lost_workers = lost_workers + 1
+      else
+        more = 1
       end
     end
   end
@@ -108,6 +112,9 @@ if not hold_until or now >= hold_until then
   local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, limit)
   for _, id in ipairs(expired) do
     reclaim(id, 'lease expired', nil)
+  end
+  if #expired == limit then
+    more = 1
   end
 end
 
@@ -124,4 +131,4 @@ local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 if first[2] then
   next_deadline = tonumber(first[2])
 end
-return {reclaimed, died, lost_workers, outage, next_deadline}
+return {reclaimed, died, lost_workers, outage, next_deadline, more}

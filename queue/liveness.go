@@ -114,7 +114,7 @@ func (w *Worker) dialLiveness(ctx context.Context) (*liveness, error) {
 		_ = cn.ClientSetName(ctx, "oncegate-worker-"+w.id).Err()
 		id, err := cn.ClientID(ctx).Result()
 		if err != nil {
-			if isServerError(err) {
+			if refused(err) {
 				l.disable(fmt.Errorf("CLIENT ID: %w", err))
 				return nil
 			}
@@ -238,6 +238,10 @@ func (w *Worker) noteLiveness(ctx context.Context, l *liveness, what string, err
 func connectionLost(err error) bool {
 	return isServerError(err) && strings.Contains(err.Error(), "max number of clients reached")
 }
+
+// refused reports whether Redis refused a command as such (an ACL, an unknown command), not because the
+// queue's slot moved to another node.
+func refused(err error) bool { return isServerError(err) && !isMoved(err) }
 
 // isMoved reports whether Redis answered that the queue's slot lives elsewhere now (a failover, a resharding).
 func isMoved(err error) bool {
@@ -403,7 +407,7 @@ func (q *Queue) sweep(ctx context.Context, c *redis.Client, s sweepSettings, l *
 	if l == nil || l.connCheck.Load() {
 		gone, err := goneConnections(ctx, c, regs[0], regs[1:])
 		switch {
-		case err != nil && isServerError(err) && l != nil:
+		case err != nil && refused(err) && l != nil:
 			l.disable(err)
 		case err != nil:
 			return SweepResult{}, fmt.Errorf("queue: sweep: %w", err)

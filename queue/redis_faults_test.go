@@ -135,3 +135,77 @@ func TestKilledWorkerOnRedisCluster(t *testing.T) {
 		t.Fatal("epoch 1 completed the job after it was taken back")
 	}
 }
+
+// A Redis Cluster failover moves the queue's slot to the replica: each worker's liveness connection follows it
+// and registers there, so a live worker keeps its job, and a worker killed after the failover is still found
+// by its connection (adversary finding: liveness stayed pinned to the old master, failing for good).
+func TestWorkersFollowAClusterFailover(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Queue", "Redis Cluster failover (CLUSTER FAILOVER to the replica of the queue's master) under running jobs",
+		"Live workers follow the slot and keep their jobs; a worker killed after it is found by its connection")
+	c := redistest.StartCluster(t, 3)
+	rdb := c.Client(t)
+	q, err := New(rdb, testenv.Name(t, "q"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	master := c.NodeForKey(q.keys.jobs)
+	replica := c.AddReplica(master)
+	env := []string{"WORKER_QUEUE=" + q.name, "WORKER_CLUSTER=" + strings.Join(c.Addrs(), ","),
+		"WORKER_CONCURRENCY=1", "WORKER_LEASE_TTL=60s"}
+	live := proctest.ReExec(t, "worker", append(env, "WORKER_HANDLER=sleep", "WORKER_SLEEP=8s")...)
+	live.WaitLine("ready ", 10*time.Second)
+	mustEnqueue(t, q, NewJob{ID: "live"})
+	live.WaitLine("start live 1", 10*time.Second)
+	doomed := proctest.ReExec(t, "worker", append(env, "WORKER_HANDLER=block")...)
+	doomed.WaitLine("ready ", 10*time.Second)
+	mustEnqueue(t, q, NewJob{ID: "doomed"})
+	doomed.WaitLine("start doomed 1", 10*time.Second)
+
+	if err := replica.Client(t).Do(context.Background(), "CLUSTER", "FAILOVER").Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the replica never became master", func() bool {
+		return strings.Contains(replica.Client(t).Info(context.Background(), "replication").Val(), "role:master")
+	})
+	// Both workers register on the new master.
+	testenv.Eventually(t, 15*time.Second, "the workers did not register on the new master", func() bool {
+		regs := replica.Client(t).HGetAll(context.Background(), q.keys.conns).Val()
+		run := runIDOf(t, replica.Client(t))
+		n := 0
+		for _, reg := range regs {
+			if strings.HasPrefix(reg, run+":") {
+				n++
+			}
+		}
+		return n == 2
+	})
+	var stolen atomic.Int32
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		if j.ID == "live" {
+			stolen.Add(1)
+		}
+		return nil
+	}), nil)
+	doomed.Kill()
+	j := waitState(t, q, "doomed", StateCompleted, 15*time.Second)
+	if j.Epoch != 2 || !strings.Contains(j.LastStall, "connection closed") {
+		t.Fatalf("doomed = %+v; want run again after its worker's connection closed", j)
+	}
+	j = waitState(t, q, "live", StateCompleted, 30*time.Second)
+	if j.Epoch != 1 || j.Stalls != 0 || stolen.Load() != 0 {
+		t.Fatalf("live = %+v, run elsewhere %d times; want completed by its own worker", j, stolen.Load())
+	}
+	result("live job kept (epoch 1); killed worker's job run again after its connection closed")
+}
+
+func runIDOf(t *testing.T, c *redis.Client) string {
+	t.Helper()
+	for _, line := range strings.Split(c.Info(context.Background(), "server").Val(), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "run_id:"); ok {
+			return v
+		}
+	}
+	t.Fatal("no run_id in INFO server")
+	return ""
+}

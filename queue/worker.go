@@ -328,7 +328,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // that a worker whose Redis forbids it says so at once rather than at its first sweep.
 func (w *Worker) checkClientList(ctx context.Context, l *liveness) {
 	err := l.rdb.Do(ctx, "CLIENT", "LIST", "ID", "0").Err()
-	if err != nil && isServerError(err) {
+	if err != nil && refused(err) {
 		l.disable(fmt.Errorf("CLIENT LIST ID: %w", err))
 	}
 }

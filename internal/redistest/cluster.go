@@ -17,6 +17,7 @@ const slotCount = 16384
 // Cluster is a Redis Cluster of masters without replicas, each node a Server of the test's own.
 type Cluster struct {
 	t     testing.TB
+	cfg   config
 	nodes []*Server
 	first []int // first[i] is the first slot of nodes[i]; its slots run up to first[i+1]-1
 }
@@ -35,7 +36,7 @@ func StartCluster(t testing.TB, n int, opts ...Option) *Cluster {
 		o(&cfg)
 	}
 	cfg.cluster = true
-	c := &Cluster{t: t}
+	c := &Cluster{t: t, cfg: cfg}
 	for i := range n {
 		c.nodes = append(c.nodes, start(t, cfg))
 		c.first = append(c.first, i*slotCount/n)
@@ -184,4 +185,45 @@ func keySlot(key string) int {
 		}
 	}
 	return int(crc) % slotCount
+}
+
+// AddReplica starts a node that joins the cluster as a replica of master and returns once it has synced, so
+// that a test can fail over to it (CLUSTER FAILOVER on the replica) and watch clients follow the slots.
+func (c *Cluster) AddReplica(master *Server) *Server {
+	c.t.Helper()
+	ctx := context.Background()
+	r := start(c.t, c.cfg)
+	admin := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
+	defer admin.Close()
+	m := redis.NewClient(&redis.Options{Addr: master.Addr(), MaxRetries: -1})
+	defer m.Close()
+	masterID, err := m.ClusterMyID(ctx).Result()
+	if err != nil {
+		c.t.Fatalf("redistest: CLUSTER MYID on %s: %v", master.Addr(), err)
+	}
+	if err := admin.Do(ctx, "CLUSTER", "MEET", "127.0.0.1", master.port, master.busPort).Err(); err != nil {
+		c.t.Fatalf("redistest: CLUSTER MEET from %s: %v", r.Addr(), err)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		// REPLICATE needs the master known to the new node first, which MEET makes true shortly.
+		err := admin.Do(ctx, "CLUSTER", "REPLICATE", masterID).Err()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("redistest: CLUSTER REPLICATE on %s: %v", r.Addr(), err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for {
+		info := admin.Info(ctx, "replication").Val()
+		if strings.Contains(info, "master_link_status:up") {
+			return r
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("redistest: replica %s did not sync with %s:\n%s", r.Addr(), master.Addr(), info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

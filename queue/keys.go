@@ -3,8 +3,8 @@ package queue
 // keys names every Redis key of one queue. They share the hash tag {q:NAME}, so a queue's scripts run on one
 // Redis Cluster slot. Nothing else in the package builds a key name.
 type keys struct {
-	prefix                                                                                 string
-	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead, sweepGuard string
+	prefix                                                                                       string
+	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead, sweepGuard, seen string
 }
 
 func newKeys(name string) keys {
@@ -22,13 +22,14 @@ func newKeys(name string) keys {
 		done:       p + "done",     // zset: id -> finished_at ms (retained completed jobs)
 		dead:       p + "dead",     // zset: id -> died at ms
 		sweepGuard: p + "sweep",    // string with a TTL: a sweep ran within the interval
+		seen:       p + "seen",     // zset: id -> finished_at ms, completed IDs within the dedup window
 	}
 }
 
 // all lists every key, for tests and for Queue.Destroy.
 func (k keys) all() []string {
 	return []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.done,
-		k.dead, k.sweepGuard}
+		k.dead, k.sweepGuard, k.seen}
 }
 
 // wake is a worker process's own wake-up key, which its fetcher blocks on beside the shared marker, so that a

@@ -4,8 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oncegate/oncegate/internal/testenv"
 )
 
 // completeAll runs a worker that completes every job, enqueues ids one at a time and waits for each to be
@@ -143,5 +151,453 @@ func TestPurgedDeadJobCanBeEnqueuedAgain(t *testing.T) {
 	}
 	if res := mustEnqueue(t, q, NewJob{ID: "d"}); res.Duplicate {
 		t.Fatalf("enqueue after purge was a duplicate of %+v", res.Job)
+	}
+}
+
+// scriptHook counts the scripts a client runs and can step in before each.
+type scriptHook struct {
+	calls  atomic.Int32
+	before func(ctx context.Context) error // nil: let the call through
+}
+
+func (h *scriptHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *scriptHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		// EVALSHA only: a NOSCRIPT retry by EVAL is the same batch.
+		if cmd.Name() == "evalsha" {
+			h.calls.Add(1)
+			if h.before != nil {
+				if err := h.before(ctx); err != nil {
+					cmd.SetErr(err)
+					return err
+				}
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// holdBatch makes q act as if a batch were in flight, so that Enqueue callers wait in line; release then
+// tells the first of them to send, so that every caller waiting goes in one script call.
+func holdBatch(t *testing.T, q *Queue) (waiting func() int, release func()) {
+	t.Helper()
+	q.mu.Lock()
+	if q.sending > 0 {
+		t.Fatal("a batch is in flight already")
+	}
+	q.sending = enqueueInFlight
+	q.mu.Unlock()
+	waiting = func() int {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return len(q.pending)
+	}
+	release = func() {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		for range enqueueInFlight - 1 {
+			q.sending-- // only one sender's place is given, so that every caller waiting goes in one batch
+		}
+		q.handOffLocked()
+	}
+	return waiting, release
+}
+
+// 200 callers, 50 IDs: each ID is added once, by exactly one caller, and the other three get a duplicate
+// carrying the winner's payload; nobody gets another caller's result.
+func TestConcurrentEnqueuesOfFiftyIDsMakeFiftyJobs(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	hook := &scriptHook{}
+	rdb.AddHook(hook)
+	const callers, distinct = 200, 50
+	results := make([]*EnqueueResult, callers)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			res, err := q.Enqueue(context.Background(), NewJob{ID: fmt.Sprintf("id-%d", i%distinct),
+				Payload: []byte(fmt.Sprintf("caller-%d", i))})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			results[i] = res
+		})
+	}
+	close(start)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	winner := map[string]string{} // id -> payload of the caller that added it
+	for i, res := range results {
+		id := fmt.Sprintf("id-%d", i%distinct)
+		if res.Job.ID != id {
+			t.Fatalf("caller %d enqueued %s and got job %s", i, id, res.Job.ID)
+		}
+		if !res.Duplicate {
+			if string(res.Job.Payload) != fmt.Sprintf("caller-%d", i) {
+				t.Fatalf("caller %d added %s but got payload %q", i, id, res.Job.Payload)
+			}
+			if w, ok := winner[id]; ok {
+				t.Fatalf("%s added twice, by %s and caller-%d", id, w, i)
+			}
+			winner[id] = string(res.Job.Payload)
+		}
+	}
+	if len(winner) != distinct {
+		t.Fatalf("%d IDs were added, want %d", len(winner), distinct)
+	}
+	for i, res := range results {
+		if w := winner[res.Job.ID]; res.Duplicate && string(res.Job.Payload) != w {
+			t.Fatalf("caller %d's duplicate of %s has payload %q, want the winner's %q", i, res.Job.ID,
+				res.Job.Payload, w)
+		}
+	}
+	ctx := context.Background()
+	if n := rdb.HLen(ctx, q.keys.jobs).Val(); n != distinct {
+		t.Fatalf("%d job records, want %d", n, distinct)
+	}
+	if n := rdb.LLen(ctx, q.keys.ready).Val(); n != distinct {
+		t.Fatalf("ready list holds %d ids, want %d", n, distinct)
+	}
+	for id, p := range winner {
+		if got := rdb.HGet(ctx, q.keys.payloads, id).Val(); got != p {
+			t.Fatalf("stored payload of %s is %q, want the winner's %q", id, got, p)
+		}
+	}
+	t.Logf("%d enqueues in %d script calls", callers, hook.calls.Load())
+	if hook.calls.Load() >= callers {
+		t.Fatalf("%d enqueues took %d script calls: nothing was batched", callers, hook.calls.Load())
+	}
+	assertIdle(t, q)
+}
+
+func TestGroupCommitHandsEachCallerItsOwnResult(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	const callers = 200
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			nj := NewJob{ID: fmt.Sprintf("job-%d", i), Kind: fmt.Sprintf("kind-%d", i),
+				Payload: []byte(fmt.Sprintf("payload-%d", i)), MaxAttempts: i + 1}
+			if i%3 == 0 {
+				nj.Delay = time.Hour
+			}
+			res, err := q.Enqueue(context.Background(), nj)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			j := res.Job
+			want := StateReady
+			if nj.Delay > 0 {
+				want = StateDelayed
+			}
+			if res.Duplicate || j.ID != nj.ID || j.Kind != nj.Kind || string(j.Payload) != string(nj.Payload) ||
+				j.MaxAttempts != nj.MaxAttempts || j.State != want || j.CreatedAt.IsZero() {
+				t.Errorf("caller %d got %+v duplicate=%v", i, j, res.Duplicate)
+			}
+		})
+	}
+	wg.Wait()
+	ctx := context.Background()
+	if r, d := rdb.LLen(ctx, q.keys.ready).Val(), rdb.ZCard(ctx, q.keys.delayed).Val(); r+d != callers || d != 67 {
+		t.Fatalf("%d ready and %d delayed, want %d and 67", r, d, callers-67)
+	}
+}
+
+// Every caller waiting when a batch is sent goes in that one call, and a Redis error reaches all of them.
+func TestRedisErrorFailsEveryCallerOfTheBatch(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	injected := errors.New("injected: redis refused the script")
+	hook := &scriptHook{before: func(context.Context) error { return injected }}
+	rdb.AddHook(hook)
+	waiting, release := holdBatch(t, q)
+	const callers = 20
+	errs := make(chan error, callers)
+	for i := range callers {
+		go func() {
+			_, err := q.Enqueue(context.Background(), NewJob{ID: fmt.Sprintf("job-%d", i)})
+			if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("%q", fmt.Sprintf("job-%d", i))) {
+				err = fmt.Errorf("caller %d: error %v does not name its job", i, err)
+			}
+			errs <- err
+		}()
+	}
+	testenv.Eventually(t, 5*time.Second, "callers waiting", func() bool { return waiting() == callers })
+	release()
+	for range callers {
+		if err := <-errs; !errors.Is(err, injected) {
+			t.Fatalf("caller got %v, want the injected error", err)
+		}
+	}
+	if n := hook.calls.Load(); n != 1 {
+		t.Fatalf("%d callers took %d script calls, want 1 batch", callers, n)
+	}
+	if n := rdb.HLen(context.Background(), q.keys.jobs).Val(); n != 0 {
+		t.Fatalf("%d jobs stored", n)
+	}
+	// The failed batch handed on: a later enqueue goes through.
+	hook.before = nil
+	mustEnqueue(t, q, NewJob{ID: "after"})
+}
+
+func TestUnreachableRedisFailsEveryCaller(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	t.Cleanup(func() { _ = rdb.Close() })
+	q, err := New(rdb, testenv.Name(t, "q"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiting, release := holdBatch(t, q)
+	const callers = 20
+	errs := make(chan error, callers)
+	for i := range callers {
+		go func() {
+			_, err := q.Enqueue(context.Background(), NewJob{ID: fmt.Sprintf("job-%d", i)})
+			errs <- err
+		}()
+	}
+	testenv.Eventually(t, 5*time.Second, "callers waiting", func() bool { return waiting() == callers })
+	release()
+	for range callers {
+		var op *net.OpError
+		if err := <-errs; !errors.As(err, &op) || !strings.HasPrefix(err.Error(), "queue: enqueue ") {
+			t.Fatalf("caller got %v, want a wrapped dial error", err)
+		}
+	}
+}
+
+// A caller whose context ends while it waits returns at once and its job is not sent; the batch's other
+// callers are not affected. Repeated, so that the cancellation lands both before and after the caller is
+// told to send.
+func TestCancelledWaiterIsWithdrawn(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	ctx := context.Background()
+	for round := range 20 {
+		waiting, release := holdBatch(t, q)
+		cctx, cancel := context.WithCancel(ctx)
+		cancelled := make(chan error, 1)
+		go func() {
+			_, err := q.Enqueue(cctx, NewJob{ID: fmt.Sprintf("cancelled-%d", round)})
+			cancelled <- err
+		}()
+		// The cancelled caller is first in line, so it is the one told to send.
+		testenv.Eventually(t, 5*time.Second, "first caller waiting", func() bool { return waiting() == 1 })
+		others := make(chan error, 3)
+		for i := range 3 {
+			go func() {
+				_, err := q.Enqueue(ctx, NewJob{ID: fmt.Sprintf("kept-%d-%d", round, i)})
+				others <- err
+			}()
+		}
+		testenv.Eventually(t, 5*time.Second, "all callers waiting", func() bool { return waiting() == 4 })
+		cancel()
+		if round%2 == 0 {
+			if err := <-cancelled; !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled caller got %v", err)
+			}
+		}
+		release()
+		if round%2 == 1 {
+			if err := <-cancelled; !errors.Is(err, context.Canceled) {
+				t.Fatalf("cancelled caller got %v", err)
+			}
+		}
+		for range 3 {
+			if err := <-others; err != nil {
+				t.Fatalf("round %d: a caller sharing the batch failed: %v", round, err)
+			}
+		}
+	}
+	if n := rdb.HLen(ctx, q.keys.jobs).Val(); n != 60 {
+		t.Fatalf("%d jobs stored, want the 60 kept ones", n)
+	}
+	assertIdle(t, q)
+}
+
+// The caller that sends a batch has its context cancelled mid-call: the others' jobs are stored all the same.
+func TestSendersCancelDoesNotFailTheBatch(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	ctx := context.Background()
+	lctx, cancelLeader := context.WithCancel(ctx)
+	hook := &scriptHook{before: func(context.Context) error { cancelLeader(); return nil }}
+	rdb.AddHook(hook)
+	waiting, release := holdBatch(t, q)
+	leader := make(chan error, 1)
+	go func() {
+		_, err := q.Enqueue(lctx, NewJob{ID: "leader"})
+		leader <- err
+	}()
+	testenv.Eventually(t, 5*time.Second, "leader waiting", func() bool { return waiting() == 1 })
+	others := make(chan error, 5)
+	for i := range 5 {
+		go func() {
+			_, err := q.Enqueue(ctx, NewJob{ID: fmt.Sprintf("other-%d", i)})
+			others <- err
+		}()
+	}
+	testenv.Eventually(t, 5*time.Second, "callers waiting", func() bool { return waiting() == 6 })
+	release()
+	for range 5 {
+		if err := <-others; err != nil {
+			t.Fatalf("caller failed with the sender's cancellation: %v", err)
+		}
+	}
+	// The sender's job went in its own batch, so it has a result to give.
+	if err := <-leader; err != nil {
+		t.Fatalf("sender: %v", err)
+	}
+	if n := rdb.HLen(ctx, q.keys.jobs).Val(); n != 6 || hook.calls.Load() != 1 {
+		t.Fatalf("%d jobs in %d calls, want 6 in 1", n, hook.calls.Load())
+	}
+}
+
+// A crowd larger than one batch is sent in batches of at most enqueueBatchMax.
+func TestGroupCommitCapsTheBatch(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	hook := &scriptHook{}
+	rdb.AddHook(hook)
+	waiting, release := holdBatch(t, q)
+	const callers = enqueueBatchMax + 100
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			if _, err := q.Enqueue(context.Background(), NewJob{ID: fmt.Sprint(i)}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	testenv.Eventually(t, 5*time.Second, "callers waiting", func() bool { return waiting() == callers })
+	release()
+	wg.Wait()
+	if n, calls := rdb.HLen(context.Background(), q.keys.jobs).Val(), hook.calls.Load(); n != callers || calls != 2 {
+		t.Fatalf("%d jobs in %d calls, want %d in 2", n, calls, callers)
+	}
+}
+
+// assertIdle checks that no batch is in flight and no caller waits.
+func assertIdle(t *testing.T, q *Queue) {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, "group commit idle", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.sending == 0 && len(q.pending) == 0
+	})
+}
+
+// Many producers, some of them giving up after a few microseconds: every acknowledged job is stored, the
+// ones given up on may or may not be, nobody hangs, and every sender's place comes back.
+func TestGroupCommitUnderLoadWithCancellations(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	const producers, each = 50, 200
+	var acked, gaveUp atomic.Int32
+	var ackedIDs sync.Map
+	var wg sync.WaitGroup
+	for p := range producers {
+		wg.Go(func() {
+			for i := range each {
+				id := fmt.Sprintf("%d-%d", p, i)
+				ctx, cancel := context.Background(), context.CancelFunc(func() {})
+				if i%5 == 0 {
+					ctx, cancel = context.WithTimeout(ctx, time.Duration(i%7)*20*time.Microsecond)
+				}
+				res, err := q.Enqueue(ctx, NewJob{ID: id})
+				cancel()
+				switch {
+				case err == nil && res.Job.ID == id && !res.Duplicate:
+					acked.Add(1)
+					ackedIDs.Store(id, true)
+				case errors.Is(err, context.DeadlineExceeded):
+					gaveUp.Add(1)
+				default:
+					t.Errorf("enqueue %s: %+v, %v", id, res, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	stored := rdb.HKeys(context.Background(), q.keys.jobs).Val()
+	storedSet := map[string]bool{}
+	for _, id := range stored {
+		storedSet[id] = true
+	}
+	ackedIDs.Range(func(k, _ any) bool {
+		if !storedSet[k.(string)] {
+			t.Errorf("acknowledged job %s not stored", k)
+		}
+		return true
+	})
+	if int(acked.Load()+gaveUp.Load()) != producers*each || len(stored) < int(acked.Load()) ||
+		len(stored) > producers*each {
+		t.Fatalf("%d acknowledged, %d given up, %d stored", acked.Load(), gaveUp.Load(), len(stored))
+	}
+	t.Logf("%d acknowledged, %d given up (%d of those stored all the same)", acked.Load(), gaveUp.Load(),
+		len(stored)-int(acked.Load()))
+	assertIdle(t, q)
+}
+
+// A caller whose context ends while its batch is in flight returns at once; its job is stored all the same,
+// which is why Enqueue's doc says a job may have been enqueued after an error.
+func TestCallerCancelledInFlightReturnsAtOnce(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	ctx := context.Background()
+	inCall, unblock := make(chan struct{}), make(chan struct{})
+	rdb.AddHook(&scriptHook{before: func(context.Context) error {
+		close(inCall)
+		<-unblock
+		return nil
+	}})
+	waiting, release := holdBatch(t, q)
+	sender := make(chan error, 1)
+	go func() {
+		_, err := q.Enqueue(ctx, NewJob{ID: "sender"})
+		sender <- err
+	}()
+	testenv.Eventually(t, 5*time.Second, "sender waiting", func() bool { return waiting() == 1 })
+	cctx, cancel := context.WithCancel(ctx)
+	rider := make(chan error, 1)
+	go func() {
+		_, err := q.Enqueue(cctx, NewJob{ID: "rider"})
+		rider <- err
+	}()
+	testenv.Eventually(t, 5*time.Second, "rider waiting", func() bool { return waiting() == 2 })
+	release()
+	<-inCall
+	cancel()
+	select {
+	case err := <-rider:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("rider got %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("cancelled rider still waits for the batch")
+	}
+	close(unblock)
+	if err := <-sender; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Job(ctx, "rider"); err != nil {
+		t.Fatalf("rider's job, sent before it gave up: %v", err)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/internal/testenv"
 )
@@ -651,6 +652,132 @@ func TestCallerCancelledInFlightReturnsAtOnce(t *testing.T) {
 	}
 	if _, err := q.Job(ctx, "rider"); err != nil {
 		t.Fatalf("rider's job, sent before it gave up: %v", err)
+	}
+}
+
+func TestEnqueueManyDeduplicatesWithinAndAgainstStoredJobs(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	ctx := context.Background()
+	mustEnqueue(t, q, NewJob{ID: "old", Payload: []byte("old payload")})
+	in := []NewJob{
+		{ID: "a", Kind: "k", Payload: []byte("a1")},
+		{ID: "b", Payload: []byte("b1"), Delay: time.Hour},
+		{ID: "a", Payload: []byte("a2")},
+		{ID: "old", Payload: []byte("new payload")},
+		{Payload: []byte("anonymous")},
+	}
+	res, err := q.EnqueueMany(ctx, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in[4].ID != "" {
+		t.Fatal("EnqueueMany wrote into the caller's slice")
+	}
+	type want struct {
+		id      string
+		dup     bool
+		state   JobState
+		payload string
+	}
+	for i, w := range []want{{"a", false, StateReady, "a1"}, {"b", false, StateDelayed, "b1"},
+		{"a", true, StateReady, "a1"}, {"old", true, StateReady, "old payload"}, {"", false, StateReady, "anonymous"}} {
+		j := res[i].Job
+		if (w.id != "" && j.ID != w.id) || (w.id == "" && len(j.ID) != 32) || res[i].Duplicate != w.dup ||
+			j.State != w.state || string(j.Payload) != w.payload {
+			t.Errorf("result %d = %+v duplicate=%v, want %+v", i, j, res[i].Duplicate, w)
+		}
+	}
+	if ids := rdb.LRange(ctx, q.keys.ready, 0, -1).Val(); len(ids) != 3 || ids[0] != "old" || ids[1] != "a" ||
+		ids[2] != res[4].Job.ID {
+		t.Fatalf("ready list %v", ids)
+	}
+}
+
+func TestEnqueueManySendsOneCallPerChunk(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	hook := &scriptHook{}
+	rdb.AddHook(hook)
+	in := make([]NewJob, 1200)
+	for i := range in {
+		in[i] = NewJob{ID: fmt.Sprint(i)}
+	}
+	res, err := q.EnqueueMany(context.Background(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != len(in) || hook.calls.Load() != 3 {
+		t.Fatalf("%d results in %d calls, want %d in 3", len(res), hook.calls.Load(), len(in))
+	}
+	ids := rdb.LRange(context.Background(), q.keys.ready, 0, -1).Val()
+	for i, id := range ids {
+		if id != fmt.Sprint(i) || res[i].Job.ID != id || res[i].Duplicate {
+			t.Fatalf("ready[%d] = %s, result %+v", i, id, res[i])
+		}
+	}
+	if len(ids) != len(in) {
+		t.Fatalf("%d ready, want %d", len(ids), len(in))
+	}
+	if res, err := q.EnqueueMany(context.Background(), nil); res != nil || err != nil {
+		t.Fatalf("empty EnqueueMany = %v, %v", res, err)
+	}
+}
+
+func TestEnqueueManyRefusesAnInvalidJobBeforeSending(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	for _, bad := range []NewJob{{ID: strings.Repeat("x", 513)}, {ID: "late", Delay: -time.Second}} {
+		res, err := q.EnqueueMany(context.Background(), []NewJob{{ID: "fine"}, bad})
+		if err == nil || res != nil || !strings.Contains(err.Error(), "job 1 of 2") {
+			t.Fatalf("EnqueueMany with %+v = %v, %v", bad, res, err)
+		}
+	}
+	if n := rdb.Exists(context.Background(), q.keys.jobs).Val(); n != 0 {
+		t.Fatal("a job was stored")
+	}
+}
+
+func TestEnqueueManyReportsRedisErrors(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	injected := errors.New("injected")
+	var calls atomic.Int32
+	rdb.AddHook(&scriptHook{before: func(context.Context) error {
+		if calls.Add(1) == 2 {
+			return injected
+		}
+		return nil
+	}})
+	in := make([]NewJob, 600)
+	for i := range in {
+		in[i] = NewJob{ID: fmt.Sprint(i)}
+	}
+	res, err := q.EnqueueMany(context.Background(), in)
+	if !errors.Is(err, injected) || len(res) != enqueueBatchMax {
+		t.Fatalf("EnqueueMany = %d results, %v; want the first chunk's %d and the error", len(res), err,
+			enqueueBatchMax)
+	}
+}
+
+func TestEnqueueManyStoresTheCallersTrace(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{1, 2, 3}, SpanID: trace.SpanID{4, 5},
+		TraceFlags: trace.FlagsSampled})
+	ctx := trace.ContextWithSpanContext(context.Background(), parent)
+	res, err := q.EnqueueMany(ctx, []NewJob{{ID: "a"}, {ID: "b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"a", "b"} {
+		if j := mustJob(t, q, id); !strings.Contains(j.TraceContext["traceparent"], parent.TraceID().String()) {
+			t.Fatalf("job %s stored trace %v", id, j.TraceContext)
+		}
+	}
+	res[0].Job.TraceContext["x"] = "y"
+	if _, shared := res[1].Job.TraceContext["x"]; shared {
+		t.Fatal("results share one trace context map")
 	}
 }
 

@@ -220,6 +220,54 @@ func (q *Queue) Enqueue(ctx context.Context, nj NewJob) (*EnqueueResult, error) 
 	return res, nil
 }
 
+// EnqueueMany adds jobs in the order given, with one script call per 512 of them, so a producer that has
+// many jobs at hand pays one round trip per chunk instead of one per job. Each job is deduplicated as by
+// Enqueue, also against the jobs before it in the slice: the first of two with one ID is added, the second
+// is its duplicate. The results are in the order of jobs.
+//
+// An invalid job fails the call before anything is sent. A Redis error stops it: the results of the chunks
+// that went through come back with the error, and the failed chunk's jobs may or may not have been added.
+// All the jobs carry the trace context of one span, which stands for the whole call.
+func (q *Queue) EnqueueMany(ctx context.Context, jobs []NewJob) ([]*EnqueueResult, error) {
+	if len(jobs) == 0 {
+		return nil, nil
+	}
+	jobs = slices.Clone(jobs) // checkNewJob fills in IDs; the caller's slice stays as it was
+	for i := range jobs {
+		if err := checkNewJob(&jobs[i]); err != nil {
+			return nil, fmt.Errorf("%w (job %d of %d)", err, i, len(jobs))
+		}
+	}
+	ctx, span := q.tracer.Start(ctx, q.enqueueSpan, trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithAttributes(q.enqueueAttrs...),
+		trace.WithAttributes(attribute.Int("messaging.batch.message_count", len(jobs))))
+	defer span.End()
+
+	tc := q.traceContext(ctx)
+	calls := make([]*enqueueCall, len(jobs))
+	for i, nj := range jobs {
+		calls[i] = q.newCall(nj, maps.Clone(tc)) // one map per job, as each result's Job holds it
+	}
+	results := make([]*EnqueueResult, 0, len(jobs))
+	dups := 0
+	for chunk := range slices.Chunk(calls, enqueueBatchMax) {
+		q.send(ctx, chunk)
+		for _, c := range chunk {
+			res, err := c.result()
+			if err != nil {
+				span.RecordError(err)
+				return results, err
+			}
+			if res.Duplicate {
+				dups++
+			}
+			results = append(results, res)
+		}
+	}
+	span.SetAttributes(attribute.Int("job.duplicates", dups))
+	return results, nil
+}
+
 // checkNewJob refuses what the script cannot store and gives an unnamed job a random ID.
 func checkNewJob(nj *NewJob) error {
 	if nj.ID == "" {

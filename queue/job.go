@@ -90,6 +90,10 @@ func decodeJob(raw string, payload []byte) (*Job, error) {
 	if err := json.Unmarshal([]byte(raw), &r); err != nil {
 		return nil, fmt.Errorf("queue: decode job record: %w", err)
 	}
+	return r.job(payload), nil
+}
+
+func (r *record) job(payload []byte) *Job {
 	return &Job{
 		ID: r.ID, Kind: r.Kind, Payload: payload, State: r.State,
 		Epoch: r.Epoch, Attempt: r.Failures + 1, Failures: r.Failures, Stalls: r.Stalls,
@@ -98,5 +102,5 @@ func decodeJob(raw string, payload []byte) (*Job, error) {
 		LeasedAt: msTime(r.LeasedAt), FinishedAt: msTime(r.FinishedAt),
 		Owner: r.Owner, LastError: r.LastError, LastStall: r.LastStall, DeadReason: r.DeadReason,
 		TraceContext: r.Trace,
-	}, nil
+	}
 }

@@ -5,7 +5,7 @@ package queue
 type keys struct {
 	prefix                                                                     string
 	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead string
-	conns, missing, sweeper, sweepGuard                                        string
+	conns, missing, sweeper, sweepGuard, seen                                  string
 }
 
 func newKeys(name string) keys {
@@ -26,13 +26,14 @@ func newKeys(name string) keys {
 		done:       p + "done",     // zset: id -> finished_at ms (retained completed jobs)
 		dead:       p + "dead",     // zset: id -> died at ms
 		sweepGuard: p + "sweep",    // string with a TTL: a sweep ran within the interval
+		seen:       p + "seen",     // zset: id -> finished_at ms, completed IDs within the dedup window
 	}
 }
 
 // all lists every key, for tests and for Queue.Destroy.
 func (k keys) all() []string {
 	return []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.done,
-		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard}
+		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard, k.seen}
 }
 
 // wake is a worker process's own wake-up key, which its fetcher blocks on beside the shared marker, so that a

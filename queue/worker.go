@@ -646,14 +646,14 @@ func (w *Worker) completeLoop(ctx context.Context) {
 			}
 		}
 		args := make([]any, 0, 2+2*len(batch))
-		args = append(args, w.q.opts.RetainCompleted, w.q.opts.RetainCompletedFor.Milliseconds())
+		args = append(args, w.q.opts.RetainCompleted, w.q.opts.RetainCompletedFor.Milliseconds(), w.q.dedupWindowMs())
 		for _, c := range batch {
 			args = append(args, c.id, c.epoch)
 		}
 		k := w.q.keys
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		res, err := completeScript.Run(cctx, w.rdb,
-			[]string{k.jobs, k.payloads, k.leases, k.owned, k.done}, args...).Int64Slice()
+			[]string{k.jobs, k.payloads, k.leases, k.owned, k.done, k.seen}, args...).Int64Slice()
 		cancel()
 		for i, c := range batch {
 			switch {

@@ -1,6 +1,7 @@
 // Command queuebench measures oncegate's lease queue against asynq on the same Redis, in one run:
 //
-//   - enqueue rate: jobs enqueued per second by 50 concurrent producers;
+//   - enqueue rate: jobs enqueued per second by 50 concurrent producers, one job a call; and for oncegate also
+//     with EnqueueMany, 100 jobs a call (asynq has no batch enqueue);
 //   - throughput: no-op jobs leased, run and completed per second with 50 concurrent handlers, timed from
 //     the worker's start until the queue reports every job done;
 //   - liveness (oncegate only, liveness.go): the time from a SIGKILL of a worker process holding a job until
@@ -70,20 +71,23 @@ func main() {
 	fmt.Printf("Redis %s at %s; %d jobs a run, concurrency %d, %d rounds\n\n", field(info, "redis_version"),
 		redisURL(), *jobs, *concurrency, *rounds)
 
-	var ogEnq, ogRun, aqEnq, aqRun []float64
+	var ogEnq, ogMany, ogRun, aqEnq, aqRun []float64
 	for r := 0; r < *rounds; r++ {
 		e, p := benchOncegate(ctx, rdb, quiet)
 		ogEnq, ogRun = append(ogEnq, e), append(ogRun, p)
+		ogMany = append(ogMany, benchEnqueueMany(ctx, rdb, quiet))
 		e, p = benchAsynq(ctx, rdb)
 		aqEnq, aqRun = append(aqEnq, e), append(aqRun, p)
-		fmt.Printf("round %d: oncegate %.0f enq/s %.0f jobs/s; asynq %.0f enq/s %.0f jobs/s\n", r+1,
-			ogEnq[r], ogRun[r], aqEnq[r], aqRun[r])
+		fmt.Printf("round %d: oncegate %.0f enq/s (EnqueueMany %.0f) %.0f jobs/s; asynq %.0f enq/s %.0f jobs/s\n",
+			r+1, ogEnq[r], ogMany[r], ogRun[r], aqEnq[r], aqRun[r])
 	}
 
 	fmt.Printf("\n| measure (median of %d) | oncegate | asynq v0.26.0 | ratio |\n", *rounds)
 	fmt.Println("|---|---|---|---|")
 	fmt.Printf("| enqueue, jobs/s (%d producers) | %.0f | %.0f | %.2f× |\n", *concurrency, median(ogEnq),
 		median(aqEnq), median(ogEnq)/median(aqEnq))
+	fmt.Printf("| enqueue with EnqueueMany, %d jobs a call, jobs/s (%d producers) | %.0f | no batch API | – |\n",
+		manyBatch, *concurrency, median(ogMany))
 	fmt.Printf("| lease+run+complete, no-op jobs/s (concurrency %d) | %.0f | %.0f | %.2f× |\n", *concurrency,
 		median(ogRun), median(aqRun), median(ogRun)/median(aqRun))
 	if err := livenessReport(ctx, rdb, quiet, *crashes, *pauses); err != nil {
@@ -125,6 +129,42 @@ func benchOncegate(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (
 	stop()
 	<-done
 	return enqRate, runRate
+}
+
+// manyBatch is how many jobs each EnqueueMany call of the benchmark carries.
+const manyBatch = 100
+
+// benchEnqueueMany measures EnqueueMany on a queue of its own, so the throughput run is unchanged.
+func benchEnqueueMany(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) float64 {
+	q, err := queue.New(rdb, fmt.Sprintf("bench-many-%d", time.Now().UnixNano()),
+		&queue.Options{RetainCompleted: -1, Logger: quiet})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = q.Destroy(ctx) }()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range *concurrency {
+		wg.Go(func() {
+			batch := make([]queue.NewJob, manyBatch)
+			for i := range batch {
+				batch[i] = queue.NewJob{Kind: "noop"}
+			}
+			for {
+				first := next.Add(manyBatch) - manyBatch
+				if first >= int64(*jobs) {
+					return
+				}
+				n := min(int64(manyBatch), int64(*jobs)-first)
+				if _, err := q.EnqueueMany(ctx, batch[:n]); err != nil {
+					log.Fatal(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return float64(*jobs) / time.Since(start).Seconds()
 }
 
 func benchAsynq(ctx context.Context, rdb *redis.Client) (enqRate, runRate float64) {

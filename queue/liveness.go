@@ -94,13 +94,11 @@ func atLeast(d, min time.Duration) time.Duration {
 // dialLiveness opens the worker's liveness connection. Each time go-redis connects it (at start, and again
 // after a network blip, a Redis restart or a failover), the connection registers its CLIENT ID before any
 // command runs on it.
-func (w *Worker) dialLiveness(ctx context.Context) (*liveness, error) {
+func (w *Worker) dialLiveness(ctx context.Context, l *liveness) (*redis.Client, error) {
 	o, err := nodeOptions(ctx, w.q.rdb, w.q.keys.jobs)
 	if err != nil {
 		return nil, err
 	}
-	l := &liveness{log: w.log}
-	l.connCheck.Store(true)
 	userOnConnect := o.OnConnect
 	k := w.q.keys
 	seen := w.seenFor().Milliseconds()
@@ -137,8 +135,7 @@ func (w *Worker) dialLiveness(ctx context.Context) (*liveness, error) {
 	o.ReadTimeout = atLeast(o.ReadTimeout, max(10*time.Second, w.cfg.LeaseTTL/3))
 	o.WriteTimeout = o.ReadTimeout
 	o.PoolTimeout = 0
-	l.rdb = redis.NewClient(o)
-	return l, nil
+	return redis.NewClient(o), nil
 }
 
 // disable turns connection checks off for this worker, saying so once.
@@ -262,15 +259,15 @@ func (w *Worker) redial(ctx context.Context, l *liveness) {
 	if c, ok := w.q.rdb.(*redis.ClusterClient); ok {
 		c.ReloadState(ctx)
 	}
-	next, err := w.dialLiveness(ctx)
+	next, err := w.dialLiveness(ctx, l)
 	if err != nil {
 		w.log.Warn("could not find the queue's Redis node again", "err", err)
 		return
 	}
 	old := l.rdb
-	l.rdb = next.rdb
+	l.rdb = next
 	_ = old.Close()
-	w.log.Info("liveness connection follows the queue's slot to another node", "addr", next.rdb.Options().Addr)
+	w.log.Info("liveness connection follows the queue's slot to another node", "addr", next.Options().Addr)
 }
 
 // fenceAfter is how long the worker keeps running its jobs after Redis refused to take its liveness connection

@@ -255,8 +255,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer rdb.Close()
 	w.rdb = rdb
-	live, err := w.dialLiveness(ctx)
-	if err != nil {
+	live := &liveness{log: w.log}
+	live.connCheck.Store(true)
+	if live.rdb, err = w.dialLiveness(ctx, live); err != nil {
 		return err
 	}
 	w.live = live

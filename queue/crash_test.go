@@ -126,7 +126,9 @@ func TestPausedWorkerResumesWithoutTouchingItsLostJob(t *testing.T) {
 	a.Signal(syscall.SIGCONT)
 	a.WaitLine("done job 1", 10*time.Second)
 	testenv.Eventually(t, 5*time.Second, "the resumed worker logs that its lease was lost", func() bool {
-		return strings.Contains(a.Log(), "lease lost") || strings.Contains(a.Log(), "handler stopped")
+		l := a.Log()
+		return strings.Contains(l, "lease lost") || strings.Contains(l, "handler stopped") ||
+			strings.Contains(l, "after its lease was lost")
 	})
 	if got := mustJob(t, q, "job"); got.Epoch != 2 || got.State != StateCompleted || got.Failures != 0 ||
 		!got.FinishedAt.Equal(j.FinishedAt) {

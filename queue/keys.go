@@ -5,7 +5,7 @@ package queue
 type keys struct {
 	prefix                                                                     string
 	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead string
-	conns, missing, sweeper, sweepGuard, seen                                  string
+	conns, missing, sweeper, sweepGuard, seen, leaseSeq                        string
 }
 
 func newKeys(name string) keys {
@@ -21,6 +21,7 @@ func newKeys(name string) keys {
 		workers:    p + "workers",  // zset: worker id -> seen-alive-until ms (for Stats)
 		conns:      p + "conns",    // hash: worker id -> "<server run id>:<client id>" of its liveness connection
 		missing:    p + "missing",  // hash: worker id -> ms its liveness connection was first seen gone
+		leaseSeq:   p + "leaseseq", // counter: one number per lease call, recorded in the jobs it leased
 		sweeper:    p + "sweeper",  // hash: run_id, since (ms it was first seen), last (ms of the last sweep)
 		marker:     p + "marker",   // zset idle workers block on
 		done:       p + "done",     // zset: id -> finished_at ms (retained completed jobs)
@@ -33,7 +34,7 @@ func newKeys(name string) keys {
 // all lists every key, for tests and for Queue.Destroy.
 func (k keys) all() []string {
 	return []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.done,
-		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard, k.seen}
+		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard, k.seen, k.leaseSeq}
 }
 
 // wake is a worker process's own wake-up key, which its fetcher blocks on beside the shared marker, so that a

@@ -33,9 +33,6 @@ type liveness struct {
 	// connCheck is false once Redis has refused CLIENT ID or CLIENT LIST: crash detection then rests on leases.
 	connCheck atomic.Bool
 	warnOnce  sync.Once
-	// brokenSince is when Redis refused to take the connection back (unix ns; 0 while it works). Past the
-	// fence time the worker gives its runs up: the sweepers will soon count it gone.
-	brokenSince atomic.Int64
 	// failures counts liveness commands failed in a row, so that a long outage logs now and then, not 10 times
 	// a second.
 	failures int
@@ -200,18 +197,14 @@ func earliest(a, b time.Time) time.Time {
 	return b
 }
 
-// noteLiveness keeps track of the liveness connection after each command on it: it notes when the connection
-// broke, follows a cluster's slot to its new master, says so in the log now and then, and, once the worker is
-// back, hands back the runs it gave up while cut off.
+// noteLiveness keeps track of the liveness connection after each command on it: it follows a cluster's slot
+// to its new master, and says what fails in the log now and then.
 func (w *Worker) noteLiveness(ctx context.Context, l *liveness, what string, err error) {
 	if err == nil {
 		if l.failures > 0 {
 			w.log.Info("liveness connection works again", "failed", l.failures)
 		}
 		l.failures = 0
-		if l.brokenSince.Swap(0) != 0 {
-			w.handBackFenced(ctx)
-		}
 		return
 	}
 	l.failures++
@@ -220,20 +213,7 @@ func (w *Worker) noteLiveness(ctx context.Context, l *liveness, what string, err
 	}
 	if isMoved(err) {
 		w.redial(ctx, l)
-		return
 	}
-	if connectionLost(err) {
-		l.brokenSince.CompareAndSwap(0, time.Now().UnixNano())
-	}
-}
-
-// connectionLost reports whether err says that Redis is up but will not take the worker's liveness connection
-// back (it is full). Then the sweepers will count the worker gone once the grace runs out, and the worker gives
-// its runs up before that. A closed, reset or refused connection is not enough: Redis may be restarting, and
-// then the sweepers wait for the worker (the restart grace); or the worker is cut off, and then, like a frozen
-// one, it learns that its leases were taken when it is back, and the epoch fences what it does meanwhile.
-func connectionLost(err error) bool {
-	return isServerError(err) && strings.Contains(err.Error(), "max number of clients reached")
 }
 
 // refused reports whether Redis refused a command as such (an ACL, an unknown command), not because the
@@ -270,41 +250,11 @@ func (w *Worker) redial(ctx context.Context, l *liveness) {
 	w.log.Info("liveness connection follows the queue's slot to another node", "addr", next.Options().Addr)
 }
 
-// fenceAfter is how long the worker keeps running its jobs after Redis refused to take its liveness connection
-// back. A sweeper counts the worker gone ReconnectGrace after it first sees the connection closed, and
-// the worker notices within a sweep interval of Redis, so it gives up its runs a little before that: a job
-// then never runs here and elsewhere at once.
-func (w *Worker) fenceAfter() time.Duration {
-	return max(w.cfg.ReconnectGrace-w.cfg.SweepInterval-50*time.Millisecond, w.cfg.ReconnectGrace/4)
-}
-
-// fenceWatch gives up the worker's runs when its liveness connection has been broken for fenceAfter. It runs
-// apart from the liveness loop, which may be stuck on a dial.
-func (w *Worker) fenceWatch(ctx context.Context, l *liveness) {
-	t := time.NewTicker(max(w.cfg.SweepInterval/4, 5*time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		since := l.brokenSince.Load()
-		if since == 0 || time.Since(time.Unix(0, since)) < w.fenceAfter() {
-			continue
-		}
-		if n := w.fenceAll(); n > 0 {
-			w.log.Warn("liveness connection lost and not back within the grace: giving up the running jobs, "+
-				"which other workers may now run", "jobs", n, "broken_for", time.Since(time.Unix(0, since)))
-		}
-	}
-}
-
 // heartbeat marks the worker seen, extends the leases of its runs, cancels each run whose lease is gone, and
 // hands back leases it was given but never heard of.
 func (w *Worker) heartbeat(ctx context.Context, l *liveness) error {
-	args := append([]any{w.id, w.seenFor().Milliseconds(), w.leaseFor().Milliseconds(),
-		w.orphanAge().Milliseconds()}, w.livePairs()...)
+	pairs, orphansBefore := w.heartbeatState()
+	args := append([]any{w.id, w.seenFor().Milliseconds(), w.leaseFor().Milliseconds(), orphansBefore}, pairs...)
 	k := w.q.keys
 	res, err := heartbeatScript.Run(ctx, l.rdb, []string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
 		args...).StringSlice()
@@ -327,10 +277,6 @@ func (w *Worker) heartbeat(ctx context.Context, l *liveness) error {
 // leaseFor is the lease a lease or heartbeat sets: LeaseTTL counted from the next heartbeat due, so that a
 // pause shorter than LeaseTTL never costs a live worker its job, wherever it falls between two beats.
 func (w *Worker) leaseFor() time.Duration { return w.cfg.LeaseTTL + w.cfg.HeartbeatInterval }
-
-// orphanAge is how old a lease of this worker's must be, unknown to it, before the heartbeat hands it back:
-// older than any lease call can take to answer.
-func (w *Worker) orphanAge() time.Duration { return w.jobReadTimeout() + 2*time.Second }
 
 // jobReadTimeout bounds a command of the worker's job traffic, the blocking wait for jobs included.
 func (w *Worker) jobReadTimeout() time.Duration { return w.cfg.IdleBlock + 5*time.Second }

@@ -403,9 +403,48 @@ func TestSweepersHonourEachWorkersOwnReconnectGrace(t *testing.T) {
 	}
 }
 
-// A lease whose answer never reached the worker (a timeout, a dropped connection: the worker retries and
-// Redis ran the script anyway) is handed back by the worker's heartbeat, not left idle until it expires and
-// counted as a stall.
+// The heartbeat hands back a lease of its worker's only when it ran before the last lease whose answer the
+// worker registered, with no lease call out: a slow answer, or one held up while the worker was paused, is
+// still on its way and must not be taken for a lost one (adversary finding: a 300 ms-late answer and a 10 s
+// pause lost the job, and it ran twice).
+func TestHeartbeatNeverHandsBackALeaseStillOnItsWay(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	const wid = "feedfacefeedface"
+	mustEnqueue(t, q, NewJob{ID: "slow"})
+	leased := leaseAs(t, q, wid, 1, time.Minute)
+	if len(leased) != 1 {
+		t.Fatalf("leased %d", len(leased))
+	}
+	at, err := q.rdb.Get(context.Background(), q.keys.leaseSeq).Int64() // the one lease call's number
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := q.keys
+	beat := func(before int64) []string {
+		res, err := heartbeatScript.Run(context.Background(), q.rdb,
+			[]string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker}, wid, 3000, 60000, before).StringSlice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	for _, before := range []int64{0, at} { // a lease call out; the very call whose answer is awaited
+		if res := beat(before); res[0] != "0" || mustJob(t, q, "slow").State != StateActive {
+			t.Fatalf("heartbeat with orphans before %d handed the lease back (%v)", before, res)
+		}
+	}
+	if res := beat(at + 1); res[0] != "1" {
+		t.Fatalf("heartbeat after a later lease was answered: %v, want the lost lease handed back", res)
+	}
+	if j := mustJob(t, q, "slow"); j.State != StateReady || j.Stalls != 0 {
+		t.Fatalf("handed back: %+v, want ready with no stall", j)
+	}
+}
+
+// A lease whose answer never reached the worker (a timeout, a dropped connection: Redis ran the script but the
+// answer was lost) is handed back by the worker's heartbeat, not left idle until it expires and counted as a
+// stall.
 func TestLeaseLostOnTheWayIsHandedBack(t *testing.T) {
 	t.Parallel()
 	q, _ := newQueue(t, nil)

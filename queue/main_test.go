@@ -182,7 +182,7 @@ func completeAs(t *testing.T, q *Queue, id string, epoch int64) bool {
 func leaseAs(t *testing.T, q *Queue, wid string, n int, leaseTTL time.Duration) []*Job {
 	t.Helper()
 	w := &Worker{q: q, id: wid, rdb: q.rdb, cfg: WorkerConfig{LeaseTTL: leaseTTL}}
-	jobs, _, _, err := w.lease(context.Background(), n)
+	jobs, _, _, _, err := w.lease(context.Background(), n)
 	if err != nil {
 		t.Fatal(err)
 	}

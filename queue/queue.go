@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel"
@@ -278,6 +279,14 @@ func checkNewJob(nj *NewJob) error {
 	}
 	if nj.Delay < 0 {
 		return fmt.Errorf("queue: negative delay %v", nj.Delay)
+	}
+	// The record is JSON, which would store invalid UTF-8 as U+FFFD: a job whose record names another ID than
+	// its key could never be completed, extended or buried.
+	if !utf8.ValidString(nj.ID) {
+		return fmt.Errorf("queue: job ID %q is not valid UTF-8", nj.ID)
+	}
+	if !utf8.ValidString(nj.Kind) {
+		return fmt.Errorf("queue: job kind %q is not valid UTF-8", nj.Kind)
 	}
 	return nil
 }

@@ -522,6 +522,14 @@ func TestInvalidInputIsRefused(t *testing.T) {
 	if _, err := q.Enqueue(context.Background(), NewJob{Delay: -time.Second}); err == nil {
 		t.Error("negative delay accepted")
 	}
+	// JSON would store it as U+FFFD, and the job could then never be completed (adversary finding).
+	if _, err := q.Enqueue(context.Background(), NewJob{ID: "bad\xff"}); err == nil ||
+		!strings.Contains(err.Error(), "UTF-8") {
+		t.Errorf("an ID of invalid UTF-8: %v, want refused", err)
+	}
+	if _, err := q.EnqueueMany(context.Background(), []NewJob{{ID: "ok"}, {ID: "bad\xff"}}); err == nil {
+		t.Error("EnqueueMany accepted an ID of invalid UTF-8")
+	}
 	if _, err := NewWorker(q, nil, &WorkerConfig{LeaseTTL: time.Millisecond}); err == nil {
 		t.Error("1ms lease TTL accepted")
 	}

@@ -183,9 +183,11 @@ type Worker struct {
 	mu    sync.Mutex
 	runs  map[runKey]*run
 	freed chan struct{} // rung when a slot frees up
-	// fenced are the runs given up while the worker was cut off from Redis, handed back once it is back.
-	fenced []runKey
-	live   *liveness
+	// leasing is true while a lease call is out; leasedUpTo is the number of the last lease call whose answer
+	// came back, its jobs registered as runs. Together they tell the heartbeat which leases of this worker's
+	// it can never have heard of (see heartbeat.lua).
+	leasing    bool
+	leasedUpTo int64
 
 	completions chan completion
 	handlers    sync.WaitGroup
@@ -260,7 +262,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	if live.rdb, err = w.dialLiveness(ctx, live); err != nil {
 		return err
 	}
-	w.live = live
 
 	// Handlers, the heartbeat, the sweeper and completions outlive ctx: they are stopped in order below.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
@@ -278,7 +279,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	liveCtx, stopLiveness := context.WithCancel(bgCtx)
 	var bg, liveLoop sync.WaitGroup
 	liveLoop.Go(func() { w.livenessLoop(liveCtx, live) })
-	liveLoop.Go(func() { w.fenceWatch(liveCtx, live) })
 	bg.Go(func() { w.completeLoop(bgCtx) })
 
 	fetched := make(chan struct{})
@@ -334,10 +334,26 @@ func (w *Worker) checkClientList(ctx context.Context, l *liveness) {
 	}
 }
 
+// heartbeatState returns what a heartbeat asks about, read at one instant: the (id, epoch) pairs of the runs
+// that hold a lease, and the lease call number below which a lease of this worker's that is not among them can
+// only be one whose answer was lost (0 while a lease call is out).
+func (w *Worker) heartbeatState() (pairs []any, orphansBefore int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.leasing {
+		orphansBefore = w.leasedUpTo
+	}
+	return w.livePairsLocked(), orphansBefore
+}
+
 // livePairs lists (id, epoch) of the runs whose lease the worker believes it still holds.
 func (w *Worker) livePairs() []any {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	return w.livePairsLocked()
+}
+
+func (w *Worker) livePairsLocked() []any {
 	pairs := make([]any, 0, 2*len(w.runs))
 	for k, r := range w.runs {
 		if !r.lost {
@@ -361,47 +377,6 @@ func (w *Worker) lose(k runKey) {
 	}
 }
 
-// fenceAll gives up every run that still holds a lease: the worker has been cut off long enough that the
-// sweepers may count it gone. The runs keep their slots until their handlers return; once Redis is reachable
-// again, handBackFenced returns the jobs that no one took meanwhile.
-func (w *Worker) fenceAll() int {
-	w.mu.Lock()
-	var cancels []context.CancelCauseFunc
-	for k, r := range w.runs {
-		if !r.lost && !r.finishing {
-			r.lost = true
-			w.fenced = append(w.fenced, k)
-			cancels = append(cancels, r.cancel)
-		}
-	}
-	w.mu.Unlock()
-	for _, c := range cancels {
-		c(fmt.Errorf("%w: the worker was cut off from Redis", ErrLeaseLost))
-	}
-	return len(cancels)
-}
-
-// handBackFenced returns to ready the jobs of runs given up while cut off, unless they were taken meanwhile.
-func (w *Worker) handBackFenced(ctx context.Context) {
-	w.mu.Lock()
-	fenced := w.fenced
-	w.fenced = nil
-	w.mu.Unlock()
-	if len(fenced) == 0 {
-		return
-	}
-	pairs := make([]any, 0, 2*len(fenced))
-	for _, k := range fenced {
-		pairs = append(pairs, k.id, k.epoch)
-	}
-	if n, err := w.handBack(ctx, false, pairs); err != nil {
-		w.log.Warn("could not hand back the jobs given up while cut off; they come back when their lease ends",
-			"err", err)
-	} else {
-		w.log.Info("handed back the jobs given up while cut off", "jobs", n, "given_up", len(fenced))
-	}
-}
-
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -419,13 +394,8 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 			}
 			continue
 		}
-		if w.live.brokenSince.Load() != 0 {
-			// Without a registered liveness connection, jobs leased now could be taken back at any moment.
-			sleep(ctx, w.cfg.SweepInterval)
-			continue
-		}
 		leasedAt := time.Now()
-		jobs, now, next, err := w.lease(ctx, free)
+		jobs, now, next, call, err := w.lease(ctx, free)
 		if err != nil {
 			failures++
 			d := backoff.Policy{Base: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(failures)
@@ -434,9 +404,10 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 			continue
 		}
 		failures = 0
-		for _, job := range jobs {
+		ctxs := w.register(handlerCtx, jobs, call)
+		for i, job := range jobs {
 			w.traceLease(job, leasedAt)
-			w.start(handlerCtx, job)
+			w.launch(ctxs[i], job)
 		}
 		if len(jobs) > 0 {
 			continue
@@ -478,18 +449,24 @@ func (w *Worker) block(ctx context.Context, due time.Duration) {
 
 // lease runs the lease script. Its context is never cancelled midway: a lease taken in Redis but lost on the
 // way back would leave a job held by a live worker that does not know it.
-func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next int64, err error) {
+func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next, call int64, err error) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	k := w.q.keys
+	w.mu.Lock()
+	w.leasing = true // until register records the answer
+	w.mu.Unlock()
 	res, err := leaseScript.Run(lctx, w.rdb,
-		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker},
+		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq},
 		w.id, n, w.leaseFor().Milliseconds(), w.seenFor().Milliseconds()).Slice()
 	if err != nil {
-		return nil, 0, 0, err
+		w.mu.Lock()
+		w.leasing = false // the answer is lost: what the call leased, if anything, is an orphan now
+		w.mu.Unlock()
+		return nil, 0, 0, 0, err
 	}
-	now, next = res[0].(int64), res[1].(int64)
-	for i := 2; i+1 < len(res); i += 2 {
+	now, next, call = res[0].(int64), res[1].(int64), res[2].(int64)
+	for i := 3; i+1 < len(res); i += 2 {
 		job, err := decodeJob(res[i].(string), []byte(res[i+1].(string)))
 		if err != nil {
 			// The lease stands; the sweeper will reclaim it as a stall and, past MaxStalls, bury it with a reason.
@@ -498,7 +475,7 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next int64
 		}
 		jobs = append(jobs, job)
 	}
-	return jobs, now, next, nil
+	return jobs, now, next, call, nil
 }
 
 // traceLease records the lease in the job's trace: a short consumer span from the lease call to the handler.
@@ -511,18 +488,33 @@ func (w *Worker) traceLease(job *Job, leasedAt time.Time) {
 	span.End()
 }
 
-func (w *Worker) start(handlerCtx context.Context, job *Job) {
-	ctx, cancel := context.WithCancelCause(handlerCtx)
-	k := runKey{id: job.ID, epoch: job.Epoch}
+// register records the runs of a lease's jobs, and the lease itself as answered, at one instant under the
+// lock that heartbeatState reads under.
+func (w *Worker) register(handlerCtx context.Context, jobs []*Job, leaseCall int64) []context.Context {
+	ctxs := make([]context.Context, len(jobs))
 	w.mu.Lock()
-	w.runs[k] = &run{cancel: cancel}
-	w.mu.Unlock()
+	defer w.mu.Unlock()
+	for i, job := range jobs {
+		ctx, cancel := context.WithCancelCause(handlerCtx)
+		w.runs[runKey{id: job.ID, epoch: job.Epoch}] = &run{cancel: cancel}
+		ctxs[i] = ctx
+	}
+	w.leasing = false
+	w.leasedUpTo = leaseCall
+	return ctxs
+}
+
+func (w *Worker) launch(ctx context.Context, job *Job) {
+	k := runKey{id: job.ID, epoch: job.Epoch}
 	w.handlers.Go(func() {
-		defer cancel(nil)
 		w.runJob(ctx, job)
 		w.mu.Lock()
+		r := w.runs[k]
 		delete(w.runs, k)
 		w.mu.Unlock()
+		if r != nil {
+			r.cancel(nil)
+		}
 		select {
 		case w.freed <- struct{}{}:
 		default:

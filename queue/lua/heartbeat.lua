@@ -3,13 +3,15 @@
 --
 -- It also hands back jobs leased to this worker that it does not know it holds: a lease whose answer was lost
 -- on the way (a timeout, a dropped connection) would otherwise sit idle until its lease ran out, and count a
--- stall. Only leases older than ARGV[4] are orphans; a younger one may still be on its way to the worker.
+-- stall. The worker's fetcher leases one call at a time, so a lease of this worker's made by an earlier call than
+-- the last one whose answer the worker registered (ARGV[4], a lease call number), with no lease call out since,
+-- can only be one whose answer was lost. A slow answer still on its way is never taken for one.
 --
 -- KEYS[1] jobs  KEYS[2] leases  KEYS[3] workers  KEYS[4] owned  KEYS[5] ready  KEYS[6] marker
 -- ARGV[1] worker id
 -- ARGV[2] ms the worker counts as seen alive (for Stats)
 -- ARGV[3] lease TTL ms
--- ARGV[4] orphan age ms
+-- ARGV[4] hand back this worker's unknown leases made by lease calls numbered below this; 0 = none
 -- ARGV[5..] pairs of id, epoch
 -- Returns {orphans handed back, id, epoch, ...}: the pairs whose lease the worker no longer holds.
 
@@ -31,12 +33,12 @@ for i = 5, #ARGV, 2 do
   end
 end
 local wid = ARGV[1]
-local old = now - tonumber(ARGV[4])
+local before = tonumber(ARGV[4])
 for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[4], '[' .. wid .. ':', '[' .. wid .. ';', 'LIMIT', 0, 1000)) do
   local id = string.sub(m, #wid + 2)
   if not held[id] then
     local job = load_job(KEYS[1], id)
-    if job and job.state == 'active' and job.owner == wid and (job.leased_at or 0) < old then
+    if job and job.state == 'active' and job.owner == wid and (job.lease_seq or 0) < before then
       drop_lease(KEYS[2], KEYS[4], id, job)
       make_ready_front(KEYS[1], KEYS[5], id, job)
       orphans = orphans + 1

@@ -7,11 +7,12 @@
 -- KEYS[6] owned     zset of "<wid>:<id>" (score 0), the jobs each worker process holds
 -- KEYS[7] workers   zset: wid -> liveness deadline ms
 -- KEYS[8] marker
+-- KEYS[9] leaseseq  counter: numbers each lease call; the jobs it leases record it (see heartbeat.lua)
 -- ARGV[1] worker id
 -- ARGV[2] how many jobs at most
 -- ARGV[3] lease TTL ms
 -- ARGV[4] liveness TTL ms
--- Returns {now, next delayed run_at or -1, record1, payload1, record2, payload2, ...}
+-- Returns {now, next delayed run_at or -1, lease call number, record1, payload1, record2, payload2, ...}
 
 local now = now_ms()
 local wid = ARGV[1]
@@ -27,7 +28,8 @@ end
 
 redis.call('ZADD', KEYS[7], now + tonumber(ARGV[4]), wid)
 
-local out = {now, -1}
+local seq = redis.call('INCR', KEYS[9])
+local out = {now, -1, seq}
 local ids = redis.call('LPOP', KEYS[3], tonumber(ARGV[2]))
 if ids then
   local deadline = now + tonumber(ARGV[3])
@@ -39,6 +41,7 @@ if ids then
       job.state = 'active'
       job.owner = wid
       job.leased_at = now
+      job.lease_seq = seq
       out[#out + 1] = save_job(KEYS[1], id, job)
       out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
       redis.call('ZADD', KEYS[5], deadline, id)

@@ -370,7 +370,7 @@ func (q *Queue) sweep(ctx context.Context, c *redis.Client, s sweepSettings, l *
 		out.Dead += int(res[1])
 		out.WorkersLost += int(res[2])
 		out.Outage = max(out.Outage, time.Duration(res[3])*time.Millisecond)
-		if res[5] == 0 {
+		if res[4] == 0 {
 			break
 		}
 	}

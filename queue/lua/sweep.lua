@@ -20,8 +20,8 @@
 -- ARGV[4] outage_grace ms
 -- ARGV[5] at most this many jobs reclaimed per worker and per step
 -- ARGV[6..] pairs of worker id, registration whose connection the caller found gone (or from another run)
--- Returns {reclaimed, dead, workers lost, gap ms when it was an outage (else 0), earliest lease deadline ms or -1,
--- 1 when the limit left work for another call at once}.
+-- Returns {reclaimed, dead, workers lost, gap ms when it was an outage (else 0), 1 when the limit left work for
+-- another call at once}.
 
 local now = now_ms()
 local grace = tonumber(ARGV[1])
@@ -126,9 +126,4 @@ end
 if reclaimed > 0 then
   wake(KEYS[6])
 end
-local next_deadline = -1
-local first = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
-if first[2] then
-  next_deadline = tonumber(first[2])
-end
-return {reclaimed, died, lost_workers, outage, next_deadline, more}
+return {reclaimed, died, lost_workers, outage, more}

@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 	if proctest.Role() == "worker" {
 		os.Exit(workerProcess())
 	}
-	os.Exit(m.Run())
+	testenv.Main(m)
 }
 
 // workerProcess is a real worker process for crash tests. It prints "start <id> <epoch>" on stdout when a

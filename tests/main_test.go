@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/oncegate/oncegate/internal/testenv"
 )
 
 // bin holds the project's binaries, built once for the whole package.
@@ -27,7 +29,7 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
-	code := m.Run()
+	code := testenv.NoLeaks(m.Run())
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -1,0 +1,9 @@
+package dedup
+
+import (
+	"testing"
+
+	"github.com/oncegate/oncegate/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }

@@ -3,7 +3,7 @@ package outbox
 import (
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/leaktest"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { leaktest.Main(m) }

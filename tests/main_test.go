@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/leaktest"
 )
 
 // bin holds the project's binaries, built once for the whole package.
@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
-	code := testenv.NoLeaks(m.Run())
+	code := leaktest.Check(m.Run())
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/oncegate/oncegate/internal/leaktest"
 	"github.com/oncegate/oncegate/internal/proctest"
 	"github.com/oncegate/oncegate/internal/testenv"
 	"github.com/oncegate/oncegate/migrations"
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) {
 	if proctest.Role() == "template" {
 		os.Exit(templateProcess())
 	}
-	testenv.Main(m)
+	leaktest.Main(m)
 }
 
 // templateProcess is a test process of another package asking for the template database of the server at

@@ -1,4 +1,9 @@
-package testenv
+// Package leaktest fails a test binary whose tests pass but leave goroutines running: a worker, a dispatcher,
+// a listener or a pool that a test forgot to stop. Every package with tests calls it from its TestMain
+// (.ci/run checks that each does), so a leak cannot pass CI unseen. It is go.uber.org/goleak with the
+// project's grace and list of known background goroutines, kept apart from testenv so that the programs
+// using testenv's helpers (the benchmarks) do not depend on goleak.
+package leaktest
 
 import (
 	"fmt"
@@ -19,16 +24,16 @@ var backgroundGoroutines []goleak.Option
 // goroutines go asynchronously: a leak is what still runs after it. Generous, for a loaded 2-core CI machine.
 const leakGrace = 5 * time.Second
 
-// Main runs the package's tests and exits, failing a passing run that leaves goroutines behind: a worker, a
-// dispatcher, a listener or a pool that a test forgot to close. Call it from TestMain.
+// Main runs the package's tests and exits, failing a passing run that leaves goroutines behind. Call it from
+// TestMain.
 func Main(m *testing.M) {
-	os.Exit(NoLeaks(m.Run()))
+	os.Exit(Check(m.Run()))
 }
 
-// NoLeaks returns code, the result of m.Run, or 1 when the tests passed (code 0) but goroutines other than the
+// Check returns code, the result of m.Run, or 1 when the tests passed (code 0) but goroutines other than the
 // known background ones still run after leakGrace. A failed run is returned as is: its leftover goroutines are
 // a consequence of the failure, not news. For a TestMain that does more after m.Run than exit.
-func NoLeaks(code int) int {
+func Check(code int) int {
 	if code != 0 {
 		return code
 	}

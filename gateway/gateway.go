@@ -34,7 +34,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/dedup"
-	"github.com/oncegate/oncegate/internal/metrics"
+	"github.com/oncegate/oncegate/internal/notifier"
 	"github.com/oncegate/oncegate/migrations"
 	"github.com/oncegate/oncegate/outbox"
 	"github.com/oncegate/oncegate/providers"
@@ -50,11 +50,13 @@ type Gateway struct {
 	pool       *pgxpool.Pool
 	store      *dedup.Store
 	dispatcher *outbox.Dispatcher
+	notifier   *notifier.Notifier
 	providers  map[string]providers.Provider
 	keys       []apiKey
 	waiters    *waiters
 	router     *mux.Router
-	registry   *prometheus.Registry
+	metrics    *metrics
+	registry   *prometheus.Registry // metrics.registry: what /metrics serves
 }
 
 type apiKey struct {
@@ -99,6 +101,8 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		pool.Close()
 		return nil, err
 	}
+	store := dedup.NewStore(pool)
+	m := newMetrics(store)
 	w := newWaiters()
 	d, err := outbox.New(pool, outbox.Config{
 		Types:        types,
@@ -108,14 +112,20 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		LeaseMargin:  time.Duration(cfg.Dispatcher.LeaseMargin),
 		DrainTimeout: time.Duration(cfg.Dispatcher.DrainTimeout),
 		OnFinished:   w.wake,
+		Metrics:      m.dispatcher,
 		Logger:       log,
 	})
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, pool: pool, store: dedup.NewStore(pool), dispatcher: d,
-		providers: byName, waiters: w}
+	// One LISTEN connection wakes the dispatcher for new rows and this gateway's waiting requests for effects
+	// that other gateways finished; after a reconnect it wakes both, since notifications were lost meanwhile.
+	n := notifier.New(notifier.Config{DatabaseURL: cfg.DatabaseURL, Logger: log})
+	n.Subscribe(notifier.TopicOutbox, func(notifier.Notification) { d.Wake() })
+	n.Subscribe(notifier.TopicEffectDone, w.notified)
+	g := &Gateway{cfg: cfg, log: log, pool: pool, store: store, dispatcher: d, notifier: n,
+		providers: byName, waiters: w, metrics: m, registry: m.registry}
 	tenants := make([]string, 0, len(cfg.Tenants))
 	for t := range cfg.Tenants {
 		tenants = append(tenants, t)
@@ -127,7 +137,6 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 			g.keys = append(g.keys, apiKey{hash: h, tenant: t})
 		}
 	}
-	g.registry = metrics.NewRegistry(backlogCollector{pool: pool})
 	g.router = g.routes()
 	return g, nil
 }
@@ -159,8 +168,7 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
 	var wg sync.WaitGroup
-	lst := &listener{url: g.cfg.DatabaseURL, log: g.log, onOutbox: g.dispatcher.Wake, waiters: g.waiters}
-	wg.Go(func() { lst.run(bg) })
+	wg.Go(func() { g.notifier.Run(bg) })
 	if g.cfg.Dispatcher.Disabled {
 		g.log.Info("dispatcher disabled: this gateway records effects, other gateways deliver them")
 	} else {
@@ -305,28 +313,4 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
-}
-
-// backlogCollector reads the outbox backlog when /metrics is scraped.
-type backlogCollector struct{ pool *pgxpool.Pool }
-
-var (
-	backlogRows = prometheus.NewDesc("oncegate_outbox_backlog", "Outbox rows waiting for delivery.", []string{"type"}, nil)
-	backlogAge  = prometheus.NewDesc("oncegate_outbox_oldest_due_seconds",
-		"How long the oldest due outbox row has waited.", []string{"type"}, nil)
-)
-
-func (backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- backlogRows; ch <- backlogAge }
-
-func (b backlogCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	backlogs, err := outbox.Backlogs(ctx, b.pool)
-	if err != nil {
-		return
-	}
-	for _, bl := range backlogs {
-		ch <- prometheus.MustNewConstMetric(backlogRows, prometheus.GaugeValue, float64(bl.Rows), bl.Type)
-		ch <- prometheus.MustNewConstMetric(backlogAge, prometheus.GaugeValue, bl.OldestDue.Seconds(), bl.Type)
-	}
 }

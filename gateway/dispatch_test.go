@@ -335,3 +335,35 @@ func TestPostgresOutageUnderLoad(t *testing.T) {
 	t.Logf("answers %v; %d acknowledged, all delivered once", statuses, len(acked))
 	result(fmt.Sprintf("%d acknowledged and delivered; %d answered 503; 0 half-recorded", len(acked), statuses[503]))
 }
+
+// Each gateway counts into collectors of its own: two gateways in one process share no counter, and each
+// serves the same metric names.
+func TestMetricsArePerGateway(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Database(t)
+	a := startGatewayOn(t, db, nil)
+	b := startGatewayOn(t, db, func(c *Config) { c.Dispatcher.Disabled = true })
+	if r := a.post("m1", analytics("a")); r.status != 202 {
+		t.Fatal(r.raw)
+	}
+	a.waitStatus(acmeKey, "m1", "delivered")
+	metrics := func(h *harness) string { return h.req("GET", "/metrics", "", "").raw }
+	for _, want := range []string{`oncegate_effects_created_total{type="analytics"} 1`,
+		`oncegate_effects_finished_total{status="delivered",type="analytics"} 1`,
+		`oncegate_delivery_attempts_total{outcome="delivered",type="analytics"} 1`,
+		`oncegate_breaker_state{type="analytics"} 0`} {
+		if !strings.Contains(metrics(a), want) {
+			t.Errorf("the gateway that did the work does not show %s", want)
+		}
+	}
+	got := metrics(b)
+	for _, absent := range []string{"oncegate_effects_created_total{", "oncegate_effects_finished_total{",
+		"oncegate_delivery_attempts_total{"} {
+		if strings.Contains(got, absent) {
+			t.Errorf("the idle gateway shows the other's %s…", absent)
+		}
+	}
+	if !strings.Contains(got, `oncegate_breaker_state{type="analytics"} 0`) {
+		t.Error("the idle gateway does not serve its own breaker state")
+	}
+}

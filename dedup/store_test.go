@@ -24,14 +24,14 @@ func TestTranslate(t *testing.T) {
 		err                     error
 		unavailable, unstorable bool
 	}{
-		{pg("08006"), true, false},                       // connection failure
-		{pg("57P01"), true, false},                       // admin shutdown
-		{pg("57P03"), true, false},                       // cannot connect now
-		{pg("53300"), true, false},                       // too many connections
-		{pg("22P05"), false, true},                       // untranslatable character (\u0000 in jsonb)
-		{pg("22021"), false, true},                       // invalid byte sequence
-		{pg("54000"), false, true},                       // program limit exceeded
-		{pg("23505"), false, false},                      // a unique violation is a bug here, not either
+		{pg("08006"), true, false},  // connection failure
+		{pg("57P01"), true, false},  // admin shutdown
+		{pg("57P03"), true, false},  // cannot connect now
+		{pg("53300"), true, false},  // too many connections
+		{pg("22P05"), false, true},  // untranslatable character (\u0000 in jsonb)
+		{pg("22021"), false, true},  // invalid byte sequence
+		{pg("54000"), false, true},  // program limit exceeded
+		{pg("23505"), false, false}, // a unique violation is a bug here, not either
 		{&net.OpError{Op: "dial", Err: errors.New("refused")}, true, false},
 		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), true, false},
 		{pgconn.ErrConnClosed, true, false},

@@ -50,7 +50,7 @@ type Gateway struct {
 	pool       *pgxpool.Pool
 	store      *dedup.Store
 	dispatcher *outbox.Dispatcher
-	providers  map[string]providers.Provider
+	providers  *providers.Registry
 	keys       []apiKey
 	waiters    *waiters
 	router     *mux.Router
@@ -73,32 +73,33 @@ type Options struct {
 }
 
 // New connects to the database (lazily: a database that is down makes requests fail with 503, not New) and
-// builds the gateway.
+// builds the gateway. A nil cfg is all defaults; unset fields take theirs (Config.WithDefaults).
 func New(cfg *Config, opts Options) (*Gateway, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: database_url: %w", err)
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("gateway: config: %w", err)
 	}
-	if pcfg.ConnConfig.ConnectTimeout == 0 || pcfg.ConnConfig.ConnectTimeout > 5*time.Second {
-		pcfg.ConnConfig.ConnectTimeout = 3 * time.Second
-	}
-	pcfg.MaxConns = max(pcfg.MaxConns, 40)
-	if opts.DriverTracing != nil {
-		pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing))
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	pcfg, err := cfg.poolConfig()
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	types, byName, err := cfg.outboxTypes()
-	if err != nil {
-		pool.Close()
-		return nil, err
+	if opts.DriverTracing != nil {
+		pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing))
 	}
+	reg, err := cfg.registry()
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		_ = reg.Close()
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	types := cfg.outboxTypes(reg)
 	w := newWaiters()
 	d, err := outbox.New(pool, outbox.Config{
 		Types:        types,
@@ -112,10 +113,11 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	})
 	if err != nil {
 		pool.Close()
+		_ = reg.Close()
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, log: log, pool: pool, store: dedup.NewStore(pool), dispatcher: d,
-		providers: byName, waiters: w}
+		providers: reg, waiters: w}
 	tenants := make([]string, 0, len(cfg.Tenants))
 	for t := range cfg.Tenants {
 		tenants = append(tenants, t)
@@ -127,13 +129,16 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 			g.keys = append(g.keys, apiKey{hash: h, tenant: t})
 		}
 	}
-	g.registry = metrics.NewRegistry(backlogCollector{pool: pool})
+	g.registry = metrics.NewRegistry(backlogCollector{pool: pool, timeout: time.Duration(cfg.Timeouts.Metrics)})
 	g.router = g.routes()
 	return g, nil
 }
 
-// Close releases the database pool.
-func (g *Gateway) Close() { g.pool.Close() }
+// Close releases the database pool and the providers.
+func (g *Gateway) Close() {
+	g.pool.Close()
+	_ = g.providers.Close()
+}
 
 // Handler returns the HTTP API.
 func (g *Gateway) Handler() http.Handler { return g.router }
@@ -151,10 +156,10 @@ func (g *Gateway) Migrate(ctx context.Context) error {
 }
 
 // Serve runs the HTTP API on l and the dispatcher until ctx ends, then shuts down gracefully: it stops
-// accepting, lets requests in flight finish (up to 10 s), stops the dispatcher (which drains its deliveries
-// and hands back the rest) and returns.
+// accepting, lets requests in flight finish (up to timeouts.shutdown), stops the dispatcher (which drains its
+// deliveries and hands back the rest) and returns.
 func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: g.router, ReadHeaderTimeout: 10 * time.Second,
+	srv := &http.Server{Handler: g.router, ReadHeaderTimeout: time.Duration(g.cfg.Timeouts.ReadHeader),
 		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
@@ -174,7 +179,7 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	case <-ctx.Done():
 	case err = <-served:
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(g.cfg.Timeouts.Shutdown))
 	defer cancel()
 	if serr := srv.Shutdown(sctx); serr != nil {
 		g.log.Warn("HTTP shutdown", "err", serr)
@@ -288,7 +293,7 @@ func (g *Gateway) healthz(w http.ResponseWriter, _ *http.Request) {
 
 // readyz is ready when the database answers and its schema has every migration this binary knows.
 func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Ready))
 	defer cancel()
 	if err := g.pool.Ping(ctx); err != nil {
 		w.Header().Set("Retry-After", "1")
@@ -308,7 +313,10 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 }
 
 // backlogCollector reads the outbox backlog when /metrics is scraped.
-type backlogCollector struct{ pool *pgxpool.Pool }
+type backlogCollector struct {
+	pool    *pgxpool.Pool
+	timeout time.Duration
+}
 
 var (
 	backlogRows = prometheus.NewDesc("oncegate_outbox_backlog", "Outbox rows waiting for delivery.", []string{"type"}, nil)
@@ -319,7 +327,7 @@ var (
 func (backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- backlogRows; ch <- backlogAge }
 
 func (b backlogCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	backlogs, err := outbox.Backlogs(ctx, b.pool)
 	if err != nil {

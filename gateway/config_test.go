@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -225,4 +226,36 @@ func TestPoolConfigKeepsTheUsersSettings(t *testing.T) {
 				pc.ConnConfig.ConnectTimeout, c.max, c.dialWait)
 		}
 	}
+}
+
+// docs/configuration.md documents every key of the file: a field added to Config without a row there fails.
+func TestEveryKeyIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var walk func(rt reflect.Type, path string)
+	walk = func(rt reflect.Type, path string) {
+		for rt.Kind() == reflect.Pointer || rt.Kind() == reflect.Map || rt.Kind() == reflect.Slice {
+			if rt.Kind() == reflect.Map {
+				path = "" // keys under a name (a tenant, an effect type) are documented without it
+			}
+			rt = rt.Elem()
+		}
+		if rt.Kind() != reflect.Struct {
+			if !strings.Contains(string(doc), path+"`") {
+				t.Errorf("docs/configuration.md does not document %s", path)
+			}
+			return
+		}
+		if rt.PkgPath() != reflect.TypeOf(Config{}).PkgPath() {
+			path = "" // a provider block: its keys are listed by kind
+		}
+		for i := 0; i < rt.NumField(); i++ {
+			if tag := strings.Split(rt.Field(i).Tag.Get("yaml"), ",")[0]; tag != "" && tag != "-" {
+				walk(rt.Field(i).Type, join(path, tag))
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}), "")
 }

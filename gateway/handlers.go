@@ -24,9 +24,6 @@ import (
 	"github.com/oncegate/oncegate/providers"
 )
 
-// dbTimeout bounds the database work of one request, so a database that hangs gives a 503, not a hang.
-const dbTimeout = 5 * time.Second
-
 type createRequest struct {
 	Type    string          `json:"type"`
 	Payload json.RawMessage `json:"payload"`
@@ -62,7 +59,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, field, err.Error())
 		return
 	}
-	p, ok := g.providers[req.Type]
+	p, ok := g.providers.Get(req.Type)
 	if !ok {
 		badRequest(w, "type", fmt.Sprintf("unknown effect type %q", req.Type))
 		return
@@ -88,7 +85,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload,
 		JobID: jobID, JobEpoch: epoch})
@@ -244,7 +241,7 @@ func (g *Gateway) latest(ctx context.Context, tenant string, e *dedup.Effect) *d
 }
 
 func (g *Gateway) get(ctx context.Context, tenant, key string) (*dedup.Effect, error) {
-	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	return g.store.Get(ctx, tenant, key)
 }
@@ -288,20 +285,21 @@ type listResponse struct {
 
 func (g *Gateway) listEffects(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := dedup.Filter{Status: effect.Status(q.Get("status")), Type: q.Get("type"), Cursor: q.Get("cursor"), Limit: 50}
+	f := dedup.Filter{Status: effect.Status(q.Get("status")), Type: q.Get("type"), Cursor: q.Get("cursor"),
+		Limit: g.cfg.Limits.PageSize}
 	if f.Status != "" && !f.Status.Valid() {
 		badRequest(w, "status", fmt.Sprintf("unknown status %q; one of %v", f.Status, effect.Statuses()))
 		return
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 500 {
-			badRequest(w, "limit", "limit must be a whole number from 1 to 500")
+		if err != nil || n < 1 || n > g.cfg.Limits.MaxPageSize {
+			badRequest(w, "limit", fmt.Sprintf("limit must be a whole number from 1 to %d", g.cfg.Limits.MaxPageSize))
 			return
 		}
 		f.Limit = n
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	page, err := g.store.List(ctx, tenantOf(r), f)
 	if errors.Is(err, dedup.ErrBadCursor) {
@@ -325,7 +323,7 @@ func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "key", "the key in the path is not validly escaped")
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, err := g.store.Retry(ctx, tenantOf(r), key)
 	switch {

@@ -21,7 +21,7 @@ type metrics struct {
 	keyReuses      *prometheus.CounterVec
 }
 
-func newMetrics(store *dedup.Store) *metrics {
+func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 	m := &metrics{
 		registry:   prometheus.NewRegistry(),
 		dispatcher: outbox.NewMetrics(),
@@ -35,14 +35,17 @@ func newMetrics(store *dedup.Store) *metrics {
 			Name: "oncegate_key_reuses_total", Help: "Requests refused with 422: the key was used for another request.",
 		}, []string{"type"}),
 	}
-	m.registry.MustRegister(m.effectsCreated, m.replays, m.keyReuses, backlogCollector{store: store},
+	m.registry.MustRegister(m.effectsCreated, m.replays, m.keyReuses, backlogCollector{store: store, timeout: scrapeTimeout},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registry.MustRegister(m.dispatcher.Collectors()...)
 	return m
 }
 
 // backlogCollector reads the outbox backlog when /metrics is scraped.
-type backlogCollector struct{ store *dedup.Store }
+type backlogCollector struct {
+	store   *dedup.Store
+	timeout time.Duration
+}
 
 var (
 	backlogRows = prometheus.NewDesc("oncegate_outbox_backlog", "Outbox rows waiting for delivery.", []string{"type"}, nil)
@@ -53,7 +56,7 @@ var (
 func (backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- backlogRows; ch <- backlogAge }
 
 func (b backlogCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	backlogs, err := b.store.Backlogs(ctx)
 	if err != nil {

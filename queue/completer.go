@@ -19,7 +19,11 @@ type completion struct {
 	done  chan error
 }
 
-// complete hands the completion to the batcher and retries briefly while Redis is unreachable.
+// recordRetry is the backoff between attempts at recording an outcome while Redis is unreachable.
+var recordRetry = backoff.Policy{Base: 100 * time.Millisecond, Max: 2 * time.Second}
+
+// complete hands the completion to the batcher and retries briefly while Redis is unreachable, until the
+// worker's drain time is up.
 func (w *Worker) complete(job *Job) error {
 	var err error
 	for attempt := 1; attempt <= 5; attempt++ {
@@ -28,7 +32,9 @@ func (w *Worker) complete(job *Job) error {
 		if err = <-c.done; err == nil || errors.Is(err, ErrLeaseLost) {
 			return err
 		}
-		time.Sleep(backoff.Policy{Base: 100 * time.Millisecond, Max: 2 * time.Second}.Delay(attempt))
+		if !sleep(w.records, recordRetry.Delay(attempt)) {
+			break
+		}
 	}
 	return err
 }
@@ -61,7 +67,7 @@ func (w *Worker) completeLoop(ctx context.Context) {
 			args = append(args, c.id, c.epoch)
 		}
 		k := w.q.keys
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		cctx, cancel := context.WithTimeout(w.records, 10*time.Second)
 		res, err := completeScript.Run(cctx, w.rdb,
 			[]string{k.jobs, k.payloads, k.leases, k.owned, k.done, k.seen}, args...).Int64Slice()
 		cancel()
@@ -93,7 +99,7 @@ func (w *Worker) fail(job *Job, herr error) (string, error) {
 	k := w.q.keys
 	var err error
 	for attempt := 1; attempt <= 5; attempt++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(w.records, 10*time.Second)
 		var res []any
 		res, err = failScript.Run(ctx, w.rdb,
 			[]string{k.jobs, k.leases, k.owned, k.ready, k.delayed, k.dead, k.marker},
@@ -105,7 +111,9 @@ func (w *Worker) fail(job *Job, herr error) (string, error) {
 			}
 			return "", ErrLeaseLost
 		}
-		time.Sleep(backoff.Policy{Base: 100 * time.Millisecond, Max: 2 * time.Second}.Delay(attempt))
+		if !sleep(w.records, recordRetry.Delay(attempt)) {
+			break
+		}
 	}
 	return "", fmt.Errorf("queue: fail %q: %w", job.ID, err)
 }

@@ -25,6 +25,11 @@ const (
 	DefaultIdleBlock         = time.Second
 )
 
+// handBackTimeout bounds the one call with which a closing worker hands its unfinished jobs back. A hand back
+// that fails costs nothing but time: the jobs come back by the sweeper, as a stall, once the closed worker's
+// liveness connection is seen gone.
+const handBackTimeout = 5 * time.Second
+
 // WorkerConfig configures a worker process. A nil *WorkerConfig means all defaults.
 //
 // A worker process that dies has its jobs back in ready within about SweepInterval + ReconnectGrace + a
@@ -48,7 +53,8 @@ type WorkerConfig struct {
 	// counts as dead (a network blip is not a death). After a Redis restart or failover, workers get four
 	// times as long, at least two heartbeat intervals. Defaults to DefaultReconnectGrace.
 	ReconnectGrace time.Duration
-	// DrainTimeout is how long a graceful close waits for running handlers before it hands their jobs back.
+	// DrainTimeout is how long a graceful close waits for running handlers, the recording of their outcomes
+	// included, before it hands their jobs back. It bounds the close whether or not Redis answers: see Run.
 	// Defaults to DefaultDrainTimeout.
 	DrainTimeout time.Duration
 	// IdleBlock bounds one blocking wait for new jobs, and so how long Run takes to notice its context ended
@@ -150,6 +156,10 @@ type Worker struct {
 
 	completions chan completion
 	handlers    sync.WaitGroup
+	// records carries the calls that record runs' outcomes (complete, fail). It ends when a graceful close's
+	// drain time is up, so that a close never waits on a Redis that does not answer: the outcomes not
+	// recorded by then are the jobs handed back, or found again by the sweeper. Set by Run.
+	records context.Context
 }
 
 // NewWorker returns a worker that runs h for the jobs of q. It refuses settings that cannot work.
@@ -185,8 +195,13 @@ func NewWorker(q *Queue, h Handler, cfg *WorkerConfig) (*Worker, error) {
 func (w *Worker) ID() string { return w.id }
 
 // Run leases and runs jobs until ctx ends, then closes gracefully: it stops leasing, waits up to DrainTimeout
-// for running handlers, hands the jobs still running back to ready at once, cancels their handlers and waits
-// for them to return. A worker runs once.
+// for running handlers and the recording of their outcomes, hands the jobs still running back to ready at
+// once, cancels their handlers and waits for them to return. A worker runs once.
+//
+// Run returns at most DrainTimeout plus 5 s (the hand back) after ctx ends, whether Redis answers or not,
+// provided handlers return once their context is cancelled. One exception: a lease call or a wait for jobs
+// that was out when ctx ended is waited for, which takes up to 10 s, or IdleBlock + 2 s, when Redis does not
+// answer; a DrainTimeout at least that long hides it.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return errors.New("queue: worker already started")
@@ -209,6 +224,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Handlers, the heartbeat, the sweeper and completions outlive ctx: they are stopped in order below.
 	handlerCtx, cancelHandlers := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancelHandlers(nil)
+	records, stopRecords := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer stopRecords(nil)
+	w.records = records
 	bgCtx, stopBackground := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBackground()
 	// The first heartbeat connects and registers the liveness connection before any job is leased, so that a
@@ -231,12 +249,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	}()
 	<-ctx.Done()
 	drainBy := time.Now().Add(w.cfg.DrainTimeout)
+	drainOver := time.AfterFunc(w.cfg.DrainTimeout, func() { stopRecords(errDrainTimeout) })
+	defer drainOver.Stop()
 	wake := w.q.keys.wake(w.id)
-	if err := w.rdb.ZAdd(bgCtx, wake, redis.Z{Member: "close"}).Err(); err != nil {
+	wctx, cancelWake := context.WithDeadline(bgCtx, drainBy)
+	if err := w.rdb.ZAdd(wctx, wake, redis.Z{Member: "close"}).Err(); err != nil {
 		w.log.Warn("could not wake the fetcher; it stops within IdleBlock", "err", err)
 	}
 	<-fetched
-	_ = w.rdb.Del(bgCtx, wake).Err()
+	_ = w.rdb.Del(wctx, wake).Err()
+	cancelWake()
 
 	drained := make(chan struct{})
 	go func() { w.handlers.Wait(); close(drained) }()
@@ -253,7 +275,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopLiveness()
 	_ = live.rdb.Close()
 	liveLoop.Wait()
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
 	n, err := w.release(rctx)
 	cancel()
 	if err != nil {
@@ -262,6 +284,10 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.log.Info("handed unfinished jobs back to ready", "jobs", n)
 	}
 	cancelHandlers(errors.New("queue: worker closed"))
+	stopRecords(errors.New("queue: worker closed"))
+	// A record still waiting on a Redis that does not answer ends here: closing the client breaks the calls
+	// out on its connections, which a cancelled context does not.
+	_ = w.rdb.Close()
 	<-drained
 	stopBackground()
 	bg.Wait()
@@ -277,6 +303,9 @@ func ownJobClient(rdb redis.UniversalClient, poolSize int, readTimeout time.Dura
 		o.ReadTimeout = atLeast(o.ReadTimeout, readTimeout)
 		o.PoolTimeout = 0
 		o.MaxRetries = -1 // a lease or completion repeated after a lost answer would run twice: the loops retry
+		// Deadlines of contexts hold on the wire, not only the read timeout, so that a closing worker's
+		// deadlines hold against a Redis that does not answer.
+		o.ContextTimeoutEnabled = true
 		return redis.NewClient(&o), nil
 	case *redis.ClusterClient:
 		o := *c.Options()
@@ -284,6 +313,7 @@ func ownJobClient(rdb redis.UniversalClient, poolSize int, readTimeout time.Dura
 		o.ReadTimeout = atLeast(o.ReadTimeout, readTimeout)
 		o.PoolTimeout = 0
 		o.MaxRetries = -1
+		o.ContextTimeoutEnabled = true
 		return redis.NewClusterClient(&o), nil
 	default:
 		return nil, fmt.Errorf("queue: a worker needs a *redis.Client or *redis.ClusterClient, not %T", rdb)
@@ -301,14 +331,20 @@ func atLeast(d, min time.Duration) time.Duration {
 // jobReadTimeout bounds a command of the worker's job traffic, the blocking wait for jobs included.
 func (w *Worker) jobReadTimeout() time.Duration { return w.cfg.IdleBlock + 5*time.Second }
 
+// errDrainTimeout ends the recording of outcomes when a graceful close's drain time is up.
+var errDrainTimeout = errors.New("queue: drain timeout")
+
 // jitter returns a random duration in [0, d).
 func jitter(d time.Duration) time.Duration { return time.Duration(rand.Int64N(int64(max(d, 1)))) }
 
-func sleep(ctx context.Context, d time.Duration) {
+// sleep waits for d or until ctx ends, and reports whether ctx is still live.
+func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return true
 	case <-ctx.Done():
+		return false
 	}
 }

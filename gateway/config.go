@@ -250,6 +250,9 @@ func parse(raw []byte, c *Config) error {
 		return nil // an empty file: all defaults
 	}
 	expand(&root)
+	if err := hoistTypeKnobs(root.Content[0]); err != nil {
+		return err
+	}
 	if err := checkKnown(root.Content[0], reflect.TypeOf(Config{}), ""); err != nil {
 		return err
 	}
@@ -270,13 +273,67 @@ func expand(n *yaml.Node) {
 	}
 }
 
-// movedToType lists the settings that provider blocks used to have and that are now the effect type's alone,
-// by the provider kinds that had them: a file that still sets one is refused with the new place, rather than
-// having two knobs of which one silently wins.
-var movedToType = map[string]map[string]string{
-	"smtp":    {"on_crash": "on_crash", "timeout": "timeout"},
-	"webhook": {"timeout": "timeout"},
-	"http":    {"timeout": "timeout"},
+// typeKnobs are settings of the effect type that SPEC §7 also lets a provider block spell (`smtp: {on_crash:
+// …}`, `webhook: {timeout: …}`): one knob written in either place. hoistTypeKnobs moves them up to the type
+// before decoding, so the rest of the gateway reads one field; a type that sets one in both places with
+// different values is refused, rather than one silently winning.
+var typeKnobs = []string{"on_crash", "timeout"}
+
+func hoistTypeKnobs(root *yaml.Node) error {
+	types := mapValue(root, "effect_types")
+	if types == nil || types.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(types.Content); i += 2 {
+		name, typ := types.Content[i].Value, types.Content[i+1]
+		if typ.Kind != yaml.MappingNode {
+			continue
+		}
+		for j := 0; j+1 < len(typ.Content); j += 2 {
+			kind, block := typ.Content[j].Value, typ.Content[j+1]
+			if block.Kind != yaml.MappingNode || kind == "retry" || kind == "breaker" {
+				continue
+			}
+			for _, knob := range typeKnobs {
+				k, v := cutKey(block, knob)
+				if v == nil {
+					continue
+				}
+				if prev := mapValue(typ, knob); prev != nil {
+					if prev.Value != v.Value {
+						return fmt.Errorf("effect_types.%s: %s is set twice, %q on the type (line %d) and %q in its %s "+
+							"block (line %d): it is one setting, set it once", name, knob, prev.Value, prev.Line,
+							v.Value, kind, v.Line)
+					}
+					continue
+				}
+				typ.Content = append(typ.Content, k, v)
+			}
+		}
+	}
+	return nil
+}
+
+// mapValue returns the value under key in mapping node n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// cutKey removes key from mapping node n and returns its key and value nodes, or nils.
+func cutKey(n *yaml.Node, key string) (k, v *yaml.Node) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			k, v = n.Content[i], n.Content[i+1]
+			n.Content = append(n.Content[:i:i], n.Content[i+2:]...)
+			return k, v
+		}
+	}
+	return nil, nil
 }
 
 // checkKnown walks a mapping node against the struct type it decodes into and returns the first key the
@@ -297,9 +354,6 @@ func checkKnown(n *yaml.Node, t reflect.Type, path string) error {
 			k := n.Content[i].Value
 			ft, ok := fields[k]
 			if !ok {
-				if err := moved(path, k, n.Content[i].Line); err != nil {
-					return err
-				}
 				known := make([]string, 0, len(fields))
 				for f := range fields {
 					known = append(known, f)
@@ -326,29 +380,6 @@ func checkKnown(n *yaml.Node, t reflect.Type, path string) error {
 		}
 	}
 	return nil
-}
-
-// moved returns the error for key k of a provider block (path "effect_types.<name>.<kind>") that is now
-// the effect type's setting, and nil for any other key.
-func moved(path, k string, line int) error {
-	typePath, kind, ok := cutLast(path)
-	if !ok || !strings.HasPrefix(typePath, "effect_types.") {
-		return nil
-	}
-	to, ok := movedToType[kind][k]
-	if !ok {
-		return nil
-	}
-	return fmt.Errorf("%s: no longer a %s setting (line %d): set %s on the effect type, %s, which bounds or "+
-		"governs every provider kind alike", join(path, k), kind, line, to, join(typePath, to))
-}
-
-func cutLast(path string) (string, string, bool) {
-	i := strings.LastIndexByte(path, '.')
-	if i < 0 {
-		return "", "", false
-	}
-	return path[:i], path[i+1:], true
 }
 
 func join(path, k string) string {

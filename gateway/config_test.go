@@ -147,25 +147,34 @@ func TestWithDefaults(t *testing.T) {
 	}
 }
 
-// A setting that moved from a provider block to the effect type is refused with its new place, not ignored
-// and not merely "unknown".
-func TestMovedProviderSettingsAreRefused(t *testing.T) {
-	for _, c := range []struct{ yaml, want string }{
-		{"effect_types:\n  mail:\n    provider: smtp\n    smtp: { addr: 'h:25', from: a@b.test, on_crash: at_most_once }",
-			"effect_types.mail.smtp.on_crash: no longer a smtp setting (line 4): set on_crash on the effect type, effect_types.mail.on_crash"},
-		{"effect_types:\n  mail:\n    provider: smtp\n    smtp: { addr: 'h:25', from: a@b.test, timeout: 5s }",
-			"effect_types.mail.smtp.timeout: no longer a smtp setting (line 4): set timeout on the effect type, effect_types.mail.timeout"},
-		{"effect_types:\n  hook:\n    provider: webhook\n    webhook: { url: 'https://h/x', timeout: 5s }",
-			"effect_types.hook.webhook.timeout: no longer a webhook setting"},
-		{"effect_types:\n  api:\n    provider: http\n    http: { base_url: 'https://h', timeout: 5s }",
-			"set timeout on the effect type, effect_types.api.timeout"},
-		// Not moved: a postgres block never had a timeout, so it is just unknown.
-		{"effect_types:\n  c:\n    provider: postgres\n    postgres: { timeout: 5s }", "effect_types.c.postgres.timeout: unknown field"},
+// SPEC §7 spells on_crash and timeout in the provider block too: they are the effect type's one knob, read
+// from either place, and a type that sets one twice with different values is refused with both lines.
+func TestProviderBlockSpellsTheTypeKnobs(t *testing.T) {
+	for _, c := range []struct {
+		yaml    string
+		onCrash string
+		timeout time.Duration
+	}{
+		{"effect_types:\n  mail:\n    provider: smtp\n    smtp: { addr: 'h:25', from: a@b.test, on_crash: at_most_once, timeout: 5s }",
+			"at_most_once", 5 * time.Second},
+		{"effect_types:\n  mail:\n    provider: webhook\n    webhook: { url: 'https://h.example/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg==, timeout: 4s }\n    timeout: 4s",
+			"at_least_once", 4 * time.Second},
+		{"effect_types:\n  mail:\n    provider: http\n    on_crash: at_most_once\n    http: { base_url: 'https://h', timeout: 3s }",
+			"at_most_once", 3 * time.Second},
 	} {
-		_, err := Load(writeConfig(t, c.yaml))
-		if err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%q: error %v, want %q", c.yaml, err, c.want)
+		cfg, err := Load(writeConfig(t, c.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", c.yaml, err)
 		}
+		et := cfg.EffectTypes["mail"]
+		if string(et.OnCrash) != c.onCrash || time.Duration(et.Timeout) != c.timeout {
+			t.Errorf("%q: on_crash %q timeout %v, want %q %v", c.yaml, et.OnCrash, time.Duration(et.Timeout), c.onCrash, c.timeout)
+		}
+	}
+	_, err := Load(writeConfig(t, "effect_types:\n  mail:\n    provider: smtp\n    timeout: 2s\n    smtp: { addr: 'h:25', from: a@b.test, timeout: 5s }"))
+	want := `effect_types.mail: timeout is set twice, "2s" on the type (line 4) and "5s" in its smtp block (line 5)`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("conflicting timeouts: error %v, want %q", err, want)
 	}
 }
 

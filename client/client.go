@@ -25,6 +25,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/backoff"
 )
 
@@ -88,7 +89,7 @@ func New(baseURL, apiKey string, opts *Options) (*Client, error) {
 type Effect struct {
 	Key           string          `json:"key"`
 	Type          string          `json:"type"`
-	Status        string          `json:"status"`
+	Status        effect.Status   `json:"status"`
 	Attempts      int             `json:"attempts"`
 	CreatedAt     time.Time       `json:"created_at"`
 	UpdatedAt     time.Time       `json:"updated_at"`
@@ -101,13 +102,7 @@ type Effect struct {
 }
 
 // Terminal reports whether the effect is delivered, failed, dead or unknown.
-func (e *Effect) Terminal() bool {
-	switch e.Status {
-	case "delivered", "failed", "dead", "unknown":
-		return true
-	}
-	return false
-}
+func (e *Effect) Terminal() bool { return e.Status.Terminal() }
 
 // PerformOptions are the optional parts of a request.
 type PerformOptions struct {

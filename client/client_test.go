@@ -18,7 +18,6 @@ import (
 
 	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/queue"
 )
 
 const key = "client-test-key"
@@ -127,7 +126,7 @@ func TestForJobDerivesKeysAndFences(t *testing.T) {
 	t.Parallel()
 	c, _ := New(startGateway(t), key, nil)
 	ctx := context.Background()
-	first := c.ForJob(&queue.Job{ID: "signup:user_6", Epoch: 1})
+	first := c.ForJob("signup:user_6", 1)
 	if first.Key("welcome-email") != "welcome-email:signup:user_6" {
 		t.Fatal(first.Key("welcome-email"))
 	}
@@ -135,7 +134,7 @@ func TestForJobDerivesKeysAndFences(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The job is re-run under epoch 2: its effect is a replay.
-	second := c.ForJob(&queue.Job{ID: "signup:user_6", Epoch: 2})
+	second := c.ForJob("signup:user_6", 2)
 	e, err := second.Perform(ctx, "welcome-event", "analytics", map[string]any{"name": "w"}, nil)
 	if err != nil || !e.Replayed {
 		t.Fatalf("re-run: %+v %v", e, err)

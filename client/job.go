@@ -1,23 +1,23 @@
 package client
 
-import (
-	"context"
+import "context"
 
-	"github.com/oncegate/oncegate/queue"
-)
-
-// JobEffects performs the effects of one queue job. Create one per handler run with Client.ForJob.
+// JobEffects performs the effects of one run of a queue job. Create one per handler run with Client.ForJob.
 type JobEffects struct {
-	c   *Client
-	job *queue.Job
+	c     *Client
+	id    string
+	epoch int64
 }
 
-// ForJob scopes effects to job: each effect's key is "<name>:<job ID>", the same on every run of the job, and
-// each request carries the job's ID and lease epoch for fencing.
-func (c *Client) ForJob(job *queue.Job) *JobEffects { return &JobEffects{c: c, job: job} }
+// ForJob scopes effects to the run of the queue job id under lease epoch (a queue.Job's ID and Epoch): each
+// effect's key is "<name>:<id>", the same on every run of the job, and each request carries the ID and epoch,
+// so the gateway refuses new effects from a run whose lease was taken over.
+func (c *Client) ForJob(id string, epoch int64) *JobEffects {
+	return &JobEffects{c: c, id: id, epoch: epoch}
+}
 
 // Key returns the idempotency key of the job's effect called name.
-func (j *JobEffects) Key(name string) string { return name + ":" + j.job.ID }
+func (j *JobEffects) Key(name string) string { return name + ":" + j.id }
 
 // Perform performs the job's effect called name ("welcome-email") with the effect type typ. Build payload
 // from the job's data alone (no clock, no random): a re-run must send the same payload.
@@ -26,6 +26,6 @@ func (j *JobEffects) Perform(ctx context.Context, name, typ string, payload any,
 	if opts != nil {
 		o = *opts
 	}
-	o.JobID, o.JobEpoch = j.job.ID, j.job.Epoch
+	o.JobID, o.JobEpoch = j.id, j.epoch
 	return j.c.Perform(ctx, j.Key(name), typ, payload, &o)
 }

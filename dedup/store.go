@@ -12,11 +12,15 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/notifier"
 )
 
 //go:embed sql/*.sql
@@ -32,40 +36,17 @@ func query(name string) string {
 }
 
 var (
-	insertSQL = query("insert")
-	fenceSQL  = query("fence")
-	getSQL    = query("get")
-	listSQL   = query("list")
-	retrySQL  = query("retry")
+	insertSQL     = query("insert")
+	fenceSQL      = query("fence")
+	getSQL        = query("get")
+	listSQL       = query("list")
+	retrySQL      = query("retry")
+	claimSQL      = query("claim")
+	finishSQL     = query("finish")
+	rescheduleSQL = query("reschedule")
+	purgeSQL      = query("purge")
+	backlogSQL    = query("backlog")
 )
-
-var (
-	// ErrNotFound: the tenant has no effect under that key.
-	ErrNotFound = errors.New("dedup: no effect under that key")
-	// ErrNotRetryable: only dead, failed and unknown effects can be sent back to pending.
-	ErrNotRetryable = errors.New("dedup: effect is not dead, failed or unknown")
-)
-
-// FencedError is returned when a request names a queue job under an epoch lower than one the gateway has
-// seen for that job: the worker lost its lease to a successor, and may not start effects any more.
-type FencedError struct {
-	JobID string
-	Epoch int64
-}
-
-func (e *FencedError) Error() string {
-	return fmt.Sprintf("dedup: job %q is fenced: epoch %d is behind a newer lease of the job", e.JobID, e.Epoch)
-}
-
-// KeyReusedError is returned when a key the tenant already used arrives with another request.
-type KeyReusedError struct {
-	Key      string
-	Existing *Effect
-}
-
-func (e *KeyReusedError) Error() string {
-	return fmt.Sprintf("dedup: idempotency key %q was used for another request", e.Key)
-}
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")
 
@@ -80,13 +61,31 @@ func traceContext(ctx context.Context) []byte {
 	return b
 }
 
-// Store reads and writes effects.
-type Store struct {
-	pool *pgxpool.Pool
+// DBTX is what the store runs on: a *pgxpool.Pool, or a pgx.Tx when an operation must commit with other
+// writes (a TxProvider's effect and its Finish). Begin is there for Create's fenced path, which needs a
+// transaction of its own (a savepoint, inside a pgx.Tx).
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// NewStore returns a store on pool.
-func NewStore(pool *pgxpool.Pool) *Store { return &Store{pool: pool} }
+var (
+	_ DBTX = (*pgxpool.Pool)(nil)
+	_ DBTX = pgx.Tx(nil)
+)
+
+// Store reads and writes effects.
+type Store struct {
+	db DBTX
+}
+
+// NewStore returns a store on db, usually a *pgxpool.Pool.
+func NewStore(db DBTX) *Store { return &Store{db: db} }
+
+// WithTx returns the store's operations inside tx: they commit or roll back with it.
+func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx} }
 
 // NewEffect is a request for an effect.
 type NewEffect struct {
@@ -117,13 +116,13 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 				return nil, false, err
 			}
 		} else {
-			e, err = scan(s.pool.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc))
+			e, err = scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox))
 		}
 		if err == nil {
 			return e, false, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, false, fmt.Errorf("dedup: record effect: %w", err)
+			return nil, false, translate("record effect", err)
 		}
 		e, err = s.Get(ctx, ne.Tenant, ne.Key)
 		if errors.Is(err, ErrNotFound) {
@@ -143,20 +142,20 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 
 // Get returns the tenant's effect under key.
 func (s *Store) Get(ctx context.Context, tenant, key string) (*Effect, error) {
-	e, err := scan(s.pool.QueryRow(ctx, getSQL, tenant, key))
+	e, err := scan(s.db.QueryRow(ctx, getSQL, tenant, key))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("dedup: get effect: %w", err)
+		return nil, translate("get effect", err)
 	}
 	return e, nil
 }
 
 // Filter selects a page of effects.
 type Filter struct {
-	Status Status // empty: any
-	Type   string // empty: any
+	Status effect.Status // empty: any
+	Type   string        // empty: any
 	Limit  int
 	Cursor string // from the previous page's Page.Next
 }
@@ -166,9 +165,6 @@ type Page struct {
 	Effects []*Effect
 	Next    string
 }
-
-// ErrBadCursor is returned for a cursor that no page handed out.
-var ErrBadCursor = errors.New("dedup: invalid cursor")
 
 // List returns a page of the tenant's effects, newest first.
 func (s *Store) List(ctx context.Context, tenant string, f Filter) (*Page, error) {
@@ -192,21 +188,21 @@ func (s *Store) List(ctx context.Context, tenant string, f Filter) (*Page, error
 		}
 		after = &id
 	}
-	rows, err := s.pool.Query(ctx, listSQL, tenant, status, typ, after, f.Limit+1)
+	rows, err := s.db.Query(ctx, listSQL, tenant, status, typ, after, f.Limit+1)
 	if err != nil {
-		return nil, fmt.Errorf("dedup: list effects: %w", err)
+		return nil, translate("list effects", err)
 	}
 	defer rows.Close()
 	page := &Page{Effects: []*Effect{}}
 	for rows.Next() {
 		e, err := scan(rows)
 		if err != nil {
-			return nil, fmt.Errorf("dedup: list effects: %w", err)
+			return nil, translate("list effects", err)
 		}
 		page.Effects = append(page.Effects, e)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("dedup: list effects: %w", err)
+		return nil, translate("list effects", err)
 	}
 	if len(page.Effects) > f.Limit {
 		page.Effects = page.Effects[:f.Limit]
@@ -216,14 +212,16 @@ func (s *Store) List(ctx context.Context, tenant string, f Filter) (*Page, error
 	return page, nil
 }
 
-// Retry sends a dead, failed or unknown effect back to pending, with a fresh count of attempts.
+// Retry sends a retryable effect (effect.RetryableStatuses) back to pending, with a fresh count of attempts,
+// and wakes the dispatchers.
 func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) {
-	e, err := scan(s.pool.QueryRow(ctx, retrySQL, tenant, key))
+	e, err := scan(s.db.QueryRow(ctx, retrySQL, tenant, key, effect.StatusPending,
+		statusStrings(effect.RetryableStatuses()), notifier.TopicOutbox))
 	if err == nil {
 		return e, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("dedup: retry effect: %w", err)
+		return nil, translate("retry effect", err)
 	}
 	if _, err := s.Get(ctx, tenant, key); err != nil {
 		return nil, err
@@ -235,7 +233,7 @@ func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) 
 // key existed, as for an unfenced insert.
 func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []byte) (*Effect, error) {
 	var e *Effect
-	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var epoch int64
 		if err := tx.QueryRow(ctx, fenceSQL, ne.Tenant, ne.JobID, ne.JobEpoch).Scan(&epoch); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
@@ -244,7 +242,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []
 			return err
 		}
 		var err error
-		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc))
+		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox))
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key exists: keep the raised fence, answer as a replay (or a reuse) below.
 			return nil
@@ -265,4 +263,12 @@ func scan(row pgx.Row) (*Effect, error) {
 		return nil, err
 	}
 	return &e, nil
+}
+
+func statusStrings(ss []effect.Status) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = string(s)
+	}
+	return out
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"reflect"
 	"regexp"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/oncegate/oncegate/internal/backoff"
@@ -24,80 +27,169 @@ import (
 	"github.com/oncegate/oncegate/providers/webhook"
 )
 
-// Defaults for a gateway started with no configuration file: loopback, one dev tenant, one analytics type.
+// Defaults of Config. A gateway started with no configuration file listens on loopback, serves one dev tenant
+// and one analytics type, and uses these for everything else.
 const (
 	DefaultListen      = "127.0.0.1:8080"
 	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/oncegate?sslmode=disable"
 	DefaultTenant      = "dev"
 	DefaultAPIKey      = "dev-api-key"
+	DefaultEffectType  = "analytics"
+
+	// DefaultMaxConns is the pool size when database_url has no pool_max_conns: the gateway's requests and
+	// its dispatcher share the pool, and pgx's own default (the number of CPUs, at least 4) starves them.
+	DefaultMaxConns = 40
+	// DefaultConnectTimeout bounds a new database connection when database_url has no connect_timeout.
+	DefaultConnectTimeout = 3 * time.Second
+
 	DefaultMaxBody     = 256 << 10
-	MaxWait            = 30 * time.Second
+	DefaultPageSize    = 50
+	DefaultMaxPageSize = 500
+
+	DefaultDatabaseTimeout   = 5 * time.Second
+	DefaultShutdownTimeout   = 10 * time.Second
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadyTimeout      = 3 * time.Second
+	DefaultMetricsTimeout    = 2 * time.Second
+
+	DefaultOnCrash         = outbox.AtLeastOnce
+	DefaultTimeout         = outbox.DefaultTimeout
+	DefaultConcurrency     = outbox.DefaultConcurrency
+	DefaultMaxAttempts     = outbox.DefaultMaxAttempts
+	DefaultBaseDelay       = backoff.DefaultBase
+	DefaultMaxDelay        = backoff.DefaultMax
+	DefaultBreakerFailures = outbox.DefaultBreakerFailures
+	DefaultBreakerOpenFor  = outbox.DefaultBreakerOpenFor
+	DefaultRetention       = outbox.DefaultRetention
+	DefaultPollInterval    = outbox.DefaultPollInterval
+	DefaultLeaseMargin     = outbox.DefaultLeaseMargin
+	DefaultDrainTimeout    = outbox.DefaultDrainTimeout
+
+	// MaxWait is the longest "wait" a request may ask for.
+	MaxWait = 30 * time.Second
 )
 
-// Config is the gateway's configuration file. Every field has a default; see Load.
+// Config is the gateway's configuration file. Load reads it; a zero Config (or a nil one given to New) is all
+// defaults. Defaults are filled by WithDefaults and checked, once, by Load and New.
 type Config struct {
-	Listen      string                `yaml:"listen"`
-	DatabaseURL string                `yaml:"database_url"`
-	Tenants     map[string]Tenant     `yaml:"tenants"`
+	// Listen is the HTTP API's address. Defaults to DefaultListen.
+	Listen string `yaml:"listen"`
+	// DatabaseURL is the Postgres database, as a URL or keyword/value string. Defaults to the environment's
+	// DATABASE_URL, then DefaultDatabaseURL. Its pool_max_conns and connect_timeout are used as given; when
+	// it leaves them out they default to DefaultMaxConns and DefaultConnectTimeout.
+	DatabaseURL string `yaml:"database_url"`
+	// Tenants by name. Defaults to DefaultTenant with DefaultAPIKey.
+	Tenants map[string]Tenant `yaml:"tenants"`
+	// EffectTypes by name. Defaults to DefaultEffectType, a postgres type writing to the default table.
 	EffectTypes map[string]EffectType `yaml:"effect_types"`
-	Retry       Retry                 `yaml:"retry"`
-	Retention   Retention             `yaml:"retention"`
-	Limits      Limits                `yaml:"limits"`
-	Dispatcher  Dispatcher            `yaml:"dispatcher"`
+	// Retry is the retry policy of every effect type that has none of its own. Each field defaults as
+	// Retry's doc says.
+	Retry Retry `yaml:"retry"`
+	// Retention says how long terminal effects are kept.
+	Retention Retention `yaml:"retention"`
+	// Limits bounds requests.
+	Limits Limits `yaml:"limits"`
+	// Timeouts bounds the gateway's own waits.
+	Timeouts Timeouts `yaml:"timeouts"`
+	// Dispatcher tunes the outbox dispatcher.
+	Dispatcher Dispatcher `yaml:"dispatcher"`
 }
 
 // Tenant owns API keys; its idempotency keys are its own.
 type Tenant struct {
-	// APIKeys are plain keys, hashed when loaded, or "sha256:<hex>" of a key.
+	// APIKeys are plain keys (at least 8 characters), hashed when loaded, or "sha256:<hex>" of a key. At least
+	// one is required.
 	APIKeys []string `yaml:"api_keys"`
 }
 
-// EffectType binds an effect type to a provider kind and its settings.
+// EffectType binds an effect type to a provider kind and its settings. The block named after the kind
+// (postgres, smtp, webhook or http) holds the provider's own settings; everything about delivery (timeout,
+// on_crash, concurrency, retries, breaker) is the effect type's, for every kind alike.
 type EffectType struct {
+	// Provider is the kind: postgres, smtp, webhook or http. Required.
 	Provider string           `yaml:"provider"`
 	Postgres *postgres.Config `yaml:"postgres"`
 	SMTP     *smtp.Config     `yaml:"smtp"`
 	Webhook  *webhook.Config  `yaml:"webhook"`
 	HTTP     *httpprov.Config `yaml:"http"`
-	// OnCrash: at_least_once (default) resends a delivery interrupted by a gateway crash; at_most_once marks
-	// it unknown for an operator.
-	OnCrash     string   `yaml:"on_crash"`
-	Timeout     Duration `yaml:"timeout"`
-	Concurrency int      `yaml:"concurrency"`
-	Retry       *Retry   `yaml:"retry"`
-	Breaker     Breaker  `yaml:"breaker"`
+	// OnCrash is what happens to a delivery interrupted by a gateway crash (or, for smtp, by an answer lost
+	// after the message was sent): at_least_once resends it, at_most_once marks it unknown for an operator.
+	// Defaults to DefaultOnCrash.
+	OnCrash outbox.OnCrash `yaml:"on_crash"`
+	// Timeout bounds one attempt; the lease is this plus dispatcher.lease_margin. Defaults to DefaultTimeout.
+	Timeout Duration `yaml:"timeout"`
+	// Concurrency bounds the deliveries of this type in flight in one gateway. Defaults to DefaultConcurrency.
+	Concurrency int `yaml:"concurrency"`
+	// Retry is this type's retry policy. Defaults to the configuration's retry; a field it leaves out defaults
+	// as Retry's doc says (not to the configuration's retry).
+	Retry *Retry `yaml:"retry"`
+	// Breaker opens this type's circuit breaker after consecutive failures.
+	Breaker Breaker `yaml:"breaker"`
 }
 
-// Retry is the retry policy, globally and per effect type.
+// Retry is the retry policy: exponential backoff with full jitter.
 type Retry struct {
-	MaxAttempts int      `yaml:"max_attempts"`
-	BaseDelay   Duration `yaml:"base_delay"`
-	MaxDelay    Duration `yaml:"max_delay"`
+	// MaxAttempts failed attempts make an effect dead. Defaults to DefaultMaxAttempts.
+	MaxAttempts int `yaml:"max_attempts"`
+	// BaseDelay is the ceiling of the first retry's delay. Defaults to DefaultBaseDelay.
+	BaseDelay Duration `yaml:"base_delay"`
+	// MaxDelay caps every delay. Defaults to DefaultMaxDelay.
+	MaxDelay Duration `yaml:"max_delay"`
 }
 
 // Breaker opens after Failures consecutive failures, for OpenFor.
 type Breaker struct {
-	Failures uint32   `yaml:"failures"`
-	OpenFor  Duration `yaml:"open_for"`
+	// Failures defaults to DefaultBreakerFailures.
+	Failures uint32 `yaml:"failures"`
+	// OpenFor defaults to DefaultBreakerOpenFor.
+	OpenFor Duration `yaml:"open_for"`
 }
 
 // Retention says how long terminal effects, and so their keys, are kept.
 type Retention struct {
+	// Keys defaults to DefaultRetention.
 	Keys Duration `yaml:"keys"`
 }
 
 // Limits bounds requests.
 type Limits struct {
+	// MaxBody bounds a request's body. Defaults to DefaultMaxBody.
 	MaxBody ByteSize `yaml:"max_body"`
+	// PageSize is how many effects a list returns when the request names no limit. Defaults to
+	// DefaultPageSize.
+	PageSize int `yaml:"page_size"`
+	// MaxPageSize is the largest limit a list request may name. Defaults to DefaultMaxPageSize.
+	MaxPageSize int `yaml:"max_page_size"`
+}
+
+// Timeouts bounds the gateway's own waits.
+type Timeouts struct {
+	// Database bounds the database work of one API request, so a database that hangs gives a 503, not a
+	// hang. Defaults to DefaultDatabaseTimeout.
+	Database Duration `yaml:"database"`
+	// Shutdown is how long requests in flight may take to finish once the gateway is told to stop. Defaults
+	// to DefaultShutdownTimeout.
+	Shutdown Duration `yaml:"shutdown"`
+	// ReadHeader bounds reading a request's headers. Defaults to DefaultReadHeaderTimeout.
+	ReadHeader Duration `yaml:"read_header"`
+	// Ready bounds /readyz's database checks. Defaults to DefaultReadyTimeout.
+	Ready Duration `yaml:"ready"`
+	// Metrics bounds the backlog query that a /metrics scrape runs. Defaults to DefaultMetricsTimeout.
+	Metrics Duration `yaml:"metrics"`
 }
 
 // Dispatcher tunes the outbox dispatcher.
 type Dispatcher struct {
 	// Disabled runs the gateway as an API node only: it records effects, and other gateways (with the
-	// dispatcher on) deliver them. API and delivery capacity then scale apart.
-	Disabled     bool     `yaml:"disabled"`
+	// dispatcher on) deliver them. API and delivery capacity then scale apart. Defaults to false.
+	Disabled bool `yaml:"disabled"`
+	// PollInterval is how often the outbox is checked without a notification. Defaults to
+	// DefaultPollInterval.
 	PollInterval Duration `yaml:"poll_interval"`
-	LeaseMargin  Duration `yaml:"lease_margin"`
+	// LeaseMargin is added to a type's timeout to make its lease. Defaults to DefaultLeaseMargin.
+	LeaseMargin Duration `yaml:"lease_margin"`
+	// DrainTimeout is how long deliveries in flight may take to finish at shutdown before they are
+	// cancelled and their rows handed back. Defaults to DefaultDrainTimeout.
 	DrainTimeout Duration `yaml:"drain_timeout"`
 }
 
@@ -130,7 +222,7 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 }
 
 // Load reads the configuration file at path ("" for none), expanding ${VAR} in values from the environment,
-// refusing unknown fields with their path, and filling defaults.
+// refusing unknown fields with their path, filling defaults (WithDefaults) and checking the result.
 func Load(path string) (*Config, error) {
 	var c Config
 	if path != "" {
@@ -142,10 +234,11 @@ func Load(path string) (*Config, error) {
 			return nil, fmt.Errorf("config %s: %w", path, err)
 		}
 	}
-	if err := c.fill(); err != nil {
+	out := c.WithDefaults()
+	if err := out.validate(); err != nil {
 		return nil, fmt.Errorf("config: %w", err)
 	}
-	return &c, nil
+	return out, nil
 }
 
 func parse(raw []byte, c *Config) error {
@@ -157,6 +250,9 @@ func parse(raw []byte, c *Config) error {
 		return nil // an empty file: all defaults
 	}
 	expand(&root)
+	if err := hoistTypeKnobs(root.Content[0]); err != nil {
+		return err
+	}
 	if err := checkKnown(root.Content[0], reflect.TypeOf(Config{}), ""); err != nil {
 		return err
 	}
@@ -175,6 +271,69 @@ func expand(n *yaml.Node) {
 	for _, c := range n.Content {
 		expand(c)
 	}
+}
+
+// typeKnobs are settings of the effect type that SPEC §7 also lets a provider block spell (`smtp: {on_crash:
+// …}`, `webhook: {timeout: …}`): one knob written in either place. hoistTypeKnobs moves them up to the type
+// before decoding, so the rest of the gateway reads one field; a type that sets one in both places with
+// different values is refused, rather than one silently winning.
+var typeKnobs = []string{"on_crash", "timeout"}
+
+func hoistTypeKnobs(root *yaml.Node) error {
+	types := mapValue(root, "effect_types")
+	if types == nil || types.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(types.Content); i += 2 {
+		name, typ := types.Content[i].Value, types.Content[i+1]
+		if typ.Kind != yaml.MappingNode {
+			continue
+		}
+		for j := 0; j+1 < len(typ.Content); j += 2 {
+			kind, block := typ.Content[j].Value, typ.Content[j+1]
+			if block.Kind != yaml.MappingNode || kind == "retry" || kind == "breaker" {
+				continue
+			}
+			for _, knob := range typeKnobs {
+				k, v := cutKey(block, knob)
+				if v == nil {
+					continue
+				}
+				if prev := mapValue(typ, knob); prev != nil {
+					if prev.Value != v.Value {
+						return fmt.Errorf("effect_types.%s: %s is set twice, %q on the type (line %d) and %q in its %s "+
+							"block (line %d): it is one setting, set it once", name, knob, prev.Value, prev.Line,
+							v.Value, kind, v.Line)
+					}
+					continue
+				}
+				typ.Content = append(typ.Content, k, v)
+			}
+		}
+	}
+	return nil
+}
+
+// mapValue returns the value under key in mapping node n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// cutKey removes key from mapping node n and returns its key and value nodes, or nils.
+func cutKey(n *yaml.Node, key string) (k, v *yaml.Node) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			k, v = n.Content[i], n.Content[i+1]
+			n.Content = append(n.Content[:i:i], n.Content[i+2:]...)
+			return k, v
+		}
+	}
+	return nil, nil
 }
 
 // checkKnown walks a mapping node against the struct type it decodes into and returns the first key the
@@ -230,30 +389,114 @@ func join(path, k string) string {
 	return path + "." + k
 }
 
-func (c *Config) fill() error {
-	if c.Listen == "" {
-		c.Listen = DefaultListen
+// WithDefaults returns a copy of the configuration with every unset field set to its default (see each
+// field's doc). A nil configuration gives all defaults. The copy shares no maps with c.
+func (c *Config) WithDefaults() *Config {
+	if c == nil {
+		c = &Config{}
 	}
-	if c.DatabaseURL == "" {
-		c.DatabaseURL = os.Getenv("DATABASE_URL")
+	o := *c
+	def := func(d *Duration, v time.Duration) {
+		if *d == 0 {
+			*d = Duration(v)
+		}
 	}
-	if c.DatabaseURL == "" {
-		c.DatabaseURL = DefaultDatabaseURL
+	defInt := func(n *int, v int) {
+		if *n == 0 {
+			*n = v
+		}
+	}
+	if o.Listen == "" {
+		o.Listen = DefaultListen
+	}
+	if o.DatabaseURL == "" {
+		o.DatabaseURL = os.Getenv("DATABASE_URL")
+	}
+	if o.DatabaseURL == "" {
+		o.DatabaseURL = DefaultDatabaseURL
 	}
 	if c.Tenants == nil {
-		c.Tenants = map[string]Tenant{DefaultTenant: {APIKeys: []string{DefaultAPIKey}}}
+		o.Tenants = map[string]Tenant{DefaultTenant: {APIKeys: []string{DefaultAPIKey}}}
+	} else {
+		o.Tenants = maps.Clone(c.Tenants)
 	}
-	if c.EffectTypes == nil {
-		c.EffectTypes = map[string]EffectType{"analytics": {Provider: "postgres", Postgres: &postgres.Config{}}}
+	o.Retry = o.Retry.withDefaults()
+	def(&o.Retention.Keys, DefaultRetention)
+	if o.Limits.MaxBody == 0 {
+		o.Limits.MaxBody = DefaultMaxBody
 	}
-	if c.Limits.MaxBody == 0 {
-		c.Limits.MaxBody = DefaultMaxBody
+	defInt(&o.Limits.PageSize, DefaultPageSize)
+	defInt(&o.Limits.MaxPageSize, DefaultMaxPageSize)
+	def(&o.Timeouts.Database, DefaultDatabaseTimeout)
+	def(&o.Timeouts.Shutdown, DefaultShutdownTimeout)
+	def(&o.Timeouts.ReadHeader, DefaultReadHeaderTimeout)
+	def(&o.Timeouts.Ready, DefaultReadyTimeout)
+	def(&o.Timeouts.Metrics, DefaultMetricsTimeout)
+	def(&o.Dispatcher.PollInterval, DefaultPollInterval)
+	def(&o.Dispatcher.LeaseMargin, DefaultLeaseMargin)
+	def(&o.Dispatcher.DrainTimeout, DefaultDrainTimeout)
+
+	types := c.EffectTypes
+	if types == nil {
+		types = map[string]EffectType{DefaultEffectType: {Provider: "postgres", Postgres: &postgres.Config{}}}
 	}
-	if c.Limits.MaxBody < 0 {
+	o.EffectTypes = make(map[string]EffectType, len(types))
+	for name, t := range types {
+		if t.OnCrash == "" {
+			t.OnCrash = DefaultOnCrash
+		}
+		def(&t.Timeout, DefaultTimeout)
+		defInt(&t.Concurrency, DefaultConcurrency)
+		r := o.Retry
+		if t.Retry != nil {
+			r = t.Retry.withDefaults()
+		}
+		t.Retry = &r
+		if t.Breaker.Failures == 0 {
+			t.Breaker.Failures = DefaultBreakerFailures
+		}
+		def(&t.Breaker.OpenFor, DefaultBreakerOpenFor)
+		o.EffectTypes[name] = t
+	}
+	return &o
+}
+
+func (r Retry) withDefaults() Retry {
+	if r.MaxAttempts == 0 {
+		r.MaxAttempts = DefaultMaxAttempts
+	}
+	if r.BaseDelay == 0 {
+		r.BaseDelay = Duration(DefaultBaseDelay)
+	}
+	if r.MaxDelay == 0 {
+		r.MaxDelay = Duration(DefaultMaxDelay)
+	}
+	return r
+}
+
+// validate checks a configuration that WithDefaults has filled: every error names the field at fault.
+func (c *Config) validate() error {
+	if _, err := c.poolConfig(); err != nil {
+		return err
+	}
+	if c.Limits.MaxBody <= 0 {
 		return errors.New("limits.max_body must be positive")
 	}
-	if c.Retention.Keys == 0 {
-		c.Retention.Keys = Duration(outbox.DefaultRetention)
+	if c.Limits.PageSize < 1 || c.Limits.MaxPageSize < c.Limits.PageSize {
+		return fmt.Errorf("limits: page_size (%d) must be at least 1 and at most max_page_size (%d)",
+			c.Limits.PageSize, c.Limits.MaxPageSize)
+	}
+	for field, d := range map[string]Duration{"retention.keys": c.Retention.Keys,
+		"timeouts.database": c.Timeouts.Database, "timeouts.shutdown": c.Timeouts.Shutdown,
+		"timeouts.read_header": c.Timeouts.ReadHeader, "timeouts.ready": c.Timeouts.Ready,
+		"timeouts.metrics": c.Timeouts.Metrics, "dispatcher.poll_interval": c.Dispatcher.PollInterval,
+		"dispatcher.lease_margin": c.Dispatcher.LeaseMargin, "dispatcher.drain_timeout": c.Dispatcher.DrainTimeout} {
+		if d < 0 {
+			return fmt.Errorf("%s must be positive", field)
+		}
+	}
+	if err := c.Retry.validate("retry"); err != nil {
+		return err
 	}
 	for name, t := range c.Tenants {
 		if name == "" {
@@ -272,14 +515,76 @@ func (c *Config) fill() error {
 		return errors.New("effect_types: at least one effect type is needed")
 	}
 	for name, t := range c.EffectTypes {
-		if _, err := t.provider(); err != nil {
+		if err := t.validate(); err != nil {
 			return fmt.Errorf("effect_types.%s: %w", name, err)
 		}
 		switch t.OnCrash {
-		case "", string(outbox.AtLeastOnce), string(outbox.AtMostOnce):
+		case outbox.AtLeastOnce, outbox.AtMostOnce:
 		default:
 			return fmt.Errorf("effect_types.%s.on_crash: %q: want at_least_once or at_most_once", name, t.OnCrash)
 		}
+	}
+	return nil
+}
+
+func (r Retry) validate(path string) error {
+	if r.MaxAttempts < 0 || r.BaseDelay < 0 || r.MaxDelay < 0 {
+		return fmt.Errorf("%s: max_attempts, base_delay and max_delay must be positive", path)
+	}
+	return nil
+}
+
+func (t EffectType) validate() error {
+	if err := t.checkBlocks(); err != nil {
+		return err
+	}
+	if t.Timeout < 0 || t.Concurrency < 0 || t.Breaker.OpenFor < 0 {
+		return errors.New("timeout, concurrency and breaker.open_for must be positive")
+	}
+	if t.Retry != nil {
+		return t.Retry.validate("retry")
+	}
+	return nil
+}
+
+// kinds lists the provider kinds, for messages.
+const kinds = "postgres, smtp, webhook, http"
+
+// checkBlocks checks that the effect type has the settings block of its kind, and no other, and that the
+// block is one its provider accepts.
+func (t EffectType) checkBlocks() error {
+	blocks := map[string]bool{"postgres": t.Postgres != nil, "smtp": t.SMTP != nil, "webhook": t.Webhook != nil,
+		"http": t.HTTP != nil}
+	for kind, set := range blocks {
+		if set && kind != t.Provider {
+			return fmt.Errorf("%s: a %s block on an effect type whose provider is %q", kind, kind, t.Provider)
+		}
+	}
+	var err error
+	switch t.Provider {
+	case "postgres":
+		if t.Postgres != nil {
+			err = t.Postgres.Validate()
+		}
+	case "smtp", "webhook", "http":
+		if !blocks[t.Provider] {
+			return fmt.Errorf("%s: the settings of the %s provider are missing", t.Provider, t.Provider)
+		}
+		switch t.Provider {
+		case "smtp":
+			err = t.SMTP.Validate()
+		case "webhook":
+			err = t.Webhook.Validate()
+		case "http":
+			err = t.HTTP.Validate()
+		}
+	case "":
+		return errors.New("provider: missing; one of: " + kinds)
+	default:
+		return fmt.Errorf("provider: unknown kind %q; one of: %s", t.Provider, kinds)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", t.Provider, err)
 	}
 	return nil
 }
@@ -300,43 +605,27 @@ func keyHash(k string) ([]byte, error) {
 	return sum[:], nil
 }
 
-// kinds lists the provider kinds, for messages.
-const kinds = "postgres, smtp, webhook, http"
-
-// provider builds the effect type's provider from its settings: the block named after its kind, and no other.
-func (t EffectType) provider() (providers.Provider, error) {
-	blocks := map[string]bool{"postgres": t.Postgres != nil, "smtp": t.SMTP != nil, "webhook": t.Webhook != nil,
-		"http": t.HTTP != nil}
-	for kind, set := range blocks {
-		if set && kind != t.Provider {
-			return nil, fmt.Errorf("%s: a %s block on an effect type whose provider is %q", kind, kind, t.Provider)
-		}
-	}
+// newProvider builds the effect type's provider from its block. It is the one place providers are built;
+// validate has checked the block.
+func (t EffectType) newProvider(name string) (providers.Provider, error) {
+	typ := providers.Type{Name: name, Timeout: time.Duration(t.Timeout), AtMostOnce: t.OnCrash == outbox.AtMostOnce}
+	var (
+		p   providers.Provider
+		err error
+	)
 	switch t.Provider {
 	case "postgres":
 		var c postgres.Config
 		if t.Postgres != nil {
 			c = *t.Postgres
 		}
-		return postgres.New(c)
-	case "smtp", "webhook", "http":
-		if !blocks[t.Provider] {
-			return nil, fmt.Errorf("%s: the settings of the %s provider are missing", t.Provider, t.Provider)
-		}
-	}
-	var (
-		p   providers.Provider
-		err error
-	)
-	switch t.Provider {
+		p, err = postgres.New(c)
 	case "smtp":
-		p, err = smtp.New(*t.SMTP)
+		p, err = smtp.New(*t.SMTP, typ)
 	case "webhook":
 		p, err = webhook.New(*t.Webhook)
 	case "http":
 		p, err = httpprov.New(*t.HTTP)
-	case "":
-		return nil, errors.New("provider: missing; one of: " + kinds)
 	default:
 		return nil, fmt.Errorf("provider: unknown kind %q; one of: %s", t.Provider, kinds)
 	}
@@ -346,53 +635,60 @@ func (t EffectType) provider() (providers.Provider, error) {
 	return p, nil
 }
 
-// timeout and onCrash read the provider block's settings, which win over the effect type's.
-func (t EffectType) timeout() time.Duration {
-	switch {
-	case t.SMTP != nil && t.SMTP.Timeout > 0:
-		return t.SMTP.Timeout
-	case t.Webhook != nil && t.Webhook.Timeout > 0:
-		return t.Webhook.Timeout
-	case t.HTTP != nil && t.HTTP.Timeout > 0:
-		return t.HTTP.Timeout
-	}
-	return time.Duration(t.Timeout)
-}
-
-func (t EffectType) onCrash() string {
-	if t.SMTP != nil && t.SMTP.OnCrash != "" {
-		return t.SMTP.OnCrash
-	}
-	return t.OnCrash
-}
-
-// outboxTypes turns the effect types into the dispatcher's.
-func (c *Config) outboxTypes() ([]outbox.EffectType, map[string]providers.Provider, error) {
-	var out []outbox.EffectType
-	byName := map[string]providers.Provider{}
-	names := make([]string, 0, len(c.EffectTypes))
-	for n := range c.EffectTypes {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, name := range names {
-		t := c.EffectTypes[name]
-		p, err := t.provider()
+// registry builds the providers of every effect type, once, into the registry that the HTTP API and the
+// dispatcher share.
+func (c *Config) registry() (*providers.Registry, error) {
+	byName := make(map[string]providers.Provider, len(c.EffectTypes))
+	for name, t := range c.EffectTypes {
+		p, err := t.newProvider(name)
 		if err != nil {
-			return nil, nil, fmt.Errorf("effect_types.%s: %w", name, err)
+			closeAll(byName)
+			return nil, fmt.Errorf("effect_types.%s: %w", name, err)
 		}
-		retry := c.Retry
-		if t.Retry != nil {
-			retry = *t.Retry
-		}
-		out = append(out, outbox.EffectType{
-			Name: name, Provider: p, Concurrency: t.Concurrency, Timeout: t.timeout(),
-			MaxAttempts: retry.MaxAttempts,
-			Retry:       backoff.Policy{Base: time.Duration(retry.BaseDelay), Max: time.Duration(retry.MaxDelay)},
-			OnCrash:     outbox.OnCrash(t.onCrash()), BreakerFailures: t.Breaker.Failures,
-			BreakerOpenFor: time.Duration(t.Breaker.OpenFor),
-		})
 		byName[name] = p
 	}
-	return out, byName, nil
+	return providers.NewRegistry(byName)
+}
+
+func closeAll(byName map[string]providers.Provider) {
+	if r, err := providers.NewRegistry(byName); err == nil {
+		_ = r.Close()
+	}
+}
+
+// outboxTypes turns the effect types into the dispatcher's, with the providers of reg.
+func (c *Config) outboxTypes(reg *providers.Registry) []outbox.EffectType {
+	var out []outbox.EffectType
+	for _, name := range reg.Names() {
+		t := c.EffectTypes[name]
+		p, _ := reg.Get(name)
+		out = append(out, outbox.EffectType{
+			Name: name, Provider: p, Concurrency: t.Concurrency, Timeout: time.Duration(t.Timeout),
+			MaxAttempts: t.Retry.MaxAttempts,
+			Retry:       backoff.Policy{Base: time.Duration(t.Retry.BaseDelay), Max: time.Duration(t.Retry.MaxDelay)},
+			OnCrash:     t.OnCrash, BreakerFailures: t.Breaker.Failures, BreakerOpenFor: time.Duration(t.Breaker.OpenFor),
+		})
+	}
+	return out
+}
+
+// poolConfig is the database pool's configuration: database_url as given, with defaults only for what it
+// leaves out. pgxpool fills in a pool_max_conns of its own when the URL has none, so whether the user set
+// it is read from the URL itself.
+func (c *Config) poolConfig() (*pgxpool.Config, error) {
+	pcfg, err := pgxpool.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database_url: %w", err)
+	}
+	cc, err := pgconn.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database_url: %w", err)
+	}
+	if _, set := cc.RuntimeParams["pool_max_conns"]; !set {
+		pcfg.MaxConns = DefaultMaxConns
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 { // connect_timeout (or PGCONNECT_TIMEOUT) was not set
+		pcfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
+	return pcfg, nil
 }

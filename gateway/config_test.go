@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -57,9 +59,14 @@ limits: { max_body: 1MiB }
 		c.EffectTypes["clicks"].Retry.MaxAttempts != 3 || time.Duration(c.EffectTypes["clicks"].Retry.BaseDelay) != 2*time.Second {
 		t.Fatalf("loaded %+v", c)
 	}
-	types, _, err := c.outboxTypes()
-	if err != nil || len(types) != 1 || types[0].MaxAttempts != 3 || types[0].OnCrash != "at_most_once" {
-		t.Fatalf("outbox types %+v, %v", types, err)
+	reg, err := c.registry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	types := c.outboxTypes(reg)
+	if len(types) != 1 || types[0].MaxAttempts != 3 || types[0].OnCrash != "at_most_once" {
+		t.Fatalf("outbox types %+v", types)
 	}
 }
 
@@ -76,10 +83,188 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"retry: { base_delay: soon }", `"soon" is not a duration`},
 		{"limits: { max_body: lots }", `"lots" is not a size`},
 		{"tenants: [1, 2]", "cannot unmarshal"},
+		{"limits: { page_size: 600 }", "page_size (600) must be at least 1 and at most max_page_size (500)"},
+		{"effect_types:\n  c:\n    provider: postgres\n    concurrency: -1", "effect_types.c: timeout, concurrency"},
+		{"database_url: 'postgres://h/d?pool_max_conns=many'", "database_url: cannot parse"},
+		{"effect_types:\n  m:\n    provider: smtp\n    smtp: { addr: 'h:25', from: a@b.test, helo: 'a b' }", "effect_types.m: smtp: smtp: helo"},
 	} {
 		_, err := Load(writeConfig(t, c.yaml))
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: error %v, want %q", c.yaml, err, c.want)
 		}
 	}
+}
+
+// Every default is filled in one place, WithDefaults, and reads back as the documented constant; a nil
+// configuration is all defaults, and the caller's configuration is left as it was.
+func TestWithDefaults(t *testing.T) {
+	t.Setenv("DATABASE_URL", "")
+	c := (*Config)(nil).WithDefaults()
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	et := c.EffectTypes[DefaultEffectType]
+	for name, got := range map[string][2]any{
+		"listen":                  {c.Listen, DefaultListen},
+		"database_url":            {c.DatabaseURL, DefaultDatabaseURL},
+		"retry.max_attempts":      {c.Retry.MaxAttempts, DefaultMaxAttempts},
+		"retry.base_delay":        {time.Duration(c.Retry.BaseDelay), DefaultBaseDelay},
+		"retry.max_delay":         {time.Duration(c.Retry.MaxDelay), DefaultMaxDelay},
+		"retention.keys":          {time.Duration(c.Retention.Keys), DefaultRetention},
+		"limits.max_body":         {int64(c.Limits.MaxBody), int64(DefaultMaxBody)},
+		"limits.page_size":        {c.Limits.PageSize, DefaultPageSize},
+		"limits.max_page_size":    {c.Limits.MaxPageSize, DefaultMaxPageSize},
+		"timeouts.database":       {time.Duration(c.Timeouts.Database), DefaultDatabaseTimeout},
+		"timeouts.shutdown":       {time.Duration(c.Timeouts.Shutdown), DefaultShutdownTimeout},
+		"timeouts.read_header":    {time.Duration(c.Timeouts.ReadHeader), DefaultReadHeaderTimeout},
+		"timeouts.ready":          {time.Duration(c.Timeouts.Ready), DefaultReadyTimeout},
+		"timeouts.metrics":        {time.Duration(c.Timeouts.Metrics), DefaultMetricsTimeout},
+		"dispatcher.poll":         {time.Duration(c.Dispatcher.PollInterval), DefaultPollInterval},
+		"dispatcher.lease_margin": {time.Duration(c.Dispatcher.LeaseMargin), DefaultLeaseMargin},
+		"dispatcher.drain":        {time.Duration(c.Dispatcher.DrainTimeout), DefaultDrainTimeout},
+		"type.on_crash":           {et.OnCrash, DefaultOnCrash},
+		"type.timeout":            {time.Duration(et.Timeout), DefaultTimeout},
+		"type.concurrency":        {et.Concurrency, DefaultConcurrency},
+		"type.retry":              {*et.Retry, c.Retry},
+		"type.breaker.failures":   {et.Breaker.Failures, uint32(DefaultBreakerFailures)},
+		"type.breaker.open_for":   {time.Duration(et.Breaker.OpenFor), DefaultBreakerOpenFor},
+		"tenant":                  {c.Tenants[DefaultTenant].APIKeys[0], DefaultAPIKey},
+	} {
+		if got[0] != got[1] {
+			t.Errorf("%s: %v, want %v", name, got[0], got[1])
+		}
+	}
+
+	// A type's own retry keeps what it sets; what it leaves out takes the package defaults.
+	mine := &Config{Retry: Retry{BaseDelay: Duration(2 * time.Second)}, EffectTypes: map[string]EffectType{
+		"a": {Provider: "postgres", Retry: &Retry{MaxAttempts: 3}}}}
+	got := mine.WithDefaults()
+	if r := got.EffectTypes["a"].Retry; r.MaxAttempts != 3 || time.Duration(r.BaseDelay) != DefaultBaseDelay {
+		t.Fatalf("type retry %+v", r)
+	}
+	if mine.EffectTypes["a"].Timeout != 0 || mine.Tenants != nil || mine.Listen != "" {
+		t.Fatalf("WithDefaults changed its receiver: %+v", mine)
+	}
+}
+
+// SPEC §7 spells on_crash and timeout in the provider block too: they are the effect type's one knob, read
+// from either place, and a type that sets one twice with different values is refused with both lines.
+func TestProviderBlockSpellsTheTypeKnobs(t *testing.T) {
+	for _, c := range []struct {
+		yaml    string
+		onCrash string
+		timeout time.Duration
+	}{
+		{"effect_types:\n  mail:\n    provider: smtp\n    smtp: { addr: 'h:25', from: a@b.test, on_crash: at_most_once, timeout: 5s }",
+			"at_most_once", 5 * time.Second},
+		{"effect_types:\n  mail:\n    provider: webhook\n    webhook: { url: 'https://h.example/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg==, timeout: 4s }\n    timeout: 4s",
+			"at_least_once", 4 * time.Second},
+		{"effect_types:\n  mail:\n    provider: http\n    on_crash: at_most_once\n    http: { base_url: 'https://h', timeout: 3s }",
+			"at_most_once", 3 * time.Second},
+	} {
+		cfg, err := Load(writeConfig(t, c.yaml))
+		if err != nil {
+			t.Fatalf("%q: %v", c.yaml, err)
+		}
+		et := cfg.EffectTypes["mail"]
+		if string(et.OnCrash) != c.onCrash || time.Duration(et.Timeout) != c.timeout {
+			t.Errorf("%q: on_crash %q timeout %v, want %q %v", c.yaml, et.OnCrash, time.Duration(et.Timeout), c.onCrash, c.timeout)
+		}
+	}
+	_, err := Load(writeConfig(t, "effect_types:\n  mail:\n    provider: smtp\n    timeout: 2s\n    smtp: { addr: 'h:25', from: a@b.test, timeout: 5s }"))
+	want := `effect_types.mail: timeout is set twice, "2s" on the type (line 4) and "5s" in its smtp block (line 5)`
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("conflicting timeouts: error %v, want %q", err, want)
+	}
+}
+
+// The effect type's timeout and on_crash reach the dispatcher, and the smtp provider, which acts on them.
+func TestEffectTypeKnobsReachTheDispatcher(t *testing.T) {
+	c, err := Load(writeConfig(t, `
+effect_types:
+  mail:
+    provider: smtp
+    smtp: { addr: "127.0.0.1:25", from: a@b.test }
+    on_crash: at_most_once
+    timeout: 7s
+  hook:
+    provider: webhook
+    webhook: { url: "https://h.example/x", secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg== }
+    timeout: 2s
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := c.registry()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	got := map[string]string{}
+	for _, ty := range c.outboxTypes(reg) {
+		got[ty.Name] = fmt.Sprintf("%v %s", ty.Timeout, ty.OnCrash)
+		if p, _ := reg.Get(ty.Name); p != ty.Provider {
+			t.Errorf("%s: the dispatcher's provider is not the registry's", ty.Name)
+		}
+	}
+	if got["mail"] != "7s at_most_once" || got["hook"] != "2s at_least_once" || len(got) != 2 {
+		t.Fatalf("types %v", got)
+	}
+}
+
+// The pool takes pool_max_conns and connect_timeout from database_url as given, lower or higher than the
+// defaults, and the defaults only when the URL leaves them out.
+func TestPoolConfigKeepsTheUsersSettings(t *testing.T) {
+	t.Setenv("PGCONNECT_TIMEOUT", "")
+	for _, c := range []struct {
+		url      string
+		max      int32
+		dialWait time.Duration
+	}{
+		{"postgres://h/d", DefaultMaxConns, DefaultConnectTimeout},
+		{"postgres://h/d?pool_max_conns=5", 5, DefaultConnectTimeout},
+		{"postgres://h/d?pool_max_conns=100&connect_timeout=10", 100, 10 * time.Second},
+		{"host=h dbname=d pool_max_conns=2 connect_timeout=1", 2, time.Second},
+	} {
+		pc, err := (&Config{DatabaseURL: c.url}).poolConfig()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pc.MaxConns != c.max || pc.ConnConfig.ConnectTimeout != c.dialWait {
+			t.Errorf("%s: pool_max_conns %d, connect_timeout %v; want %d, %v", c.url, pc.MaxConns,
+				pc.ConnConfig.ConnectTimeout, c.max, c.dialWait)
+		}
+	}
+}
+
+// docs/configuration.md documents every key of the file: a field added to Config without a row there fails.
+func TestEveryKeyIsDocumented(t *testing.T) {
+	doc, err := os.ReadFile("../docs/configuration.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var walk func(rt reflect.Type, path string)
+	walk = func(rt reflect.Type, path string) {
+		for rt.Kind() == reflect.Pointer || rt.Kind() == reflect.Map || rt.Kind() == reflect.Slice {
+			if rt.Kind() == reflect.Map {
+				path = "" // keys under a name (a tenant, an effect type) are documented without it
+			}
+			rt = rt.Elem()
+		}
+		if rt.Kind() != reflect.Struct {
+			if !strings.Contains(string(doc), path+"`") {
+				t.Errorf("docs/configuration.md does not document %s", path)
+			}
+			return
+		}
+		if rt.PkgPath() != reflect.TypeOf(Config{}).PkgPath() {
+			path = "" // a provider block: its keys are listed by kind
+		}
+		for i := 0; i < rt.NumField(); i++ {
+			if tag := strings.Split(rt.Field(i).Tag.Get("yaml"), ",")[0]; tag != "" && tag != "-" {
+				walk(rt.Field(i).Type, join(path, tag))
+			}
+		}
+	}
+	walk(reflect.TypeOf(Config{}), "")
 }

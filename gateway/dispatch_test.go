@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testenv"
@@ -15,6 +18,16 @@ import (
 )
 
 type postgresConfig = postgres.Config
+
+// gaugeValue reads a gauge of the gateway's own metrics.
+func gaugeValue(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
+}
 
 // A destination that fails: a table that does not exist (yet). Every insert fails with a transient error,
 // until the test creates the table.
@@ -87,17 +100,26 @@ func TestBreakerOpensRowsWaitThenDrain(t *testing.T) {
 			t.Fatal(r.raw)
 		}
 	}
-	// Long enough for many retry rounds had the breaker not opened: 5 attempts each would make them dead.
-	time.Sleep(2 * time.Second)
-	if !strings.Contains(h.logs.String(), "to=open") {
-		t.Fatalf("the breaker never opened; log:\n%s", h.logs.String())
+	// The breaker opens, and once the first round's deliveries have all been handed back, only the breaker's
+	// half-open probes can charge an attempt. Two probes mean two open periods (1.4 s) in which retries every
+	// 10-20 ms would have used up all 5 attempts of every row, had the breaker not held them.
+	breaker := h.g.metrics.dispatcher.BreakerState.WithLabelValues("down")
+	downCharged := func() int {
+		return h.count("SELECT COALESCE(sum(attempts), 0) FROM oncegate_effects WHERE type = 'down'")
 	}
+	var opened int
+	testenv.Eventually(t, 10*time.Second, "the breaker opens with no delivery of down in flight", func() bool {
+		opened = downCharged()
+		return gaugeValue(t, breaker) == 2 &&
+			h.count("SELECT count(*) FROM oncegate_effects WHERE type = 'down' AND status = 'delivering'") == 0
+	})
+	testenv.Eventually(t, 10*time.Second, "two half-open probes", func() bool { return downCharged() >= opened+2 })
 	if n := h.count("SELECT count(*) FROM oncegate_effects WHERE type = 'down' AND status IN ('dead', 'failed')"); n != 0 {
 		t.Fatalf("%d effects ended while the breaker was open", n)
 	}
 	charged := h.count("SELECT COALESCE(sum(attempts), 0) FROM oncegate_effects WHERE type = 'down'")
-	t.Logf("%d attempts charged to 10 effects in 2s with the breaker opening after 3 failures", charged)
-	result(fmt.Sprintf("%d attempts charged to 10 effects in 2 s; 10/10 delivered after", charged))
+	t.Logf("%d attempts charged to 10 effects over two open periods with the breaker opening after 3 failures", charged)
+	result(fmt.Sprintf("%d attempts charged to 10 effects over two open periods; 10/10 delivered after", charged))
 	if charged >= 30 {
 		t.Fatalf("%d attempts charged: rows were not held while the breaker was open", charged)
 	}
@@ -113,8 +135,8 @@ func TestBreakerOpensRowsWaitThenDrain(t *testing.T) {
 	if n := h.count("SELECT count(*) FROM down_events"); n != 10 {
 		t.Fatalf("%d rows delivered, want 10", n)
 	}
-	if !strings.Contains(h.logs.String(), "to=closed") {
-		t.Fatal("the breaker never closed again")
+	if state := gaugeValue(t, breaker); state != 0 {
+		t.Fatalf("the breaker is %v after the destination recovered, want 0 (closed)", state)
 	}
 }
 
@@ -276,11 +298,20 @@ func TestPostgresOutageUnderLoad(t *testing.T) {
 			}
 		})
 	}
-	time.Sleep(time.Second)
+	ackedNow := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(acked)
+	}
+	testenv.Eventually(t, 10*time.Second, "requests acknowledged before the outage", func() bool { return ackedNow() >= 20 })
 	cluster.Stop()
+	// The outage itself lasts 2 s: that is the fault, not a wait for something to happen.
 	time.Sleep(2 * time.Second)
 	cluster.Start()
-	time.Sleep(2 * time.Second)
+	before := ackedNow()
+	testenv.Eventually(t, 30*time.Second, "requests acknowledged again after the outage", func() bool {
+		return ackedNow() >= before+20
+	})
 	close(stop)
 	wg.Wait()
 
@@ -303,4 +334,36 @@ func TestPostgresOutageUnderLoad(t *testing.T) {
 	}
 	t.Logf("answers %v; %d acknowledged, all delivered once", statuses, len(acked))
 	result(fmt.Sprintf("%d acknowledged and delivered; %d answered 503; 0 half-recorded", len(acked), statuses[503]))
+}
+
+// Each gateway counts into collectors of its own: two gateways in one process share no counter, and each
+// serves the same metric names.
+func TestMetricsArePerGateway(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Database(t)
+	a := startGatewayOn(t, db, nil)
+	b := startGatewayOn(t, db, func(c *Config) { c.Dispatcher.Disabled = true })
+	if r := a.post("m1", analytics("a")); r.status != 202 {
+		t.Fatal(r.raw)
+	}
+	a.waitStatus(acmeKey, "m1", "delivered")
+	metrics := func(h *harness) string { return h.req("GET", "/metrics", "", "").raw }
+	for _, want := range []string{`oncegate_effects_created_total{type="analytics"} 1`,
+		`oncegate_effects_finished_total{status="delivered",type="analytics"} 1`,
+		`oncegate_delivery_attempts_total{outcome="delivered",type="analytics"} 1`,
+		`oncegate_breaker_state{type="analytics"} 0`} {
+		if !strings.Contains(metrics(a), want) {
+			t.Errorf("the gateway that did the work does not show %s", want)
+		}
+	}
+	got := metrics(b)
+	for _, absent := range []string{"oncegate_effects_created_total{", "oncegate_effects_finished_total{",
+		"oncegate_delivery_attempts_total{"} {
+		if strings.Contains(got, absent) {
+			t.Errorf("the idle gateway shows the other's %s…", absent)
+		}
+	}
+	if !strings.Contains(got, `oncegate_breaker_state{type="analytics"} 0`) {
+		t.Error("the idle gateway does not serve its own breaker state")
+	}
 }

@@ -34,7 +34,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/dedup"
-	"github.com/oncegate/oncegate/internal/metrics"
+	"github.com/oncegate/oncegate/internal/notifier"
 	"github.com/oncegate/oncegate/migrations"
 	"github.com/oncegate/oncegate/outbox"
 	"github.com/oncegate/oncegate/providers"
@@ -50,11 +50,13 @@ type Gateway struct {
 	pool       *pgxpool.Pool
 	store      *dedup.Store
 	dispatcher *outbox.Dispatcher
-	providers  map[string]providers.Provider
+	notifier   *notifier.Notifier
+	providers  *providers.Registry
 	keys       []apiKey
 	waiters    *waiters
 	router     *mux.Router
-	registry   *prometheus.Registry
+	metrics    *metrics
+	registry   *prometheus.Registry // metrics.registry: what /metrics serves
 }
 
 type apiKey struct {
@@ -73,32 +75,35 @@ type Options struct {
 }
 
 // New connects to the database (lazily: a database that is down makes requests fail with 503, not New) and
-// builds the gateway.
+// builds the gateway. A nil cfg is all defaults; unset fields take theirs (Config.WithDefaults).
 func New(cfg *Config, opts Options) (*Gateway, error) {
 	log := opts.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	pcfg, err := pgxpool.ParseConfig(cfg.DatabaseURL)
-	if err != nil {
-		return nil, fmt.Errorf("gateway: database_url: %w", err)
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("gateway: config: %w", err)
 	}
-	if pcfg.ConnConfig.ConnectTimeout == 0 || pcfg.ConnConfig.ConnectTimeout > 5*time.Second {
-		pcfg.ConnConfig.ConnectTimeout = 3 * time.Second
-	}
-	pcfg.MaxConns = max(pcfg.MaxConns, 40)
-	if opts.DriverTracing != nil {
-		pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing))
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	pcfg, err := cfg.poolConfig()
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	types, byName, err := cfg.outboxTypes()
-	if err != nil {
-		pool.Close()
-		return nil, err
+	if opts.DriverTracing != nil {
+		pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing))
 	}
+	reg, err := cfg.registry()
+	if err != nil {
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	if err != nil {
+		_ = reg.Close()
+		return nil, fmt.Errorf("gateway: %w", err)
+	}
+	types := cfg.outboxTypes(reg)
+	store := dedup.NewStore(pool)
+	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
 	w := newWaiters()
 	d, err := outbox.New(pool, outbox.Config{
 		Types:        types,
@@ -108,14 +113,21 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		LeaseMargin:  time.Duration(cfg.Dispatcher.LeaseMargin),
 		DrainTimeout: time.Duration(cfg.Dispatcher.DrainTimeout),
 		OnFinished:   w.wake,
+		Metrics:      m.dispatcher,
 		Logger:       log,
 	})
 	if err != nil {
 		pool.Close()
+		_ = reg.Close()
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, pool: pool, store: dedup.NewStore(pool), dispatcher: d,
-		providers: byName, waiters: w}
+	// One LISTEN connection wakes the dispatcher for new rows and this gateway's waiting requests for effects
+	// that other gateways finished; after a reconnect it wakes both, since notifications were lost meanwhile.
+	n := notifier.New(notifier.Config{DatabaseURL: cfg.DatabaseURL, Logger: log})
+	n.Subscribe(notifier.TopicOutbox, func(notifier.Notification) { d.Wake() })
+	n.Subscribe(notifier.TopicEffectDone, w.notified)
+	g := &Gateway{cfg: cfg, log: log, pool: pool, store: store, dispatcher: d, notifier: n,
+		providers: reg, waiters: w, metrics: m, registry: m.registry}
 	tenants := make([]string, 0, len(cfg.Tenants))
 	for t := range cfg.Tenants {
 		tenants = append(tenants, t)
@@ -127,13 +139,15 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 			g.keys = append(g.keys, apiKey{hash: h, tenant: t})
 		}
 	}
-	g.registry = metrics.NewRegistry(backlogCollector{pool: pool})
 	g.router = g.routes()
 	return g, nil
 }
 
-// Close releases the database pool.
-func (g *Gateway) Close() { g.pool.Close() }
+// Close releases the database pool and the providers.
+func (g *Gateway) Close() {
+	g.pool.Close()
+	_ = g.providers.Close()
+}
 
 // Handler returns the HTTP API.
 func (g *Gateway) Handler() http.Handler { return g.router }
@@ -151,16 +165,15 @@ func (g *Gateway) Migrate(ctx context.Context) error {
 }
 
 // Serve runs the HTTP API on l and the dispatcher until ctx ends, then shuts down gracefully: it stops
-// accepting, lets requests in flight finish (up to 10 s), stops the dispatcher (which drains its deliveries
-// and hands back the rest) and returns.
+// accepting, lets requests in flight finish (up to timeouts.shutdown), stops the dispatcher (which drains its
+// deliveries and hands back the rest) and returns.
 func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: g.router, ReadHeaderTimeout: 10 * time.Second,
+	srv := &http.Server{Handler: g.router, ReadHeaderTimeout: time.Duration(g.cfg.Timeouts.ReadHeader),
 		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
 	var wg sync.WaitGroup
-	lst := &listener{url: g.cfg.DatabaseURL, log: g.log, onOutbox: g.dispatcher.Wake, waiters: g.waiters}
-	wg.Go(func() { lst.run(bg) })
+	wg.Go(func() { g.notifier.Run(bg) })
 	if g.cfg.Dispatcher.Disabled {
 		g.log.Info("dispatcher disabled: this gateway records effects, other gateways deliver them")
 	} else {
@@ -174,7 +187,7 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	case <-ctx.Done():
 	case err = <-served:
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(g.cfg.Timeouts.Shutdown))
 	defer cancel()
 	if serr := srv.Shutdown(sctx); serr != nil {
 		g.log.Warn("HTTP shutdown", "err", serr)
@@ -288,7 +301,7 @@ func (g *Gateway) healthz(w http.ResponseWriter, _ *http.Request) {
 
 // readyz is ready when the database answers and its schema has every migration this binary knows.
 func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Ready))
 	defer cancel()
 	if err := g.pool.Ping(ctx); err != nil {
 		w.Header().Set("Retry-After", "1")
@@ -305,28 +318,4 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
-}
-
-// backlogCollector reads the outbox backlog when /metrics is scraped.
-type backlogCollector struct{ pool *pgxpool.Pool }
-
-var (
-	backlogRows = prometheus.NewDesc("oncegate_outbox_backlog", "Outbox rows waiting for delivery.", []string{"type"}, nil)
-	backlogAge  = prometheus.NewDesc("oncegate_outbox_oldest_due_seconds",
-		"How long the oldest due outbox row has waited.", []string{"type"}, nil)
-)
-
-func (backlogCollector) Describe(ch chan<- *prometheus.Desc) { ch <- backlogRows; ch <- backlogAge }
-
-func (b backlogCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	backlogs, err := outbox.Backlogs(ctx, b.pool)
-	if err != nil {
-		return
-	}
-	for _, bl := range backlogs {
-		ch <- prometheus.MustNewConstMetric(backlogRows, prometheus.GaugeValue, float64(bl.Rows), bl.Type)
-		ch <- prometheus.MustNewConstMetric(backlogAge, prometheus.GaugeValue, bl.OldestDue.Seconds(), bl.Type)
-	}
 }

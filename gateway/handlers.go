@@ -16,17 +16,13 @@ import (
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/dedup"
-	"github.com/oncegate/oncegate/internal/metrics"
+	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/providers"
 )
-
-// dbTimeout bounds the database work of one request, so a database that hangs gives a 503, not a hang.
-const dbTimeout = 5 * time.Second
 
 type createRequest struct {
 	Type    string          `json:"type"`
@@ -63,7 +59,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, field, err.Error())
 		return
 	}
-	p, ok := g.providers[req.Type]
+	p, ok := g.providers.Get(req.Type)
 	if !ok {
 		badRequest(w, "type", fmt.Sprintf("unknown effect type %q", req.Type))
 		return
@@ -89,13 +85,13 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload,
 		JobID: jobID, JobEpoch: epoch})
 	var reused *dedup.KeyReusedError
 	var fenced *dedup.FencedError
-	var pgErr *pgconn.PgError
+	var unstorable *dedup.UnstorableError
 	switch {
 	case errors.As(err, &fenced):
 		writeProblem(w, Problem{Type: problemType("job-fenced"), Title: "Job lease superseded", Status: 409,
@@ -103,15 +99,15 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 				"this worker lost the job and may not start effects for it; stop the handler", fenced.JobID, fenced.Epoch)})
 		return
 	case errors.As(err, &reused):
-		metrics.KeyReuses.WithLabelValues(req.Type).Inc()
+		g.metrics.keyReuses.WithLabelValues(req.Type).Inc()
 		writeProblem(w, Problem{Type: problemType("idempotency-key-reused"), Title: "Idempotency key reused",
 			Status: 422, Field: "Idempotency-Key", Detail: fmt.Sprintf(
 				"the key %q was used for another request (a different type or payload); use a new key for a new "+
 					"request, or send exactly the same request to get its result", key)})
 		return
-	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
+	case errors.As(err, &unstorable):
 		// Valid JSON that Postgres cannot store, such as a \u0000 escape.
-		badRequest(w, "payload", "the payload cannot be stored: "+pgErr.Message)
+		badRequest(w, "payload", "the payload cannot be stored: "+unstorable.Reason)
 		return
 	case err != nil:
 		g.storeError(w, r, err)
@@ -122,17 +118,17 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		attribute.String("effect.type", e.Type), attribute.String("tenant", tenant))
 	defer func() { span.SetAttributes(attribute.String("effect.status", string(e.Status))) }()
 	if replayed {
-		metrics.Replays.WithLabelValues(e.Type).Inc()
+		g.metrics.replays.WithLabelValues(e.Type).Inc()
 		w.Header().Set("Idempotent-Replayed", "true")
 	} else {
-		metrics.EffectsCreated.WithLabelValues(e.Type).Inc()
+		g.metrics.effectsCreated.WithLabelValues(e.Type).Inc()
 	}
 	if wait > 0 && !e.Status.Terminal() {
 		e = g.waitTerminal(r.Context(), tenant, e, wait)
 	}
 	w.Header().Set("Location", effectPath(key))
 	status := http.StatusAccepted
-	if (replayed && e.Status.Terminal()) || (!replayed && e.Status == dedup.StatusDelivered) {
+	if (replayed && e.Status.Terminal()) || (!replayed && e.Status == effect.StatusDelivered) {
 		status = http.StatusOK
 	}
 	writeJSON(w, status, e)
@@ -245,7 +241,7 @@ func (g *Gateway) latest(ctx context.Context, tenant string, e *dedup.Effect) *d
 }
 
 func (g *Gateway) get(ctx context.Context, tenant, key string) (*dedup.Effect, error) {
-	ctx, cancel := context.WithTimeout(ctx, dbTimeout)
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	return g.store.Get(ctx, tenant, key)
 }
@@ -289,20 +285,21 @@ type listResponse struct {
 
 func (g *Gateway) listEffects(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	f := dedup.Filter{Status: dedup.Status(q.Get("status")), Type: q.Get("type"), Cursor: q.Get("cursor"), Limit: 50}
+	f := dedup.Filter{Status: effect.Status(q.Get("status")), Type: q.Get("type"), Cursor: q.Get("cursor"),
+		Limit: g.cfg.Limits.PageSize}
 	if f.Status != "" && !f.Status.Valid() {
-		badRequest(w, "status", fmt.Sprintf("unknown status %q; one of %v", f.Status, dedup.Statuses()))
+		badRequest(w, "status", fmt.Sprintf("unknown status %q; one of %v", f.Status, effect.Statuses()))
 		return
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 500 {
-			badRequest(w, "limit", "limit must be a whole number from 1 to 500")
+		if err != nil || n < 1 || n > g.cfg.Limits.MaxPageSize {
+			badRequest(w, "limit", fmt.Sprintf("limit must be a whole number from 1 to %d", g.cfg.Limits.MaxPageSize))
 			return
 		}
 		f.Limit = n
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	page, err := g.store.List(ctx, tenantOf(r), f)
 	if errors.Is(err, dedup.ErrBadCursor) {
@@ -326,7 +323,7 @@ func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "key", "the key in the path is not validly escaped")
 		return
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), dbTimeout)
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, err := g.store.Retry(ctx, tenantOf(r), key)
 	switch {

@@ -75,7 +75,7 @@ func startGatewayOn(t *testing.T, dbURL string, mutate func(*Config)) *harness {
 	if mutate != nil {
 		mutate(cfg)
 	}
-	if err := cfg.fill(); err != nil {
+	if err := cfg.WithDefaults().validate(); err != nil {
 		t.Fatal(err)
 	}
 	return serve(t, cfg)

@@ -1,16 +1,11 @@
 package gateway
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"net"
 	"net/http"
-	"strings"
-	"syscall"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/oncegate/oncegate/dedup"
 )
 
 // Problem is an RFC 9457 problem detail. Type is a URI reference naming the kind of problem; the kinds are
@@ -44,27 +39,10 @@ func badRequest(w http.ResponseWriter, field, detail string) {
 		Detail: detail, Field: field})
 }
 
-// unavailable reports whether err means the database cannot be reached right now, as opposed to a bug: the
-// client should retry later (503) rather than treat the request as failed (500).
-func unavailable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		c := pgErr.Code
-		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "53300"
-	}
-	var netErr net.Error
-	var connErr *pgconn.ConnectError
-	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) ||
-		pgconn.Timeout(err) || pgconn.SafeToRetry(err) || strings.Contains(err.Error(), "conn closed") ||
-		strings.Contains(err.Error(), "closed pool")
-}
-
-// storeError answers for an unexpected store error: 503 with Retry-After when the database is unreachable,
-// else a 500 that says no more than that.
+// storeError answers for an unexpected store error: 503 with Retry-After when the database is unreachable
+// (dedup.ErrUnavailable), else a 500 that says no more than that.
 func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, err error) {
-	if unavailable(err) {
+	if errors.Is(err, dedup.ErrUnavailable) {
 		g.log.Warn("database unavailable", "path", r.URL.Path, "err", err)
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, Problem{Type: problemType("unavailable"), Title: "Service unavailable", Status: 503,

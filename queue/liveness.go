@@ -1,12 +1,10 @@
 package queue
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,36 +56,6 @@ func nodeOptions(ctx context.Context, rdb redis.UniversalClient, key string) (*r
 	}
 }
 
-// ownJobClient returns a client of the worker's own for job traffic, shaped like the caller's.
-func ownJobClient(rdb redis.UniversalClient, poolSize int, readTimeout time.Duration) (redis.UniversalClient, error) {
-	switch c := rdb.(type) {
-	case *redis.Client:
-		o := *c.Options()
-		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = poolSize, 0, poolSize, 0
-		o.ReadTimeout = atLeast(o.ReadTimeout, readTimeout)
-		o.PoolTimeout = 0
-		o.MaxRetries = -1 // a lease or completion repeated after a lost answer would run twice: the loops retry
-		return redis.NewClient(&o), nil
-	case *redis.ClusterClient:
-		o := *c.Options()
-		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = poolSize, 0, poolSize, 0
-		o.ReadTimeout = atLeast(o.ReadTimeout, readTimeout)
-		o.PoolTimeout = 0
-		o.MaxRetries = -1
-		return redis.NewClusterClient(&o), nil
-	default:
-		return nil, fmt.Errorf("queue: a worker needs a *redis.Client or *redis.ClusterClient, not %T", rdb)
-	}
-}
-
-// atLeast raises a timeout to min, leaving go-redis's special negative values (no deadline) alone.
-func atLeast(d, min time.Duration) time.Duration {
-	if d < 0 {
-		return d
-	}
-	return max(d, min)
-}
-
 // dialLiveness opens the worker's liveness connection. Each time go-redis connects it (at start, and again
 // after a network blip, a Redis restart or a failover), the connection registers its CLIENT ID before any
 // command runs on it.
@@ -135,6 +103,15 @@ func (w *Worker) dialLiveness(ctx context.Context, l *liveness) (*redis.Client, 
 	return redis.NewClient(o), nil
 }
 
+// checkClientList makes sure at start that Redis answers CLIENT LIST ID, on which crash detection rests, so
+// that a worker whose Redis forbids it says so at once rather than at its first sweep.
+func (w *Worker) checkClientList(ctx context.Context, l *liveness) {
+	err := l.rdb.Do(ctx, "CLIENT", "LIST", "ID", "0").Err()
+	if err != nil && refused(err) {
+		l.disable(fmt.Errorf("CLIENT LIST ID: %w", err))
+	}
+}
+
 // disable turns connection checks off for this worker, saying so once.
 func (l *liveness) disable(err error) {
 	l.connCheck.Store(false)
@@ -151,8 +128,23 @@ func isServerError(err error) bool {
 	return errors.As(err, &rerr) && !errors.Is(err, redis.Nil)
 }
 
-// seenFor is how long a heartbeat makes the worker count as alive in Stats.
-func (w *Worker) seenFor() time.Duration { return 3 * w.cfg.HeartbeatInterval }
+// refused reports whether Redis refused a command as such (an ACL, an unknown command), not because the
+// queue's slot moved to another node.
+func refused(err error) bool { return isServerError(err) && !isMoved(err) }
+
+// isMoved reports whether Redis answered that the queue's slot lives elsewhere now (a failover, a resharding).
+func isMoved(err error) bool {
+	var rerr redis.Error
+	if !errors.As(err, &rerr) {
+		return false
+	}
+	for _, p := range []string{"MOVED ", "ASK ", "READONLY ", "CLUSTERDOWN "} {
+		if strings.HasPrefix(rerr.Error(), p) {
+			return true
+		}
+	}
+	return false
+}
 
 // livenessLoop sends heartbeats every HeartbeatInterval and runs the sweeper every SweepInterval, both over
 // the liveness connection, until ctx ends. A failed heartbeat is retried soon rather than a whole interval
@@ -216,24 +208,6 @@ func (w *Worker) noteLiveness(ctx context.Context, l *liveness, what string, err
 	}
 }
 
-// refused reports whether Redis refused a command as such (an ACL, an unknown command), not because the
-// queue's slot moved to another node.
-func refused(err error) bool { return isServerError(err) && !isMoved(err) }
-
-// isMoved reports whether Redis answered that the queue's slot lives elsewhere now (a failover, a resharding).
-func isMoved(err error) bool {
-	var rerr redis.Error
-	if !errors.As(err, &rerr) {
-		return false
-	}
-	for _, p := range []string{"MOVED ", "ASK ", "READONLY ", "CLUSTERDOWN "} {
-		if strings.HasPrefix(rerr.Error(), p) {
-			return true
-		}
-	}
-	return false
-}
-
 // redial replaces the liveness connection with one to the node that holds the queue's slot now.
 func (w *Worker) redial(ctx context.Context, l *liveness) {
 	if c, ok := w.q.rdb.(*redis.ClusterClient); ok {
@@ -248,166 +222,4 @@ func (w *Worker) redial(ctx context.Context, l *liveness) {
 	l.rdb = next
 	_ = old.Close()
 	w.log.Info("liveness connection follows the queue's slot to another node", "addr", next.Options().Addr)
-}
-
-// heartbeat marks the worker seen, extends the leases of its runs, cancels each run whose lease is gone, and
-// hands back leases it was given but never heard of.
-func (w *Worker) heartbeat(ctx context.Context, l *liveness) error {
-	pairs, orphansBefore := w.heartbeatState()
-	args := append([]any{w.id, w.seenFor().Milliseconds(), w.leaseFor().Milliseconds(), orphansBefore}, pairs...)
-	k := w.q.keys
-	res, err := heartbeatScript.Run(ctx, l.rdb, []string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
-		args...).StringSlice()
-	if err != nil {
-		return fmt.Errorf("queue: heartbeat: %w", err)
-	}
-	if res[0] != "0" {
-		w.log.Warn("handed back jobs leased to this worker whose lease never reached it", "jobs", res[0])
-	}
-	for i := 1; i+1 < len(res); i += 2 {
-		epoch, err := strconv.ParseInt(res[i+1], 10, 64)
-		if err != nil {
-			return fmt.Errorf("queue: heartbeat: bad epoch %q", res[i+1])
-		}
-		w.lose(runKey{id: res[i], epoch: epoch})
-	}
-	return nil
-}
-
-// leaseFor is the lease a lease or heartbeat sets: LeaseTTL counted from the next heartbeat due, so that a
-// pause shorter than LeaseTTL never costs a live worker its job, wherever it falls between two beats.
-func (w *Worker) leaseFor() time.Duration { return w.cfg.LeaseTTL + w.cfg.HeartbeatInterval }
-
-// jobReadTimeout bounds a command of the worker's job traffic, the blocking wait for jobs included.
-func (w *Worker) jobReadTimeout() time.Duration { return w.cfg.IdleBlock + 5*time.Second }
-
-func (w *Worker) sweepOnce(ctx context.Context, l *liveness) {
-	res, err := w.q.sweep(ctx, l.rdb, w.sweepSettings(), l)
-	if ctx.Err() != nil {
-		return
-	}
-	w.noteLiveness(ctx, l, "sweep", err)
-	switch {
-	case err != nil, !res.Ran:
-		return
-	case res.Outage > 0:
-		w.log.Warn("no sweep ran for a while (Redis stalled, or every sweeping worker paused): lease expiry held "+
-			"so that live workers can heartbeat first", "gap", res.Outage, "hold", w.sweepSettings().outageGrace)
-	}
-	if res.Reclaimed > 0 || res.Dead > 0 || res.WorkersLost > 0 {
-		w.log.Info("sweep reclaimed stalled jobs", "reclaimed", res.Reclaimed, "dead", res.Dead,
-			"workers_lost", res.WorkersLost)
-	}
-	if w.cfg.OnSweep != nil {
-		w.cfg.OnSweep(res)
-	}
-}
-
-// sweepSettings are the numbers a sweep run by this worker applies to every worker of the queue, which is
-// why a queue's workers should share their liveness settings.
-type sweepSettings struct {
-	guard          time.Duration // a little under the sweep interval, so the worker that took it can again
-	reconnectGrace time.Duration
-	restartGrace   time.Duration
-	outageAfter    time.Duration // a gap between sweeps longer than this is an outage
-	outageGrace    time.Duration // how long lease expiry is held after one
-	limit          int
-}
-
-func (w *Worker) sweepSettings() sweepSettings {
-	return sweepSettings{
-		guard:          max(w.cfg.SweepInterval*9/10, time.Millisecond),
-		reconnectGrace: w.cfg.ReconnectGrace,
-		restartGrace:   max(4*w.cfg.ReconnectGrace, 2*w.cfg.HeartbeatInterval),
-		outageAfter:    max(w.cfg.HeartbeatInterval, 5*w.cfg.SweepInterval),
-		outageGrace:    2 * w.cfg.HeartbeatInterval,
-		limit:          1000,
-	}
-}
-
-// SweepResult says what one sweep did. Ran is false when another sweep ran within the interval.
-type SweepResult struct {
-	Ran                          bool
-	Reclaimed, Dead, WorkersLost int
-	// Outage is the gap since the previous sweep when it was long enough to hold lease expiry back.
-	Outage time.Duration
-}
-
-// sweep runs the sweeper once over c, a client of the node that holds the queue, unless another sweep ran
-// within the interval. With l nil or its checks off, dead workers are found by their leases alone.
-func (q *Queue) sweep(ctx context.Context, c *redis.Client, s sweepSettings, l *liveness) (SweepResult, error) {
-	k := q.keys
-	regs, err := sweepBeginScript.Run(ctx, c, []string{k.sweepGuard, k.sweeper, k.conns},
-		s.guard.Milliseconds()).StringSlice()
-	if errors.Is(err, redis.Nil) {
-		return SweepResult{}, nil
-	}
-	if err != nil {
-		return SweepResult{}, fmt.Errorf("queue: sweep: %w", err)
-	}
-	args := []any{s.reconnectGrace.Milliseconds(), s.restartGrace.Milliseconds(), s.outageAfter.Milliseconds(),
-		s.outageGrace.Milliseconds(), s.limit}
-	if l == nil || l.connCheck.Load() {
-		gone, err := goneConnections(ctx, c, regs[0], regs[1:])
-		switch {
-		case err != nil && refused(err) && l != nil:
-			l.disable(err)
-		case err != nil:
-			return SweepResult{}, fmt.Errorf("queue: sweep: %w", err)
-		}
-		args = append(args, gone...)
-	}
-	out := SweepResult{Ran: true}
-	// A script call reclaims a bounded number of jobs, so that Redis is never blocked long; a dead worker that
-	// held thousands is emptied by calls in a row, not one per interval.
-	for range 100 {
-		res, err := sweepScript.Run(ctx, c, []string{k.jobs, k.owned, k.leases, k.ready, k.dead, k.marker,
-			k.workers, k.conns, k.missing, k.sweeper}, args...).Int64Slice()
-		if err != nil {
-			return out, fmt.Errorf("queue: sweep: %w", err)
-		}
-		out.Reclaimed += int(res[0])
-		out.Dead += int(res[1])
-		out.WorkersLost += int(res[2])
-		out.Outage = max(out.Outage, time.Duration(res[3])*time.Millisecond)
-		if res[4] == 0 {
-			break
-		}
-	}
-	return out, nil
-}
-
-// goneConnections returns the (worker id, registration) pairs of regs whose connection no longer exists on the
-// server whose run id is runID, and those registered on another server run. A registration is
-// "<run id>:<client id>:<reconnect grace ms>".
-func goneConnections(ctx context.Context, c *redis.Client, runID string, regs []string) ([]any, error) {
-	var gone []any
-	byClient := map[string][]string{} // client id -> worker id, registration
-	args := []any{"CLIENT", "LIST", "ID"}
-	for i := 0; i+1 < len(regs); i += 2 {
-		parts := strings.Split(regs[i+1], ":")
-		if len(parts) != 3 || parts[0] != runID {
-			gone = append(gone, regs[i], regs[i+1])
-			continue
-		}
-		byClient[parts[1]] = []string{regs[i], regs[i+1]}
-		args = append(args, parts[1])
-	}
-	if len(byClient) == 0 {
-		return gone, nil
-	}
-	list, err := c.Do(ctx, args...).Text()
-	if err != nil {
-		return nil, err
-	}
-	sc := bufio.NewScanner(strings.NewReader(list))
-	for sc.Scan() {
-		if f, _, _ := strings.Cut(sc.Text(), " "); strings.HasPrefix(f, "id=") {
-			delete(byClient, f[len("id="):])
-		}
-	}
-	for _, wr := range byClient {
-		gone = append(gone, wr[0], wr[1])
-	}
-	return gone, nil
 }

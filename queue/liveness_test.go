@@ -62,12 +62,25 @@ func expireLease(t *testing.T, q *Queue, id string, epoch int64) {
 	t.Helper()
 	ctx := context.Background()
 	testenv.Eventually(t, 10*time.Second, "the lease of "+id+" was never taken back", func() bool {
-		q.rdb.ZAddXX(ctx, q.keys.leases, redisZ(1, id))
+		// Only while the job is still at epoch: a sweep may have taken it back meanwhile and the worker leased
+		// it again, and that lease is not this test's to expire.
+		if err := expireIfEpoch.Run(ctx, q.rdb, []string{q.keys.jobs, q.keys.leases}, id, epoch).Err(); err != nil {
+			t.Fatal(err)
+		}
 		sweepNow(t, q)
 		j := mustJob(t, q, id)
 		return j.Epoch != epoch || j.State != StateActive
 	})
 }
+
+// expireIfEpoch runs a job's lease out (KEYS[1] jobs, KEYS[2] leases; ARGV[1] id, ARGV[2] epoch) if the job is
+// still at that epoch.
+var expireIfEpoch = redis.NewScript(`
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if raw and cjson.decode(raw).epoch == tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[2], 'XX', 1, ARGV[1])
+end
+return 0`)
 
 // Finding 1 of the queue probe: a worker that takes back its own reclaimed job (epoch 2) while the stale run
 // (epoch 1) still runs. The heartbeat that reports epoch 1 lost must cancel epoch 1 alone; epoch 2 runs to its

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -31,7 +32,8 @@ func TestMain(m *testing.M) {
 // SIGKILL. It talks to REDIS_URL, or to the Redis Cluster at WORKER_CLUSTER (comma-separated addresses).
 // WORKER_HANDLER says what handlers do: "block" waits for their context, "sleep" sleeps WORKER_SLEEP
 // ignoring the context, "hog" spends WORKER_SLEEP in BLPOP calls on the caller's own Redis client (as a handler
-// that waits on a list would, holding a pooled connection each), "ok" returns at once.
+// that waits on a list would, holding a pooled connection each), "ok" returns at once. A job whose payload is
+// "fail" then fails, so that a test can see both outcomes recorded.
 func workerProcess() int {
 	env := func(k string, d time.Duration) time.Duration {
 		if v, err := time.ParseDuration(os.Getenv(k)); err == nil {
@@ -69,6 +71,9 @@ func workerProcess() int {
 			for end := time.Now().Add(env("WORKER_SLEEP", time.Second)); time.Now().Before(end); {
 				_ = rdb.BLPop(context.Background(), time.Second, "hog:"+job.ID).Err()
 			}
+		}
+		if string(job.Payload) == "fail" {
+			return errors.New("the job asked to fail")
 		}
 		return nil
 	})

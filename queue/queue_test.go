@@ -232,9 +232,12 @@ func TestRepeatedCompletionAndFailureAreIdempotent(t *testing.T) {
 func TestIdleWorkerWakesOnEnqueue(t *testing.T) {
 	t.Parallel()
 	base, _ := newQueue(t, nil)
-	// A client whose reads outlast the long IdleBlock below.
+	// A client whose reads outlast the long IdleBlock below, and whose connections carry a name of their own,
+	// so that the test can see in CLIENT LIST when the worker's job connection blocks.
 	opts := *base.rdb.(*redis.Client).Options()
 	opts.ReadTimeout = time.Minute
+	connName := testenv.Name(t, "c")
+	opts.OnConnect = func(ctx context.Context, cn *redis.Conn) error { return cn.ClientSetName(ctx, connName).Err() }
 	rdb := redis.NewClient(&opts)
 	t.Cleanup(func() { _ = rdb.Close() })
 	q, err := New(rdb, base.name, nil)
@@ -245,7 +248,7 @@ func TestIdleWorkerWakesOnEnqueue(t *testing.T) {
 	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error { got <- time.Now(); return nil }),
 		&WorkerConfig{IdleBlock: 30 * time.Second})
 	for range 2 {
-		time.Sleep(300 * time.Millisecond) // let the worker find the queue empty and block
+		waitBlocked(t, base.rdb.(*redis.Client), connName)
 		sent := time.Now()
 		mustEnqueue(t, q, NewJob{})
 		select {
@@ -352,8 +355,8 @@ func TestDeadLettersListRequeuePurge(t *testing.T) {
 	}), nil)
 	for _, id := range []string{"a", "b", "c"} {
 		mustEnqueue(t, q, NewJob{ID: id})
-		waitState(t, q, id, StateDead, 5*time.Second)
-		time.Sleep(5 * time.Millisecond) // distinct death times, for the order below
+		j := waitState(t, q, id, StateDead, 5*time.Second)
+		waitRedisClockPast(t, q, j.FinishedAt) // distinct death times, for the order below
 	}
 	dead, err := q.DeadJobs(ctx, 0, 10)
 	if err != nil {
@@ -411,8 +414,8 @@ func TestRetentionOfCompletedJobs(t *testing.T) {
 		q, _ := newQueue(t, &Options{RetainCompletedFor: 300 * time.Millisecond})
 		runWorker(t, q, HandlerFunc(func(context.Context, *Job) error { return nil }), nil)
 		mustEnqueue(t, q, NewJob{ID: "old"})
-		waitState(t, q, "old", StateCompleted, 5*time.Second)
-		time.Sleep(400 * time.Millisecond)
+		old := waitState(t, q, "old", StateCompleted, 5*time.Second)
+		waitRedisClockPast(t, q, old.FinishedAt.Add(300*time.Millisecond))
 		mustEnqueue(t, q, NewJob{ID: "new"}) // its completion trims what is older than 300ms
 		waitState(t, q, "new", StateCompleted, 5*time.Second)
 		if _, err := q.Job(context.Background(), "old"); !errors.Is(err, ErrNotFound) {
@@ -441,10 +444,10 @@ func TestStatsCountsAndOldestReadyAge(t *testing.T) {
 	if err != nil || s.OldestReady != 0 || s.Counts[StateReady] != 0 {
 		t.Fatalf("empty queue stats = %+v, %v", s, err)
 	}
-	mustEnqueue(t, q, NewJob{ID: "1"})
+	first := mustEnqueue(t, q, NewJob{ID: "1"})
 	mustEnqueue(t, q, NewJob{ID: "2"})
 	mustEnqueue(t, q, NewJob{ID: "3", Delay: time.Hour})
-	time.Sleep(250 * time.Millisecond)
+	waitRedisClockPast(t, q, first.Job.CreatedAt.Add(250*time.Millisecond))
 	s, err = q.Stats(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -556,4 +559,35 @@ func ids(jobs []*Job) []string {
 		out[i] = j.ID
 	}
 	return out
+}
+
+// waitRedisClockPast waits until Redis's clock, which stamps every time a job records, is past at.
+func waitRedisClockPast(t *testing.T, q *Queue, at time.Time) {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, fmt.Sprintf("Redis's clock never passed %v", at), func() bool {
+		now, err := q.rdb.Time(context.Background()).Result()
+		return err == nil && now.Truncate(time.Millisecond).After(at)
+	})
+}
+
+// waitBlocked waits until a connection named name is blocked in BZPOPMIN: an idle worker waiting for jobs.
+func waitBlocked(t *testing.T, rdb *redis.Client, name string) {
+	t.Helper()
+	testenv.Eventually(t, 5*time.Second, "the worker never blocked waiting for jobs", func() bool {
+		list, err := rdb.ClientList(context.Background()).Result()
+		if err != nil {
+			return false
+		}
+		for _, l := range strings.Split(list, "\n") {
+			f := map[string]string{}
+			for _, kv := range strings.Fields(l) {
+				k, v, _ := strings.Cut(kv, "=")
+				f[k] = v
+			}
+			if f["name"] == name && f["cmd"] == "bzpopmin" && strings.Contains(f["flags"], "b") {
+				return true
+			}
+		}
+		return false
+	})
 }

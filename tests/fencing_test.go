@@ -45,7 +45,7 @@ func TestPausedWorkerIsFencedByTheGateway(t *testing.T) {
 database_url: %s
 tenants: { acme: { api_keys: [%s] } }
 effect_types:
-  hook: { provider: webhook, webhook: { url: "%s", secret: "%s", timeout: 20s, allow_private_networks: true } }
+  hook: { provider: webhook, timeout: 20s, webhook: { url: "%s", secret: "%s", allow_private_networks: true } }
   clicks: { provider: postgres }
 dispatcher: { poll_interval: 100ms }
 `, dbURL, apiKey, hk.srv.URL, whsec))

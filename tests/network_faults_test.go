@@ -61,7 +61,8 @@ effect_types:
   clicks: { provider: postgres, retry: { max_attempts: 50, base_delay: 100ms, max_delay: 1s } }
   hook:
     provider: webhook
-    webhook: { url: "http://%s/hooks", secret: "%s", timeout: 500ms, allow_private_networks: true }
+    webhook: { url: "http://%s/hooks", secret: "%s", allow_private_networks: true }
+    timeout: 500ms
     retry: { max_attempts: 50, base_delay: 100ms, max_delay: 1s }
     breaker: { failures: 5, open_for: 500ms }
 dispatcher: { poll_interval: 200ms, lease_margin: 1s }

@@ -137,7 +137,8 @@ tenants: { acme: { api_keys: [%s] } }
 effect_types:
   hook:
     provider: webhook
-    webhook: { url: "http://%s/hooks", secret: "%s", timeout: 500ms, allow_private_networks: true }
+    webhook: { url: "http://%s/hooks", secret: "%s", allow_private_networks: true }
+    timeout: 500ms
     retry: { max_attempts: 30, base_delay: 100ms, max_delay: 400ms }
     breaker: { failures: 3, open_for: 700ms }
 dispatcher: { poll_interval: 100ms, lease_margin: 1s }

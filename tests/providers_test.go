@@ -111,13 +111,16 @@ tenants: { acme: { api_keys: [%s] } }
 effect_types:
   welcome-email:
     provider: smtp
-    smtp: { addr: "%s", from: "Acme <noreply@acme.test>", on_crash: at_least_once }
+    smtp: { addr: "%s", from: "Acme <noreply@acme.test>" }
+    on_crash: at_least_once
   order-webhook:
     provider: webhook
-    webhook: { url: "%s/hooks", secret: "%s", timeout: 5s, allow_private_networks: true }
+    webhook: { url: "%s/hooks", secret: "%s", allow_private_networks: true }
+    timeout: 5s
   payments:
     provider: http
-    http: { base_url: "%s", timeout: 5s, allow_private_networks: true }
+    http: { base_url: "%s", allow_private_networks: true }
+    timeout: 5s
   clicks:
     provider: postgres
 dispatcher: { poll_interval: 100ms }
@@ -175,7 +178,8 @@ tenants: { acme: { api_keys: [%s] } }
 effect_types:
   order-webhook:
     provider: webhook
-    webhook: { url: "%s", secret: "%s", timeout: 2s, allow_private_networks: true }
+    webhook: { url: "%s", secret: "%s", allow_private_networks: true }
+    timeout: 2s
     on_crash: %s
 dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 `, dbURL, apiKey, hk.srv.URL, whsec, policy))

@@ -7,9 +7,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"net"
 	"os"
 	"os/signal"
@@ -21,10 +21,28 @@ import (
 )
 
 func main() {
-	if len(os.Args) < 2 {
-		usage()
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		os.Exit(1)
 	}
-	cmd, args := os.Args[1], os.Args[2:]
+}
+
+// errUsage is a command line the gateway does not understand.
+var errUsage = errors.New("usage: gateway serve [--config FILE] [--no-migrate] [--no-dispatch] | gateway migrate [--config FILE]")
+
+// run is the gateway's life. Every error it returns has been logged, once, and telemetry flushed: the
+// deferred calls run before main exits.
+func run(args []string) (err error) {
+	if len(args) < 1 {
+		return errUsage
+	}
+	cmd, args := args[0], args[1:]
+	if cmd != "serve" && cmd != "migrate" {
+		return errUsage
+	}
 	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
 	configPath := fs.String("config", "", "configuration file (YAML); defaults serve one dev tenant on loopback")
 	noMigrate := fs.Bool("no-migrate", false, "serve: do not apply migrations at start")
@@ -34,13 +52,20 @@ func main() {
 
 	log, tel, stopTelemetry, err := telemetry.Start(*level, "gateway")
 	if err != nil {
-		fatal(err)
+		// No logger yet: the one place the error is written as plain text.
+		fmt.Fprintln(os.Stderr, "gateway:", err)
+		return err
 	}
 	defer stopTelemetry()
+	defer func() {
+		if err != nil {
+			log.Error("gateway failed", "cmd", cmd, "err", err)
+		}
+	}()
 
 	cfg, err := gateway.Load(*configPath)
 	if err != nil {
-		fatal(err)
+		return err
 	}
 	if *noDispatch {
 		cfg.Dispatcher.Disabled = true
@@ -49,35 +74,30 @@ func main() {
 	defer stop()
 	g, err := gateway.New(cfg, gateway.Options{Logger: log, DriverTracing: tel.Children})
 	if err != nil {
-		fatal(err)
+		return err
 	}
 	defer g.Close()
 
-	switch cmd {
-	case "migrate":
-		if err := g.Migrate(ctx); err != nil {
-			fatal(err)
-		}
-	case "serve":
-		if !*noMigrate {
-			if err := g.Migrate(ctx); err != nil {
-				fatal(err)
-			}
-		}
-		l, err := net.Listen("tcp", cfg.Listen)
-		if err != nil {
-			fatal(err)
-		}
-		log.Info("gateway listening", "addr", l.Addr().String())
-		// The resolved address on stdout lets a supervisor (or a test) use port 0.
-		fmt.Printf("listening %s\n", l.Addr())
-		if err := g.Serve(ctx, l); err != nil {
-			fatal(err)
-		}
-		log.Info("gateway stopped")
-	default:
-		usage()
+	if cmd == "migrate" {
+		return g.Migrate(ctx)
 	}
+	if !*noMigrate {
+		if err := g.Migrate(ctx); err != nil {
+			return err
+		}
+	}
+	l, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return err
+	}
+	log.Info("gateway listening", "addr", l.Addr().String())
+	// The resolved address on stdout lets a supervisor (or a test) use port 0.
+	fmt.Printf("listening %s\n", l.Addr())
+	if err := g.Serve(ctx, l); err != nil {
+		return err
+	}
+	log.Info("gateway stopped")
+	return nil
 }
 
 func envOr(k, d string) string {
@@ -85,15 +105,4 @@ func envOr(k, d string) string {
 		return strings.ToLower(v)
 	}
 	return d
-}
-
-func usage() {
-	fmt.Fprintln(os.Stderr, "usage: gateway serve [--config FILE] [--no-migrate] [--no-dispatch] | gateway migrate [--config FILE]")
-	os.Exit(2)
-}
-
-func fatal(err error) {
-	slog.Error("gateway", "err", err)
-	fmt.Fprintln(os.Stderr, "gateway:", err)
-	os.Exit(1)
 }

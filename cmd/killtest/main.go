@@ -14,6 +14,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -29,6 +30,14 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "child" {
 		os.Exit(killtest.Child(os.Args[2:]))
 	}
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "killtest:", err)
+		os.Exit(1)
+	}
+}
+
+// run is the demo. Its deferred clean-up (the binaries it built) runs whatever the result.
+func run() error {
 	asJSON := flag.Bool("json", false, "print the results as JSON")
 	bin := flag.String("bin", "", "folder with the gateway and worker binaries (default: built into a temporary folder)")
 	verbose := flag.Bool("v", false, "show the processes' logs")
@@ -39,7 +48,7 @@ func main() {
 
 	self, err := os.Executable()
 	if err != nil {
-		fatal(err)
+		return err
 	}
 	env := killtest.Env{RedisURL: envOr("REDIS_URL", "redis://127.0.0.1:6379/0"),
 		DatabaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
@@ -47,20 +56,21 @@ func main() {
 	if *verbose {
 		env.Log = os.Stderr
 	}
-	if env.Gateway, env.Worker, err = binaries(*bin); err != nil {
-		fatal(err)
+	var cleanup func()
+	if env.Gateway, env.Worker, cleanup, err = binaries(*bin); err != nil {
+		return err
 	}
+	defer cleanup()
 	ctx := context.Background()
 	if *chaosJobs > 0 {
-		chaos(ctx, env, *chaosJobs, *killEvery, *spare, *asJSON)
-		return
+		return chaos(ctx, env, *chaosJobs, *killEvery, *spare, *asJSON)
 	}
 	var rows []killtest.Row
 	for _, s := range []func(context.Context, killtest.Env) (killtest.Row, error){
 		killtest.InMemory, killtest.LeaseDirect, killtest.Oncegate} {
 		r, err := s(ctx, env)
 		if err != nil {
-			fatal(err)
+			return err
 		}
 		if !*asJSON {
 			fmt.Fprintf(os.Stderr, "killtest: %s: done\n", r.Strategy)
@@ -87,15 +97,15 @@ func main() {
 		}
 	}
 	if !ok {
-		fmt.Fprintln(os.Stderr, "killtest: the oncegate row is not 20 / 0 / 0")
-		os.Exit(1)
+		return errors.New("the oncegate row is not 20 / 0 / 0")
 	}
+	return nil
 }
 
-func chaos(ctx context.Context, env killtest.Env, n int, every time.Duration, spare, asJSON bool) {
+func chaos(ctx context.Context, env killtest.Env, n int, every time.Duration, spare, asJSON bool) error {
 	r, err := killtest.Chaos(ctx, env, killtest.ChaosConfig{Jobs: n, KillEvery: every, Spare: spare})
 	if err != nil {
-		fatal(err)
+		return err
 	}
 	if asJSON {
 		out, _ := json.MarshalIndent(map[string]any{"chaos": r, "ok": r.OK()}, "", "  ")
@@ -109,34 +119,37 @@ func chaos(ctx context.Context, env killtest.Env, n int, every time.Duration, sp
 		fmt.Println("and before it recorded that: the resend carries the same Message-ID / webhook-id, so a receiver can drop it.")
 	}
 	if !r.OK() {
-		fmt.Fprintf(os.Stderr, "killtest: chaos lost %d effects, %d analytics duplicates, %d dead jobs\n", r.LostTotal, r.AnalyticDup, r.DeadJobs)
-		os.Exit(1)
+		return fmt.Errorf("chaos lost %d effects, %d analytics duplicates, %d dead jobs", r.LostTotal, r.AnalyticDup, r.DeadJobs)
 	}
+	return nil
 }
 
-// binaries finds the gateway and worker binaries in dir, or builds them from the module.
-func binaries(dir string) (string, string, error) {
+// binaries finds the gateway and worker binaries in dir, or builds them from the module into a temporary
+// folder that cleanup removes.
+func binaries(dir string) (gateway, worker string, cleanup func(), err error) {
 	if dir != "" {
 		g, w := filepath.Join(dir, "gateway"), filepath.Join(dir, "worker")
 		if _, err := os.Stat(g); err == nil {
 			if _, err := os.Stat(w); err == nil {
-				return g, w, nil
+				return g, w, func() {}, nil
 			}
 		}
-		return "", "", fmt.Errorf("--bin %s: gateway and worker binaries not found", dir)
+		return "", "", nil, fmt.Errorf("--bin %s: gateway and worker binaries not found", dir)
 	}
 	tmp, err := os.MkdirTemp("", "killtest-bin-")
 	if err != nil {
-		return "", "", err
+		return "", "", nil, err
 	}
+	cleanup = func() { _ = os.RemoveAll(tmp) }
 	for _, c := range []string{"gateway", "worker"} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(tmp, c), "github.com/oncegate/oncegate/cmd/"+c)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Run(); err != nil {
-			return "", "", fmt.Errorf("building %s: %w", c, err)
+			cleanup()
+			return "", "", nil, fmt.Errorf("building %s: %w", c, err)
 		}
 	}
-	return filepath.Join(tmp, "gateway"), filepath.Join(tmp, "worker"), nil
+	return filepath.Join(tmp, "gateway"), filepath.Join(tmp, "worker"), cleanup, nil
 }
 
 func envOr(k, d string) string {
@@ -144,9 +157,4 @@ func envOr(k, d string) string {
 		return v
 	}
 	return d
-}
-
-func fatal(err error) {
-	fmt.Fprintln(os.Stderr, "killtest:", err)
-	os.Exit(1)
 }

@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -16,15 +17,17 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/extra/redisotel/v9"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oncegate/oncegate/client"
-	"github.com/oncegate/oncegate/internal/metrics"
 	"github.com/oncegate/oncegate/internal/telemetry"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/queue"
+	"github.com/oncegate/oncegate/queue/queuemetrics"
 )
 
 func env(k, d string) string {
@@ -34,10 +37,24 @@ func env(k, d string) string {
 	return d
 }
 
+var errUsage = errors.New("usage: worker run [flags]  (worker run -h lists them)")
+
 func main() {
-	if len(os.Args) < 2 || os.Args[1] != "run" {
-		fmt.Fprintln(os.Stderr, "usage: worker run [flags]  (worker run -h lists them)")
-		os.Exit(2)
+	// run returns rather than exits, so that its deferred calls (flushing traces, closing Redis) happen on a
+	// failed start too; the error is logged here, once, by the log run set up when it got that far.
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, errUsage) {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		slog.Error("worker failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string) error {
+	if len(args) < 1 || args[0] != "run" {
+		return errUsage
 	}
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	redisURL := fs.String("redis", env("REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL (REDIS_URL)")
@@ -53,47 +70,55 @@ func main() {
 	orderType := fs.String("order-type", "order-webhook", "effect type of order jobs' webhook")
 	level := fs.String("log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error")
 	metricsAddr := fs.String("metrics", env("METRICS_ADDR", ""), "serve Prometheus /metrics on this address, as 127.0.0.1:9091")
-	_ = fs.Parse(os.Args[2:])
+	_ = fs.Parse(args[1:])
 
 	log, tel, stopTelemetry, err := telemetry.Start(*level, "worker")
 	if err != nil {
-		fatal(err)
+		return err
 	}
 	defer stopTelemetry()
 
 	opts, err := redis.ParseURL(*redisURL)
 	if err != nil {
-		fatal(fmt.Errorf("redis URL: %w", err))
+		return fmt.Errorf("redis URL: %w", err)
 	}
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 	// Redis calls appear in traces as children of a job's spans; background polling makes no traces.
 	if err := redisotel.InstrumentTracing(rdb, redisotel.WithTracerProvider(tel.Children)); err != nil {
-		fatal(err)
+		return err
 	}
 	q, err := queue.New(rdb, *queueName, &queue.Options{Logger: log})
 	if err != nil {
-		fatal(err)
+		return err
 	}
 	gw, err := client.New(*gatewayURL, *apiKey, &client.Options{HTTPClient: nil})
 	if err != nil {
-		fatal(err)
+		return err
 	}
 	h := jobs.Handlers(gw, jobs.Config{EmailType: *emailType, ClickType: *clickType, OrderType: *orderType,
 		Work: *work, Wait: *wait})
-	onDone, onSweep := metrics.Hooks(*queueName)
+
+	reg := prometheus.NewRegistry()
+	m, err := queuemetrics.New(reg)
+	if err != nil {
+		return err
+	}
+	reg.MustRegister(queuemetrics.QueueCollector{Queue: q}, collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	onDone, onSweep := m.Hooks(*queueName)
 	w, err := queue.NewWorker(q, h, &queue.WorkerConfig{Concurrency: *concurrency, DrainTimeout: *drain, Logger: log,
 		OnJobDone: onDone, OnSweep: onSweep})
 	if err != nil {
-		fatal(err)
+		return err
 	}
 	if *metricsAddr != "" {
 		l, err := net.Listen("tcp", *metricsAddr)
 		if err != nil {
-			fatal(fmt.Errorf("--metrics: %w", err))
+			return fmt.Errorf("--metrics: %w", err)
 		}
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(metrics.NewWorkerRegistry(q), promhttp.HandlerOpts{}))
+		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() { _ = srv.Serve(l) }()
 		defer srv.Close()
@@ -105,13 +130,8 @@ func main() {
 	fmt.Printf("worker %s running\n", w.ID())
 	start := time.Now()
 	if err := w.Run(ctx); err != nil {
-		fatal(err)
+		return err
 	}
 	log.Info("worker stopped", "ran_for", time.Since(start).String())
-}
-
-func fatal(err error) {
-	slog.Error("worker", "err", err)
-	fmt.Fprintln(os.Stderr, "worker:", err)
-	os.Exit(1)
+	return nil
 }

@@ -1,10 +1,11 @@
--- An operator sends a dead, failed or unknown effect back to pending with a fresh count of attempts; its last
--- error stays for reference. Returns no row when the effect is missing or in another state.
--- $1 tenant, $2 key
+-- An operator sends a retryable effect (effect.RetryableStatuses: failed, dead, unknown) back to pending with a
+-- fresh count of attempts; its last error stays for reference. Returns no row when the effect is missing or in
+-- another state.
+-- $1 tenant, $2 key, $3 pending, $4 the retryable statuses, $5 the outbox channel (notifier.TopicOutbox)
 WITH effect AS (
     UPDATE oncegate_effects
-    SET status = 'pending', attempts = 0, next_attempt_at = now(), finished_at = NULL, updated_at = now()
-    WHERE tenant = $1 AND key = $2 AND status IN ('dead', 'failed', 'unknown')
+    SET status = $3, attempts = 0, next_attempt_at = now(), finished_at = NULL, updated_at = now()
+    WHERE tenant = $1 AND key = $2 AND status = ANY ($4::text[])
     RETURNING {{columns}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type)
@@ -12,4 +13,4 @@ WITH effect AS (
     ON CONFLICT (effect_id) DO UPDATE
     SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
 )
-SELECT {{columns}} FROM effect, pg_notify('oncegate_outbox', effect.type)
+SELECT {{columns}} FROM effect, pg_notify($5::text, effect.type)

@@ -127,9 +127,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 
 	secret := "whsec_Y2hhb3Mtd2ViaG9vay1zZWNyZXQtMzItYnl0ZXMh"
 	types := map[string]string{
-		"welcome-email": fmt.Sprintf(`{provider: smtp, smtp: {addr: "%s", from: "Acme <noreply@acme.test>", timeout: 5s}}`, mail.Addr),
+		"welcome-email": fmt.Sprintf(`{provider: smtp, timeout: 5s, smtp: {addr: "%s", from: "Acme <noreply@acme.test>"}}`, mail.Addr),
 		"clicks":        `{provider: postgres, timeout: 5s}`,
-		"order-webhook": fmt.Sprintf(`{provider: webhook, webhook: {url: "%s", secret: "%s", timeout: 5s, allow_private_networks: true}}`, receiver.URL, secret),
+		"order-webhook": fmt.Sprintf(`{provider: webhook, timeout: 5s, webhook: {url: "%s", secret: "%s", allow_private_networks: true}}`, receiver.URL, secret),
 	}
 	var members []*member
 	var gateways []string

@@ -290,7 +290,7 @@ func Oncegate(ctx context.Context, env Env) (Row, error) {
 	}
 	defer drop()
 	_, base, stopGateway, err := StartGateway(env, dbURL, "127.0.0.1:0", map[string]string{"welcome-email": fmt.Sprintf(
-		`{provider: smtp, smtp: {addr: "%s", from: "Acme <noreply@acme.test>", on_crash: at_least_once}}`, srv.Addr)})
+		`{provider: smtp, on_crash: at_least_once, smtp: {addr: "%s", from: "Acme <noreply@acme.test>"}}`, srv.Addr)})
 	if err != nil {
 		return Row{}, err
 	}

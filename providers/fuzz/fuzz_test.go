@@ -21,7 +21,7 @@ func all(t testing.TB) map[string]providers.Provider {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sm, err := smtp.New(smtp.Config{Addr: "127.0.0.1:1", From: "a@b.test"})
+	sm, err := smtp.New(smtp.Config{Addr: "127.0.0.1:1", From: "a@b.test"}, providers.Type{})
 	if err != nil {
 		t.Fatal(err)
 	}

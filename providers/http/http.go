@@ -14,13 +14,13 @@ import (
 	"net/textproto"
 	"net/url"
 	"strings"
-	"time"
 
 	"github.com/oncegate/oncegate/internal/safehttp"
 	"github.com/oncegate/oncegate/providers"
 )
 
-// Config configures the provider for one effect type.
+// Config configures the provider for one effect type. The attempt's timeout is the effect type's: the
+// context of each Deliver carries it.
 type Config struct {
 	// BaseURL is the upstream; a payload's path is appended to it.
 	BaseURL string `yaml:"base_url"`
@@ -29,10 +29,8 @@ type Config struct {
 	// KeepHeaders are the response headers stored in the result. Defaults to Content-Type, Location, ETag and
 	// Retry-After.
 	KeepHeaders []string `yaml:"keep_headers"`
-	// AllowPrivateNetworks lets requests reach loopback, private and link-local addresses. Off by default.
+	// AllowPrivateNetworks lets requests reach loopback, private and link-local addresses. Defaults to false.
 	AllowPrivateNetworks bool `yaml:"allow_private_networks"`
-	// Timeout bounds one attempt; the gateway reads it as the effect type's timeout.
-	Timeout time.Duration `yaml:"timeout"`
 }
 
 // MaxBody bounds the upstream's body kept in the result.
@@ -49,13 +47,35 @@ type Provider struct {
 	redact *strings.Replacer
 }
 
-// New checks the configuration and returns a provider.
+// Validate reports the first setting that New would refuse, without building a provider.
+func (c Config) Validate() error {
+	_, err := c.resolve()
+	return err
+}
+
+// New checks the configuration and returns a provider. Close releases its idle connections.
 func New(c Config) (*Provider, error) {
+	p, err := c.resolve()
+	if err != nil {
+		return nil, err
+	}
+	p.client = safehttp.Client(c.AllowPrivateNetworks)
+	return p, nil
+}
+
+// Close releases the provider's idle connections. Deliveries must have stopped.
+func (p *Provider) Close() error {
+	p.client.CloseIdleConnections()
+	return nil
+}
+
+// resolve checks the configuration and parses its URL and headers.
+func (c Config) resolve() (*Provider, error) {
 	u, err := url.Parse(c.BaseURL)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
 		return nil, fmt.Errorf("http: base_url %q: want an http or https URL with a host and no user info", c.BaseURL)
 	}
-	p := &Provider{base: u, headers: http.Header{}, client: safehttp.Client(c.AllowPrivateNetworks)}
+	p := &Provider{base: u, headers: http.Header{}}
 	var pairs []string
 	for k, v := range c.Headers {
 		if err := checkHeader(k, v); err != nil {

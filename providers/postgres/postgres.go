@@ -39,6 +39,12 @@ type Provider struct {
 	query string
 }
 
+// Validate reports the first setting that New would refuse, without building a provider.
+func (c Config) Validate() error {
+	_, err := New(c) // a postgres provider is its query: building it is checking it
+	return err
+}
+
 // New checks the configuration and returns a provider.
 func New(c Config) (*Provider, error) {
 	if c.Table == "" {

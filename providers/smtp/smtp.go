@@ -1,11 +1,12 @@
-// Package smtp is the email provider: a real SMTP client (STARTTLS when offered, AUTH when configured) that
-// sends each effect as one message whose Message-ID is derived from tenant and key. Replies in 4xx are
-// retried, 5xx (and an invalid address) fail for good.
+// Package smtp is the email provider: an SMTP client (github.com/emersion/go-smtp; STARTTLS when offered,
+// AUTH when configured) that sends each effect as one message whose Message-ID is derived from tenant and key.
+// The server's reply decides the outcome: 4xx is retried, 5xx (and an invalid address) fails for good, and
+// an enhanced status code (RFC 3463) that calls a 5xx reply transient makes it a retry too.
 //
 // What remains possible: a crash (or a lost connection) after the server accepted the message and before the
-// gateway recorded it. With OnCrash at_least_once (the default) the message is sent again, with the same
-// Message-ID, which mail systems and clients use to spot the duplicate; with at_most_once it is not resent and
-// the effect becomes "unknown" for an operator.
+// gateway recorded it. With the effect type's on_crash at_least_once (the default) the message is sent again,
+// with the same Message-ID, which mail systems and clients use to spot the duplicate; with at_most_once it is
+// not resent and the effect becomes "unknown" for an operator.
 package smtp
 
 import (
@@ -19,11 +20,12 @@ import (
 	"mime/quotedprintable"
 	"net"
 	"net/mail"
-	"net/smtp"
 	"net/textproto"
 	"strings"
 	"time"
 
+	"github.com/emersion/go-sasl"
+	gosmtp "github.com/emersion/go-smtp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -32,35 +34,46 @@ import (
 	"github.com/oncegate/oncegate/providers"
 )
 
-// Config configures the provider for one effect type.
+// Config configures the provider for one effect type. The attempt's timeout and what an interrupted delivery
+// does are the effect type's (its timeout and on_crash), handed to New as a providers.Type.
 type Config struct {
 	// Addr is the SMTP server, host:port.
 	Addr string `yaml:"addr"`
 	// From is the sender, as "Acme <noreply@acme.test>". Its domain names the Message-IDs.
 	From string `yaml:"from"`
-	// Username and Password turn on AUTH PLAIN, which Go's client only sends over TLS or to localhost.
+	// Username and Password turn on AUTH PLAIN, which is only sent over TLS or to localhost.
 	Username string `yaml:"username"`
 	Password string `yaml:"password"`
-	// StartTLS is "opportunistic" (the default: when the server offers it), "required" or "off".
+	// StartTLS is "opportunistic" (when the server offers it), "required" or "off". Defaults to
+	// DefaultStartTLS.
 	StartTLS string `yaml:"starttls"`
-	// Helo is the name sent in EHLO. Defaults to "localhost".
+	// Helo is the name sent in EHLO. Defaults to DefaultHelo.
 	Helo string `yaml:"helo"`
-	// OnCrash: at_least_once (default) or at_most_once, for deliveries interrupted after the message was sent.
-	OnCrash string `yaml:"on_crash"`
-	// Timeout bounds one attempt; the gateway reads it as the effect type's timeout.
-	Timeout time.Duration `yaml:"timeout"`
 }
+
+// Defaults of Config.
+const (
+	DefaultStartTLS = "opportunistic"
+	DefaultHelo     = "localhost"
+)
 
 // Provider sends email.
 type Provider struct {
 	cfg    Config
+	typ    providers.Type
 	host   string
 	from   *mail.Address
 	domain string
 }
 
-// New checks the configuration and returns a provider.
-func New(c Config) (*Provider, error) {
+// Validate reports the first setting that New would refuse, without building a provider.
+func (c Config) Validate() error {
+	_, err := c.resolve()
+	return err
+}
+
+// resolve checks the configuration and fills its defaults.
+func (c Config) resolve() (*Provider, error) {
 	host, _, err := net.SplitHostPort(c.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("smtp: addr %q: want host:port", c.Addr)
@@ -71,20 +84,28 @@ func New(c Config) (*Provider, error) {
 	}
 	switch c.StartTLS {
 	case "":
-		c.StartTLS = "opportunistic"
+		c.StartTLS = DefaultStartTLS
 	case "opportunistic", "required", "off":
 	default:
 		return nil, fmt.Errorf("smtp: starttls %q: want opportunistic, required or off", c.StartTLS)
 	}
-	switch c.OnCrash {
-	case "", "at_least_once", "at_most_once":
-	default:
-		return nil, fmt.Errorf("smtp: on_crash %q: want at_least_once or at_most_once", c.OnCrash)
-	}
 	if c.Helo == "" {
-		c.Helo = "localhost"
+		c.Helo = DefaultHelo
+	}
+	if strings.ContainsAny(c.Helo, " \t\r\n") {
+		return nil, fmt.Errorf("smtp: helo %q: want one host name", c.Helo)
 	}
 	return &Provider{cfg: c, host: host, from: from, domain: from.Address[strings.LastIndex(from.Address, "@")+1:]}, nil
+}
+
+// New checks the configuration and returns a provider for the effect type t.
+func New(c Config, t providers.Type) (*Provider, error) {
+	p, err := c.resolve()
+	if err != nil {
+		return nil, err
+	}
+	p.typ = t
+	return p, nil
 }
 
 // Payload is an email.
@@ -216,17 +237,54 @@ func (p *Provider) message(d providers.Delivery, pl parsed) []byte {
 	return b.Bytes()
 }
 
-// replyOutcome classifies an SMTP reply error: 4xx retry, 5xx failed for good from a server that is up.
-func replyOutcome(stage string, err error) (providers.Outcome, bool) {
-	var te *textproto.Error
-	if !errors.As(err, &te) {
+// ReplyError is an SMTP server's refusal at one stage of a delivery. It wraps the client's *smtp.SMTPError, so
+// errors.As finds the reply code and the enhanced status code.
+type ReplyError struct {
+	Stage string
+	Reply *gosmtp.SMTPError
+}
+
+func (e *ReplyError) Error() string {
+	code := ""
+	if ec := e.Reply.EnhancedCode; ec != (gosmtp.EnhancedCode{}) && ec != gosmtp.NoEnhancedCode {
+		code = fmt.Sprintf(" %d.%d.%d", ec[0], ec[1], ec[2])
+	}
+	return fmt.Sprintf("%s: %d%s %s", e.Stage, e.Reply.Code, code, e.Reply.Message)
+}
+
+func (e *ReplyError) Unwrap() error { return e.Reply }
+
+// Permanent reports whether the reply refuses for good: a 5xx reply whose enhanced status code, when it
+// has one, does not say class 4 (transient). Failing for good is final, so it takes both codes to agree; a
+// server that contradicts itself gets another attempt, which max_attempts bounds.
+func (e *ReplyError) Permanent() bool {
+	return e.Reply.Code >= 500 && e.Reply.EnhancedCode[0] != 4
+}
+
+// replyOutcome classifies an error that carries a server reply: failed for good by a server that is up when
+// the reply is permanent, retried otherwise. ok is false for any other error (a connection that broke, a
+// timeout).
+func replyOutcome(stage string, err error) (o providers.Outcome, ok bool) {
+	var reply *gosmtp.SMTPError
+	if !errors.As(err, &reply) {
 		return providers.Outcome{}, false
 	}
-	e := fmt.Errorf("%s: %d %s", stage, te.Code, te.Msg)
-	if te.Code >= 500 {
-		return providers.Failed(e, true), true
+	re := &ReplyError{Stage: stage, Reply: reply}
+	if re.Permanent() {
+		return providers.Failed(re, true), true
 	}
-	return providers.Retry(e), true
+	return providers.Retry(re), true
+}
+
+// step turns the error of one protocol step into its outcome; ok is false when there was no error.
+func step(stage string, err error) (providers.Outcome, bool) {
+	if err == nil {
+		return providers.Outcome{}, false
+	}
+	if o, ok := replyOutcome(stage, err); ok {
+		return o, true
+	}
+	return providers.Retry(fmt.Errorf("%s: %w", stage, err)), true
 }
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/providers/smtp")
@@ -238,10 +296,105 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	o := p.deliver(ctx, d)
 	span.SetAttributes(attribute.String("effect.outcome", o.Kind.String()))
 	if o.Err != nil {
+		var re *ReplyError
+		if errors.As(o.Err, &re) {
+			ec := re.Reply.EnhancedCode
+			span.SetAttributes(attribute.Int("smtp.reply_code", re.Reply.Code),
+				attribute.String("smtp.enhanced_code", fmt.Sprintf("%d.%d.%d", ec[0], ec[1], ec[2])))
+		}
 		span.RecordError(o.Err)
 		span.SetStatus(codes.Error, o.Err.Error())
 	}
 	return o
+}
+
+// boundConn caps every deadline the SMTP client sets at the attempt's own. go-smtp sets a deadline around
+// each command from its CommandTimeout, and clears it afterwards, which would otherwise let a command outlive
+// the effect type's timeout, and leave the message's writes with no deadline at all.
+type boundConn struct {
+	net.Conn
+	limit time.Time // zero: the attempt has no deadline
+}
+
+func (c boundConn) bound(t time.Time) time.Time {
+	if !c.limit.IsZero() && (t.IsZero() || t.After(c.limit)) {
+		return c.limit
+	}
+	return t
+}
+
+func (c boundConn) SetDeadline(t time.Time) error      { return c.Conn.SetDeadline(c.bound(t)) }
+func (c boundConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.bound(t)) }
+func (c boundConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.bound(t)) }
+
+// dial connects to the server for one attempt: every read and write ends at ctx's deadline, and the
+// connection is closed when ctx is cancelled (a dispatcher that shuts down).
+func (p *Provider) dial(ctx context.Context) (net.Conn, func(), error) {
+	var dialer net.Dialer
+	raw, err := dialer.DialContext(ctx, "tcp", p.cfg.Addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	conn := boundConn{Conn: raw}
+	if dl, ok := ctx.Deadline(); ok {
+		conn.limit = dl
+		_ = raw.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = raw.Close() })
+	return conn, func() { stop(); _ = raw.Close() }, nil
+}
+
+func (p *Provider) newClient(conn net.Conn) *gosmtp.Client {
+	c := gosmtp.NewClient(conn)
+	p.setTimeouts(c)
+	return c
+}
+
+func (p *Provider) setTimeouts(c *gosmtp.Client) {
+	// go-smtp's own defaults are RFC 5321's minutes; one attempt has the effect type's timeout in all.
+	if p.typ.Timeout > 0 {
+		c.CommandTimeout, c.SubmissionTimeout = p.typ.Timeout, p.typ.Timeout
+	}
+}
+
+// connect opens a session ready for MAIL FROM: greeting, EHLO, STARTTLS when wanted and offered, EHLO again
+// over TLS. go-smtp deliberately offers STARTTLS only as a way to open a client (a server must forget
+// whatever was said before TLS), so the server's offer is read on one connection and TLS started on a second.
+func (p *Provider) connect(ctx context.Context) (*gosmtp.Client, func(), providers.Outcome, bool) {
+	conn, closeConn, err := p.dial(ctx)
+	if err != nil {
+		return nil, nil, providers.Retry(fmt.Errorf("connect: %w", err)), false
+	}
+	c := p.newClient(conn)
+	if o, failed := step("greeting/EHLO", c.Hello(p.cfg.Helo)); failed {
+		closeConn()
+		return nil, nil, o, false
+	}
+	offered, _ := c.Extension("STARTTLS")
+	switch {
+	case !offered && p.cfg.StartTLS == "required":
+		closeConn()
+		return nil, nil, providers.Failed(errors.New("the server does not offer STARTTLS, which starttls: required demands"), true), false
+	case !offered || p.cfg.StartTLS == "off":
+		return c, closeConn, providers.Outcome{}, true
+	}
+	_ = c.Quit()
+	closeConn()
+
+	if conn, closeConn, err = p.dial(ctx); err != nil {
+		return nil, nil, providers.Retry(fmt.Errorf("connect: %w", err)), false
+	}
+	c, err = gosmtp.NewClientStartTLS(conn, &tls.Config{ServerName: p.host, MinVersion: tls.VersionTLS12})
+	if o, failed := step("STARTTLS", err); failed {
+		closeConn()
+		return nil, nil, o, false
+	}
+	p.setTimeouts(c)
+	if o, failed := step("EHLO", c.Hello(p.cfg.Helo)); failed {
+		closeConn()
+		return nil, nil, o, false
+	}
+	return c, closeConn, providers.Outcome{}, true
 }
 
 func (p *Provider) deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
@@ -250,57 +403,25 @@ func (p *Provider) deliver(ctx context.Context, d providers.Delivery) providers.
 		return providers.Failed(err, true)
 	}
 	msg := p.message(d, pl)
-	var dialer net.Dialer
-	conn, err := dialer.DialContext(ctx, "tcp", p.cfg.Addr)
-	if err != nil {
-		return providers.Retry(fmt.Errorf("connect: %w", err))
-	}
-	// Every read and write ends at the effect type's timeout.
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Now()) })
-	defer stop()
-	c, err := smtp.NewClient(conn, p.host)
-	if err != nil {
-		_ = conn.Close()
-		if o, ok := replyOutcome("greeting", err); ok {
-			return o
-		}
-		return providers.Retry(fmt.Errorf("greeting: %w", err))
-	}
-	defer c.Close()
-	step := func(stage string, err error) (providers.Outcome, bool) {
-		if err == nil {
-			return providers.Outcome{}, false
-		}
-		if o, ok := replyOutcome(stage, err); ok {
-			return o, true
-		}
-		return providers.Retry(fmt.Errorf("%s: %w", stage, err)), true
-	}
-	if o, failed := step("EHLO", c.Hello(p.cfg.Helo)); failed {
+	c, closeConn, o, ok := p.connect(ctx)
+	if !ok {
 		return o
 	}
-	if ok, _ := c.Extension("STARTTLS"); ok && p.cfg.StartTLS != "off" {
-		if o, failed := step("STARTTLS", c.StartTLS(&tls.Config{ServerName: p.host, MinVersion: tls.VersionTLS12})); failed {
-			return o
-		}
-	} else if p.cfg.StartTLS == "required" {
-		return providers.Failed(errors.New("the server does not offer STARTTLS, which starttls: required demands"), true)
-	}
+	defer closeConn()
 	if p.cfg.Username != "" {
-		if o, failed := step("AUTH", c.Auth(smtp.PlainAuth("", p.cfg.Username, p.cfg.Password, p.host))); failed {
+		if o, failed := step("AUTH", p.auth(c)); failed {
 			return o
 		}
 	}
-	if o, failed := step("MAIL FROM", c.Mail(p.from.Address)); failed {
+	// SMTPUTF8 whenever the server offers it, as net/smtp did: an address may be UTF-8.
+	utf8, _ := c.Extension("SMTPUTF8")
+	if o, failed := step("MAIL FROM", c.Mail(p.from.Address, &gosmtp.MailOptions{UTF8: utf8})); failed {
 		return o
 	}
 	n := 0
 	for _, list := range [][]*mail.Address{pl.to, pl.cc, pl.bcc} {
 		for _, a := range list {
-			if o, failed := step("RCPT TO "+a.Address, c.Rcpt(a.Address)); failed {
+			if o, failed := step("RCPT TO "+a.Address, c.Rcpt(a.Address, nil)); failed {
 				return o
 			}
 			n++
@@ -319,11 +440,19 @@ func (p *Provider) deliver(ctx context.Context, d providers.Delivery) providers.
 		}
 		// The message went out and no answer came back: the server may have accepted it.
 		err = fmt.Errorf("no answer after the message was sent (the server may have accepted it): %w", err)
-		if p.cfg.OnCrash == "at_most_once" {
+		if p.typ.AtMostOnce {
 			return providers.InDoubt(err)
 		}
 		return providers.Retry(err)
 	}
 	_ = c.Quit()
 	return providers.Delivered(map[string]any{"message_id": p.MessageID(d), "recipients": n})
+}
+
+// auth runs AUTH PLAIN, which sends the password as it is: only over TLS, or to this machine.
+func (p *Provider) auth(c *gosmtp.Client) error {
+	if _, isTLS := c.TLSConnectionState(); !isTLS && p.host != "localhost" && p.host != "127.0.0.1" && p.host != "::1" {
+		return errors.New("unencrypted connection: AUTH PLAIN is sent only over TLS or to localhost")
+	}
+	return c.Auth(sasl.NewPlainClient("", p.cfg.Username, p.cfg.Password))
 }

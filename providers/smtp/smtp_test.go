@@ -49,7 +49,7 @@ func (d dest) InvalidPayloads() map[string]json.RawMessage {
 
 func newProvider(t *testing.T, srv *smtptest.Server, onCrash string) *Provider {
 	t.Helper()
-	p, err := New(Config{Addr: srv.Addr, From: "Acme <noreply@acme.test>", OnCrash: onCrash})
+	p, err := New(Config{Addr: srv.Addr, From: "Acme <noreply@acme.test>"}, providers.Type{AtMostOnce: onCrash == "at_most_once"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,14 +153,14 @@ func TestConfigIsChecked(t *testing.T) {
 		{Addr: "no-port", From: "a@b.test"},
 		{Addr: "h:25", From: "not an address"},
 		{Addr: "h:25", From: "a@b.test", StartTLS: "sometimes"},
-		{Addr: "h:25", From: "a@b.test", OnCrash: "never"},
+		{Addr: "h:25", From: "a@b.test", Helo: "me\r\nRCPT TO:<x@y.test>"},
 	} {
-		if _, err := New(c); err == nil {
+		if _, err := New(c, providers.Type{}); err == nil || c.Validate() == nil {
 			t.Errorf("%+v accepted", c)
 		}
 	}
 	srv := smtptest.Start(t)
-	p, _ := New(Config{Addr: srv.Addr, From: "a@b.test", StartTLS: "required"})
+	p, _ := New(Config{Addr: srv.Addr, From: "a@b.test", StartTLS: "required"}, providers.Type{})
 	if o := p.Deliver(context.Background(), delivery("k", `{"to":["x@y.test"],"subject":"s","text":"t"}`)); o.Kind != providers.KindFailed {
 		t.Fatalf("starttls required against a server without it: %v %v", o.Kind, o.Err)
 	}

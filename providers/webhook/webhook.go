@@ -24,7 +24,8 @@ import (
 	"github.com/oncegate/oncegate/providers"
 )
 
-// Config configures the provider for one effect type.
+// Config configures the provider for one effect type. The attempt's timeout is the effect type's: the
+// context of each Deliver carries it.
 type Config struct {
 	// URL is the default endpoint; a payload may name another URL, on AllowedHosts only.
 	URL string `yaml:"url"`
@@ -35,10 +36,8 @@ type Config struct {
 	// each request carries one signature per secret.
 	Secret  string   `yaml:"secret"`
 	Secrets []string `yaml:"secrets"`
-	// AllowPrivateNetworks lets requests reach loopback, private and link-local addresses. Off by default.
+	// AllowPrivateNetworks lets requests reach loopback, private and link-local addresses. Defaults to false.
 	AllowPrivateNetworks bool `yaml:"allow_private_networks"`
-	// Timeout bounds one attempt; the gateway reads it as the effect type's timeout.
-	Timeout time.Duration `yaml:"timeout"`
 }
 
 // MaxResponse bounds the part of a receiver's answer that is kept in the effect's result.
@@ -52,9 +51,31 @@ type Provider struct {
 	client  *http.Client
 }
 
-// New checks the configuration and returns a provider.
+// Validate reports the first setting that New would refuse, without building a provider.
+func (c Config) Validate() error {
+	_, err := c.resolve()
+	return err
+}
+
+// New checks the configuration and returns a provider. Close releases its idle connections.
 func New(c Config) (*Provider, error) {
-	p := &Provider{client: safehttp.Client(c.AllowPrivateNetworks)}
+	p, err := c.resolve()
+	if err != nil {
+		return nil, err
+	}
+	p.client = safehttp.Client(c.AllowPrivateNetworks)
+	return p, nil
+}
+
+// Close releases the provider's idle connections. Deliveries must have stopped.
+func (p *Provider) Close() error {
+	p.client.CloseIdleConnections()
+	return nil
+}
+
+// resolve checks the configuration and parses its URL and secrets.
+func (c Config) resolve() (*Provider, error) {
+	p := &Provider{}
 	if c.URL != "" {
 		u, err := parseURL(c.URL)
 		if err != nil {

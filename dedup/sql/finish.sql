@@ -1,7 +1,9 @@
 -- Records a terminal outcome (delivered, failed, dead or unknown) under the lease: the outbox row goes and
 -- the effect takes its final status. No row comes back when the lease was lost, and then nothing changed.
 -- Waiters are told by the dispatcher, which batches the notifications (a NOTIFY in every one of these
--- transactions would serialise their commits). $1 effect id, $2 lease token, $3 status, $4 result, $5 last error, $6 attempts to add
+-- transactions would serialise their commits).
+-- $1 effect id, $2 lease token, $3 status, $4 result or NULL to keep it, $5 last error, $6 attempts to add,
+-- $7 whether the effect was delivered (then delivered_at is now)
 WITH gone AS (
     DELETE FROM oncegate_outbox
     WHERE effect_id = $1 AND lease_token = $2
@@ -12,7 +14,7 @@ SET status = $3,
     attempts = e.attempts + $6,
     result = COALESCE($4, e.result),
     last_error = $5,
-    delivered_at = CASE WHEN $3 = 'delivered' THEN now() ELSE e.delivered_at END,
+    delivered_at = CASE WHEN $7::boolean THEN now() ELSE e.delivered_at END,
     next_attempt_at = NULL,
     finished_at = now(),
     updated_at = now()

@@ -1,5 +1,5 @@
 -- Leases up to $2 due outbox rows of effect type $1 to dispatcher $3 for $4 milliseconds, and marks their
--- effects delivering, in one statement. SKIP LOCKED lets any number of dispatchers claim at once without
+-- effects $5 (delivering), in one statement. SKIP LOCKED lets any number of dispatchers claim at once without
 -- waiting on each other or taking the same row. A row whose lease expired is due again: its dispatcher died
 -- mid-delivery, and `rescued` tells the caller that the attempt may have reached the provider.
 WITH due AS (
@@ -21,7 +21,7 @@ WITH due AS (
     RETURNING o.effect_id, o.lease_token, due.rescued, o.trace
 )
 UPDATE oncegate_effects e
-SET status = 'delivering', updated_at = now()
+SET status = $5, updated_at = now()
 FROM claimed
 WHERE e.id = claimed.effect_id
 RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.payload, e.attempts, e.created_at,

@@ -1,0 +1,116 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+var (
+	// ErrNotFound: the tenant has no effect under that key.
+	ErrNotFound = errors.New("dedup: no effect under that key")
+	// ErrNotRetryable: only effects in one of effect.RetryableStatuses can be sent back to pending.
+	ErrNotRetryable = errors.New("dedup: effect is not dead, failed or unknown")
+	// ErrBadCursor is returned for a cursor that no page handed out.
+	ErrBadCursor = errors.New("dedup: invalid cursor")
+	// ErrLeaseLost: the lease named in a write is no longer the row's (it expired and another dispatcher
+	// claimed the row, or an operator retried it); nothing was written.
+	ErrLeaseLost = errors.New("dedup: lease lost; another dispatcher owns the row")
+	// ErrUnavailable wraps an error that means the database cannot be reached right now (down, restarting,
+	// out of connections, a network fault, a timeout): the same call may succeed later.
+	ErrUnavailable = errors.New("dedup: database unavailable")
+	// ErrUnstorable wraps an error that means Postgres refuses the data itself (a \u0000 in JSON, an
+	// untranslatable character, a value over a limit): the same call will fail again. *UnstorableError
+	// carries Postgres's reason.
+	ErrUnstorable = errors.New("dedup: data cannot be stored")
+)
+
+// UnstorableError is the form ErrUnstorable takes: errors.Is(err, ErrUnstorable) holds for it, and Reason says
+// what Postgres refused, in words fit for the client that sent the data.
+type UnstorableError struct {
+	Reason string
+	Err    error
+}
+
+func (e *UnstorableError) Error() string { return "dedup: data cannot be stored: " + e.Reason }
+
+func (e *UnstorableError) Unwrap() []error { return []error{ErrUnstorable, e.Err} }
+
+// FencedError is returned when a request names a queue job under an epoch lower than one the gateway has
+// seen for that job: the worker lost its lease to a successor, and may not start effects any more.
+type FencedError struct {
+	JobID string
+	Epoch int64
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("dedup: job %q is fenced: epoch %d is behind a newer lease of the job", e.JobID, e.Epoch)
+}
+
+// KeyReusedError is returned when a key the tenant already used arrives with another request.
+type KeyReusedError struct {
+	Key      string
+	Existing *Effect
+}
+
+func (e *KeyReusedError) Error() string {
+	return fmt.Sprintf("dedup: idempotency key %q was used for another request", e.Key)
+}
+
+// translate is where driver errors become the store's: it wraps err with ErrUnavailable or as an
+// *UnstorableError when it is one of those, and adds op. Callers branch with errors.Is and never read SQLSTATE
+// codes or error text themselves.
+func translate(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case unavailable(err):
+		return &wrapped{msg: "dedup: " + op + ": database unavailable", sentinel: ErrUnavailable, err: err}
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && unstorable(pgErr.Code) {
+		return &UnstorableError{Reason: pgErr.Message, Err: err}
+	}
+	return fmt.Errorf("dedup: %s: %w", op, err)
+}
+
+// wrapped is err under a sentinel, whose own text would stutter in the message.
+type wrapped struct {
+	msg      string
+	sentinel error
+	err      error
+}
+
+func (w *wrapped) Error() string   { return w.msg + ": " + w.err.Error() }
+func (w *wrapped) Unwrap() []error { return []error{w.sentinel, w.err} }
+
+// unstorable reports whether a SQLSTATE says the data is at fault: class 22 (data exception: invalid or
+// untranslatable characters, \u0000 in jsonb, values out of range) and class 54 (program limit exceeded).
+func unstorable(code string) bool {
+	return strings.HasPrefix(code, "22") || strings.HasPrefix(code, "54")
+}
+
+// unavailable reports whether err means the database cannot be reached right now, as opposed to a bug.
+func unavailable(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		// 08: connection exception; 57P01-03: admin shutdown, crash shutdown, cannot connect now (starting or
+		// in recovery); 53300: too many connections.
+		c := pgErr.Code
+		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "53300"
+	}
+	var netErr net.Error
+	var connErr *pgconn.ConnectError
+	return errors.As(err, &connErr) || errors.As(err, &netErr) || errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) || errors.Is(err, pgconn.ErrConnClosed) ||
+		pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
+		// pgxpool returns puddle's ErrClosedPool, which is not worth a direct dependency to name.
+		strings.Contains(err.Error(), "closed pool")
+}

@@ -1,0 +1,158 @@
+package dedup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/pgtest"
+)
+
+// Driver errors become the store's sentinels here, and nowhere else: the gateway branches on them alone.
+func TestTranslate(t *testing.T) {
+	t.Parallel()
+	pg := func(code string) error { return &pgconn.PgError{Code: code, Message: "msg " + code} }
+	cases := []struct {
+		err                     error
+		unavailable, unstorable bool
+	}{
+		{pg("08006"), true, false},  // connection failure
+		{pg("57P01"), true, false},  // admin shutdown
+		{pg("57P03"), true, false},  // cannot connect now
+		{pg("53300"), true, false},  // too many connections
+		{pg("22P05"), false, true},  // untranslatable character (\u0000 in jsonb)
+		{pg("22021"), false, true},  // invalid byte sequence
+		{pg("54000"), false, true},  // program limit exceeded
+		{pg("23505"), false, false}, // a unique violation is a bug here, not either
+		{&net.OpError{Op: "dial", Err: errors.New("refused")}, true, false},
+		{fmt.Errorf("wrapped: %w", context.DeadlineExceeded), true, false},
+		{pgconn.ErrConnClosed, true, false},
+		{context.Canceled, false, false},
+		{errors.New("something else"), false, false},
+	}
+	for _, c := range cases {
+		err := translate("op", c.err)
+		if errors.Is(err, ErrUnavailable) != c.unavailable || errors.Is(err, ErrUnstorable) != c.unstorable {
+			t.Errorf("translate(%v) = %v: unavailable %v, unstorable %v", c.err, err,
+				errors.Is(err, ErrUnavailable), errors.Is(err, ErrUnstorable))
+		}
+		if !errors.Is(err, c.err) {
+			t.Errorf("translate(%v) lost the driver's error", c.err)
+		}
+	}
+	var ue *UnstorableError
+	if !errors.As(translate("op", pg("22P05")), &ue) || ue.Reason != "msg 22P05" {
+		t.Fatalf("an unstorable error without Postgres's reason: %+v", ue)
+	}
+}
+
+func newStore(t *testing.T) (*Store, *pgxpool.Pool) {
+	t.Helper()
+	pool := pgtest.Pool(t, pgtest.Database(t))
+	return NewStore(pool), pool
+}
+
+func create(t *testing.T, s *Store, key string) *Effect {
+	t.Helper()
+	e, _, err := s.Create(context.Background(), NewEffect{Tenant: "t", Key: key, Type: "typ", Payload: json.RawMessage(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func claimOne(t *testing.T, s *Store) Claimed {
+	t.Helper()
+	rows, err := s.Claim(context.Background(), ClaimParams{Type: "typ", Limit: 10, Owner: "me", Lease: time.Minute})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("claim: %d rows, err %v", len(rows), err)
+	}
+	return rows[0]
+}
+
+// The lifecycle under a lease: a claim marks the effect delivering, a reschedule puts it back, and only the
+// current lease's Finish records the outcome.
+func TestLifecycleUnderLease(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	create(t, s, "k")
+	first := claimOne(t, s)
+	if e, _ := s.Get(ctx, "t", "k"); e.Status != effect.StatusDelivering {
+		t.Fatalf("claimed effect is %s", e.Status)
+	}
+	if err := s.Reschedule(ctx, first.Lease, Reschedule{LastError: "503", Attempted: true}); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := s.Get(ctx, "t", "k"); e.Status != effect.StatusPending || e.Attempts != 1 || *e.LastError != "503" {
+		t.Fatalf("rescheduled effect: %+v", e)
+	}
+	second := claimOne(t, s)
+	if err := s.Finish(ctx, first.Lease, Finish{Status: effect.StatusDelivered, Attempted: true}); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("finish under the old lease: %v, want ErrLeaseLost", err)
+	}
+	if err := s.Finish(ctx, second.Lease, Finish{Status: effect.StatusPending}); err == nil {
+		t.Fatal("finish with a status that is not terminal was accepted")
+	}
+	if err := s.Finish(ctx, second.Lease, Finish{Status: effect.StatusDelivered, Result: json.RawMessage(`{"id":1}`),
+		Attempted: true}); err != nil {
+		t.Fatal(err)
+	}
+	e, _ := s.Get(ctx, "t", "k")
+	if e.Status != effect.StatusDelivered || e.Attempts != 2 || e.DeliveredAt == nil || e.LastError != nil {
+		t.Fatalf("finished effect: %+v", e)
+	}
+	if _, err := s.Retry(ctx, "t", "k"); !errors.Is(err, ErrNotRetryable) {
+		t.Fatalf("retry of a delivered effect: %v", err)
+	}
+}
+
+// Finish inside a transaction commits or rolls back with it: what a TxProvider's delivery relies on.
+func TestFinishInTransaction(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t)
+	ctx := context.Background()
+	create(t, s, "k")
+	c := claimOne(t, s)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WithTx(tx).Finish(ctx, c.Lease, Finish{Status: effect.StatusDelivered, Attempted: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if e, _ := s.Get(ctx, "t", "k"); e.Status != effect.StatusDelivering {
+		t.Fatalf("a rolled-back finish left the effect %s", e.Status)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox"); n != 1 {
+		t.Fatalf("a rolled-back finish took the outbox row: %d left", n)
+	}
+}
+
+// What Postgres refuses and a database that is gone come back as the store's errors, from a real server.
+func TestCreateErrorsAreTranslated(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t)
+	ctx := context.Background()
+	_, _, err := s.Create(ctx, NewEffect{Tenant: "t", Key: "nul", Type: "typ", Payload: json.RawMessage(`{"x":"\u0000"}`)})
+	var ue *UnstorableError
+	if !errors.As(err, &ue) || !errors.Is(err, ErrUnstorable) || errors.Is(err, ErrUnavailable) || ue.Reason == "" {
+		t.Fatalf("a \\u0000 payload: %v", err)
+	}
+	pool.Close()
+	_, _, err = s.Create(ctx, NewEffect{Tenant: "t", Key: "k", Type: "typ", Payload: json.RawMessage(`{}`)})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("create on a closed pool: %v, want ErrUnavailable", err)
+	}
+}

@@ -1,0 +1,52 @@
+// Package deptest checks which packages a package links, in the manner of Tailscale's tstest/deptest: an
+// import that drags a whole driver into a binary that never talks to it is a review comment nobody makes twice,
+// so a test makes it instead.
+package deptest
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// Rule forbids Package, and everything it imports, from linking any package whose import path is one of
+// Forbidden or lies below one of them.
+type Rule struct {
+	Package   string
+	Forbidden []string
+	// Why is printed with a violation, so the failure explains the rule.
+	Why string
+}
+
+// Deps lists the import paths pkg links, itself included, test files excluded.
+func Deps(t testing.TB, pkg string) []string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("deptest needs the go command: %v", err)
+	}
+	out, err := exec.Command(goBin, "list", "-deps", pkg).Output()
+	if err != nil {
+		msg := ""
+		if ee, ok := err.(*exec.ExitError); ok {
+			msg = string(ee.Stderr)
+		}
+		t.Fatalf("go list -deps %s: %v\n%s", pkg, err, msg)
+	}
+	return strings.Fields(string(out))
+}
+
+// Check fails t once for every entry of r.Forbidden that r.Package links, naming one linked package of it.
+func Check(t *testing.T, r Rule) {
+	t.Helper()
+	deps := Deps(t, r.Package)
+	for _, f := range r.Forbidden {
+		for _, dep := range deps {
+			if dep == f || strings.HasPrefix(dep, f+"/") {
+				t.Errorf("%s links %s, which it must not (`go mod why -m` or `go list -deps` shows the path): %s",
+					r.Package, dep, r.Why)
+				break
+			}
+		}
+	}
+}

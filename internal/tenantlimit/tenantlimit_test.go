@@ -1,0 +1,57 @@
+package tenantlimit
+
+import (
+	"testing"
+	"time"
+)
+
+func TestRequestsAreBucketedPerTenant(t *testing.T) {
+	t.Parallel()
+	l := New(func(tenant string) Limits {
+		if tenant == "free" {
+			return Limits{RequestsPerSecond: 2, RequestBurst: 3}
+		}
+		return Limits{}
+	})
+	now := time.Unix(1_000_000, 0)
+	for i := range 3 {
+		if ok, _ := l.Request("free", now); !ok {
+			t.Fatalf("request %d of a burst of 3 refused", i+1)
+		}
+	}
+	ok, after := l.Request("free", now)
+	if ok || after != 500*time.Millisecond {
+		t.Fatalf("4th request at once: ok=%v retry after %v, want refused for 500ms", ok, after)
+	}
+	// A refusal costs nothing: half a second later exactly one more fits.
+	if ok, _ := l.Request("free", now.Add(500*time.Millisecond)); !ok {
+		t.Fatal("refused after the bucket refilled one token")
+	}
+	for range 1000 {
+		if ok, _ := l.Request("unlimited", now); !ok {
+			t.Fatal("a tenant without limits was limited")
+		}
+	}
+}
+
+func TestBytes(t *testing.T) {
+	t.Parallel()
+	l := New(func(string) Limits { return Limits{BytesPerSecond: 1000, ByteBurst: 4000} })
+	now := time.Unix(1_000_000, 0)
+	if ok, _ := l.Bytes("a", now, 3000); !ok {
+		t.Fatal("3000 bytes of a 4000 burst refused")
+	}
+	ok, after := l.Bytes("a", now, 2000)
+	if ok || after != time.Second {
+		t.Fatalf("2000 more bytes: ok=%v after %v, want refused for 1s", ok, after)
+	}
+	if ok, after := l.Bytes("a", now, 5000); ok || after >= 0 {
+		t.Fatalf("a body beyond the burst: ok=%v after %v, want refused for good", ok, after)
+	}
+	if ok, _ := l.Bytes("b", now, 4000); !ok {
+		t.Fatal("tenant b was charged for tenant a's bytes")
+	}
+	if got := RetryAfterSeconds(1200 * time.Millisecond); got != 2 {
+		t.Fatalf("RetryAfterSeconds(1.2s) = %d, want 2", got)
+	}
+}

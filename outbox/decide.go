@@ -1,0 +1,121 @@
+package outbox
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// policy is what decide knows of an effect type.
+type policy struct {
+	onCrash     OnCrash
+	tx          bool // a providers.TxProvider: its effect commits with its record, so it has no crash window
+	maxAttempts int
+	// retryDelay is the (jittered) wait after the given failed attempt, 1-based.
+	retryDelay func(attempt int) time.Duration
+}
+
+// stage is how far the delivery of a claimed row got.
+type stage int
+
+const (
+	stageClaimed   stage = iota // claimed, nothing tried yet
+	stageRefused                // the breaker kept the call from the destination
+	stageAttempted              // the provider was called; the outcome says how it went
+)
+
+// event is what decide is asked about.
+type event struct {
+	stage   stage
+	outcome providers.Outcome // stageAttempted
+	// stopping is set when the delivery's context ended (shutdown cancelled the attempt).
+	stopping bool
+}
+
+type actionKind int
+
+const (
+	actDeliver    actionKind = iota + 1 // call the provider
+	actFinish                           // record a terminal status (dedup.Store.Finish)
+	actReschedule                       // put the row back to wait (dedup.Store.Reschedule)
+)
+
+// action is what happens next to a row.
+type action struct {
+	kind       actionKind
+	finish     dedup.Finish     // actFinish
+	reschedule dedup.Reschedule // actReschedule
+	// msg, when set, is logged at level with err: why the row went where it went.
+	msg   string
+	level slog.Level
+	err   error
+}
+
+// rescueUnknown is the error an at-most-once rescue leaves on the effect, for the operator.
+const rescueUnknown = "a gateway died while delivering this effect, so it may or may not have happened; " +
+	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
+
+// decide is the dispatcher's whole delivery policy, without I/O: given how far a claimed row got, it says
+// what happens next. docs/effects.md draws the transitions it makes.
+//
+//   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
+//     finished unknown, uncharged, rather than risk a second delivery; a TxProvider has no crash window, so
+//     its rows are always delivered. Every other row is delivered.
+//   - The breaker refused the call, or shutdown cancelled a transient attempt: the row is handed back at
+//     once, uncharged, for any gateway.
+//   - Delivered, failed and in doubt finish the effect as delivered, failed and unknown.
+//   - A transient failure is retried after the backoff delay (the destination's Retry-After wins), until the
+//     attempts reach the type's maximum: then the effect is dead.
+func decide(ev event, r dedup.Claimed, p policy) action {
+	switch ev.stage {
+	case stageClaimed:
+		if r.Rescued && p.onCrash == AtMostOnce && !p.tx {
+			return action{kind: actFinish,
+				finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown},
+				msg:    "rescued a delivery interrupted by a crash; on_crash is at_most_once, so it is not resent",
+				level:  slog.LevelWarn}
+		}
+		return action{kind: actDeliver}
+	case stageRefused:
+		return action{kind: actReschedule}
+	}
+
+	out := ev.outcome
+	errText := ""
+	if out.Err != nil {
+		errText = out.Err.Error()
+	}
+	finish := func(s effect.Status, lastErr string) dedup.Finish {
+		return dedup.Finish{Status: s, Result: out.Result, LastError: lastErr, Attempted: true}
+	}
+	switch out.Kind {
+	case providers.KindDelivered:
+		return action{kind: actFinish, finish: finish(effect.StatusDelivered, "")}
+	case providers.KindFailed:
+		return action{kind: actFinish, finish: finish(effect.StatusFailed, errText),
+			msg: "delivery failed permanently", level: slog.LevelWarn, err: out.Err}
+	case providers.KindInDoubt:
+		return action{kind: actFinish, finish: finish(effect.StatusUnknown, errText),
+			msg: "delivery in doubt", level: slog.LevelWarn, err: out.Err}
+	}
+	if ev.stopping {
+		return action{kind: actReschedule}
+	}
+	attempt := r.Attempts + 1
+	if attempt >= p.maxAttempts {
+		return action{kind: actFinish,
+			finish: finish(effect.StatusDead, fmt.Sprintf("failed %d of %d attempts: %s", attempt, p.maxAttempts, errText)),
+			msg:    "delivery failed; retries used up", level: slog.LevelError, err: out.Err}
+	}
+	delay := out.RetryAfter
+	if delay <= 0 {
+		delay = p.retryDelay(attempt)
+	}
+	return action{kind: actReschedule,
+		reschedule: dedup.Reschedule{Delay: delay, LastError: errText, Attempted: true},
+		msg:        "delivery failed; will retry", level: slog.LevelInfo, err: out.Err}
+}

@@ -1,0 +1,77 @@
+package outbox
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// decide is the whole delivery policy; these cases run it without Postgres or providers.
+func TestDecide(t *testing.T) {
+	t.Parallel()
+	// The backoff delay after attempt n is n seconds here, so the arithmetic shows.
+	p := func(onCrash OnCrash, tx bool) policy {
+		return policy{onCrash: onCrash, tx: tx, maxAttempts: 3,
+			retryDelay: func(n int) time.Duration { return time.Duration(n) * time.Second }}
+	}
+	least, most, mostTx := p(AtLeastOnce, false), p(AtMostOnce, false), p(AtMostOnce, true)
+	fresh := dedup.Claimed{Attempts: 0}
+	rescued := dedup.Claimed{Attempts: 1, Rescued: true}
+	second := dedup.Claimed{Attempts: 1}
+	last := dedup.Claimed{Attempts: 2}
+	attempted := func(o providers.Outcome) event { return event{stage: stageAttempted, outcome: o} }
+	boom := errors.New("503 busy")
+
+	cases := []struct {
+		name string
+		ev   event
+		row  dedup.Claimed
+		p    policy
+		want action
+	}{
+		{"a fresh row is delivered", event{stage: stageClaimed}, fresh, most, action{kind: actDeliver}},
+		{"at_least_once resends a rescued row", event{stage: stageClaimed}, rescued, least, action{kind: actDeliver}},
+		{"at_most_once marks a rescued row unknown, uncharged", event{stage: stageClaimed}, rescued, most,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown}}},
+		{"a TxProvider has no crash window: its rescued row is resent", event{stage: stageClaimed}, rescued, mostTx,
+			action{kind: actDeliver}},
+		{"an open breaker hands the row back at once, uncharged", event{stage: stageRefused}, last, least,
+			action{kind: actReschedule}},
+		{"delivered", attempted(providers.Outcome{Kind: providers.KindDelivered, Result: []byte(`{"id":1}`)}), fresh, least,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDelivered, Result: []byte(`{"id":1}`), Attempted: true}}},
+		{"failed for good", attempted(providers.Failed(errors.New("550 no such user"), true)), fresh, least,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusFailed, LastError: "550 no such user", Attempted: true}}},
+		{"in doubt is unknown", attempted(providers.InDoubt(errors.New("lost after DATA"))), fresh, least,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusUnknown, LastError: "lost after DATA", Attempted: true}}},
+		{"a transient failure backs off", attempted(providers.Retry(boom)), second, least,
+			action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: 2 * time.Second, LastError: "503 busy", Attempted: true}}},
+		{"Retry-After wins over the backoff", attempted(providers.RetryAfter(90*time.Second, boom)), fresh, least,
+			action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: 90 * time.Second, LastError: "503 busy", Attempted: true}}},
+		{"the last attempt's transient failure is dead", attempted(providers.RetryAfter(time.Second, boom)), last, least,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: "failed 3 of 3 attempts: 503 busy", Attempted: true}}},
+		{"shutdown hands a cancelled attempt back, uncharged",
+			event{stage: stageAttempted, outcome: providers.Retry(errors.New("context canceled")), stopping: true}, last, least,
+			action{kind: actReschedule}},
+		{"an outcome that came before the shutdown is recorded",
+			event{stage: stageAttempted, outcome: providers.Delivered(nil), stopping: true}, fresh, least,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDelivered, Result: []byte("null"), Attempted: true}}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := decide(c.ev, c.row, c.p)
+			if got.kind != c.want.kind || got.finish.Status != c.want.finish.Status ||
+				string(got.finish.Result) != string(c.want.finish.Result) ||
+				got.finish.LastError != c.want.finish.LastError || got.finish.Attempted != c.want.finish.Attempted ||
+				got.reschedule != c.want.reschedule {
+				t.Fatalf("decide = %+v\n          want %+v", got, c.want)
+			}
+			if got.kind == actFinish && !got.finish.Status.Terminal() {
+				t.Fatalf("finish with %s, which is not terminal", got.finish.Status)
+			}
+		})
+	}
+}

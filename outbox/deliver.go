@@ -1,0 +1,184 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// errBreakerFailure tells the breaker that an attempt failed in a way that says the destination is unwell.
+var errBreakerFailure = errors.New("outbox: destination failure")
+
+// deliver takes one claimed row to its next state: it asks decide, calls the provider when told to, asks
+// decide again about the outcome, and records what decide said under the row's lease.
+func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed) {
+	// The delivery continues the trace of the request that created the effect.
+	ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(r.Trace))
+	stableID := providers.StableID(r.Tenant, r.Key)
+	ctx, span := tracer.Start(ctx, "outbox.dispatch "+t.Name, trace.WithAttributes(
+		attribute.String("effect.type", t.Name), attribute.String("idempotency.key", r.Key),
+		attribute.Int("effect.attempt", r.Attempts+1), attribute.Bool("effect.rescued", r.Rescued),
+		attribute.String("effect.stable_id", stableID)))
+	defer span.End()
+	log := d.log.With("type", t.Name, "effect", r.EffectID, "tenant", r.Tenant, "key", r.Key, "attempt", r.Attempts+1)
+
+	if r.Rescued {
+		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
+	}
+	act := decide(event{stage: stageClaimed}, r, t.policy)
+	if act.kind == actDeliver {
+		ev, recorded := d.attempt(ctx, log, t, r, stableID)
+		if ev.stage == stageAttempted {
+			traceOutcome(span, ev.outcome)
+		}
+		if recorded {
+			return
+		}
+		act = decide(ev, r, t.policy)
+	}
+	d.apply(log, t, r, act)
+}
+
+// attempt calls the provider through the type's breaker, timed and counted, and says what became of the call.
+// recorded is set when a TxProvider's delivery was recorded (or lost its lease) in the provider's transaction.
+func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectType, r dedup.Claimed,
+	stableID string) (ev event, recorded bool) {
+	del := providers.Delivery{Tenant: r.Tenant, Key: r.Key, Type: r.Type, StableID: stableID, Payload: r.Payload,
+		Attempt: r.Attempts + 1, Rescued: r.Rescued, CreatedAt: r.CreatedAt}
+	start := time.Now()
+	out, err := t.breaker.Execute(func() (providers.Outcome, error) {
+		actx, cancel := context.WithTimeout(ctx, t.Timeout)
+		defer cancel()
+		var o providers.Outcome
+		if txp, ok := t.Provider.(providers.TxProvider); ok {
+			o, recorded = d.attemptTx(actx, log, txp, t, r, del)
+		} else {
+			o = t.Provider.Deliver(actx, del)
+		}
+		if destinationFailure(o) {
+			return o, errBreakerFailure
+		}
+		return o, nil
+	})
+	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(time.Since(start).Seconds())
+	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		return event{stage: stageRefused}, false
+	}
+	d.metrics.Attempts.WithLabelValues(t.Name, out.Kind.String()).Inc()
+	return event{stage: stageAttempted, outcome: out, stopping: ctx.Err() != nil}, recorded
+}
+
+// destinationFailure reports whether an outcome counts against the destination in its breaker: transient
+// failures and doubt do, and so does a permanent failure that the destination did not answer itself.
+func destinationFailure(o providers.Outcome) bool {
+	return o.Kind == providers.KindRetry || o.Kind == providers.KindInDoubt ||
+		(o.Kind == providers.KindFailed && !o.DestinationUp)
+}
+
+// attemptTx runs a TxProvider and, when it delivered, records that in the same transaction, with the same
+// dedup.Store.Finish as any other outcome: the effect and its record commit together, or neither does.
+func (d *Dispatcher) attemptTx(ctx context.Context, log *slog.Logger, p providers.TxProvider, t *effectType,
+	r dedup.Claimed, del providers.Delivery) (out providers.Outcome, recorded bool) {
+	tx, err := d.pool.Begin(ctx)
+	if err != nil {
+		return providers.Retry(fmt.Errorf("begin: %w", err)), false
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	out = p.DeliverTx(ctx, tx, del)
+	if out.Kind != providers.KindDelivered {
+		return out, false
+	}
+	act := decide(event{stage: stageAttempted, outcome: out}, r, t.policy)
+	err = d.store.WithTx(tx).Finish(ctx, r.Lease, act.finish)
+	if errors.Is(err, dedup.ErrLeaseLost) {
+		log.Warn("lease lost before the delivery committed; another dispatcher owns the row, nothing recorded")
+		return out, true
+	}
+	if err != nil {
+		return providers.Retry(fmt.Errorf("record delivery: %w", err)), false
+	}
+	if err := tx.Commit(ctx); err != nil {
+		// Whether the commit happened is unknown; if it did not, the lease expires and the row is delivered
+		// again, which the provider's own constraint keeps to one effect.
+		log.Warn("commit of a delivery failed; the row will be rescued after its lease", "err", err)
+		return out, true
+	}
+	d.finishedEffect(t, act.finish.Status, r.EffectID)
+	return out, true
+}
+
+func traceOutcome(span trace.Span, out providers.Outcome) {
+	span.SetAttributes(attribute.String("effect.outcome", out.Kind.String()))
+	if out.Err != nil {
+		span.RecordError(out.Err)
+		if out.Kind != providers.KindDelivered {
+			span.SetStatus(codes.Error, out.Err.Error())
+		}
+	}
+}
+
+// apply records an action decided for a claimed row, under its lease. A write that fails leaves the row
+// leased: it is rescued when the lease runs out, so the failure costs time, never the effect.
+func (d *Dispatcher) apply(log *slog.Logger, t *effectType, r dedup.Claimed, act action) {
+	if act.msg != "" {
+		args := []any{"err", act.err}
+		if act.kind == actReschedule {
+			args = append(args, "in", act.reschedule.Delay.String())
+		}
+		log.Log(context.Background(), act.level, act.msg, args...)
+	}
+	ctx, cancel := d.dbContext()
+	defer cancel()
+	switch act.kind {
+	case actFinish:
+		err := d.store.Finish(ctx, r.Lease, act.finish)
+		switch {
+		case errors.Is(err, dedup.ErrLeaseLost):
+			log.Warn("lease lost before the outcome was recorded; another dispatcher owns the row", "status", act.finish.Status)
+		case err != nil:
+			log.Error("recording the outcome failed; the row will be rescued after its lease", "status", act.finish.Status, "err", err)
+		default:
+			d.finishedEffect(t, act.finish.Status, r.EffectID)
+		}
+	case actReschedule:
+		err := d.store.Reschedule(ctx, r.Lease, act.reschedule)
+		switch {
+		case errors.Is(err, dedup.ErrLeaseLost):
+			log.Warn("lease lost before the row was rescheduled; another dispatcher owns it")
+		case err != nil:
+			log.Error("rescheduling failed; the row will be rescued after its lease", "err", err)
+		}
+	}
+}
+
+// finishedEffect counts an effect this dispatcher brought to a terminal status, wakes this gateway's waiters
+// at once, and queues the ID for the other gateways (notify.go).
+func (d *Dispatcher) finishedEffect(t *effectType, s effect.Status, id int64) {
+	d.metrics.Finished.WithLabelValues(t.Name, string(s)).Inc()
+	if d.cfg.OnFinished != nil {
+		d.cfg.OnFinished(id)
+	}
+	d.finishedMu.Lock()
+	d.finished = append(d.finished, id)
+	first := len(d.finished) == 1
+	d.finishedMu.Unlock()
+	if first {
+		select {
+		case d.notifyNow <- struct{}{}:
+		default:
+		}
+	}
+}

@@ -1,0 +1,40 @@
+package outbox
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the dispatcher's collectors, built per dispatcher so that two gateways in one process (tests
+// run many) count apart. Register Collectors() on the registry that serves /metrics.
+type Metrics struct {
+	Attempts        *prometheus.CounterVec   // oncegate_delivery_attempts_total{type, outcome}
+	Finished        *prometheus.CounterVec   // oncegate_effects_finished_total{type, status}
+	DispatchLatency *prometheus.HistogramVec // oncegate_dispatch_duration_seconds{type}
+	BreakerState    *prometheus.GaugeVec     // oncegate_breaker_state{type}
+	Rescued         *prometheus.CounterVec   // oncegate_rescued_total{type}
+}
+
+// NewMetrics returns a new set of the dispatcher's collectors.
+func NewMetrics() *Metrics {
+	return &Metrics{
+		Attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_delivery_attempts_total", Help: "Delivery attempts by effect type and outcome.",
+		}, []string{"type", "outcome"}),
+		Finished: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_effects_finished_total", Help: "Effects that reached a terminal status.",
+		}, []string{"type", "status"}),
+		DispatchLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "oncegate_dispatch_duration_seconds", Help: "Time of one delivery attempt, provider call included.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
+		}, []string{"type"}),
+		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "oncegate_breaker_state", Help: "Circuit breaker per effect type: 0 closed, 1 half-open, 2 open.",
+		}, []string{"type"}),
+		Rescued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_rescued_total", Help: "Outbox rows claimed again after their dispatcher's lease expired.",
+		}, []string{"type"}),
+	}
+}
+
+// Collectors lists the collectors, for prometheus.Registerer.MustRegister.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Attempts, m.Finished, m.DispatchLatency, m.BreakerState, m.Rescued}
+}

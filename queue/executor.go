@@ -1,0 +1,157 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// The executor runs handlers, one per leased job, each in a slot of its own. A run is keyed by (job ID,
+// epoch), so that losing a lease cancels exactly the run that held it, even when the same process leased the
+// job again meanwhile.
+
+// runKey names one run of a job: a job taken back and leased again by the same process is a new run, and
+// losing a lease concerns exactly the run that held it.
+type runKey struct {
+	id    string
+	epoch int64
+}
+
+type run struct {
+	cancel context.CancelCauseFunc
+	// lost is set once the lease is known to be gone (or handed back): heartbeats stop asking about it, but the
+	// run keeps its slot until its handler returns.
+	lost bool
+	// finishing is set when the handler has returned and its outcome is being recorded.
+	finishing bool
+}
+
+func (w *Worker) launch(ctx context.Context, job *Job) {
+	k := runKey{id: job.ID, epoch: job.Epoch}
+	w.handlers.Go(func() {
+		w.runJob(ctx, job)
+		w.mu.Lock()
+		r := w.runs[k]
+		delete(w.runs, k)
+		w.mu.Unlock()
+		if r != nil {
+			r.cancel(nil)
+		}
+		select {
+		case w.freed <- struct{}{}:
+		default:
+		}
+	})
+}
+
+func (w *Worker) runJob(ctx context.Context, job *Job) {
+	ctx = w.q.opts.Propagator.Extract(ctx, propagation.MapCarrier(job.TraceContext))
+	ctx, span := w.q.tracer.Start(ctx, "queue.handle "+job.Kind, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(attribute.String("messaging.system", "oncegate"),
+			attribute.String("messaging.destination.name", w.q.name),
+			attribute.String("messaging.message.id", job.ID), attribute.String("job.kind", job.Kind),
+			attribute.Int64("job.epoch", job.Epoch), attribute.Int("job.attempt", job.Attempt),
+			attribute.Int("job.stalls", job.Stalls)))
+	defer span.End()
+
+	started := time.Now()
+	outcome := "error"
+	defer func() {
+		if w.cfg.OnJobDone != nil {
+			w.cfg.OnJobDone(job, outcome, time.Since(started))
+		}
+	}()
+	err := w.call(ctx, job)
+	w.mu.Lock()
+	if r := w.runs[runKey{id: job.ID, epoch: job.Epoch}]; r != nil {
+		r.finishing = true
+	}
+	w.mu.Unlock()
+	if cause := context.Cause(ctx); cause != nil {
+		// The lease was lost or handed back at close: the job is someone else's now, there is nothing to record.
+		w.log.InfoContext(ctx, "handler stopped", "job", job.ID, "epoch", job.Epoch, "cause", cause, "err", err)
+		outcome = "stopped"
+		return
+	}
+	if err == nil {
+		err = w.complete(job)
+		switch {
+		case errors.Is(err, ErrLeaseLost):
+			w.log.WarnContext(ctx, "job finished after its lease was lost; another worker owns it", "job", job.ID,
+				"epoch", job.Epoch)
+			outcome = "lease_lost"
+		case err != nil:
+			w.log.ErrorContext(ctx, "complete failed; the job will run again after its lease", "job", job.ID, "err", err)
+		default:
+			outcome = "completed"
+		}
+		return
+	}
+	span.RecordError(err)
+	span.SetStatus(codes.Error, err.Error())
+	result, ferr := w.fail(job, err)
+	switch {
+	case errors.Is(ferr, ErrLeaseLost):
+		w.log.WarnContext(ctx, "job failed after its lease was lost", "job", job.ID, "err", err)
+		outcome = "lease_lost"
+	case ferr != nil:
+		w.log.ErrorContext(ctx, "recording a failure failed; the job will run again after its lease", "job", job.ID,
+			"err", err, "record_err", ferr)
+	case result == "dead":
+		w.log.ErrorContext(ctx, "job is dead", "job", job.ID, "attempt", job.Attempt, "err", err)
+		outcome = "dead"
+	default:
+		w.log.InfoContext(ctx, "job failed; will retry", "job", job.ID, "attempt", job.Attempt, "err", err)
+		outcome = "retry"
+	}
+}
+
+// call runs the handler, turning a panic into an error so that one bad job cannot kill the process and
+// strand every other job it holds.
+func (w *Worker) call(ctx context.Context, job *Job) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("handler panicked", "job", job.ID, "panic", r, "stack", string(debug.Stack()))
+			err = fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return w.h.Handle(ctx, job)
+}
+
+// lose cancels one run whose lease is gone. Its slot stays taken until its handler returns.
+func (w *Worker) lose(k runKey) {
+	w.mu.Lock()
+	r := w.runs[k]
+	if r != nil {
+		r.lost = true
+	}
+	w.mu.Unlock()
+	if r != nil && !r.finishing {
+		w.log.Warn("lease lost; cancelling the handler", "job", k.id, "epoch", k.epoch)
+		r.cancel(ErrLeaseLost)
+	}
+}
+
+// livePairs lists (id, epoch) of the runs whose lease the worker believes it still holds.
+func (w *Worker) livePairs() []any {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.livePairsLocked()
+}
+
+func (w *Worker) livePairsLocked() []any {
+	pairs := make([]any, 0, 2*len(w.runs))
+	for k, r := range w.runs {
+		if !r.lost {
+			pairs = append(pairs, k.id, k.epoch)
+		}
+	}
+	return pairs
+}

@@ -1,0 +1,146 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncegate/oncegate/internal/backoff"
+)
+
+// The fetcher leases jobs for the worker's free slots, all of them in one script call, and blocks on Redis
+// while there is nothing to do. A lease's answer must reach the worker: a lease taken in Redis but lost on the
+// way is a job held by a live worker that does not know it (the heartbeat hands such leases back).
+
+func (w *Worker) freeSlots() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cfg.Concurrency - len(w.runs)
+}
+
+func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
+	var failures int
+	for ctx.Err() == nil {
+		free := w.freeSlots()
+		if free <= 0 {
+			select {
+			case <-w.freed:
+			case <-ctx.Done():
+			}
+			continue
+		}
+		leasedAt := time.Now()
+		jobs, now, next, call, err := w.lease(ctx, free)
+		if err != nil {
+			failures++
+			d := backoff.Policy{Base: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(failures)
+			w.log.Warn("lease failed; retrying", "err", err, "in", d)
+			sleep(ctx, d)
+			continue
+		}
+		failures = 0
+		ctxs := w.register(handlerCtx, jobs, call)
+		for i, job := range jobs {
+			w.traceLease(job, leasedAt)
+			w.launch(ctxs[i], job)
+		}
+		if len(jobs) > 0 {
+			continue
+		}
+		due := time.Duration(-1)
+		if next > 0 {
+			if due = time.Duration(next-now) * time.Millisecond; due <= 0 {
+				continue // a delayed job fell due meanwhile
+			}
+		}
+		w.block(ctx, due)
+	}
+}
+
+// block waits on the marker until an enqueue (or anything else that makes work) rings it, the worker's own
+// wake key is rung (by Run at close, or by a timer when the next delayed job falls due), or IdleBlock runs
+// out. Redis checks blocking timeouts only every 100 ms, so a delayed job's time is kept by a timer here,
+// which rings the wake key, rather than by the blocking command's timeout. due < 0 means no delayed job.
+// BZPOPMIN is sent by hand because go-redis rounds its timeout up to whole seconds.
+func (w *Worker) block(ctx context.Context, due time.Duration) {
+	wake := w.q.keys.wake(w.id)
+	if due >= 0 && due < w.cfg.IdleBlock {
+		timer := time.AfterFunc(due, func() {
+			tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			_ = w.rdb.ZAdd(tctx, wake, redis.Z{Member: "due"}).Err()
+		})
+		defer timer.Stop()
+	}
+	bctx, cancel := context.WithTimeout(ctx, w.cfg.IdleBlock+2*time.Second)
+	defer cancel()
+	secs := strconv.FormatFloat(w.cfg.IdleBlock.Seconds(), 'f', 3, 64)
+	err := w.rdb.Do(bctx, "BZPOPMIN", w.q.keys.marker, wake, secs).Err()
+	if err != nil && !errors.Is(err, redis.Nil) && ctx.Err() == nil {
+		w.log.Warn("waiting for jobs failed", "err", err)
+		sleep(ctx, 100*time.Millisecond)
+	}
+}
+
+// lease runs the lease script. Its context is never cancelled midway: a lease taken in Redis but lost on the
+// way back would leave a job held by a live worker that does not know it.
+func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next, call int64, err error) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	k := w.q.keys
+	w.mu.Lock()
+	w.leasing = true // until register records the answer
+	w.mu.Unlock()
+	res, err := leaseScript.Run(lctx, w.rdb,
+		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq},
+		w.id, n, w.leaseFor().Milliseconds(), w.seenFor().Milliseconds()).Slice()
+	if err != nil {
+		w.mu.Lock()
+		w.leasing = false // the answer is lost: what the call leased, if anything, is an orphan now
+		w.mu.Unlock()
+		return nil, 0, 0, 0, err
+	}
+	now, next, call = res[0].(int64), res[1].(int64), res[2].(int64)
+	for i := 3; i+1 < len(res); i += 2 {
+		job, err := decodeJob(res[i].(string), []byte(res[i+1].(string)))
+		if err != nil {
+			// The lease stands; the sweeper will reclaim it as a stall and, past MaxStalls, bury it with a reason.
+			w.log.Error("undecodable job leased", "err", err)
+			continue
+		}
+		jobs = append(jobs, job)
+	}
+	return jobs, now, next, call, nil
+}
+
+// traceLease records the lease in the job's trace: a short consumer span from the lease call to the handler.
+func (w *Worker) traceLease(job *Job, leasedAt time.Time) {
+	ctx := w.q.opts.Propagator.Extract(context.Background(), propagation.MapCarrier(job.TraceContext))
+	_, span := w.q.tracer.Start(ctx, "queue.lease "+w.q.name, trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithTimestamp(leasedAt), trace.WithAttributes(attribute.String("messaging.system", "oncegate"),
+			attribute.String("messaging.destination.name", w.q.name), attribute.String("messaging.message.id", job.ID),
+			attribute.Int64("job.epoch", job.Epoch), attribute.String("worker.id", w.id)))
+	span.End()
+}
+
+// register records the runs of a lease's jobs, and the lease itself as answered, at one instant under the
+// lock that heartbeatState reads under.
+func (w *Worker) register(handlerCtx context.Context, jobs []*Job, leaseCall int64) []context.Context {
+	ctxs := make([]context.Context, len(jobs))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, job := range jobs {
+		ctx, cancel := context.WithCancelCause(handlerCtx)
+		w.runs[runKey{id: job.ID, epoch: job.Epoch}] = &run{cancel: cancel}
+		ctxs[i] = ctx
+	}
+	w.leasing = false
+	w.leasedUpTo = leaseCall
+	return ctxs
+}

@@ -1,0 +1,54 @@
+package queue
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// The heartbeat extends the leases of the worker's runs and tells it which it lost; it is sent over the
+// liveness connection, by the loop in liveness.go.
+
+// heartbeatState returns what a heartbeat asks about, read at one instant: the (id, epoch) pairs of the runs
+// that hold a lease, and the lease call number below which a lease of this worker's that is not among them can
+// only be one whose answer was lost (0 while a lease call is out).
+func (w *Worker) heartbeatState() (pairs []any, orphansBefore int64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.leasing {
+		orphansBefore = w.leasedUpTo
+	}
+	return w.livePairsLocked(), orphansBefore
+}
+
+// heartbeat marks the worker seen, extends the leases of its runs, cancels each run whose lease is gone, and
+// hands back leases it was given but never heard of.
+func (w *Worker) heartbeat(ctx context.Context, l *liveness) error {
+	pairs, orphansBefore := w.heartbeatState()
+	args := append([]any{w.id, w.seenFor().Milliseconds(), w.leaseFor().Milliseconds(), orphansBefore}, pairs...)
+	k := w.q.keys
+	res, err := heartbeatScript.Run(ctx, l.rdb, []string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
+		args...).StringSlice()
+	if err != nil {
+		return fmt.Errorf("queue: heartbeat: %w", err)
+	}
+	if res[0] != "0" {
+		w.log.Warn("handed back jobs leased to this worker whose lease never reached it", "jobs", res[0])
+	}
+	for i := 1; i+1 < len(res); i += 2 {
+		epoch, err := strconv.ParseInt(res[i+1], 10, 64)
+		if err != nil {
+			return fmt.Errorf("queue: heartbeat: bad epoch %q", res[i+1])
+		}
+		w.lose(runKey{id: res[i], epoch: epoch})
+	}
+	return nil
+}
+
+// leaseFor is the lease a lease or heartbeat sets: LeaseTTL counted from the next heartbeat due, so that a
+// pause shorter than LeaseTTL never costs a live worker its job, wherever it falls between two beats.
+func (w *Worker) leaseFor() time.Duration { return w.cfg.LeaseTTL + w.cfg.HeartbeatInterval }
+
+// seenFor is how long a heartbeat makes the worker count as alive in Stats.
+func (w *Worker) seenFor() time.Duration { return 3 * w.cfg.HeartbeatInterval }

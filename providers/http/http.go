@@ -153,6 +153,9 @@ func (*Provider) Validate(payload json.RawMessage) error {
 	return err
 }
 
+// Destination is the upstream's host (and port, when base_url names one), never its path or query.
+func (p *Provider) Destination(json.RawMessage) string { return strings.ToLower(p.base.Host) }
+
 func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
 	pl, err := parse(d.Payload)
 	if err != nil {

@@ -186,6 +186,9 @@ func (*Provider) Validate(payload json.RawMessage) error {
 	return err
 }
 
+// Destination is the configured server, host:port: every message of the effect type goes there.
+func (p *Provider) Destination(json.RawMessage) string { return p.cfg.Addr }
+
 // MessageID is the Message-ID of an effect's message: its stable ID at the sender's domain.
 func (p *Provider) MessageID(d providers.Delivery) string {
 	return "<" + d.StableID + "@" + p.domain + ">"

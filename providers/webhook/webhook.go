@@ -170,6 +170,19 @@ func (p *Provider) Validate(payload json.RawMessage) error {
 	return err
 }
 
+// Destination is the host (and port, when the URL names one) of the URL a delivery of payload is posted to:
+// the payload's url when it has one, else the configured url. Never the URL's path or query.
+func (p *Provider) Destination(payload json.RawMessage) string {
+	_, u, err := p.parse(payload)
+	if err != nil {
+		if p.def == nil {
+			return ""
+		}
+		u = p.def
+	}
+	return strings.ToLower(u.Host)
+}
+
 // Sign returns the webhook-signature header for one request: "v1,<base64 HMAC-SHA256>" per secret,
 // separated by spaces, over "<id>.<timestamp>.<body>".
 func Sign(keys [][]byte, id string, ts int64, body []byte) string {

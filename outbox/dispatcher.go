@@ -198,15 +198,15 @@ type effectType struct {
 
 // Dispatcher delivers outbox rows. Create it with New and run it with Run.
 type Dispatcher struct {
-	pool    *pgxpool.Pool
-	store   *dedup.Store
-	cfg     Config
+	pool     *pgxpool.Pool
+	store    *dedup.Store
+	cfg      Config
 	types    []*effectType
 	breakers *breakerSet
 	metrics  *Metrics
-	log     *slog.Logger
-	wake    chan struct{}
-	freed   chan struct{}
+	log      *slog.Logger
+	wake     chan struct{}
+	freed    chan struct{}
 
 	finishedMu sync.Mutex
 	finished   []int64       // terminal since the last notification

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -15,12 +16,15 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/providers"
 	"github.com/oncegate/oncegate/providers/webhook"
 )
 
@@ -201,4 +205,77 @@ func TestHalfOpenProbeDoesNotSpin(t *testing.T) {
 	if n := pgtest.Count(t, f.pool, "SELECT sum(attempts) FROM oncegate_effects"); n != 21 {
 		t.Fatalf("%d attempts charged to 20 effects, want 21 (one failure, then one each)", n)
 	}
+}
+
+// A tenant naming ever new hosts (a payload url on "*.example.com") keeps at most MaxBreakers breakers, and
+// as many metric series, for the type: closed ones are forgotten least recently used first, open ones are
+// kept (forgetting them would let calls through to a destination that is down), and once every kept breaker
+// is open the tenant's further destinations share one overflow breaker. Idle breakers are forgotten.
+func TestBreakersAreBounded(t *testing.T) {
+	t.Parallel()
+	m := NewMetrics()
+	const maxKept = 50
+	s := newBreakerSet(maxKept, time.Minute, m, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	typ := &effectType{EffectType: EffectType{Name: "hook", BreakerFailures: 1, BreakerOpenFor: time.Hour,
+		Timeout: time.Second}}
+	fail := func(b *breaker) {
+		_, _ = b.cb.Execute(func() (providers.Outcome, error) { return providers.Outcome{}, errBreakerFailure })
+	}
+	series := func() int { return countSeries(m.BreakerState) }
+	for i := range 100_000 {
+		s.get(typ, "beta", fmt.Sprintf("h%d.example.com", i))
+	}
+	s.get(typ, "alpha", "hooks.alpha.test")
+	if n := s.len(); n != maxKept+1 || series() != maxKept+1 {
+		t.Fatalf("100,000 hosts of beta, 1 of alpha: %d breakers, %d series; want %d", n, series(), maxKept+1)
+	}
+	if s.state("hook", "alpha", "hooks.alpha.test") != "closed" {
+		t.Fatal("beta's hosts evicted alpha's breaker")
+	}
+	// Beta's hosts all fail: every kept breaker opens, and is kept.
+	for i := range 2 * maxKept {
+		fail(s.get(typ, "beta", fmt.Sprintf("down%d.example.com", i)))
+	}
+	if n := s.len(); n != maxKept+2 || series() != maxKept+2 {
+		t.Fatalf("%d breakers, %d series; want beta's %d open ones, its overflow and alpha's", n, series(), maxKept)
+	}
+	if got := s.state("hook", "beta", "down0.example.com"); got != "open" {
+		t.Fatalf("the first open breaker was forgotten (%q) for room", got)
+	}
+	if got := s.state("hook", "beta", OverflowDestination); got != "open" {
+		t.Fatalf("overflow breaker %q; want open after the failures beyond %d destinations", got, maxKept)
+	}
+	if open := gauge(t, m.BreakersOpen.WithLabelValues("hook")); open != maxKept+1 {
+		t.Fatalf("oncegate_breakers_open = %v, want %d", open, maxKept+1)
+	}
+	// Alpha, beside them, still has a breaker of its own.
+	if b := s.get(typ, "alpha", "hooks.alpha.test"); b.key.dest != "hooks.alpha.test" || b.cb.State().String() != "closed" {
+		t.Fatalf("alpha's breaker: %+v %s", b.key, b.cb.State())
+	}
+	// Idle breakers are forgotten, open or not, with their series.
+	s.mu.Lock()
+	s.sweep(time.Now().Add(2 * time.Minute))
+	s.mu.Unlock()
+	if n := s.len(); n != 0 || series() != 0 || gauge(t, m.BreakersOpen.WithLabelValues("hook")) != 0 {
+		t.Fatalf("after the idle time: %d breakers, %d series", n, series())
+	}
+}
+
+func countSeries(c prometheus.Collector) int {
+	ch := make(chan prometheus.Metric, 1024)
+	go func() { c.Collect(ch); close(ch) }()
+	n := 0
+	for range ch {
+		n++
+	}
+	return n
+}
+
+func gauge(t *testing.T, g prometheus.Gauge) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }

@@ -6,9 +6,9 @@
 package http
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/textproto"
@@ -42,8 +42,10 @@ type Provider struct {
 	headers http.Header
 	keep    []string
 	client  *http.Client
-	// redact holds the configured header values (credentials, typically), which are cut out of every stored
-	// response: an upstream that echoes its request must not hand them to the tenant reading the result.
+	// redact masks configured header values that appear as they were sent in a kept header or the body of
+	// a response. It is a courtesy, not the guarantee: an upstream that echoes them in another form (encoded,
+	// split) passes it. What holds by structure is that a configured header is never kept from a response,
+	// errors never quote an answer, and the docs say that a body is the upstream's, stored as it was sent.
 	redact *strings.Replacer
 }
 
@@ -71,9 +73,10 @@ func (p *Provider) Close() error {
 
 // resolve checks the configuration and parses its URL and headers.
 func (c Config) resolve() (*Provider, error) {
+	// The error does not quote base_url: its path or query may hold a token, and the error reaches the logs.
 	u, err := url.Parse(c.BaseURL)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
-		return nil, fmt.Errorf("http: base_url %q: want an http or https URL with a host and no user info", c.BaseURL)
+		return nil, errors.New("http: base_url: want an http or https URL with a host and no user info (credentials go in headers)")
 	}
 	p := &Provider{base: u, headers: http.Header{}}
 	var pairs []string
@@ -93,6 +96,12 @@ func (c Config) resolve() (*Provider, error) {
 	p.keep = c.KeepHeaders
 	if len(p.keep) == 0 {
 		p.keep = []string{"Content-Type", "Location", "ETag", "Retry-After"}
+	}
+	for _, h := range p.keep {
+		if _, configured := p.headers[textproto.CanonicalMIMEHeaderKey(h)]; configured {
+			return nil, fmt.Errorf("http: keep_headers: %s is a configured request header (a credential, typically), "+
+				"and a response's %s is never kept", h, h)
+		}
 	}
 	return p, nil
 }
@@ -176,7 +185,7 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 			body, contentType = pl.Body, "application/json"
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, pl.Method, target.String(), bytes.NewReader(body))
+	req, err := safehttp.NewRequest(ctx, pl.Method, &target, body)
 	if err != nil {
 		return providers.Failed(err, true)
 	}
@@ -198,6 +207,9 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	answer, truncated, _ := safehttp.ReadBounded(resp.Body, MaxBody)
 	kept := map[string]string{}
 	for _, h := range p.keep {
+		if _, configured := p.headers[textproto.CanonicalMIMEHeaderKey(h)]; configured {
+			continue // refused by New; kept out here too, by name, whatever the value looks like
+		}
 		if v := resp.Header.Get(h); v != "" {
 			kept[h] = p.redact.Replace(v)
 		}

@@ -76,7 +76,8 @@ func (c Config) Validate() error {
 func (c Config) resolve() (*Provider, error) {
 	host, _, err := net.SplitHostPort(c.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("smtp: addr %q: want host:port", c.Addr)
+		// Not quoted: a mistaken addr may hold what was meant as credentials ("user:pass@host:25").
+		return nil, errors.New("smtp: addr: want host:port")
 	}
 	from, err := mail.ParseAddress(c.From)
 	if err != nil {

@@ -103,6 +103,9 @@ func TestOneTenantsFailingDestinationDoesNotHoldAnother(t *testing.T) {
 	if took > 3*time.Second || e.Attempts != 1 {
 		t.Fatalf("alpha's webhook took %v and %d attempts behind beta's open breaker", took, e.Attempts)
 	}
+	if b, a := d.breakers.state("hook", "beta", hostOf(failing.URL)), d.breakers.state("hook", "alpha", hostOf(healthy.URL)); b != "open" || a != "closed" {
+		t.Fatalf("beta's breaker is %q, alpha's %q; want open and closed", b, a)
+	}
 	calls := failed.Load()
 	charged := pgtest.Count(t, f.pool, "SELECT sum(attempts) FROM oncegate_effects WHERE tenant = 'beta'")
 	if n := pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_effects WHERE tenant = 'beta' AND status = 'pending'"); n != 6 || calls != 3 {

@@ -1,7 +1,9 @@
 // Package http is the HTTP dedup proxy provider: it forwards a request (method, path, headers, body) to the
 // configured upstream with Idempotency-Key set to the effect's stable ID, and keeps the upstream's status,
 // chosen headers and body (bounded) as the effect's result, which every later request with the same key gets
-// back instead of a second call. An upstream that honours Idempotency-Key (as Stripe's API does) sees a resend
+// back instead of a second call. What is kept is the upstream's, as it sent it: the provider never keeps a
+// response header named like a configured one, but cannot know what an upstream echoes in its body, and says
+// so in the docs. An upstream that honours Idempotency-Key (as Stripe's API does) sees a resend
 // after a crash as the same request; one that does not may act twice in that window.
 package http
 

@@ -5,15 +5,13 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sony/gobreaker/v2"
-
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/backoff"
 )
 
 // claimLoop claims due rows and starts their deliveries (under deliveries, in inflight) until ctx ends. It
 // claims again at once while claims come back full, and otherwise waits for a notification (Wake), a freed
-// delivery slot, a breaker that closed, or the poll interval.
+// delivery slot, or the poll interval.
 func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.WaitGroup) {
 	poll := time.NewTicker(d.cfg.PollInterval)
 	defer poll.Stop()
@@ -41,17 +39,13 @@ func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.W
 	}
 }
 
-// claimAll claims due rows for every type with free capacity and a breaker that lets calls through. It
+// claimAll claims due rows for every type with free capacity. It
 // reports whether some claim came back full, so that more rows may be due.
 func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.WaitGroup) (more bool, err error) {
 	for _, t := range d.types {
+		// Breakers are per destination, so the claim cannot ask them; a row whose breaker refuses it is
+		// rescheduled until that breaker's next probe (deliver.go), uncharged.
 		free := int(int32(t.Concurrency) - t.inflight.Load())
-		switch t.breaker.State() {
-		case gobreaker.StateOpen:
-			continue // its rows wait, uncharged, until the breaker lets a probe through
-		case gobreaker.StateHalfOpen:
-			free = min(free, 1)
-		}
 		if free <= 0 {
 			continue
 		}

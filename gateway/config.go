@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
+	"net"
 	"os"
 	"reflect"
 	"regexp"
@@ -19,6 +21,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/oncegate/oncegate/internal/backoff"
+	"github.com/oncegate/oncegate/internal/tenantlimit"
 	"github.com/oncegate/oncegate/outbox"
 	"github.com/oncegate/oncegate/providers"
 	httpprov "github.com/oncegate/oncegate/providers/http"
@@ -27,14 +30,18 @@ import (
 	"github.com/oncegate/oncegate/providers/webhook"
 )
 
-// Defaults of Config. A gateway started with no configuration file listens on loopback, serves one dev tenant
-// and one analytics type, and uses these for everything else.
+// Defaults of Config. Every field has one except tenants, which a file must name (Config.Dev alone, from
+// `serve --dev`, brings a built-in dev tenant): a gateway whose keys nobody chose must not serve.
 const (
 	DefaultListen      = "127.0.0.1:8080"
 	DefaultDatabaseURL = "postgres://postgres@127.0.0.1:5432/oncegate?sslmode=disable"
-	DefaultTenant      = "dev"
-	DefaultAPIKey      = "dev-api-key"
-	DefaultEffectType  = "analytics"
+	// DefaultTenant and DefaultAPIKey are the built-in tenant of `serve --dev`, which listens on loopback only.
+	DefaultTenant     = "dev"
+	DefaultAPIKey     = "oncegate-dev-key-for-loopback-only"
+	DefaultEffectType = "analytics"
+
+	// MinAPIKeyLength is the shortest plain API key accepted: `gateway keygen` makes keys of 46 characters.
+	MinAPIKeyLength = 32
 
 	// DefaultMaxConns is the pool size when database_url has no pool_max_conns: the gateway's requests and
 	// its dispatcher share the pool, and pgx's own default (the number of CPUs, at least 4) starves them.
@@ -46,11 +53,32 @@ const (
 	DefaultPageSize    = 50
 	DefaultMaxPageSize = 500
 
+	// DefaultMaxHeader bounds a request's headers: ours are an API key, an idempotency key (255 bytes at
+	// most), a job id (512) and trace context, far below it.
+	DefaultMaxHeader = 16 << 10
+	// DefaultMaxConnections caps open client connections. It is high, since waiting requests (wait, up to
+	// MaxWait) hold theirs, and the timeouts are short, so connections an attacker opens and leaves idle are
+	// closed within seconds and cannot hold the slots for long.
+	DefaultMaxConnections = 1024
+
+	// The default rate of each tenant, per gateway process.
+	DefaultTenantRequestsPerSecond = 500
+	DefaultTenantRequestBurst      = 1000
+	DefaultTenantBytesPerSecond    = 8 << 20
+	DefaultTenantByteBurst         = 16 << 20
+
 	DefaultDatabaseTimeout   = 5 * time.Second
 	DefaultShutdownTimeout   = 10 * time.Second
 	DefaultReadHeaderTimeout = 10 * time.Second
-	DefaultReadyTimeout      = 3 * time.Second
-	DefaultMetricsTimeout    = 2 * time.Second
+	// DefaultReadTimeout bounds reading a whole request, body included: 256 KiB in 15 s is 17 KB/s.
+	DefaultReadTimeout = 15 * time.Second
+	// DefaultWriteTimeout runs from the end of a request's headers to the end of its response, so it holds the
+	// body's reading, the longest wait and the database work around it (validate checks that it does).
+	DefaultWriteTimeout = 60 * time.Second
+	// DefaultIdleTimeout closes a keep-alive connection that sends no new request.
+	DefaultIdleTimeout    = 15 * time.Second
+	DefaultReadyTimeout   = 3 * time.Second
+	DefaultMetricsTimeout = 2 * time.Second
 
 	DefaultOnCrash         = outbox.AtLeastOnce
 	DefaultTimeout         = outbox.DefaultTimeout
@@ -78,7 +106,8 @@ type Config struct {
 	// DATABASE_URL, then DefaultDatabaseURL. Its pool_max_conns and connect_timeout are used as given; when
 	// it leaves them out they default to DefaultMaxConns and DefaultConnectTimeout.
 	DatabaseURL string `yaml:"database_url"`
-	// Tenants by name. Defaults to DefaultTenant with DefaultAPIKey.
+	// Tenants by name. Required: a configuration without tenants is refused, unless Dev is set, which brings
+	// DefaultTenant with DefaultAPIKey.
 	Tenants map[string]Tenant `yaml:"tenants"`
 	// EffectTypes by name. Defaults to DefaultEffectType, a postgres type writing to the default table.
 	EffectTypes map[string]EffectType `yaml:"effect_types"`
@@ -93,13 +122,73 @@ type Config struct {
 	Timeouts Timeouts `yaml:"timeouts"`
 	// Dispatcher tunes the outbox dispatcher.
 	Dispatcher Dispatcher `yaml:"dispatcher"`
+
+	// Dev is what `gateway serve --dev` sets, never the file: without a tenants block the gateway then serves
+	// DefaultTenant with DefaultAPIKey, and listen must be a loopback address, since that key is public.
+	// Defaults to false.
+	Dev bool `yaml:"-"`
 }
 
 // Tenant owns API keys; its idempotency keys are its own.
 type Tenant struct {
-	// APIKeys are plain keys (at least 8 characters), hashed when loaded, or "sha256:<hex>" of a key. At least
-	// one is required.
+	// APIKeys are plain keys (at least MinAPIKeyLength characters), hashed when loaded, or "sha256:<hex>" of a
+	// key. At least one is required, and a key belongs to one tenant only.
 	APIKeys []string `yaml:"api_keys"`
+	// EffectTypes are the effect types this tenant may use; a request for another is a 403. Defaults to every
+	// type (the field left out; an empty list is refused).
+	EffectTypes []string `yaml:"effect_types"`
+	// Rate is this tenant's rate; a field it leaves out takes limits.tenant_rate's.
+	Rate RateLimit `yaml:"rate"`
+}
+
+// RateLimit is a tenant's rate in one gateway process: token buckets of requests and of request-body bytes. A
+// request that would overdraw either is a 429 with Retry-After. Operator retries are requests like any other.
+type RateLimit struct {
+	// RequestsPerSecond is the sustained request rate, or Unlimited. Defaults to DefaultTenantRequestsPerSecond.
+	RequestsPerSecond PerSecond `yaml:"requests_per_second"`
+	// RequestBurst is how many requests may come at once. Defaults to DefaultTenantRequestBurst.
+	RequestBurst int `yaml:"request_burst"`
+	// BytesPerSecond is the sustained rate of body bytes, or Unlimited. Defaults to
+	// DefaultTenantBytesPerSecond.
+	BytesPerSecond ByteRate `yaml:"bytes_per_second"`
+	// ByteBurst is how many body bytes may come at once; at least limits.max_body, so the largest body
+	// accepted can pass. Defaults to DefaultTenantByteBurst.
+	ByteBurst ByteSize `yaml:"byte_burst"`
+}
+
+// Unlimited, as a PerSecond or a ByteRate ("unlimited" in the file), turns a bucket off.
+const Unlimited = -1
+
+// PerSecond is a rate written as a number ("50", "0.5") or "unlimited".
+type PerSecond float64
+
+func (p *PerSecond) UnmarshalYAML(n *yaml.Node) error {
+	if n.Value == "unlimited" {
+		*p = Unlimited
+		return nil
+	}
+	v, err := strconv.ParseFloat(n.Value, 64)
+	if err != nil || v <= 0 || math.IsInf(v, 0) || math.IsNaN(v) {
+		return fmt.Errorf("line %d: %q is not a positive rate like 50 or \"unlimited\"", n.Line, n.Value)
+	}
+	*p = PerSecond(v)
+	return nil
+}
+
+// ByteRate is bytes per second written as a size ("8MiB") or "unlimited".
+type ByteRate int64
+
+func (b *ByteRate) UnmarshalYAML(n *yaml.Node) error {
+	if n.Value == "unlimited" {
+		*b = Unlimited
+		return nil
+	}
+	var s ByteSize
+	if err := s.UnmarshalYAML(n); err != nil || s == 0 {
+		return fmt.Errorf("line %d: %q is not a positive size like 8MiB or \"unlimited\"", n.Line, n.Value)
+	}
+	*b = ByteRate(s)
+	return nil
 }
 
 // EffectType binds an effect type to a provider kind and its settings. The block named after the kind
@@ -160,6 +249,14 @@ type Limits struct {
 	PageSize int `yaml:"page_size"`
 	// MaxPageSize is the largest limit a list request may name. Defaults to DefaultMaxPageSize.
 	MaxPageSize int `yaml:"max_page_size"`
+	// MaxHeader bounds a request's headers (a 431 beyond). Defaults to DefaultMaxHeader.
+	MaxHeader ByteSize `yaml:"max_header"`
+	// MaxConnections caps the open client connections; more wait, unaccepted, in the kernel's backlog until one
+	// closes. It is lowered to fit the process's open-file limit. Defaults to DefaultMaxConnections.
+	MaxConnections int `yaml:"max_connections"`
+	// TenantRate is every tenant's rate, unless the tenant sets its own. Each field defaults as RateLimit's
+	// doc says.
+	TenantRate RateLimit `yaml:"tenant_rate"`
 }
 
 // Timeouts bounds the gateway's own waits.
@@ -172,6 +269,15 @@ type Timeouts struct {
 	Shutdown Duration `yaml:"shutdown"`
 	// ReadHeader bounds reading a request's headers. Defaults to DefaultReadHeaderTimeout.
 	ReadHeader Duration `yaml:"read_header"`
+	// Read bounds reading a whole request, body included, from its first byte. Defaults to
+	// DefaultReadTimeout.
+	Read Duration `yaml:"read"`
+	// Write bounds a request from the end of its headers to the end of its response: reading the body,
+	// waiting (up to MaxWait) and answering. It must be at least read + MaxWait + twice database. Defaults to
+	// DefaultWriteTimeout.
+	Write Duration `yaml:"write"`
+	// Idle closes a keep-alive connection that sends no next request. Defaults to DefaultIdleTimeout.
+	Idle Duration `yaml:"idle"`
 	// Ready bounds /readyz's database checks. Defaults to DefaultReadyTimeout.
 	Ready Duration `yaml:"ready"`
 	// Metrics bounds the backlog query that a /metrics scrape runs. Defaults to DefaultMetricsTimeout.
@@ -222,9 +328,16 @@ func (b *ByteSize) UnmarshalYAML(n *yaml.Node) error {
 }
 
 // Load reads the configuration file at path ("" for none), expanding ${VAR} in values from the environment,
-// refusing unknown fields with their path, filling defaults (WithDefaults) and checking the result.
-func Load(path string) (*Config, error) {
-	var c Config
+// refusing unknown fields with their path, filling defaults (WithDefaults) and checking the result. A file
+// must name its tenants.
+func Load(path string) (*Config, error) { return load(path, false) }
+
+// LoadDev is Load for `gateway serve --dev`: Config.Dev is set, so a file without tenants (or no file) serves
+// the built-in dev tenant, on a loopback address only.
+func LoadDev(path string) (*Config, error) { return load(path, true) }
+
+func load(path string, dev bool) (*Config, error) {
+	c := Config{Dev: dev}
 	if path != "" {
 		raw, err := os.ReadFile(path)
 		if err != nil {
@@ -415,10 +528,9 @@ func (c *Config) WithDefaults() *Config {
 	if o.DatabaseURL == "" {
 		o.DatabaseURL = DefaultDatabaseURL
 	}
-	if c.Tenants == nil {
+	o.Tenants = maps.Clone(c.Tenants)
+	if len(c.Tenants) == 0 && c.Dev {
 		o.Tenants = map[string]Tenant{DefaultTenant: {APIKeys: []string{DefaultAPIKey}}}
-	} else {
-		o.Tenants = maps.Clone(c.Tenants)
 	}
 	o.Retry = o.Retry.withDefaults()
 	def(&o.Retention.Keys, DefaultRetention)
@@ -427,9 +539,23 @@ func (c *Config) WithDefaults() *Config {
 	}
 	defInt(&o.Limits.PageSize, DefaultPageSize)
 	defInt(&o.Limits.MaxPageSize, DefaultMaxPageSize)
+	if o.Limits.MaxHeader == 0 {
+		o.Limits.MaxHeader = DefaultMaxHeader
+	}
+	defInt(&o.Limits.MaxConnections, DefaultMaxConnections)
+	o.Limits.TenantRate = o.Limits.TenantRate.or(RateLimit{RequestsPerSecond: DefaultTenantRequestsPerSecond,
+		RequestBurst: DefaultTenantRequestBurst, BytesPerSecond: DefaultTenantBytesPerSecond,
+		ByteBurst: DefaultTenantByteBurst})
+	for name, t := range o.Tenants {
+		t.Rate = t.Rate.or(o.Limits.TenantRate)
+		o.Tenants[name] = t
+	}
 	def(&o.Timeouts.Database, DefaultDatabaseTimeout)
 	def(&o.Timeouts.Shutdown, DefaultShutdownTimeout)
 	def(&o.Timeouts.ReadHeader, DefaultReadHeaderTimeout)
+	def(&o.Timeouts.Read, DefaultReadTimeout)
+	def(&o.Timeouts.Write, DefaultWriteTimeout)
+	def(&o.Timeouts.Idle, DefaultIdleTimeout)
 	def(&o.Timeouts.Ready, DefaultReadyTimeout)
 	def(&o.Timeouts.Metrics, DefaultMetricsTimeout)
 	def(&o.Dispatcher.PollInterval, DefaultPollInterval)
@@ -461,6 +587,23 @@ func (c *Config) WithDefaults() *Config {
 	return &o
 }
 
+// or fills the fields r leaves out from d.
+func (r RateLimit) or(d RateLimit) RateLimit {
+	if r.RequestsPerSecond == 0 {
+		r.RequestsPerSecond = d.RequestsPerSecond
+	}
+	if r.RequestBurst == 0 {
+		r.RequestBurst = d.RequestBurst
+	}
+	if r.BytesPerSecond == 0 {
+		r.BytesPerSecond = d.BytesPerSecond
+	}
+	if r.ByteBurst == 0 {
+		r.ByteBurst = d.ByteBurst
+	}
+	return r
+}
+
 func (r Retry) withDefaults() Retry {
 	if r.MaxAttempts == 0 {
 		r.MaxAttempts = DefaultMaxAttempts
@@ -486,30 +629,34 @@ func (c *Config) validate() error {
 		return fmt.Errorf("limits: page_size (%d) must be at least 1 and at most max_page_size (%d)",
 			c.Limits.PageSize, c.Limits.MaxPageSize)
 	}
+	if c.Limits.MaxHeader <= 0 {
+		return errors.New("limits.max_header must be positive")
+	}
+	if c.Limits.MaxConnections < 1 {
+		return errors.New("limits.max_connections must be at least 1")
+	}
+	if err := c.Limits.TenantRate.validate("limits.tenant_rate", c.Limits.MaxBody); err != nil {
+		return err
+	}
 	for field, d := range map[string]Duration{"retention.keys": c.Retention.Keys,
 		"timeouts.database": c.Timeouts.Database, "timeouts.shutdown": c.Timeouts.Shutdown,
-		"timeouts.read_header": c.Timeouts.ReadHeader, "timeouts.ready": c.Timeouts.Ready,
+		"timeouts.read_header": c.Timeouts.ReadHeader, "timeouts.read": c.Timeouts.Read,
+		"timeouts.write": c.Timeouts.Write, "timeouts.idle": c.Timeouts.Idle, "timeouts.ready": c.Timeouts.Ready,
 		"timeouts.metrics": c.Timeouts.Metrics, "dispatcher.poll_interval": c.Dispatcher.PollInterval,
 		"dispatcher.lease_margin": c.Dispatcher.LeaseMargin, "dispatcher.drain_timeout": c.Dispatcher.DrainTimeout} {
 		if d < 0 {
 			return fmt.Errorf("%s must be positive", field)
 		}
 	}
+	// A request that waits must still be answered: the body may take until timeouts.read, then the effect is
+	// recorded, the wait runs and the effect is read again, each database step bounded by timeouts.database.
+	if need := c.Timeouts.Read + Duration(MaxWait) + 2*c.Timeouts.Database; c.Timeouts.Write < need {
+		return fmt.Errorf("timeouts.write (%v) must be at least timeouts.read + the longest wait (%v) + twice "+
+			"timeouts.database = %v, or a request that waits is cut off before its answer",
+			time.Duration(c.Timeouts.Write), MaxWait, time.Duration(need))
+	}
 	if err := c.Retry.validate("retry"); err != nil {
 		return err
-	}
-	for name, t := range c.Tenants {
-		if name == "" {
-			return errors.New("tenants: a tenant has an empty name")
-		}
-		if len(t.APIKeys) == 0 {
-			return fmt.Errorf("tenants.%s.api_keys: a tenant needs at least one API key", name)
-		}
-		for i, k := range t.APIKeys {
-			if _, err := keyHash(k); err != nil {
-				return fmt.Errorf("tenants.%s.api_keys[%d]: %w", name, i, err)
-			}
-		}
 	}
 	if len(c.EffectTypes) == 0 {
 		return errors.New("effect_types: at least one effect type is needed")
@@ -524,7 +671,89 @@ func (c *Config) validate() error {
 			return fmt.Errorf("effect_types.%s.on_crash: %q: want at_least_once or at_most_once", name, t.OnCrash)
 		}
 	}
+	return c.validateTenants()
+}
+
+// validateTenants checks that there are tenants (or the dev tenant on loopback), that every key is long
+// enough and belongs to one tenant, and that allow-lists name configured types.
+func (c *Config) validateTenants() error {
+	if len(c.Tenants) == 0 {
+		return errors.New("tenants: missing; name each tenant and its API keys (make a key with `gateway keygen`), " +
+			"or run `gateway serve --dev` for a built-in dev tenant on loopback")
+	}
+	if c.Dev {
+		host, _, err := net.SplitHostPort(c.Listen)
+		ip := net.ParseIP(host)
+		if err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
+			return fmt.Errorf("listen: %q: --dev listens on loopback only (127.0.0.1, ::1 or localhost)", c.Listen)
+		}
+	}
+	names := make([]string, 0, len(c.Tenants))
+	for name := range c.Tenants {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	owner := map[string]string{} // key hash → the field that lists it first
+	for _, name := range names {
+		t := c.Tenants[name]
+		if name == "" {
+			return errors.New("tenants: a tenant has an empty name")
+		}
+		if len(t.APIKeys) == 0 {
+			return fmt.Errorf("tenants.%s.api_keys: a tenant needs at least one API key", name)
+		}
+		for i, k := range t.APIKeys {
+			field := fmt.Sprintf("tenants.%s.api_keys[%d]", name, i)
+			h, err := keyHash(k)
+			if err != nil {
+				return fmt.Errorf("%s: %w", field, err)
+			}
+			if first, ok := owner[string(h)]; ok {
+				return fmt.Errorf("%s: the same key as %s; a key belongs to one tenant, listed once", field, first)
+			}
+			owner[string(h)] = field
+		}
+		if t.EffectTypes != nil && len(t.EffectTypes) == 0 {
+			return fmt.Errorf("tenants.%s.effect_types: empty; leave it out to allow every type", name)
+		}
+		for i, typ := range t.EffectTypes {
+			if _, ok := c.EffectTypes[typ]; !ok {
+				return fmt.Errorf("tenants.%s.effect_types[%d]: no effect type %q is configured", name, i, typ)
+			}
+		}
+		if err := t.Rate.validate("tenants."+name+".rate", c.Limits.MaxBody); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// validate checks a filled rate: bursts of at least one request and of the largest body accepted.
+func (r RateLimit) validate(path string, maxBody ByteSize) error {
+	if (r.RequestsPerSecond < 0 && r.RequestsPerSecond != Unlimited) || (r.BytesPerSecond < 0 && r.BytesPerSecond != Unlimited) {
+		return fmt.Errorf("%s: a rate is positive or unlimited", path)
+	}
+	if r.RequestBurst < 1 {
+		return fmt.Errorf("%s.request_burst must be at least 1", path)
+	}
+	if r.BytesPerSecond != Unlimited && r.ByteBurst < maxBody {
+		return fmt.Errorf("%s.byte_burst (%d) must be at least limits.max_body (%d), or the largest body accepted "+
+			"could never pass", path, r.ByteBurst, maxBody)
+	}
+	return nil
+}
+
+// limits is the tenant's rate for the limiter.
+func (r RateLimit) limits() tenantlimit.Limits {
+	l := tenantlimit.Limits{RequestsPerSecond: float64(r.RequestsPerSecond), RequestBurst: r.RequestBurst,
+		BytesPerSecond: float64(r.BytesPerSecond), ByteBurst: int(r.ByteBurst)}
+	if r.RequestsPerSecond == Unlimited {
+		l.RequestsPerSecond = 0
+	}
+	if r.BytesPerSecond == Unlimited {
+		l.BytesPerSecond = 0
+	}
+	return l
 }
 
 func (r Retry) validate(path string) error {
@@ -589,6 +818,12 @@ func (t EffectType) checkBlocks() error {
 	return nil
 }
 
+// HashKey returns the form of an API key that a configuration may hold instead of the key: "sha256:<hex>".
+func HashKey(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
 // keyHash returns the SHA-256 of an API key given plain or as "sha256:<hex>".
 func keyHash(k string) ([]byte, error) {
 	if h, ok := strings.CutPrefix(k, "sha256:"); ok {
@@ -598,8 +833,9 @@ func keyHash(k string) ([]byte, error) {
 		}
 		return b, nil
 	}
-	if len(k) < 8 {
-		return nil, errors.New("an API key must be at least 8 characters")
+	if len(k) < MinAPIKeyLength {
+		return nil, fmt.Errorf("an API key must be at least %d characters (this one has %d); `gateway keygen` "+
+			"makes one", MinAPIKeyLength, len(k))
 	}
 	sum := sha256.Sum256([]byte(k))
 	return sum[:], nil

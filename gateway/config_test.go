@@ -10,6 +10,15 @@ import (
 	"time"
 )
 
+const (
+	// testKey is a plain API key long enough to be accepted.
+	testKey = "0123456789abcdef0123456789abcdef"
+	// testSecret is a webhook secret of 24 bytes, the shortest accepted.
+	testSecret = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3"
+	// tenantsYAML is a tenants block, for files whose subject is something else.
+	tenantsYAML = "tenants: { acme: { api_keys: [" + testKey + "] } }\n"
+)
+
 func writeConfig(t *testing.T, body string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "gateway.yaml")
@@ -19,9 +28,21 @@ func writeConfig(t *testing.T, body string) string {
 	return p
 }
 
+// A file names its tenants; only `serve --dev` (LoadDev) has a built-in one, and only on loopback.
 func TestConfigDefaultsWithoutAFile(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://db.example/x")
-	c, err := Load("")
+	if _, err := Load(""); err == nil || !strings.Contains(err.Error(), "tenants: missing") ||
+		!strings.Contains(err.Error(), "gateway serve --dev") {
+		t.Fatalf("no file, not --dev: %v, want tenants: missing", err)
+	}
+	if _, err := Load(writeConfig(t, "listen: 127.0.0.1:9000\n")); err == nil || !strings.Contains(err.Error(), "tenants: missing") {
+		t.Fatalf("a file without tenants: %v, want tenants: missing", err)
+	}
+	if _, err := LoadDev(writeConfig(t, "listen: 0.0.0.0:8080\n")); err == nil ||
+		!strings.Contains(err.Error(), `listen: "0.0.0.0:8080": --dev listens on loopback only`) {
+		t.Fatalf("--dev on every interface: %v", err)
+	}
+	c, err := LoadDev("")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +55,7 @@ func TestConfigDefaultsWithoutAFile(t *testing.T) {
 
 func TestConfigFileWithEnvExpansion(t *testing.T) {
 	t.Setenv("OG_DB", "postgres://from-env/db")
-	t.Setenv("OG_KEY", "secret-from-env")
+	t.Setenv("OG_KEY", "secret-from-env-0123456789abcdef0")
 	c, err := Load(writeConfig(t, `
 listen: 127.0.0.1:9999
 database_url: ${OG_DB}
@@ -54,7 +75,7 @@ limits: { max_body: 1MiB }
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.DatabaseURL != "postgres://from-env/db" || c.Tenants["acme"].APIKeys[0] != "secret-from-env" ||
+	if c.DatabaseURL != "postgres://from-env/db" || c.Tenants["acme"].APIKeys[0] != "secret-from-env-0123456789abcdef0" ||
 		c.Limits.MaxBody != 1<<20 || time.Duration(c.Retention.Keys) != 48*time.Hour || c.Retry.MaxAttempts != 7 ||
 		c.EffectTypes["clicks"].Retry.MaxAttempts != 3 || time.Duration(c.EffectTypes["clicks"].Retry.BaseDelay) != 2*time.Second {
 		t.Fatalf("loaded %+v", c)
@@ -75,7 +96,22 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"listne: x", "listne: unknown field (line 1)"},
 		{"effect_types:\n  clicks:\n    provider: postgres\n    postgres: { tabel: x }", "effect_types.clicks.postgres.tabel: unknown field"},
 		{"tenants:\n  acme:\n    api_key: [abcdefgh]", "tenants.acme.api_key: unknown field"},
-		{"tenants:\n  acme:\n    api_keys: [short]", "tenants.acme.api_keys[0]: an API key must be at least 8"},
+		{"tenants:\n  acme:\n    api_keys: [short]", "tenants.acme.api_keys[0]: an API key must be at least 32 characters (this one has 5); `gateway keygen`"},
+		{"tenants:\n  acme:\n    api_keys: [" + testKey + ", sha256:" + strings.Repeat("ab", 31) + "]", `tenants.acme.api_keys[1]: "sha256:" must be followed by 64 hex digits`},
+		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\n  beta:\n    api_keys: [x" + testKey + ", " + HashKey(testKey) + "]",
+			"tenants.beta.api_keys[1]: the same key as tenants.acme.api_keys[0]"},
+		{"tenants:\n  acme:\n    api_keys: [" + testKey + ", " + testKey + "]", "tenants.acme.api_keys[1]: the same key as tenants.acme.api_keys[0]"},
+		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\n    effect_types: []", "tenants.acme.effect_types: empty"},
+		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\n    effect_types: [analytics, fax]", `tenants.acme.effect_types[1]: no effect type "fax"`},
+		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\n    rate: { requests_per_second: 0 }", `"0" is not a positive rate`},
+		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\n    rate: { byte_burst: 1KiB }", "tenants.acme.rate.byte_burst (1024) must be at least limits.max_body (262144)"},
+		{"limits: { tenant_rate: { request_burst: -1 } }", "limits.tenant_rate.request_burst must be at least 1"},
+		{"limits: { tenant_rate: { bytes_per_second: lots } }", `"lots" is not a positive size like 8MiB or "unlimited"`},
+		{"limits: { max_connections: -5 }", "limits.max_connections must be at least 1"},
+		{"timeouts: { read: 21s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m1s"},
+		{"timeouts: { database: 10s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m5s"},
+		{"effect_types:\n  w:\n    provider: webhook\n    webhook: { url: 'https://h/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg== }", "effect_types.w: webhook: webhook: secret: want whsec_ and the base64 of at least 24 bytes"},
+		{"effect_types:\n  w:\n    provider: webhook\n    webhook: { url: 'https://h/x', secrets: [" + testSecret + ", whsec_MDEyMzQ1Njc4OWFiY2RlZg==] }", "effect_types.w: webhook: webhook: secrets[1]: want whsec_"},
 		{"tenants:\n  acme:\n    api_keys: []", "tenants.acme.api_keys: a tenant needs at least one"},
 		{"effect_types:\n  fax:\n    provider: fax", `effect_types.fax: provider: unknown kind "fax"`},
 		{"effect_types:\n  c:\n    provider: postgres\n    postgres: { table: \"x; drop\" }", "is not an identifier"},
@@ -99,7 +135,10 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 // configuration is all defaults, and the caller's configuration is left as it was.
 func TestWithDefaults(t *testing.T) {
 	t.Setenv("DATABASE_URL", "")
-	c := (*Config)(nil).WithDefaults()
+	if err := (*Config)(nil).WithDefaults().validate(); err == nil || !strings.Contains(err.Error(), "tenants: missing") {
+		t.Fatalf("a nil configuration: %v, want tenants: missing", err)
+	}
+	c := (&Config{Dev: true}).WithDefaults()
 	if err := c.validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -117,6 +156,13 @@ func TestWithDefaults(t *testing.T) {
 		"timeouts.database":       {time.Duration(c.Timeouts.Database), DefaultDatabaseTimeout},
 		"timeouts.shutdown":       {time.Duration(c.Timeouts.Shutdown), DefaultShutdownTimeout},
 		"timeouts.read_header":    {time.Duration(c.Timeouts.ReadHeader), DefaultReadHeaderTimeout},
+		"timeouts.read":           {time.Duration(c.Timeouts.Read), DefaultReadTimeout},
+		"timeouts.write":          {time.Duration(c.Timeouts.Write), DefaultWriteTimeout},
+		"timeouts.idle":           {time.Duration(c.Timeouts.Idle), DefaultIdleTimeout},
+		"limits.max_header":       {int64(c.Limits.MaxHeader), int64(DefaultMaxHeader)},
+		"limits.max_connections":  {c.Limits.MaxConnections, DefaultMaxConnections},
+		"limits.tenant_rate":      {c.Limits.TenantRate, RateLimit{DefaultTenantRequestsPerSecond, DefaultTenantRequestBurst, DefaultTenantBytesPerSecond, DefaultTenantByteBurst}},
+		"tenant.rate":             {c.Tenants[DefaultTenant].Rate, c.Limits.TenantRate},
 		"timeouts.ready":          {time.Duration(c.Timeouts.Ready), DefaultReadyTimeout},
 		"timeouts.metrics":        {time.Duration(c.Timeouts.Metrics), DefaultMetricsTimeout},
 		"dispatcher.poll":         {time.Duration(c.Dispatcher.PollInterval), DefaultPollInterval},
@@ -145,6 +191,17 @@ func TestWithDefaults(t *testing.T) {
 	if mine.EffectTypes["a"].Timeout != 0 || mine.Tenants != nil || mine.Listen != "" {
 		t.Fatalf("WithDefaults changed its receiver: %+v", mine)
 	}
+
+	// A tenant's rate keeps what it sets; what it leaves out takes limits.tenant_rate, set or defaulted.
+	rates := (&Config{Limits: Limits{TenantRate: RateLimit{RequestsPerSecond: 7}}, Tenants: map[string]Tenant{
+		"a": {APIKeys: []string{testKey}, Rate: RateLimit{RequestBurst: 3, BytesPerSecond: Unlimited}}}}).WithDefaults()
+	want := RateLimit{RequestsPerSecond: 7, RequestBurst: 3, BytesPerSecond: Unlimited, ByteBurst: DefaultTenantByteBurst}
+	if got := rates.Tenants["a"].Rate; got != want {
+		t.Fatalf("tenant rate %+v, want %+v", got, want)
+	}
+	if l := want.limits(); l.RequestsPerSecond != 7 || l.BytesPerSecond != 0 {
+		t.Fatalf("limiter's view of %+v: %+v; want 7 requests/s and no byte bucket", want, l)
+	}
 }
 
 // SPEC §7 spells on_crash and timeout in the provider block too: they are the effect type's one knob, read
@@ -157,12 +214,12 @@ func TestProviderBlockSpellsTheTypeKnobs(t *testing.T) {
 	}{
 		{"effect_types:\n  mail:\n    provider: smtp\n    smtp: { addr: 'h:25', from: a@b.test, on_crash: at_most_once, timeout: 5s }",
 			"at_most_once", 5 * time.Second},
-		{"effect_types:\n  mail:\n    provider: webhook\n    webhook: { url: 'https://h.example/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg==, timeout: 4s }\n    timeout: 4s",
+		{"effect_types:\n  mail:\n    provider: webhook\n    webhook: { url: 'https://h.example/x', secret: " + testSecret + ", timeout: 4s }\n    timeout: 4s",
 			"at_least_once", 4 * time.Second},
 		{"effect_types:\n  mail:\n    provider: http\n    on_crash: at_most_once\n    http: { base_url: 'https://h', timeout: 3s }",
 			"at_most_once", 3 * time.Second},
 	} {
-		cfg, err := Load(writeConfig(t, c.yaml))
+		cfg, err := Load(writeConfig(t, tenantsYAML+c.yaml))
 		if err != nil {
 			t.Fatalf("%q: %v", c.yaml, err)
 		}
@@ -180,7 +237,7 @@ func TestProviderBlockSpellsTheTypeKnobs(t *testing.T) {
 
 // The effect type's timeout and on_crash reach the dispatcher, and the smtp provider, which acts on them.
 func TestEffectTypeKnobsReachTheDispatcher(t *testing.T) {
-	c, err := Load(writeConfig(t, `
+	c, err := Load(writeConfig(t, tenantsYAML+`
 effect_types:
   mail:
     provider: smtp
@@ -189,7 +246,7 @@ effect_types:
     timeout: 7s
   hook:
     provider: webhook
-    webhook: { url: "https://h.example/x", secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg== }
+    webhook: { url: "https://h.example/x", secret: `+testSecret+` }
     timeout: 2s
 `))
 	if err != nil {

@@ -16,10 +16,12 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -32,9 +34,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/trace"
+	"golang.org/x/net/netutil"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/notifier"
+	"github.com/oncegate/oncegate/internal/tenantlimit"
 	"github.com/oncegate/oncegate/migrations"
 	"github.com/oncegate/oncegate/outbox"
 	"github.com/oncegate/oncegate/providers"
@@ -53,6 +57,8 @@ type Gateway struct {
 	notifier   *notifier.Notifier
 	providers  *providers.Registry
 	keys       []apiKey
+	limiter    *tenantlimit.Limiter
+	allowed    map[string]map[string]bool // tenant → the effect types it may use; none listed: all
 	waiters    *waiters
 	router     *mux.Router
 	metrics    *metrics
@@ -133,12 +139,20 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		tenants = append(tenants, t)
 	}
 	sort.Strings(tenants)
+	g.allowed = map[string]map[string]bool{}
 	for _, t := range tenants {
 		for _, k := range cfg.Tenants[t].APIKeys {
-			h, _ := keyHash(k) // checked by Load
+			h, _ := keyHash(k) // checked by validate
 			g.keys = append(g.keys, apiKey{hash: h, tenant: t})
 		}
+		if types := cfg.Tenants[t].EffectTypes; types != nil {
+			g.allowed[t] = map[string]bool{}
+			for _, typ := range types {
+				g.allowed[t][typ] = true
+			}
+		}
 	}
+	g.limiter = tenantlimit.New(func(tenant string) tenantlimit.Limits { return cfg.Tenants[tenant].Rate.limits() })
 	g.router = g.routes()
 	return g, nil
 }
@@ -167,9 +181,22 @@ func (g *Gateway) Migrate(ctx context.Context) error {
 // Serve runs the HTTP API on l and the dispatcher until ctx ends, then shuts down gracefully: it stops
 // accepting, lets requests in flight finish (up to timeouts.shutdown), stops the dispatcher (which drains its
 // deliveries and hands back the rest) and returns.
+//
+// Everything a client controls is bounded: the time to send headers (timeouts.read_header) and the whole
+// request (timeouts.read), the time until the answer is written (timeouts.write), how long a keep-alive
+// connection may sit idle (timeouts.idle), the size of headers (limits.max_header) and of bodies
+// (limits.max_body), and the number of open connections (limits.max_connections).
 func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
-	srv := &http.Server{Handler: g.router, ReadHeaderTimeout: time.Duration(g.cfg.Timeouts.ReadHeader),
-		ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
+	t := g.cfg.Timeouts
+	srv := &http.Server{Handler: g.router, ReadHeaderTimeout: time.Duration(t.ReadHeader),
+		ReadTimeout: time.Duration(t.Read), WriteTimeout: time.Duration(t.Write), IdleTimeout: time.Duration(t.Idle),
+		MaxHeaderBytes: int(g.cfg.Limits.MaxHeader),
+		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
+	// Over the cap, Accept waits: the kernel holds further connections in the listen backlog, costing this
+	// process no descriptor, and they are served, in order, as soon as a connection closes, which the timeouts
+	// above bound. Refusing them instead (accept, answer 503, close) would spend a descriptor and a write on
+	// each and turn a wait of seconds into an error the client must retry. netutil.LimitListener is that gate.
+	l = netutil.LimitListener(l, g.connectionCap())
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
 	var wg sync.WaitGroup
@@ -222,13 +249,14 @@ type tenantKey struct{}
 func tenantOf(r *http.Request) string { return r.Context().Value(tenantKey{}).(string) }
 
 // authenticate resolves the bearer API key to its tenant. Every configured key's hash is compared, in
-// constant time, so the time taken says nothing about which key came close.
+// constant time, so the time taken says nothing about which key came close. A refusal is answered from the
+// headers alone, before any body is read (see refuseUnread).
 func (g *Gateway) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || strings.TrimSpace(token) == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate"`)
-			writeProblem(w, Problem{Type: problemType("unauthorized"), Title: "Unauthorized", Status: 401,
+			refuseUnread(w, r, Problem{Type: problemType("unauthorized"), Title: "Unauthorized", Status: 401,
 				Detail: "send an API key as Authorization: Bearer <key>"})
 			return
 		}
@@ -241,12 +269,95 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		}
 		if tenant == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate", error="invalid_token"`)
-			writeProblem(w, Problem{Type: problemType("unauthorized"), Title: "Unauthorized", Status: 401,
+			refuseUnread(w, r, Problem{Type: problemType("unauthorized"), Title: "Unauthorized", Status: 401,
 				Detail: "the API key is not valid"})
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
 	})
+}
+
+// refuseUnread answers a request whose body it will not read, and closes the connection. Left to itself,
+// net/http reads up to 256 KiB of an unread body before it writes the answer (and again before it reuses the
+// connection), so a client that sends its body slowly would hold the connection, unanswered, for as long as
+// it likes. "Connection: close" makes the server write the answer at once; a read deadline in the past makes
+// its drain of the body fail at once, so the connection closes right after the answer.
+func refuseUnread(w http.ResponseWriter, r *http.Request, p Problem) {
+	if r.ContentLength != 0 { // a body declared (or chunked) and not read
+		w.Header().Set("Connection", "close")
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	}
+	writeProblem(w, p)
+}
+
+// limitTenant spends the tenant's tokens (internal/tenantlimit): one request, and the body's bytes. A body of
+// declared length is charged before it is read, so a refused one is never read; a chunked body is charged
+// once read, and what it overdraws is paid by the tenant's next requests. Every route behind it counts,
+// operator retries included.
+func (g *Gateway) limitTenant(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tenant, now := tenantOf(r), time.Now()
+		if ok, after := g.limiter.Request(tenant, now); !ok {
+			g.tooMany(w, r, tenant, after, "requests")
+			return
+		}
+		switch n := r.ContentLength; {
+		case n > 0:
+			// Beyond limits.max_body the handler reads max_body bytes and answers 413: charge what is read.
+			if ok, after := g.limiter.Bytes(tenant, now, int(min(n, int64(g.cfg.Limits.MaxBody)+1))); !ok {
+				g.tooMany(w, r, tenant, after, "bytes")
+				return
+			}
+		case n < 0:
+			body := &countingReader{ReadCloser: r.Body}
+			r.Body = body
+			defer func() { g.limiter.Charge(tenant, time.Now(), body.n) }()
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// tooMany answers 429 for the tenant's bucket ("requests" or "bytes"), with the time the tokens will be there.
+func (g *Gateway) tooMany(w http.ResponseWriter, r *http.Request, tenant string, after time.Duration, bucket string) {
+	g.metrics.rateLimited.WithLabelValues(tenant, bucket).Inc()
+	what := "requests"
+	if bucket == "bytes" {
+		what = "request-body bytes"
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(tenantlimit.RetryAfterSeconds(after)))
+	refuseUnread(w, r, Problem{Type: problemType("rate-limited"), Title: "Too many requests", Status: 429,
+		Detail: fmt.Sprintf("this API key's tenant is over its rate of %s; retry after the time in Retry-After "+
+			"(with the same Idempotency-Key: nothing was recorded)", what)})
+}
+
+type countingReader struct {
+	io.ReadCloser
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.ReadCloser.Read(p)
+	c.n += n
+	return n, err
+}
+
+// allows reports whether tenant may use the effect type typ (tenants.<name>.effect_types).
+func (g *Gateway) allows(tenant, typ string) bool {
+	set, listed := g.allowed[tenant]
+	return !listed || set[typ]
+}
+
+// typeNotAllowed answers a request for an effect type outside the tenant's list. It answers alike whether
+// the type exists or not, and names only the tenant's own types, so a tenant learns nothing of the others'.
+func (g *Gateway) typeNotAllowed(w http.ResponseWriter, tenant, typ string) {
+	mine := make([]string, 0, len(g.allowed[tenant]))
+	for t := range g.allowed[tenant] {
+		mine = append(mine, t)
+	}
+	sort.Strings(mine)
+	writeProblem(w, Problem{Type: problemType("effect-type-not-allowed"), Title: "Effect type not allowed",
+		Status: 403, Field: "type", Detail: fmt.Sprintf("this tenant may not use the effect type %q; its types are %s",
+			typ, strings.Join(mine, ", "))})
 }
 
 // recoverer turns a panic into a plain 500 problem: never a stack trace to the client.
@@ -279,7 +390,7 @@ func (g *Gateway) routes() *mux.Router {
 	}).Methods(http.MethodGet)
 
 	v1 := r.PathPrefix("/v1").Subrouter()
-	v1.Use(g.authenticate)
+	v1.Use(g.authenticate, g.limitTenant)
 	v1.HandleFunc("/effects", g.createEffect).Methods(http.MethodPost)
 	v1.HandleFunc("/effects", g.listEffects).Methods(http.MethodGet)
 	v1.HandleFunc("/effects/{key}", g.getEffect).Methods(http.MethodGet)

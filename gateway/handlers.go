@@ -59,6 +59,10 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, field, err.Error())
 		return
 	}
+	if !g.allows(tenant, req.Type) {
+		g.typeNotAllowed(w, tenant, req.Type)
+		return
+	}
 	p, ok := g.providers.Get(req.Type)
 	if !ok {
 		badRequest(w, "type", fmt.Sprintf("unknown effect type %q", req.Type))
@@ -325,6 +329,12 @@ func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
+	if _, listed := g.allowed[tenantOf(r)]; listed { // a retry delivers again: only a type the tenant may use
+		if e, err := g.store.Get(ctx, tenantOf(r), key); err == nil && !g.allows(tenantOf(r), e.Type) {
+			g.typeNotAllowed(w, tenantOf(r), e.Type)
+			return
+		}
+	}
 	e, err := g.store.Retry(ctx, tenantOf(r), key)
 	switch {
 	case errors.Is(err, dedup.ErrNotFound):

@@ -19,8 +19,8 @@ import (
 )
 
 const (
-	acmeKey   = "acme-api-key"
-	globexKey = "globex-api-key"
+	acmeKey   = "acme-api-key-4f7b2c9e1d3a8b6c5e0f"
+	globexKey = "globex-api-key-9a1c3e5b7d2f4a6c8e0b"
 )
 
 // harness is a gateway serving on loopback over a database of the test's own, with two tenants.
@@ -52,14 +52,13 @@ func (s *syncBuffer) String() string {
 
 func testConfig(t *testing.T, dbURL string) *Config {
 	t.Helper()
-	cfg, err := Load("")
-	if err != nil {
+	cfg := &Config{DatabaseURL: dbURL, Listen: "127.0.0.1:0",
+		Tenants: map[string]Tenant{"acme": {APIKeys: []string{acmeKey}}, "globex": {APIKeys: []string{globexKey}}}}
+	cfg.Dispatcher.PollInterval = Duration(100 * time.Millisecond)
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
 		t.Fatal(err)
 	}
-	cfg.DatabaseURL = dbURL
-	cfg.Listen = "127.0.0.1:0"
-	cfg.Tenants = map[string]Tenant{"acme": {APIKeys: []string{acmeKey}}, "globex": {APIKeys: []string{globexKey}}}
-	cfg.Dispatcher.PollInterval = Duration(100 * time.Millisecond)
 	return cfg
 }
 

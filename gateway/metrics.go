@@ -19,6 +19,7 @@ type metrics struct {
 	effectsCreated *prometheus.CounterVec
 	replays        *prometheus.CounterVec
 	keyReuses      *prometheus.CounterVec
+	rateLimited    *prometheus.CounterVec
 }
 
 func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
@@ -34,8 +35,11 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 		keyReuses: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "oncegate_key_reuses_total", Help: "Requests refused with 422: the key was used for another request.",
 		}, []string{"type"}),
+		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_rate_limited_total", Help: "Requests refused with 429: the tenant was over its rate of requests or of bytes.",
+		}, []string{"tenant", "bucket"}),
 	}
-	m.registry.MustRegister(m.effectsCreated, m.replays, m.keyReuses, backlogCollector{store: store, timeout: scrapeTimeout},
+	m.registry.MustRegister(m.effectsCreated, m.replays, m.keyReuses, m.rateLimited, backlogCollector{store: store, timeout: scrapeTimeout},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registry.MustRegister(m.dispatcher.Collectors()...)
 	return m

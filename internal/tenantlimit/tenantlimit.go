@@ -69,6 +69,17 @@ func (l *Limiter) Bytes(tenant string, now time.Time, n int) (ok bool, retryAfte
 	return take(l.buckets(tenant).bytes, now, n)
 }
 
+// Charge takes n body-byte tokens of tenant's at now whatever is left, for a body whose size was known only
+// once read (a chunked one): the bucket goes into debt, which the tenant's next bodies pay by waiting. At most
+// ByteBurst is charged, so one body never refuses the tenant for longer than the burst takes to refill.
+func (l *Limiter) Charge(tenant string, now time.Time, n int) {
+	b := l.buckets(tenant).bytes
+	if n <= 0 || b.Limit() == rate.Inf {
+		return
+	}
+	b.ReserveN(now, min(n, b.Burst()))
+}
+
 func take(b *rate.Limiter, now time.Time, n int) (bool, time.Duration) {
 	if n <= 0 || b.Limit() == rate.Inf {
 		return true, 0

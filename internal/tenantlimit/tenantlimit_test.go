@@ -55,3 +55,25 @@ func TestBytes(t *testing.T) {
 		t.Fatalf("RetryAfterSeconds(1.2s) = %d, want 2", got)
 	}
 }
+
+// A body charged after it was read can overdraw the bucket; the tenant's next bodies wait for the debt.
+func TestChargeLeavesDebt(t *testing.T) {
+	t.Parallel()
+	l := New(func(string) Limits { return Limits{BytesPerSecond: 1000, ByteBurst: 4000} })
+	now := time.Unix(1_000_000, 0)
+	l.Charge("a", now, 3000)
+	l.Charge("a", now, 3000) // 2000 in debt
+	ok, after := l.Bytes("a", now, 1000)
+	if ok || after != 3*time.Second {
+		t.Fatalf("1000 bytes after a debt of 2000: ok=%v after %v, want refused for 3s", ok, after)
+	}
+	l.Charge("a", now, 1<<30) // charged as 4000, the burst: a debt of 6000
+	if ok, after := l.Bytes("a", now.Add(7*time.Second), 1000); !ok {
+		t.Fatalf("refused (for %v) once a capped debt was repaid", after)
+	}
+	unlimited := New(func(string) Limits { return Limits{} })
+	unlimited.Charge("a", now, 1<<30)
+	if ok, _ := unlimited.Bytes("a", now, 1<<20); !ok {
+		t.Fatal("a tenant without a byte rate was limited after a charge")
+	}
+}

@@ -40,6 +40,10 @@ type Config struct {
 	AllowPrivateNetworks bool `yaml:"allow_private_networks"`
 }
 
+// MinSecretBytes is the shortest signing key accepted (SPEC §2): a short one can be guessed offline from one
+// signed request.
+const MinSecretBytes = 24
+
 // MaxResponse bounds the part of a receiver's answer that is kept in the effect's result.
 const MaxResponse = 4 << 10
 
@@ -96,8 +100,15 @@ func (c Config) resolve() (*Provider, error) {
 	for i, s := range secrets {
 		b64, ok := strings.CutPrefix(s, "whsec_")
 		key, err := base64.StdEncoding.DecodeString(b64)
-		if !ok || err != nil || len(key) < 16 {
-			return nil, fmt.Errorf("webhook: secret %d: want whsec_ and the base64 of at least 16 bytes", i)
+		if !ok || err != nil || len(key) < MinSecretBytes {
+			field := fmt.Sprintf("secrets[%d]", i) // secrets is secret, if set, then the list
+			if c.Secret != "" {
+				field = "secret"
+				if i > 0 {
+					field = fmt.Sprintf("secrets[%d]", i-1)
+				}
+			}
+			return nil, fmt.Errorf("webhook: %s: want whsec_ and the base64 of at least %d bytes", field, MinSecretBytes)
 		}
 		p.keys = append(p.keys, key)
 	}

@@ -1,8 +1,12 @@
 // Command gateway is oncegate's gateway: the HTTP API that performs side effects once, and the outbox
 // dispatcher, in one process.
 //
-//	gateway serve [--config FILE] [--no-migrate] [--no-dispatch]   serve until SIGTERM, then shut down gracefully
-//	gateway migrate [--config FILE]                apply database migrations (DATABASE_URL alone will do)
+//	gateway serve [--config FILE] [--dev] [--no-migrate] [--no-dispatch]   serve until SIGTERM, then shut down gracefully
+//	gateway migrate [--config FILE]                apply database migrations
+//	gateway keygen                                 print a new API key and its sha256: form
+//
+// A configuration must name its tenants. `serve --dev` alone runs without: it serves a built-in dev tenant
+// on loopback, and creates the database when the server does not have it.
 package main
 
 import (
@@ -31,7 +35,8 @@ func main() {
 }
 
 // errUsage is a command line the gateway does not understand.
-var errUsage = errors.New("usage: gateway serve [--config FILE] [--no-migrate] [--no-dispatch] | gateway migrate [--config FILE]")
+var errUsage = errors.New("usage: gateway serve [--config FILE] [--dev] [--no-migrate] [--no-dispatch] | " +
+	"gateway migrate [--config FILE] | gateway keygen")
 
 // run is the gateway's life. Every error it returns has been logged, once, and telemetry flushed: the
 // deferred calls run before main exits.
@@ -40,11 +45,19 @@ func run(args []string) (err error) {
 		return errUsage
 	}
 	cmd, args := args[0], args[1:]
+	if cmd == "keygen" && len(args) == 0 {
+		return keygen(os.Stdout)
+	}
 	if cmd != "serve" && cmd != "migrate" {
 		return errUsage
 	}
 	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
-	configPath := fs.String("config", "", "configuration file (YAML); defaults serve one dev tenant on loopback")
+	configPath := fs.String("config", "", "configuration file (YAML); it must name its tenants, unless --dev")
+	dev := false
+	if cmd == "serve" {
+		fs.BoolVar(&dev, "dev", false, "serve: without a tenants block, a built-in dev tenant, on loopback only; "+
+			"create the database if it is missing")
+	}
 	noMigrate := fs.Bool("no-migrate", false, "serve: do not apply migrations at start")
 	noDispatch := fs.Bool("no-dispatch", false, "serve: record effects but leave delivery to other gateways")
 	level := fs.String("log-level", envOr("LOG_LEVEL", "info"), "debug, info, warn or error")
@@ -63,7 +76,11 @@ func run(args []string) (err error) {
 		}
 	}()
 
-	cfg, err := gateway.Load(*configPath)
+	load := gateway.Load
+	if dev {
+		load = gateway.LoadDev
+	}
+	cfg, err := load(*configPath)
 	if err != nil {
 		return err
 	}
@@ -78,12 +95,17 @@ func run(args []string) (err error) {
 	}
 	defer g.Close()
 
+	if dev {
+		if err := createDatabase(ctx, cfg.DatabaseURL, log); err != nil {
+			return err
+		}
+	}
 	if cmd == "migrate" {
-		return g.Migrate(ctx)
+		return explainMissingDatabase(g.Migrate(ctx), cfg.DatabaseURL)
 	}
 	if !*noMigrate {
 		if err := g.Migrate(ctx); err != nil {
-			return err
+			return explainMissingDatabase(err, cfg.DatabaseURL)
 		}
 	}
 	l, err := net.Listen("tcp", cfg.Listen)

@@ -39,6 +39,10 @@ func TestFailedStartLogsOnce(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("listne: 127.0.0.1:0\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	everywhere := filepath.Join(t.TempDir(), "everywhere.yaml")
+	if err := os.WriteFile(everywhere, []byte("listen: 0.0.0.0:8080\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		args []string
@@ -46,6 +50,8 @@ func TestFailedStartLogsOnce(t *testing.T) {
 	}{
 		{"bad config", []string{"migrate", "--config", bad}, `"err":"config ` + bad + `: listne: unknown field`},
 		{"bad log level", []string{"serve", "--log-level", "loud"}, "gateway: log level"},
+		{"no tenants", []string{"serve"}, `"err":"config: tenants: missing`},
+		{"--dev on every interface", []string{"serve", "--dev", "--config", everywhere}, `listen: \"0.0.0.0:8080\": --dev listens on loopback only`},
 		{"unknown command", []string{"dance"}, ""},
 	} {
 		var err error

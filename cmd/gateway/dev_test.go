@@ -1,0 +1,79 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncegate/oncegate/gateway"
+	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testenv"
+)
+
+// keygen prints a key that a configuration accepts, then its sha256: form; no two runs print the same.
+func TestKeygen(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 3 {
+		var out bytes.Buffer
+		if err := keygen(&out); err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+		if len(lines) != 2 || len(lines[0]) < gateway.MinAPIKeyLength || lines[1] != gateway.HashKey(lines[0]) || seen[lines[0]] {
+			t.Fatalf("keygen printed %q", out.String())
+		}
+		seen[lines[0]] = true
+		for _, form := range lines {
+			p := filepath.Join(t.TempDir(), "gateway.yaml")
+			if err := os.WriteFile(p, []byte("tenants: {acme: {api_keys: ['"+form+"']}}\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := gateway.Load(p); err != nil {
+				t.Fatalf("a configuration with the key's form %q: %v", form, err)
+			}
+		}
+	}
+}
+
+// serve --dev creates a database the server does not have, once; a second start finds it.
+func TestDevCreatesTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := testenv.Name(t, "og_dev")
+	url := pgtest.WithDatabase(pgtest.AdminURL(), name)
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	})
+	if _, err := pgx.Connect(ctx, url); !missingDatabase(err) {
+		t.Fatalf("before: %v, want database does not exist", err)
+	}
+	if err := explainMissingDatabase(func() error { _, err := pgx.Connect(ctx, url); return err }(), url); err == nil ||
+		!strings.Contains(err.Error(), "`createdb -h ") || !strings.Contains(err.Error(), " "+name+"`") {
+		t.Fatalf("the hint without --dev: %v", err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	for range 2 {
+		if err := createDatabase(ctx, url, log); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatalf("after: %v", err)
+	}
+	_ = conn.Close(ctx)
+}

@@ -20,17 +20,13 @@ import (
 	"github.com/oncegate/oncegate/internal/pgtest"
 )
 
-const key = "client-test-key"
+const key = "client-test-key-5d2b8f4a6c1e3d7b9f0a"
 
 // startGateway runs a real gateway on a database of the test's own and returns its URL and database pool.
 func startGateway(t *testing.T) string {
 	t.Helper()
-	cfg, err := gateway.Load("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.DatabaseURL = pgtest.Database(t)
-	cfg.Tenants = map[string]gateway.Tenant{"acme": {APIKeys: []string{key}}}
+	cfg := &gateway.Config{DatabaseURL: pgtest.Database(t),
+		Tenants: map[string]gateway.Tenant{"acme": {APIKeys: []string{key}}}}
 	g, err := gateway.New(cfg, gateway.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

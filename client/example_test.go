@@ -110,13 +110,13 @@ func startGateway() (url, apiKey string, mail *smtptest.Server, stop func()) {
 	_, err = admin.Exec(ctx, "CREATE DATABASE "+db)
 	check(err)
 
-	apiKey = "example-api-key"
-	cfg, err := gateway.Load("")
-	check(err)
-	cfg.DatabaseURL = pgtest.WithDatabase(pgtest.AdminURL(), strings.Trim(db, `"`))
-	cfg.Tenants = map[string]gateway.Tenant{"acme": {APIKeys: []string{apiKey}}}
-	cfg.EffectTypes["welcome-email"] = gateway.EffectType{Provider: "smtp",
-		SMTP: &smtp.Config{Addr: mail.Addr, From: "Acme <noreply@acme.test>"}}
+	apiKey = "example-api-key-7e1c4a9b2d6f8e3a5c0b"
+	cfg := &gateway.Config{
+		DatabaseURL: pgtest.WithDatabase(pgtest.AdminURL(), strings.Trim(db, `"`)),
+		Tenants:     map[string]gateway.Tenant{"acme": {APIKeys: []string{apiKey}}},
+		EffectTypes: map[string]gateway.EffectType{"welcome-email": {Provider: "smtp",
+			SMTP: &smtp.Config{Addr: mail.Addr, From: "Acme <noreply@acme.test>"}}},
+	}
 	g, err := gateway.New(cfg, gateway.Options{Logger: discard})
 	check(err)
 	check(g.Migrate(ctx))

@@ -67,7 +67,7 @@ func TestComposeFileIsValidAndMatchesTheDocs(t *testing.T) {
 // The configuration compose.yaml mounts into the gateway loads.
 func TestComposeGatewayConfigLoads(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://postgres:postgres@postgres:5432/oncegate")
-	t.Setenv("ACME_API_KEY", "dev-acme-key")
+	t.Setenv("ACME_API_KEY", "dev-acme-key-for-compose-on-a-laptop")
 	c, err := gateway.Load("../deploy/gateway.yaml")
 	if err != nil {
 		t.Fatal(err)

@@ -21,7 +21,7 @@ import (
 	"github.com/oncegate/oncegate/internal/testenv"
 )
 
-const apiKey = "tests-api-key"
+const apiKey = "tests-api-key-2f9d6b1e8a4c7f3b5d0e"
 
 // gatewayConfig writes a configuration file for a gateway on dbURL; extra is YAML appended under
 // effect_types' analytics type.

@@ -29,8 +29,8 @@ func TestSecretsNeverLeak(t *testing.T) {
 	result := reliability.Record(t, "Secrets", "Requests with right, wrong and other tenants' keys; failing deliveries with credentials configured",
 		"No API key, webhook secret, upstream token or SMTP password in logs, metrics, error bodies or traces")
 	const (
-		acmeKey     = "acme-key-Qx7pL2mZ9vR4"
-		otherKey    = "globex-key-Hk3nW8sT1yB6"
+		acmeKey     = "acme-key-Qx7pL2mZ9vR4-Wb3sN6kD1fJ8hT0y"
+		otherKey    = "globex-key-Hk3nW8sT1yB6-Pz5cV2mR9gL4"
 		wrongKey    = "guessed-key-Ue5cJ0aF"
 		upstreamTok = "sk_live_Tn4qV9wX2zK7"
 		smtpPass    = "smtp-pass-Lr8dM3eG6"

@@ -59,7 +59,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	redisURL := fs.String("redis", env("REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL (REDIS_URL)")
 	gatewayURL := fs.String("gateway", env("GATEWAY_URL", "http://127.0.0.1:8080"), "gateway URL (GATEWAY_URL)")
-	apiKey := fs.String("api-key", env("GATEWAY_API_KEY", "dev-api-key"), "gateway API key (GATEWAY_API_KEY)")
+	apiKey := fs.String("api-key", env("GATEWAY_API_KEY", "oncegate-dev-key-for-loopback-only"), "gateway API key (GATEWAY_API_KEY)")
 	queueName := fs.String("queue", env("QUEUE", "jobs"), "queue name (QUEUE)")
 	concurrency := fs.Int("concurrency", 10, "jobs run at once")
 	drain := fs.Duration("drain", queue.DefaultDrainTimeout, "graceful close: how long running jobs may finish")

@@ -302,7 +302,7 @@ func Oncegate(ctx context.Context, env Env) (Row, error) {
 }
 
 // APIKey is the demo tenant's key.
-const APIKey = "killtest-api-key"
+const APIKey = "killtest-api-key-8b3e5d1f7a9c2e4b6d0f"
 
 // StartGateway runs the gateway binary on dbURL with the given effect types (name -> YAML flow mapping),
 // listening on listen ("127.0.0.1:0" for any port), and returns it, its base URL and a stop function.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/oncegate/oncegate/internal/reliability"
 )
 
 const (
@@ -26,6 +28,27 @@ func writeConfig(t *testing.T, body string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// What would fail open stops start-up, naming the field: the issue's four (no tenants, a key under two
+// tenants, a short key, a short webhook secret) as the attack found them.
+func TestConfigFailsClosed(t *testing.T) {
+	result := reliability.Record(t, "Configuration",
+		"A file without tenants; one key under two tenants; an 8-character key; a webhook secret of 16 bytes",
+		"start-up refused, the error naming the field (both fields for a duplicate key)")
+	for _, c := range []struct{ yaml, want string }{
+		{"listen: 0.0.0.0:8080\n", "tenants: missing"},
+		{"tenants:\n  alpha: { api_keys: [" + testKey + "] }\n  beta: { api_keys: [" + testKey + "] }",
+			"tenants.beta.api_keys[0]: the same key as tenants.alpha.api_keys[0]"},
+		{"tenants: { alpha: { api_keys: [abcdefgh] } }", "tenants.alpha.api_keys[0]: an API key must be at least 32 characters"},
+		{tenantsYAML + "effect_types: { w: { provider: webhook, webhook: { url: 'https://h/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg== } } }",
+			"effect_types.w: webhook: webhook: secret: want whsec_ and the base64 of at least 24 bytes"},
+	} {
+		if _, err := Load(writeConfig(t, c.yaml)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%q: error %v, want %q", c.yaml, err, c.want)
+		}
+	}
+	result("4/4 refused, each naming its field")
 }
 
 // A file names its tenants; only `serve --dev` (LoadDev) has a built-in one, and only on loopback.
@@ -110,7 +133,6 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"limits: { max_connections: -5 }", "limits.max_connections must be at least 1"},
 		{"timeouts: { read: 21s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m1s"},
 		{"timeouts: { database: 10s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m5s"},
-		{"effect_types:\n  w:\n    provider: webhook\n    webhook: { url: 'https://h/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg== }", "effect_types.w: webhook: webhook: secret: want whsec_ and the base64 of at least 24 bytes"},
 		{"effect_types:\n  w:\n    provider: webhook\n    webhook: { url: 'https://h/x', secrets: [" + testSecret + ", whsec_MDEyMzQ1Njc4OWFiY2RlZg==] }", "effect_types.w: webhook: webhook: secrets[1]: want whsec_"},
 		{"tenants:\n  acme:\n    api_keys: []", "tenants.acme.api_keys: a tenant needs at least one"},
 		{"effect_types:\n  fax:\n    provider: fax", `effect_types.fax: provider: unknown kind "fax"`},

@@ -277,15 +277,21 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 	})
 }
 
+// refusedBodyGrace is how long the server may go on reading a refused request's body after the answer: long
+// enough for a client that sent its body at once, short enough that a slow one holds nothing.
+const refusedBodyGrace = 500 * time.Millisecond
+
 // refuseUnread answers a request whose body it will not read, and closes the connection. Left to itself,
 // net/http reads up to 256 KiB of an unread body before it writes the answer (and again before it reuses the
 // connection), so a client that sends its body slowly would hold the connection, unanswered, for as long as
-// it likes. "Connection: close" makes the server write the answer at once; a read deadline in the past makes
-// its drain of the body fail at once, so the connection closes right after the answer.
+// it likes. "Connection: close" makes the server write the answer at once. The read deadline then bounds the
+// server's drain of the body: a body already sent is read to its end, so the close is clean and the client
+// reads its answer (closing on unread data would reset the connection and could lose it), and a slow body is
+// cut off.
 func refuseUnread(w http.ResponseWriter, r *http.Request, p Problem) {
 	if r.ContentLength != 0 { // a body declared (or chunked) and not read
 		w.Header().Set("Connection", "close")
-		_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(refusedBodyGrace))
 	}
 	writeProblem(w, p)
 }

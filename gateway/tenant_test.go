@@ -57,6 +57,18 @@ func TestTenantRateLimits(t *testing.T) {
 	if n := h.count("SELECT count(*) FROM oncegate_effects WHERE tenant = 'acme'"); n != 4 {
 		t.Fatalf("%d acme effects, want 4: a 429 records nothing", n)
 	}
+	// A client that sent its whole body before the 429 reads the 429: the connection is closed cleanly, not
+	// reset under the answer.
+	full := `{"type":"analytics","payload":{"name":"x","properties":{"pad":"` + strings.Repeat("p", 3900) + `"}}}`
+	refused := 0
+	for i := range 30 {
+		if r := h.req("POST", "/v1/effects", acmeKey, full, fmt.Sprintf("Idempotency-Key: f%d", i)); r.status == 429 {
+			refused++
+		}
+	}
+	if refused < 25 {
+		t.Fatalf("%d of 30 requests at once over a rate of 1/s refused", refused)
+	}
 
 	// Bytes: 4 KiB at once, then 1000 bytes/s. A declared body past that is refused from its headers: the
 	// client sends none of it and still gets its answer, and the connection is closed.

@@ -309,8 +309,9 @@ func (g *Gateway) limitTenant(next http.Handler) http.Handler {
 		}
 		switch n := r.ContentLength; {
 		case n > 0:
-			// Beyond limits.max_body the handler reads max_body bytes and answers 413: charge what is read.
-			if ok, after := g.limiter.Bytes(tenant, now, int(min(n, int64(g.cfg.Limits.MaxBody)+1))); !ok {
+			// A body beyond limits.max_body is a 413 after max_body bytes: charge those. (The byte burst is
+			// at least max_body, so every charge can pass in time.)
+			if ok, after := g.limiter.Bytes(tenant, now, int(min(n, int64(g.cfg.Limits.MaxBody)))); !ok {
 				g.tooMany(w, r, tenant, after, "bytes")
 				return
 			}

@@ -51,10 +51,10 @@ func TestSlowBodyWithoutAKeyIsRefusedAndClosed(t *testing.T) {
 	h := startGateway(t, nil)
 	const n = 20
 	var (
-		wg      sync.WaitGroup
-		mu      sync.Mutex
-		slowest time.Duration
-		fail    []string
+		wg                    sync.WaitGroup
+		mu                    sync.Mutex
+		slowest, slowestClose time.Duration
+		fail                  []string
 	)
 	for i := range n {
 		wg.Go(func() {
@@ -92,18 +92,20 @@ func TestSlowBodyWithoutAKeyIsRefusedAndClosed(t *testing.T) {
 			if resp.StatusCode != 401 || !resp.Close { // Close: the answer said "Connection: close"
 				fail = append(fail, fmt.Sprintf("conn %d: %d, close %v", i, resp.StatusCode, resp.Close))
 			}
-			slowest = max(slowest, took+closed)
+			slowest, slowestClose = max(slowest, took), max(slowestClose, took+closed)
 		})
 	}
 	wg.Wait()
 	if len(fail) > 0 {
 		t.Fatal(strings.Join(fail, "\n"))
 	}
-	if slowest > 2*time.Second {
-		t.Fatalf("the slowest connection took %v to be answered and closed", slowest)
+	// The answer comes at once; the close within refusedBodyGrace, the time a body already sent may take to
+	// be read so that the close is clean.
+	if slowest > time.Second || slowestClose > refusedBodyGrace+time.Second {
+		t.Fatalf("the slowest connection was answered after %v and closed after %v", slowest, slowestClose)
 	}
-	t.Logf("slowest %v", slowest)
-	result(fmt.Sprintf("%d/%d answered 401 and closed; slowest %v", n, n, slowest.Round(time.Millisecond)))
+	result(fmt.Sprintf("%d/%d answered 401 within %v and closed within %v", n, n, slowest.Round(time.Millisecond),
+		slowestClose.Round(10*time.Millisecond)))
 }
 
 // serverTimeouts are short timeouts for the tests of the server's limits. The write timeout stays long enough

@@ -77,3 +77,18 @@ func TestChargeLeavesDebt(t *testing.T) {
 		t.Fatal("a tenant without a byte rate was limited after a charge")
 	}
 }
+
+// The cost the limiter adds to every request: one request token and one body's bytes, for one tenant of many.
+func BenchmarkRequestAndBytes(b *testing.B) {
+	l := New(func(string) Limits {
+		return Limits{RequestsPerSecond: 1e9, RequestBurst: 1e9, BytesPerSecond: 1e12, ByteBurst: 1 << 40}
+	})
+	tenants := []string{"a", "b", "c", "d"}
+	b.RunParallel(func(pb *testing.PB) {
+		for i := 0; pb.Next(); i++ {
+			now := time.Now()
+			l.Request(tenants[i%4], now)
+			l.Bytes(tenants[i%4], now, 300)
+		}
+	})
+}

@@ -167,14 +167,31 @@ func (g *Gateway) Close() {
 func (g *Gateway) Handler() http.Handler { return g.router }
 
 // Migrate applies pending migrations.
-func (g *Gateway) Migrate(ctx context.Context) error {
-	db := stdlib.OpenDBFromPool(g.pool)
-	defer db.Close()
-	v, err := migrations.Up(ctx, db, g.log)
+func (g *Gateway) Migrate(ctx context.Context) error { return migrate(ctx, g.pool, g.log) }
+
+// Migrate applies pending migrations to the database at databaseURL, without a gateway: `gateway migrate`
+// with no configuration file, which needs neither tenants nor effect types.
+func Migrate(ctx context.Context, databaseURL string, log *slog.Logger) error {
+	pcfg, err := (&Config{DatabaseURL: databaseURL}).poolConfig()
 	if err != nil {
 		return err
 	}
-	g.log.Info("database schema is current", "version", v)
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return fmt.Errorf("database_url: %w", err)
+	}
+	defer pool.Close()
+	return migrate(ctx, pool, log)
+}
+
+func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	v, err := migrations.Up(ctx, db, log)
+	if err != nil {
+		return err
+	}
+	log.Info("database schema is current", "version", v)
 	return nil
 }
 

@@ -77,3 +77,39 @@ func TestDevCreatesTheDatabase(t *testing.T) {
 	}
 	_ = conn.Close(ctx)
 }
+
+// `gateway migrate` without a file needs only DATABASE_URL: no tenants, no effect types. Not parallel: it sets
+// the environment.
+func TestMigrateNeedsOnlyTheDatabase(t *testing.T) {
+	t.Setenv("OTEL_SDK_DISABLED", "true")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name := testenv.Name(t, "og_migrate")
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	})
+	url := pgtest.WithDatabase(pgtest.AdminURL(), name)
+	t.Setenv("DATABASE_URL", url)
+	var runErr error
+	stderrOf(t, func() { runErr = run([]string{"migrate"}) })
+	if runErr != nil {
+		t.Fatalf("migrate with DATABASE_URL alone: %v", runErr)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var n int
+	if err := conn.QueryRow(ctx, "SELECT count(*) FROM oncegate_effects").Scan(&n); err != nil {
+		t.Fatalf("after migrate: %v", err)
+	}
+}

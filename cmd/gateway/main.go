@@ -2,7 +2,7 @@
 // dispatcher, in one process.
 //
 //	gateway serve [--config FILE] [--dev] [--no-migrate] [--no-dispatch]   serve until SIGTERM, then shut down gracefully
-//	gateway migrate [--config FILE]                apply database migrations
+//	gateway migrate [--config FILE]                apply database migrations (DATABASE_URL alone will do)
 //	gateway keygen                                 print a new API key and its sha256: form
 //
 // A configuration must name its tenants. `serve --dev` alone runs without: it serves a built-in dev tenant
@@ -76,6 +76,13 @@ func run(args []string) (err error) {
 		}
 	}()
 
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if cmd == "migrate" && *configPath == "" {
+		// Migrations need only the database: no tenants, no effect types.
+		url := (&gateway.Config{}).WithDefaults().DatabaseURL
+		return explainMissingDatabase(gateway.Migrate(ctx, url, log), url)
+	}
 	load := gateway.Load
 	if dev {
 		load = gateway.LoadDev
@@ -87,8 +94,6 @@ func run(args []string) (err error) {
 	if *noDispatch {
 		cfg.Dispatcher.Disabled = true
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
 	g, err := gateway.New(cfg, gateway.Options{Logger: log, DriverTracing: tel.Children})
 	if err != nil {
 		return err

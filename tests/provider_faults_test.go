@@ -63,11 +63,24 @@ func (f *flakyReceiver) handler(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(code)
 }
 
-// breakerStates samples the gateway's breaker gauge for typ every 20ms, from now until the test ends or the
+// breakerGauge reads the one oncegate_breaker_state series whose labels include label.
+func breakerGauge(metrics, label string) (int, bool) {
+	for _, l := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(l, "oncegate_breaker_state{") && strings.Contains(l, label) {
+			var n int
+			fmt.Sscan(strings.Fields(l)[1], &n)
+			return n, true
+		}
+	}
+	return 0, false
+}
+
+// breakerStates samples the gateway's breaker gauge for typ (its one tenant and destination) every 20ms, from now until the test ends or the
 // returned stop is called, and gives the states it saw in order, without repeats (0 closed, 1 half-open,
 // 2 open): the breaker's history read from the gateway's metrics rather than from its log.
 func breakerStates(t *testing.T, base, typ string) (stop func() []int) {
-	series := `oncegate_breaker_state{type="` + typ + `"}`
+	// Breakers are per tenant and destination: this test has one of each, so the type's one series.
+	label := `type="` + typ + `"`
 	var states []int
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
@@ -84,10 +97,11 @@ func breakerStates(t *testing.T, base, typ string) (stop func() []int) {
 			}
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if !strings.Contains(string(b), series+" ") {
+			v, ok := breakerGauge(string(b), label)
+			if !ok {
 				continue
 			}
-			if v := counterIn(string(b), series); len(states) == 0 || states[len(states)-1] != v {
+			if len(states) == 0 || states[len(states)-1] != v {
 				states = append(states, v)
 			}
 		}

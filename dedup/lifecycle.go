@@ -45,7 +45,19 @@ type ClaimParams struct {
 // Claim leases up to p.Limit due outbox rows of p.Type (new, due for a retry, or rescued from an expired
 // lease) and marks their effects delivering. Claims in any number of gateways never wait on each other.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rs, err := s.db.Query(ctx, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(), effect.StatusDelivering)
+	return s.claim(ctx, claimSQL, p)
+}
+
+// ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, to be read by Payload. A claim
+// returns its rows in one result, so a row that cannot be read (a payload Postgres cannot print) fails the
+// whole Claim, however many good rows are due beside it; ClaimLeases names the rows, so that the caller can
+// read each payload on its own and set aside, by ID, only the row that fails.
+func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
+	return s.claim(ctx, claimLeasesSQL, p)
+}
+
+func (s *Store) claim(ctx context.Context, sql string, p ClaimParams) ([]Claimed, error) {
+	rs, err := s.db.Query(ctx, sql, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(), effect.StatusDelivering)
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}
@@ -59,6 +71,20 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 		return nil, translate("claim "+p.Type, err)
 	}
 	return out, nil
+}
+
+// Payload reads the payload of a row leased by ClaimLeases. It returns ErrLeaseLost when the lease is no
+// longer the row's, ErrUnavailable when the database is, and otherwise an error that belongs to this row.
+func (s *Store) Payload(ctx context.Context, lease Lease) (json.RawMessage, error) {
+	var p json.RawMessage
+	err := s.db.QueryRow(ctx, readPayloadSQL, lease.EffectID, lease.Token).Scan(&p)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrLeaseLost
+	}
+	if err != nil {
+		return nil, translate("read payload", err)
+	}
+	return p, nil
 }
 
 // Finish is a terminal outcome.

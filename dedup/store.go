@@ -26,26 +26,37 @@ import (
 //go:embed sql/*.sql
 var sqlFiles embed.FS
 
-func query(name string) string {
-	cols, _ := sqlFiles.ReadFile("sql/columns.sql")
-	q, err := sqlFiles.ReadFile("sql/" + name + ".sql")
+// query returns sql/name.sql with {{columns}} (columns.sql) and {{payload}} (payload.sql: how a stored
+// payload is read) filled in.
+func query(name string) string { return queryWith(name, sqlFile("payload")) }
+
+// queryWith is query with payload in place of {{payload}}.
+func queryWith(name, payload string) string {
+	return strings.NewReplacer("{{columns}}", sqlFile("columns"), "{{payload}}", payload).Replace(sqlFile(name))
+}
+
+func sqlFile(name string) string {
+	b, err := sqlFiles.ReadFile("sql/" + name + ".sql")
 	if err != nil {
 		panic(err)
 	}
-	return strings.ReplaceAll(string(q), "{{columns}}", strings.TrimSpace(string(cols)))
+	return strings.TrimSpace(string(b))
 }
 
 var (
-	insertSQL     = query("insert")
-	fenceSQL      = query("fence")
-	getSQL        = query("get")
-	listSQL       = query("list")
-	retrySQL      = query("retry")
-	claimSQL      = query("claim")
-	finishSQL     = query("finish")
-	rescheduleSQL = query("reschedule")
-	purgeSQL      = query("purge")
-	backlogSQL    = query("backlog")
+	insertSQL = query("insert")
+	fenceSQL  = query("fence")
+	getSQL    = query("get")
+	listSQL   = query("list")
+	retrySQL  = query("retry")
+	claimSQL  = query("claim")
+	// Leases without payloads, for the dispatcher's fallback when a claim fails on a row it cannot read.
+	claimLeasesSQL = queryWith("claim", "NULL::json")
+	readPayloadSQL = query("read_payload")
+	finishSQL      = query("finish")
+	rescheduleSQL  = query("reschedule")
+	purgeSQL       = query("purge")
+	backlogSQL     = query("backlog")
 )
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")
@@ -99,6 +110,12 @@ type NewEffect struct {
 // Create records the effect and its outbox row, or returns the effect already stored under the key with
 // replayed set. A stored effect with another fingerprint is a *KeyReusedError.
 func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed bool, err error) {
+	if nulEscape(ne.Payload) {
+		// The payload is stored as json, which keeps the escape as text; jsonb and text refuse it, and so
+		// would whatever a provider writes it into. Refused here, as jsonb used to.
+		return nil, false, &UnstorableError{Reason: `a string in the payload holds \u0000 (NUL), which Postgres ` +
+			"text and jsonb cannot hold", Err: errNUL}
+	}
 	fp, err := Fingerprint(ne.Type, ne.Payload)
 	if err != nil {
 		return nil, false, err
@@ -138,6 +155,25 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 		return e, true, nil
 	}
 	return nil, false, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key)
+}
+
+var errNUL = errors.New(`\u0000 in a JSON string`)
+
+// nulEscape reports whether the JSON text doc holds the escape \u0000. Valid JSON has backslashes only in
+// strings, where each starts an escape of two characters or of six (\uXXXX), so a walk from backslash to
+// backslash finds it exactly, and \\u0000 (a backslash, then "u0000") is not mistaken for it.
+func nulEscape(doc []byte) bool {
+	for i := 0; i < len(doc); i += 2 {
+		j := bytes.IndexByte(doc[i:], '\\')
+		if j < 0 {
+			return false
+		}
+		i += j
+		if bytes.HasPrefix(doc[i+1:], []byte("u0000")) {
+			return true
+		}
+	}
+	return false
 }
 
 // Get returns the tenant's effect under key.

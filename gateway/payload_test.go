@@ -28,7 +28,9 @@ func TestPayloadLimitsAtRequestTime(t *testing.T) {
 	nest := func(levels int) string { // an object nested levels deep inside the payload object
 		return strings.Repeat(`{"a":`, levels) + "1" + strings.Repeat("}", levels)
 	}
-	ev := func(props string) string { return `{"type":"analytics","payload":{"name":"x","properties":` + props + `}}` }
+	ev := func(props string) string {
+		return `{"type":"analytics","payload":{"name":"x","properties":` + props + `}}`
+	}
 	cases := []struct {
 		name, body, field string
 	}{

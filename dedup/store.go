@@ -28,11 +28,8 @@ var sqlFiles embed.FS
 
 // query returns sql/name.sql with {{columns}} (columns.sql) and {{payload}} (payload.sql: how a stored
 // payload is read) filled in.
-func query(name string) string { return queryWith(name, sqlFile("payload")) }
-
-// queryWith is query with payload in place of {{payload}}.
-func queryWith(name, payload string) string {
-	return strings.NewReplacer("{{columns}}", sqlFile("columns"), "{{payload}}", payload).Replace(sqlFile(name))
+func query(name string) string {
+	return strings.NewReplacer("{{columns}}", sqlFile("columns"), "{{payload}}", sqlFile("payload")).Replace(sqlFile(name))
 }
 
 func sqlFile(name string) string {
@@ -44,19 +41,18 @@ func sqlFile(name string) string {
 }
 
 var (
-	insertSQL = query("insert")
-	fenceSQL  = query("fence")
-	getSQL    = query("get")
-	listSQL   = query("list")
-	retrySQL  = query("retry")
-	claimSQL  = query("claim")
-	// Leases without payloads, for the dispatcher's fallback when a claim fails on a row it cannot read.
-	claimLeasesSQL = queryWith("claim", "NULL::json")
-	readPayloadSQL = query("read_payload")
-	finishSQL      = query("finish")
-	rescheduleSQL  = query("reschedule")
-	purgeSQL       = query("purge")
-	backlogSQL     = query("backlog")
+	insertSQL       = query("insert")
+	fenceSQL        = query("fence")
+	getSQL          = query("get")
+	listSQL         = query("list")
+	retrySQL        = query("retry")
+	claimSQL        = query("claim")
+	readPayloadsSQL = query("read_payloads")
+	releaseSQL      = query("release")
+	finishSQL       = query("finish")
+	rescheduleSQL   = query("reschedule")
+	purgeSQL        = query("purge")
+	backlogSQL      = query("backlog")
 )
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")

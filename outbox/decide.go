@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -23,9 +24,10 @@ type policy struct {
 type stage int
 
 const (
-	stageClaimed   stage = iota // claimed, nothing tried yet
-	stageRefused                // the breaker kept the call from the destination
-	stageAttempted              // the provider was called; the outcome says how it went
+	stageClaimed    stage = iota // claimed, nothing tried yet
+	stageRefused                 // the breaker kept the call from the destination
+	stageAttempted               // the provider was called; the outcome says how it went
+	stageUnreadable              // the row was leased, but its payload could not be read back (err says why)
 )
 
 // event is what decide is asked about.
@@ -34,6 +36,8 @@ type event struct {
 	outcome providers.Outcome // stageAttempted
 	// stopping is set when the delivery's context ended (shutdown cancelled the attempt).
 	stopping bool
+	// err is why the payload could not be read (stageUnreadable).
+	err error
 }
 
 type actionKind int
@@ -55,6 +59,10 @@ type action struct {
 	err   error
 }
 
+// unreadablePrefix starts the error an unreadable row is left with.
+const unreadablePrefix = "set aside without an attempt: its stored payload cannot be read back, so no " +
+	"delivery of it can start; check the row, then delete it or fix it and retry: "
+
 // rescueUnknown is the error an at-most-once rescue leaves on the effect, for the operator.
 const rescueUnknown = "a gateway died while delivering this effect, so it may or may not have happened; " +
 	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
@@ -62,6 +70,8 @@ const rescueUnknown = "a gateway died while delivering this effect, so it may or
 // decide is the dispatcher's whole delivery policy, without I/O: given how far a claimed row got, it says
 // what happens next. docs/effects.md draws the transitions it makes.
 //
+//   - A row whose payload cannot be read back from the database is finished dead, uncharged, with the
+//     reason: trying again would fail again, and hold a lease and a claim each time.
 //   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
 //     finished unknown, uncharged, rather than risk a second delivery; a TxProvider has no crash window, so
 //     its rows are always delivered. Every other row is delivered.
@@ -82,6 +92,10 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 		return action{kind: actDeliver}
 	case stageRefused:
 		return action{kind: actReschedule}
+	case stageUnreadable:
+		return action{kind: actFinish,
+			finish: dedup.Finish{Status: effect.StatusDead, LastError: unreadablePrefix + unreadableReason(ev.err)},
+			msg:    "a row's payload cannot be read back; set aside as dead", level: slog.LevelError, err: ev.err}
 	}
 
 	out := ev.outcome
@@ -118,4 +132,13 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 	return action{kind: actReschedule,
 		reschedule: dedup.Reschedule{Delay: delay, LastError: errText, Attempted: true},
 		msg:        "delivery failed; will retry", level: slog.LevelInfo, err: out.Err}
+}
+
+// unreadableReason is what Postgres said, without the store's wrapping, which speaks of storing.
+func unreadableReason(err error) string {
+	var ue *dedup.UnstorableError
+	if errors.As(err, &ue) {
+		return ue.Reason
+	}
+	return err.Error()
 }

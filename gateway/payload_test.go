@@ -8,6 +8,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/oncegate/oncegate/internal/jsonlimit"
 	"github.com/oncegate/oncegate/internal/reliability"
 	httpprov "github.com/oncegate/oncegate/providers/http"
 )
@@ -103,4 +104,28 @@ func TestPayloadIsDeliveredAsSent(t *testing.T) {
 	if err := h.pool.QueryRow(t.Context(), "SELECT payload::text FROM oncegate_effects WHERE key = 'as-sent'").Scan(&stored); err != nil || stored != payload {
 		t.Fatalf("stored %q (%v), sent %q", stored, err, payload)
 	}
+}
+
+// What the request checks add to a create, on the benchmark's body (scripts/bench gateway): decode is the
+// whole of decodeCreate, checks the two jsonlimit passes within it.
+func BenchmarkCreateBodyChecks(b *testing.B) {
+	body := []byte(`{"type":"analytics","payload":{"name":"signup","properties":{"plan":"pro"}}}`)
+	b.Run("decode", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := decodeCreate(body); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("checks", func(b *testing.B) {
+		payload := body[len(`{"type":"analytics","payload":`) : len(body)-1]
+		for b.Loop() {
+			if _, err := checkLimits(payload, "payload", jsonlimit.Limits{}); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := checkLimits(body, "", jsonlimit.Limits{MaxDepth: jsonlimit.DefaultMaxDepth + 1}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

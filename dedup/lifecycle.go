@@ -169,8 +169,8 @@ func (s *Store) Finish(ctx context.Context, lease Lease, f Finish) error {
 		return fmt.Errorf("dedup: finish with status %q, which is not terminal", f.Status)
 	}
 	var id int64
-	err := s.db.QueryRow(ctx, finishSQL, lease.EffectID, lease.Token, f.Status, nullJSON(f.Result),
-		nullString(f.LastError), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
+	err := s.db.QueryRow(ctx, finishSQL, lease.EffectID, lease.Token, f.Status, nullJSON(storableJSON(f.Result)),
+		nullString(storableText(f.LastError)), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
@@ -192,7 +192,7 @@ type Reschedule struct {
 func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error {
 	var id int64
 	err := s.db.QueryRow(ctx, rescheduleSQL, lease.EffectID, lease.Token, r.Delay.Milliseconds(),
-		nullString(r.LastError), attempts(r.Attempted), effect.StatusPending).Scan(&id)
+		nullString(storableText(r.LastError)), attempts(r.Attempted), effect.StatusPending).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}

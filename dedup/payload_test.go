@@ -93,3 +93,38 @@ func TestReleaseKeepsRescuedRowsRescued(t *testing.T) {
 		}
 	}
 }
+
+// An outcome is recorded even when its details are what Postgres cannot store: a result holding \u0000 (an
+// upstream's body, say) or an error text with a NUL or bytes that are not UTF-8. Were the write refused, the
+// row would be rescued after its lease and delivered again, for ever.
+func TestOutcomeDetailsThatPostgresRefusesAreMadeStorable(t *testing.T) {
+	t.Parallel()
+	s, _ := newStore(t)
+	ctx := context.Background()
+	create(t, s, "k")
+	c := claimOne(t, s)
+	if err := s.Reschedule(ctx, c.Lease, Reschedule{LastError: "upstream said \x00\xff", Attempted: true}); err != nil {
+		t.Fatalf("reschedule: %v", err)
+	}
+	if e, _ := s.Get(ctx, "t", "k"); e.LastError == nil || *e.LastError != "upstream said \ufffd\ufffd" {
+		t.Fatalf("last error %q", deref(e.LastError))
+	}
+	c = claimOne(t, s)
+	err := s.Finish(ctx, c.Lease, Finish{Status: effect.StatusDelivered, Attempted: true,
+		Result: json.RawMessage(`{"body":"a\u0000b\\u0000","n":1}`), LastError: "\x00"})
+	if err != nil {
+		t.Fatalf("finish: %v", err)
+	}
+	e, _ := s.Get(ctx, "t", "k")
+	var res map[string]any
+	if e.Status != effect.StatusDelivered || json.Unmarshal(e.Result, &res) != nil || res["body"] != "a\ufffdb\\u0000" {
+		t.Fatalf("finished: %+v, result %s", e, e.Result)
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
+}

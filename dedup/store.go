@@ -153,25 +153,6 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 	return nil, false, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key)
 }
 
-var errNUL = errors.New(`\u0000 in a JSON string`)
-
-// nulEscape reports whether the JSON text doc holds the escape \u0000. Valid JSON has backslashes only in
-// strings, where each starts an escape of two characters or of six (\uXXXX), so a walk from backslash to
-// backslash finds it exactly, and \\u0000 (a backslash, then "u0000") is not mistaken for it.
-func nulEscape(doc []byte) bool {
-	for i := 0; i < len(doc); i += 2 {
-		j := bytes.IndexByte(doc[i:], '\\')
-		if j < 0 {
-			return false
-		}
-		i += j
-		if bytes.HasPrefix(doc[i+1:], []byte("u0000")) {
-			return true
-		}
-	}
-	return false
-}
-
 // Get returns the tenant's effect under key.
 func (s *Store) Get(ctx context.Context, tenant, key string) (*Effect, error) {
 	e, err := scan(s.db.QueryRow(ctx, getSQL, tenant, key))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -236,8 +237,23 @@ func (d *Dispatcher) readPayload(r dedup.Claimed) ([]byte, error) {
 func (d *Dispatcher) startDelivery(deliveries context.Context, inflight *sync.WaitGroup, t *effectType, r dedup.Claimed) {
 	inflight.Go(func() {
 		defer d.release(t)
+		defer d.recoverDelivery(t, r)
 		d.deliver(deliveries, t, r)
 	})
+}
+
+// recoverDelivery turns a panic in the delivery of r (a bug that one payload sets off, in a provider or
+// here) into r's failure, set aside by decide. Left alone it would take the gateway down, and the row, rescued
+// after its lease, would do the same to every gateway that took it. The panic's value and stack go to the log
+// only: they may hold configuration that a tenant must not see.
+func (d *Dispatcher) recoverDelivery(t *effectType, r dedup.Claimed) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	log := d.rowLog(t, r)
+	log.Error("a delivery panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	d.apply(log, t, r, decide(event{stage: stagePanicked}, r, t.policy))
 }
 
 // release frees a delivery slot of t and tells the claim loop.

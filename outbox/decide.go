@@ -28,6 +28,7 @@ const (
 	stageRefused                 // the breaker kept the call from the destination
 	stageAttempted               // the provider was called; the outcome says how it went
 	stageUnreadable              // the row was leased, but its payload could not be read back (err says why)
+	stagePanicked                // its delivery panicked
 )
 
 // event is what decide is asked about.
@@ -63,6 +64,10 @@ type action struct {
 const unreadablePrefix = "set aside without an attempt: its stored payload cannot be read back, so no " +
 	"delivery of it can start; check the row, then delete it or fix it and retry: "
 
+// panicked is the error a row whose delivery panicked is left with.
+const panicked = "the delivery panicked, a bug in the gateway or its provider that this effect sets off; it " +
+	"was not retried (the log has the details)"
+
 // rescueUnknown is the error an at-most-once rescue leaves on the effect, for the operator.
 const rescueUnknown = "a gateway died while delivering this effect, so it may or may not have happened; " +
 	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
@@ -72,6 +77,7 @@ const rescueUnknown = "a gateway died while delivering this effect, so it may or
 //
 //   - A row whose payload cannot be read back from the database is finished dead, uncharged, with the
 //     reason: trying again would fail again, and hold a lease and a claim each time.
+//   - A row whose delivery panicked is finished dead, charged: trying again would panic again.
 //   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
 //     finished unknown, uncharged, rather than risk a second delivery; a TxProvider has no crash window, so
 //     its rows are always delivered. Every other row is delivered.
@@ -92,6 +98,8 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 		return action{kind: actDeliver}
 	case stageRefused:
 		return action{kind: actReschedule}
+	case stagePanicked:
+		return action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: panicked, Attempted: true}}
 	case stageUnreadable:
 		return action{kind: actFinish,
 			finish: dedup.Finish{Status: effect.StatusDead, LastError: unreadablePrefix + unreadableReason(ev.err)},

@@ -44,6 +44,8 @@ func TestDecide(t *testing.T) {
 		{"an unreadable row is dead, uncharged, with Postgres's reason, even rescued under at_most_once",
 			event{stage: stageUnreadable, err: &dedup.UnstorableError{Reason: "out of memory", Err: boom}}, rescued, most,
 			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: unreadablePrefix + "out of memory"}}},
+		{"a delivery that panicked is dead, charged", event{stage: stagePanicked}, fresh, least,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: panicked, Attempted: true}}},
 		{"delivered", attempted(providers.Outcome{Kind: providers.KindDelivered, Result: []byte(`{"id":1}`)}), fresh, least,
 			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDelivered, Result: []byte(`{"id":1}`), Attempted: true}}},
 		{"failed for good", attempted(providers.Failed(errors.New("550 no such user"), true)), fresh, least,

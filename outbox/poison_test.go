@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -166,4 +167,45 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// panicky panics on a payload that names "boom", and delivers any other.
+type panicky struct{ calls atomic.Int32 }
+
+func (p *panicky) Validate(json.RawMessage) error { return nil }
+func (p *panicky) Deliver(_ context.Context, d providers.Delivery) providers.Outcome {
+	p.calls.Add(1)
+	if strings.Contains(string(d.Payload), "boom") {
+		panic("provider bug: " + string(d.Payload))
+	}
+	return providers.Delivered(nil)
+}
+
+// A delivery that panics on one row (a provider's bug that one payload sets off) fails that row, dead with
+// the panic as its reason; it does not take the gateway down, which would leave the row to be rescued and
+// panic again in every gateway that takes it.
+func TestPanickingDeliveryFailsOnlyItsRow(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Hostile input", "A payload that makes its provider panic, between two that do not",
+		"The gateway stays up; the other rows delivered; that row dead, once, with no panic text a tenant could read")
+	f := newFixture(t)
+	ctx := context.Background()
+	for _, k := range []string{"ok1", "boom", "ok2"} {
+		if _, _, err := f.store.Create(ctx, dedup.NewEffect{Tenant: "t", Key: k, Type: "p",
+			Payload: json.RawMessage(`{"k":"` + k + `"}`)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	p := &panicky{}
+	f.run(EffectType{Name: "p", Provider: p})
+	f.waitStatus("ok1", effect.StatusDelivered)
+	f.waitStatus("ok2", effect.StatusDelivered)
+	e := f.waitStatus("boom", effect.StatusDead)
+	if e.LastError == nil || *e.LastError != panicked || e.Attempts != 1 {
+		t.Fatalf("the panicking row: %+v, last error %s", e, deref(e.LastError))
+	}
+	if n := p.calls.Load(); n != 3 {
+		t.Fatalf("provider called %d times, want 3: the panicking row once", n)
+	}
+	result("2 of 2 other rows delivered; the panicking row dead after 1 attempt; provider called 3 times")
 }

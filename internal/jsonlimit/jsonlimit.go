@@ -183,7 +183,7 @@ func (w *walker) object(depth int) error {
 		dup := false
 		switch {
 		case folded != nil:
-			key := strings.ToLower(unescape(name))
+			key := foldKey(name)
 			_, dup = folded[key]
 			folded[key] = struct{}{}
 		case len(w.names)-first < smallObject:
@@ -198,7 +198,7 @@ func (w *walker) object(depth int) error {
 			// A large object: comparing each name with all before it would cost its square.
 			folded = make(map[string]struct{}, 2*smallObject)
 			for _, seen := range append(w.names[first:], name) {
-				key := strings.ToLower(unescape(seen))
+				key := foldKey(seen)
 				_, dup = folded[key]
 				folded[key] = struct{}{}
 			}
@@ -262,8 +262,12 @@ func sameName(a, b []byte) bool {
 	if ascii(a) && ascii(b) {
 		return bytes.EqualFold(a, b)
 	}
-	return strings.ToLower(unescape(a)) == strings.ToLower(unescape(b))
+	return foldKey(a) == foldKey(b)
 }
+
+// foldKey is what sameName compares, as a map key for large objects. Lower-casing (not Unicode case
+// folding, as strings.EqualFold does) keeps the two in agreement, ASCII or not.
+func foldKey(raw []byte) string { return strings.ToLower(unescape(raw)) }
 
 // ascii reports whether a raw name is printable ASCII without escapes: its bytes are its characters.
 func ascii(s []byte) bool {

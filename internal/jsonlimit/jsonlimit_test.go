@@ -2,8 +2,8 @@ package jsonlimit
 
 import (
 	"encoding/json"
-	"fmt"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -76,6 +77,9 @@ func TestPayloadLimitsAtRequestTime(t *testing.T) {
 // the delivery, and the order and spelling of its members are the client's.
 func TestPayloadIsDeliveredAsSent(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Hostile input",
+		"A payload that jsonb would print larger and reordered (1e300 as 301 digits, -0, member order, spacing)",
+		"What the destination receives is the payload byte for byte as sent; what is stored is the text sent")
 	var mu sync.Mutex
 	var got []byte
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -100,6 +104,7 @@ func TestPayloadIsDeliveredAsSent(t *testing.T) {
 	if string(got) != body {
 		t.Fatalf("delivered %q, sent %q", got, body)
 	}
+	result(fmt.Sprintf("%d bytes sent, the same %d bytes delivered and stored", len(body), len(got)))
 	var stored string
 	if err := h.pool.QueryRow(t.Context(), "SELECT payload::text FROM oncegate_effects WHERE key = 'as-sent'").Scan(&stored); err != nil || stored != payload {
 		t.Fatalf("stored %q (%v), sent %q", stored, err, payload)

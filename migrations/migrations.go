@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"embed"
 	"fmt"
+	"io/fs"
 	"log/slog"
 
 	"github.com/pressly/goose/v3"
@@ -63,3 +64,7 @@ func Pending(ctx context.Context, db *sql.DB) (bool, error) {
 	}
 	return pending, nil
 }
+
+// Files returns the embedded migration files. Tests key a migrated template database by their content, so a
+// changed migration gets a template of its own.
+func Files() fs.FS { return files }

@@ -9,8 +9,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sony/gobreaker/v2"
-
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/backoff"
 )
@@ -37,7 +35,7 @@ type claimState struct {
 
 // claimLoop claims due rows and starts their deliveries (under deliveries, in inflight) until ctx ends. It
 // claims again at once while claims come back full, and otherwise waits for a notification (Wake), a freed
-// delivery slot, a breaker that closed, a type's claim backoff to run out, or the poll interval.
+// delivery slot, a type's claim backoff to run out, or the poll interval.
 func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.WaitGroup) {
 	poll := time.NewTicker(d.cfg.PollInterval)
 	defer poll.Stop()
@@ -68,10 +66,11 @@ func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.W
 	}
 }
 
-// claimAll claims due rows for every type with free capacity, a breaker that lets calls through and no claim
-// backoff running. A type whose claim fails is backed off on its own and the round goes on with the next
-// type. It reports whether some claim came back full, so that more rows may be due, and the earliest time a
-// backed-off type may claim again (zero if none is backed off).
+// claimAll claims due rows for every type with free capacity and no claim backoff running. Breakers are per
+// destination, so the claim cannot ask them; a row whose breaker refuses it is rescheduled until that
+// breaker's next probe (deliver.go), uncharged. A type whose claim fails is backed off on its own and the
+// round goes on with the next type. It reports whether some claim came back full, so that more rows may be
+// due, and the earliest time a backed-off type may claim again (zero if none is backed off).
 func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.WaitGroup,
 	states map[*effectType]*claimState) (more bool, retryAt time.Time) {
 	now := time.Now()
@@ -94,12 +93,6 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 			continue
 		}
 		free := int(int32(t.Concurrency) - t.inflight.Load())
-		switch t.breaker.State() {
-		case gobreaker.StateOpen:
-			continue // its rows wait, uncharged, until the breaker lets a probe through
-		case gobreaker.StateHalfOpen:
-			free = min(free, 1)
-		}
 		if free <= 0 {
 			continue
 		}

@@ -35,6 +35,8 @@ const (
 type event struct {
 	stage   stage
 	outcome providers.Outcome // stageAttempted
+	// wait is how long a row refused by its breaker waits: until the breaker can let a call through.
+	wait time.Duration
 	// stopping is set when the delivery's context ended (shutdown cancelled the attempt).
 	stopping bool
 	// err is why the payload could not be read (stageUnreadable).
@@ -81,8 +83,8 @@ const rescueUnknown = "a gateway died while delivering this effect, so it may or
 //   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
 //     finished unknown, uncharged, rather than risk a second delivery; a TxProvider has no crash window, so
 //     its rows are always delivered. Every other row is delivered.
-//   - The breaker refused the call, or shutdown cancelled a transient attempt: the row is handed back at
-//     once, uncharged, for any gateway.
+//   - The breaker refused the call: the row waits, uncharged, until the breaker can let a call through.
+//   - Shutdown cancelled a transient attempt: the row is handed back at once, uncharged, for any gateway.
 //   - Delivered, failed and in doubt finish the effect as delivered, failed and unknown.
 //   - A transient failure is retried after the backoff delay (the destination's Retry-After wins), until the
 //     attempts reach the type's maximum: then the effect is dead.
@@ -97,7 +99,7 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 		}
 		return action{kind: actDeliver}
 	case stageRefused:
-		return action{kind: actReschedule}
+		return action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: ev.wait}}
 	case stagePanicked:
 		return action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: panicked, Attempted: true}}
 	case stageUnreadable:

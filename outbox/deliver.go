@@ -52,14 +52,19 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 	d.apply(log, t, r, act)
 }
 
-// attempt calls the provider through the type's breaker, timed and counted, and says what became of the call.
-// recorded is set when a TxProvider's delivery was recorded (or lost its lease) in the provider's transaction.
+// attempt calls the provider through the breaker of the delivery's destination, timed and counted, and says
+// what became of the call. recorded is set when a TxProvider's delivery was recorded (or lost its lease) in
+// the provider's transaction.
 func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectType, r dedup.Claimed,
 	stableID string) (ev event, recorded bool) {
 	del := providers.Delivery{Tenant: r.Tenant, Key: r.Key, Type: r.Type, StableID: stableID, Payload: r.Payload,
 		Attempt: r.Attempts + 1, Rescued: r.Rescued, CreatedAt: r.CreatedAt}
+	b := d.breakers.get(t, r.Tenant, providers.Destination(t.Provider, r.Payload))
+	b.inflight.Add(1)
+	defer b.inflight.Add(-1)
 	start := time.Now()
-	out, err := t.breaker.Execute(func() (providers.Outcome, error) {
+	out, err := b.cb.Execute(func() (providers.Outcome, error) {
+		b.noteCall(time.Now().Add(t.Timeout))
 		actx, cancel := context.WithTimeout(ctx, t.Timeout)
 		defer cancel()
 		var o providers.Outcome
@@ -73,10 +78,12 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		}
 		return o, nil
 	})
-	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(time.Since(start).Seconds())
-	if errors.Is(err, gobreaker.ErrOpenState) || errors.Is(err, gobreaker.ErrTooManyRequests) {
-		return event{stage: stageRefused}, false
+	if open := errors.Is(err, gobreaker.ErrOpenState); open || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		// The row waits, uncharged, until the breaker can let a call through again: handed back at once, it
+		// would be claimed and refused again in a loop while the breaker's probe is in flight.
+		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false
 	}
+	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(time.Since(start).Seconds())
 	d.metrics.Attempts.WithLabelValues(t.Name, out.Kind.String()).Inc()
 	return event{stage: stageAttempted, outcome: out, stopping: ctx.Err() != nil}, recorded
 }

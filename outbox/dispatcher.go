@@ -6,8 +6,9 @@
 //
 // The guarantee is that an accepted effect is delivered, failed for good, dead after its retries, or left
 // "unknown" for an operator; never lost. Transient failures are retried with exponential backoff and full
-// jitter (honouring a destination's Retry-After), one circuit breaker per effect type keeps rows waiting while
-// a destination is down without charging them attempts, and what a crash between a provider's success and the
+// jitter (honouring a destination's Retry-After), one circuit breaker per destination of each tenant and
+// effect type (breakers.go) keeps that destination's rows waiting, uncharged, while it is down, and holds
+// back no other, and what a crash between a provider's success and the
 // commit that records it can do is decided per effect type (OnCrash) and per provider (providers.TxProvider).
 //
 // What happens to a row after each attempt is decided by one pure function, decide (decide.go). Each
@@ -25,7 +26,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/sony/gobreaker/v2"
 	"go.opentelemetry.io/otel"
 
 	"github.com/oncegate/oncegate/dedup"
@@ -58,6 +58,8 @@ const (
 	DefaultPurgeBatchSize  = 1000
 	DefaultDBTimeout       = 10 * time.Second
 	DefaultClaimTimeout    = 10 * time.Second
+	DefaultMaxBreakers     = 1000
+	DefaultBreakerIdle     = 10 * time.Minute
 )
 
 // EffectType is how the dispatcher delivers one effect type.
@@ -75,8 +77,9 @@ type EffectType struct {
 	Retry backoff.Policy
 	// OnCrash defaults to AtLeastOnce. A TxProvider ignores it: it has no crash window.
 	OnCrash OnCrash
-	// BreakerFailures consecutive failures open the breaker for BreakerOpenFor. Default to
-	// DefaultBreakerFailures and DefaultBreakerOpenFor.
+	// BreakerFailures consecutive failures to one destination open its breaker for BreakerOpenFor. Default
+	// to DefaultBreakerFailures and DefaultBreakerOpenFor. The provider names a delivery's destination
+	// (providers.Router); each tenant's destinations have breakers of their own.
 	BreakerFailures uint32
 	BreakerOpenFor  time.Duration
 }
@@ -112,6 +115,14 @@ type Config struct {
 	// OnFinished is called with the ID of every effect this dispatcher brought to a terminal status, for the
 	// gateway's own waiters. Other gateways learn of it from a notification on notifier.TopicEffectDone.
 	OnFinished func(id int64)
+	// MaxBreakers bounds the circuit breakers kept for one effect type and tenant: beyond it, the least
+	// recently used closed one is forgotten, or, when all are open or busy, further destinations share one.
+	// Defaults to DefaultMaxBreakers.
+	MaxBreakers int
+	// BreakerIdle is how long a breaker that no delivery used is kept. At least twice the longest
+	// BreakerOpenFor plus Timeout, so that a breaker is never forgotten while rows wait on it. Defaults to
+	// DefaultBreakerIdle.
+	BreakerIdle time.Duration
 	// Metrics are the collectors the dispatcher records into. Defaults to a set of its own (NewMetrics) that
 	// no registry serves.
 	Metrics *Metrics
@@ -140,6 +151,8 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&o.PurgeInterval, DefaultPurgeInterval)
 	defInt(&o.BatchSize, DefaultBatchSize)
 	defInt(&o.PurgeBatchSize, DefaultPurgeBatchSize)
+	defInt(&o.MaxBreakers, DefaultMaxBreakers)
+	def(&o.BreakerIdle, DefaultBreakerIdle)
 	if o.Owner == "" {
 		host, _ := os.Hostname()
 		o.Owner = fmt.Sprintf("%s/%d/%x", host, os.Getpid(), time.Now().UnixNano()&0xffffff)
@@ -170,6 +183,7 @@ func (c *Config) withDefaults() (Config, error) {
 			t.BreakerFailures = DefaultBreakerFailures
 		}
 		def(&t.BreakerOpenFor, DefaultBreakerOpenFor)
+		o.BreakerIdle = max(o.BreakerIdle, 2*(t.BreakerOpenFor+t.Timeout))
 		o.Types[i] = t
 	}
 	return o, nil
@@ -179,20 +193,20 @@ type effectType struct {
 	EffectType
 	policy   policy
 	lease    time.Duration
-	breaker  *gobreaker.CircuitBreaker[providers.Outcome]
 	inflight atomic.Int32
 }
 
 // Dispatcher delivers outbox rows. Create it with New and run it with Run.
 type Dispatcher struct {
-	pool    *pgxpool.Pool
-	store   *dedup.Store
-	cfg     Config
-	types   []*effectType
-	metrics *Metrics
-	log     *slog.Logger
-	wake    chan struct{}
-	freed   chan struct{}
+	pool     *pgxpool.Pool
+	store    *dedup.Store
+	cfg      Config
+	types    []*effectType
+	breakers *breakerSet
+	metrics  *Metrics
+	log      *slog.Logger
+	wake     chan struct{}
+	freed    chan struct{}
 
 	finishedMu sync.Mutex
 	finished   []int64       // terminal since the last notification
@@ -212,25 +226,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	d := &Dispatcher{pool: pool, store: dedup.NewStore(pool), cfg: c, metrics: c.Metrics,
 		log:  c.Logger.With("component", "dispatcher", "owner", c.Owner),
 		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), notifyNow: make(chan struct{}, 1)}
+	d.breakers = newBreakerSet(c.MaxBreakers, c.BreakerIdle, d.metrics, d.log)
 	for _, t := range c.Types {
 		_, isTx := t.Provider.(providers.TxProvider)
 		et := &effectType{EffectType: t, lease: t.Timeout + c.LeaseMargin, policy: policy{onCrash: t.OnCrash,
 			tx: isTx, maxAttempts: t.MaxAttempts, retryDelay: t.Retry.Delay}}
-		name, failures := t.Name, t.BreakerFailures
-		et.breaker = gobreaker.NewCircuitBreaker[providers.Outcome](gobreaker.Settings{
-			Name:        name,
-			MaxRequests: 1,
-			Timeout:     t.BreakerOpenFor,
-			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= failures },
-			OnStateChange: func(_ string, from, to gobreaker.State) {
-				d.log.Warn("circuit breaker changed state", "type", name, "from", from.String(), "to", to.String())
-				d.metrics.BreakerState.WithLabelValues(name).Set(float64(to))
-				if to != gobreaker.StateOpen {
-					d.Wake()
-				}
-			},
-		})
-		d.metrics.BreakerState.WithLabelValues(name).Set(0)
+		d.metrics.BreakersOpen.WithLabelValues(t.Name).Set(0)
 		d.types = append(d.types, et)
 	}
 	return d, nil

@@ -8,7 +8,8 @@ type Metrics struct {
 	Attempts        *prometheus.CounterVec   // oncegate_delivery_attempts_total{type, outcome}
 	Finished        *prometheus.CounterVec   // oncegate_effects_finished_total{type, status}
 	DispatchLatency *prometheus.HistogramVec // oncegate_dispatch_duration_seconds{type}
-	BreakerState    *prometheus.GaugeVec     // oncegate_breaker_state{type}
+	BreakerState    *prometheus.GaugeVec     // oncegate_breaker_state{type, tenant, destination}
+	BreakersOpen    *prometheus.GaugeVec     // oncegate_breakers_open{type}
 	Rescued         *prometheus.CounterVec   // oncegate_rescued_total{type}
 }
 
@@ -25,8 +26,15 @@ func NewMetrics() *Metrics {
 			Name: "oncegate_dispatch_duration_seconds", Help: "Time of one delivery attempt, provider call included.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12),
 		}, []string{"type"}),
+		// One series per breaker kept, and breakers are bounded (Config.MaxBreakers per type and tenant) and
+		// forgotten when idle, with their series: a tenant naming a million hosts makes at most MaxBreakers+1
+		// series, and only while it uses them.
 		BreakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "oncegate_breaker_state", Help: "Circuit breaker per effect type: 0 closed, 1 half-open, 2 open.",
+			Name: "oncegate_breaker_state",
+			Help: "Circuit breaker per effect type, tenant and destination host: 0 closed, 1 half-open, 2 open.",
+		}, []string{"type", "tenant", "destination"}),
+		BreakersOpen: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "oncegate_breakers_open", Help: "Circuit breakers of an effect type that are open or half-open.",
 		}, []string{"type"}),
 		Rescued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "oncegate_rescued_total", Help: "Outbox rows claimed again after their dispatcher's lease expired.",
@@ -36,5 +44,6 @@ func NewMetrics() *Metrics {
 
 // Collectors lists the collectors, for prometheus.Registerer.MustRegister.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Attempts, m.Finished, m.DispatchLatency, m.BreakerState, m.Rescued}
+	return []prometheus.Collector{m.Attempts, m.Finished, m.DispatchLatency, m.BreakerState, m.BreakersOpen,
+		m.Rescued}
 }

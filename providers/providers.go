@@ -52,6 +52,42 @@ type Provider interface {
 	Deliver(ctx context.Context, d Delivery) Outcome
 }
 
+// Router is a provider that can say, before it is called, where a delivery goes: the dispatcher keeps one
+// circuit breaker per destination (and tenant), so that one failing endpoint never holds back deliveries to
+// the others. A destination is a host name (with its port when one is given), never a URL: it is shown in
+// metrics and logs, where a configured URL's path, query and user info must not appear.
+//
+// A provider that is not a Router has one destination, DefaultDestination.
+type Router interface {
+	Provider
+	// Destination names where a delivery of payload goes. It must not fail: a payload it cannot read names
+	// the provider's default destination (Deliver refuses such a payload anyway).
+	Destination(payload json.RawMessage) string
+}
+
+// DefaultDestination is the destination of a provider that is not a Router.
+const DefaultDestination = "*"
+
+// MaxDestination bounds the length of a destination's name.
+const MaxDestination = 255
+
+// Destination returns where p delivers payload: its Router answer, cut to MaxDestination bytes, or
+// DefaultDestination.
+func Destination(p Provider, payload json.RawMessage) string {
+	r, ok := p.(Router)
+	if !ok {
+		return DefaultDestination
+	}
+	d := r.Destination(payload)
+	if d == "" {
+		return DefaultDestination
+	}
+	if len(d) > MaxDestination {
+		d = d[:MaxDestination]
+	}
+	return d
+}
+
 // TxProvider performs its effect inside the database transaction in which the dispatcher records the
 // outcome: both commit, or neither. Such a provider has no crash window.
 type TxProvider interface {

@@ -1,8 +1,11 @@
 package queue
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -10,9 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/internal/testenv"
 )
 
 // A worker's clock never reaches Redis: every deadline (lease, liveness, delay, retry, retention) is computed
@@ -25,33 +27,48 @@ func TestNoWorkerClockReachesRedis(t *testing.T) {
 	result := reliability.Record(t, "Clock", "Worker wall clocks (checked: every command of a job lifecycle, seen by Redis MONITOR)",
 		"No argument is a wall-clock time; all deadlines come from Redis TIME")
 	q, rdb := newQueue(t, nil)
-	// MONITOR's stream reaches go-redis over RESP2 only.
-	monOpts := *rdb.Options()
-	monOpts.Protocol = 2
-	monitor := redis.NewClient(&monOpts)
-	defer monitor.Close()
+	// MONITOR over a plain TCP connection: go-redis's Monitor hands its connection back to the pool while its
+	// reader still uses it, which the race detector reports (and blames on whichever test runs then).
+	conn, err := net.Dial("tcp", rdb.Options().Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if rdb.Options().DB != 0 {
+		fmt.Fprintf(conn, "SELECT %d\r\n", rdb.Options().DB)
+	}
+	if _, err := conn.Write([]byte("MONITOR\r\n")); err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	var lines []string
-	ch := make(chan string, 4096)
-	mon := monitor.Monitor(context.Background(), ch)
-	mon.Start()
-	done, quit := make(chan struct{}), make(chan struct{})
+	started := make(chan struct{})
+	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for {
-			select {
-			case l := <-ch:
-				if strings.Contains(l, "{q:"+q.name+"}") {
-					mu.Lock()
-					lines = append(lines, l)
-					mu.Unlock()
-				}
-			case <-quit:
-				return
+		r := bufio.NewReaderSize(conn, 1<<20)
+		for first := true; ; {
+			l, err := r.ReadString('\n')
+			if err != nil {
+				return // the connection closed: the test is over
+			}
+			if l == "+OK\r\n" && first {
+				first = false
+				close(started)
+				continue
+			}
+			if strings.Contains(l, "{q:"+q.name+"}") {
+				mu.Lock()
+				lines = append(lines, strings.TrimSuffix(strings.TrimPrefix(l, "+"), "\r\n"))
+				mu.Unlock()
 			}
 		}
 	}()
-	time.Sleep(100 * time.Millisecond)
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("MONITOR did not start")
+	}
 
 	var runs sync.Map
 	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
@@ -68,10 +85,16 @@ func TestNoWorkerClockReachesRedis(t *testing.T) {
 	for _, id := range []string{"now", "later", "flaky"} {
 		waitState(t, q, id, StateCompleted, 10*time.Second)
 	}
-	mon.Stop()
-	time.Sleep(100 * time.Millisecond) // the last lines in flight
-	// ch stays open: the monitor's reader may still write to it until its client closes.
-	close(quit)
+	// The last lines in flight: a command sent after all three completed shows the monitor caught up.
+	if err := rdb.Set(context.Background(), "{q:"+q.name+"}:monitor-fence", 1, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the monitor to see the fence", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "monitor-fence")
+	})
+	conn.Close()
 	<-done
 
 	now := time.Now()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/oncegate/oncegate/internal/leaktest"
 	"github.com/oncegate/oncegate/internal/proctest"
 	"github.com/oncegate/oncegate/internal/testenv"
 )
@@ -23,7 +24,7 @@ func TestMain(m *testing.M) {
 	if proctest.Role() == "worker" {
 		os.Exit(workerProcess())
 	}
-	os.Exit(m.Run())
+	leaktest.Main(m)
 }
 
 // workerProcess is a real worker process for crash tests. It prints "start <id> <epoch>" on stdout when a

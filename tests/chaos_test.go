@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/oncegate/oncegate/internal/pgtest"
@@ -20,9 +21,11 @@ func TestChaosLosesNothing(t *testing.T) {
 	result := reliability.Record(t, "Whole system", "600 jobs of three kinds; a worker or gateway SIGKILLed about every 700 ms", "Lost = 0 for every type; analytics duplicates 0; no dead job")
 	cmd := exec.Command(filepath.Join(bin, "killtest"), "--bin", bin, "--json", "--jobs", "600", "--kill-every", "700ms")
 	cmd.Env = append(os.Environ(), "REDIS_URL="+testenv.RedisURL(), "DATABASE_URL="+pgtest.AdminURL())
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("killtest: %v\n%s", err, out)
+		t.Fatalf("killtest: %v\n%s\nstderr:\n%s", err, out, stderr.String())
 	}
 	var res struct {
 		Chaos struct {

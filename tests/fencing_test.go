@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,14 +65,15 @@ dispatcher: { poll_interval: 100ms }
 		t.Fatal(err)
 	}
 	link := newTCPProxy(t, redisAddr(t))
-	worker := func(redisURL string, extra ...string) *proctest.Proc {
+	tap := newStatusTap(t, base) // what the gateway answers the first worker
+	worker := func(gateway, redisURL string, extra ...string) *proctest.Proc {
 		cmd := exec.Command(filepath.Join(bin, "worker"), append([]string{"run", "--queue", q.Name(), "--wait", "15s",
-			"--gateway", base, "--api-key", apiKey, "--redis", redisURL, "--log-level", "debug"}, extra...)...)
+			"--gateway", gateway, "--api-key", apiKey, "--redis", redisURL, "--log-level", "debug"}, extra...)...)
 		p := proctest.Start(t, cmd)
 		p.WaitLine("worker ", 30*time.Second)
 		return p
 	}
-	first := worker("redis://" + link.addr + "/0")
+	first := worker(tap.url, "redis://"+link.addr+"/0")
 	select {
 	case <-hk.arrived: // worker 1 is inside its first effect, waiting for the gateway's answer
 	case <-time.After(20 * time.Second):
@@ -81,7 +87,7 @@ dispatcher: { poll_interval: 100ms }
 	hk.mu.Unlock()
 
 	metricsAddr := freeTCPAddr(t)
-	second := worker(testenv.RedisURL(), "--metrics", metricsAddr)
+	second := worker(base, testenv.RedisURL(), "--metrics", metricsAddr)
 	defer second.Signal(syscall.SIGTERM)
 	var j *queue.Job
 	testenv.Eventually(t, 30*time.Second, "worker 2 finishes the job under epoch 2", func() bool {
@@ -93,8 +99,8 @@ dispatcher: { poll_interval: 100ms }
 	}
 
 	first.Signal(syscall.SIGCONT)
-	testenv.Eventually(t, 20*time.Second, "the resumed worker is refused by the gateway's fence", func() bool {
-		return strings.Contains(first.Log(), "409 Job lease superseded")
+	testenv.Eventually(t, 20*time.Second, "the resumed worker is refused by the gateway's fence (409)", func() bool {
+		return tap.saw(409)
 	})
 	if got, _ := q.Job(context.Background(), "job-1"); got.State != queue.StateCompleted || got.Epoch != 2 || got.Failures != 0 {
 		t.Fatalf("the resumed worker changed the job: %+v", got)
@@ -127,6 +133,40 @@ dispatcher: { poll_interval: 100ms }
 			t.Errorf("worker metrics lack %s", want)
 		}
 	}
+}
+
+// statusTap is an HTTP proxy in front of the gateway that records the status of every answer it passes on:
+// the test's signal of what the gateway told a worker, read from the wire rather than from the worker's log.
+type statusTap struct {
+	url   string
+	mu    sync.Mutex
+	codes []int
+}
+
+func newStatusTap(t *testing.T, target string) *statusTap {
+	u, err := url.Parse(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tap := &statusTap{}
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.ModifyResponse = func(r *http.Response) error {
+		tap.mu.Lock()
+		defer tap.mu.Unlock()
+		tap.codes = append(tap.codes, r.StatusCode)
+		return nil
+	}
+	srv := httptest.NewServer(rp)
+	t.Cleanup(srv.Close)
+	tap.url = srv.URL
+	return tap
+}
+
+// saw reports whether some answer had status code.
+func (s *statusTap) saw(code int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Contains(s.codes, code)
 }
 
 func freeTCPAddr(t *testing.T) string {

@@ -6,6 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/oncegate/oncegate/internal/leaktest"
 )
 
 // bin holds the project's binaries, built once for the whole package.
@@ -19,14 +21,15 @@ func TestMain(m *testing.M) {
 	}
 	bin = dir
 	for _, cmd := range []string{"gateway", "worker", "killtest"} {
-		build := exec.Command("go", "build", "-o", filepath.Join(dir, cmd), "../cmd/"+cmd)
+		// Built in the root module, with its go.mod, as they ship: not with this test module's requirements.
+		build := exec.Command("go", "build", "-C", "..", "-o", filepath.Join(dir, cmd), "./cmd/"+cmd)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			fmt.Fprintln(os.Stderr, "build", cmd, err)
 			os.Exit(1)
 		}
 	}
-	code := m.Run()
+	code := leaktest.Check(m.Run())
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -106,7 +106,12 @@ dispatcher: { poll_interval: 100ms }
 	})
 	traceID = enqueue("user_2")
 	<-mailed
-	time.Sleep(500 * time.Millisecond) // the worker's client span is exported; the job is still working
+	// Kill the worker once its call to the gateway is in Jaeger (the job still works for 3s): the re-run's
+	// spans must join a trace that already holds the first run's.
+	testenv.Eventually(t, 20*time.Second, "the first worker's gateway call is in the trace", func() bool {
+		spans, _ = jg.Trace(traceID)
+		return countService(spans, "POST", "oncegate-worker") == 1 // otelhttp's client span, "HTTP POST"
+	})
 	first.Kill()
 	worker()
 	testenv.Eventually(t, 40*time.Second, "the re-run's replay is in the trace", func() bool {
@@ -160,6 +165,17 @@ func countTag(spans []jaegertest.Span, prefix, key string, value any) int {
 	n := 0
 	for _, s := range spans {
 		if strings.HasPrefix(s.OperationName, prefix) && s.Tags[key] == value {
+			n++
+		}
+	}
+	return n
+}
+
+// countService counts the spans of service whose operation name contains part.
+func countService(spans []jaegertest.Span, part, service string) int {
+	n := 0
+	for _, s := range spans {
+		if strings.Contains(s.OperationName, part) && s.Service == service {
 			n++
 		}
 	}

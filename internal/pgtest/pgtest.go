@@ -1,13 +1,20 @@
-// Package pgtest gives each test a Postgres database of its own, migrated to the current schema and dropped
-// when the test ends, so tests run in parallel against the real server and leave nothing behind. It can also
-// start a private Postgres cluster that a test stops and starts itself, for outage tests that must not touch
-// the shared server.
+// Package pgtest gives each test a Postgres database of its own, at the current schema and dropped when the
+// test ends, so tests run in parallel against the real server and leave nothing behind. Each is a copy of a
+// template database migrated once, not migrated anew. It can also start a private Postgres cluster that a test
+// stops and starts itself, for outage tests that must not touch the shared server.
 package pgtest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -40,26 +47,32 @@ func WithDatabase(u, name string) string {
 	return p.String()
 }
 
-// Database creates a database for the test, applies the migrations, and returns its URL. The database is
+// Database creates a database for the test, at the current schema, and returns its URL. The database is
 // dropped when the test ends.
 func Database(t testing.TB) string {
 	t.Helper()
 	return DatabaseAt(t, AdminURL())
 }
 
-// DatabaseAt is Database on the server at adminURL.
+// DatabaseAt is Database on the server at adminURL. The database is a copy of a template migrated once per
+// server and set of migrations (see template), which costs a file copy instead of running every migration.
 func DatabaseAt(t testing.TB, adminURL string) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	tmpl, err := template(ctx, adminURL)
+	if err != nil {
+		t.Fatalf("Postgres at %s: template database: %v", adminURL, err)
+	}
 	admin, err := pgx.Connect(ctx, adminURL)
 	if err != nil {
 		t.Fatalf("Postgres at %s is unreachable (scripts/test starts one): %v", adminURL, err)
 	}
 	defer admin.Close(ctx)
 	name := testenv.Name(t, "og")
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
-		t.Fatalf("create database: %v", err)
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()+
+		" TEMPLATE "+pgx.Identifier{tmpl}.Sanitize()); err != nil {
+		t.Fatalf("create database from %s: %v", tmpl, err)
 	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -74,18 +87,107 @@ func DatabaseAt(t testing.TB, adminURL string) string {
 			t.Logf("drop database %s: %v", name, err)
 		}
 	})
-	dbURL := WithDatabase(adminURL, name)
-	pool, err := pgxpool.New(ctx, dbURL)
+	return WithDatabase(adminURL, name)
+}
+
+// templates maps an admin URL to the name of its server's template database, once this process has found
+// or made it. Its lock also keeps this process's tests from racing to make it.
+var templates = struct {
+	sync.Mutex
+	names map[string]string
+}{names: map[string]string{}}
+
+// template returns the name of a database on the server at adminURL that holds every migration, and that
+// tests copy with CREATE DATABASE … TEMPLATE. Its name comes from a hash of the migration files, so a changed
+// migration makes a new one and a stale one is never used; it outlives the run, so later runs (and the other
+// worktrees on the same server) reuse it. Packages test in parallel processes, so one process makes it under
+// a Postgres advisory lock while the others wait; it is marked a template (IS_TEMPLATE, and no connections
+// allowed, since a connected template cannot be copied) only once migrated, so a run that crashed half way
+// leaves a database the next one drops and makes again.
+func template(ctx context.Context, adminURL string) (string, error) {
+	templates.Lock()
+	defer templates.Unlock()
+	if name, ok := templates.names[adminURL]; ok {
+		return name, nil
+	}
+	sum, err := migrationsHash()
 	if err != nil {
-		t.Fatal(err)
+		return "", err
 	}
-	defer pool.Close()
+	name := "og_template_" + hex.EncodeToString(sum[:6])
+	admin, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		return "", fmt.Errorf("unreachable (scripts/test starts one): %w", err)
+	}
+	defer admin.Close(ctx)
+	ready := func() (bool, error) {
+		var ok bool
+		err := admin.QueryRow(ctx, "SELECT datistemplate FROM pg_database WHERE datname = $1", name).Scan(&ok)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return false, nil
+		}
+		return ok, err
+	}
+	ok, err := ready()
+	if err == nil && !ok {
+		// Advisory locks are per database: every process takes it in the admin database.
+		key := int64(binary.BigEndian.Uint64(sum[:8]))
+		if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1)", key); err != nil {
+			return "", fmt.Errorf("advisory lock: %w", err)
+		}
+		defer admin.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", key) //nolint:errcheck
+		if ok, err = ready(); err == nil && !ok {
+			err = makeTemplate(ctx, admin, adminURL, name)
+		}
+	}
+	if err != nil {
+		return "", err
+	}
+	templates.names[adminURL] = name
+	return name, nil
+}
+
+// makeTemplate (re)creates the template database name and migrates it; the caller holds the advisory lock.
+func makeTemplate(ctx context.Context, admin *pgx.Conn, adminURL, name string) error {
+	id := pgx.Identifier{name}.Sanitize()
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+id+" WITH (FORCE)"); err != nil {
+		return err
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+id); err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, WithDatabase(adminURL, name))
+	if err != nil {
+		return err
+	}
 	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	if _, err := migrations.Up(ctx, db, nil); err != nil {
-		t.Fatal(err)
+	_, err = migrations.Up(ctx, db, nil)
+	_ = db.Close()
+	pool.Close()
+	if err != nil {
+		return err
 	}
-	return dbURL
+	_, err = admin.Exec(ctx, "ALTER DATABASE "+id+" WITH IS_TEMPLATE true ALLOW_CONNECTIONS false")
+	return err
+}
+
+// migrationsHash hashes the migration files' names and contents, and how this package migrates.
+func migrationsHash() ([]byte, error) {
+	h := sha256.New()
+	h.Write([]byte("pgtest template v1\n"))
+	err := fs.WalkDir(migrations.Files(), ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := fs.ReadFile(migrations.Files(), path)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(h, "%s %d\n", path, len(b))
+		h.Write(b)
+		return nil
+	})
+	return h.Sum(nil), err
 }
 
 // Pool returns a pool on the database at url, closed when the test ends.

@@ -31,7 +31,7 @@ var mu sync.Mutex
 func Record(t testing.TB, area, fault, checked string) func(result string) {
 	row := Row{Area: area, Fault: fault, Checked: checked}
 	if _, file, _, ok := runtime.Caller(1); ok {
-		row.Command = "go test ./" + pkgDir(file) + " -run '^" + strings.Split(t.Name(), "/")[0] + "$'"
+		row.Command = "go test " + pkgDir(file) + " -run '^" + strings.Split(t.Name(), "/")[0] + "$'"
 	}
 	t.Cleanup(func() {
 		out := os.Getenv("RELIABILITY_OUT")
@@ -59,15 +59,39 @@ func Record(t testing.TB, area, fault, checked string) func(result string) {
 }
 
 // pkgDir returns the directory of file relative to the module root.
+// pkgDir returns the package argument of a go test command run from the repository's root: "./dir" in the
+// root module, "-C mod ./dir" in a nested one (tests/ is a module of its own).
 func pkgDir(file string) string {
 	dir := filepath.Dir(file)
+	mod := ""
 	for d := dir; d != filepath.Dir(d); d = filepath.Dir(d) {
 		if _, err := os.Stat(filepath.Join(d, "go.mod")); err == nil {
-			rel, err := filepath.Rel(d, dir)
-			if err == nil {
-				return filepath.ToSlash(rel)
+			if mod != "" {
+				return "-C " + rel(d, mod) + " " + pkg(rel(mod, dir))
 			}
+			mod = d
+		}
+		if _, err := os.Stat(filepath.Join(d, ".git")); err == nil {
+			break
 		}
 	}
-	return "."
+	if mod == "" {
+		return "."
+	}
+	return pkg(rel(mod, dir))
+}
+
+func pkg(rel string) string {
+	if rel == "." {
+		return "."
+	}
+	return "./" + rel
+}
+
+func rel(base, target string) string {
+	r, err := filepath.Rel(base, target)
+	if err != nil {
+		return target
+	}
+	return filepath.ToSlash(r)
 }

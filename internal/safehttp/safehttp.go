@@ -3,9 +3,14 @@
 // name that resolves to a public address first and a private one later (DNS rebinding) reaches loopback,
 // private networks, link-local or cloud metadata addresses unless private networks are allowed. It never
 // follows redirects (a 3xx is the answer) and never uses proxies from the environment.
+//
+// It also keeps an operator's URLs out of what a tenant or a log sees: an error from a request names the
+// destination by scheme and host only (Origin, TransportError), since a configured URL's path and query may
+// hold a token, and net/http's *url.Error carries the whole URL.
 package safehttp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,6 +18,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"syscall"
 	"time"
@@ -125,9 +131,61 @@ func Classify(status int, header http.Header, result any) providers.Outcome {
 	}
 }
 
+// Origin names u by scheme and host (with its port): never its user info, path or query.
+func Origin(u *url.URL) string {
+	return u.Scheme + "://" + u.Host
+}
+
+// NewRequest returns a request for u built from its parts, so that no error of building it can quote the
+// URL (http.NewRequest parses a string, and its error holds it all).
+func NewRequest(ctx context.Context, method string, u *url.URL, body []byte) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, "", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	target := *u
+	req.URL, req.Host = &target, u.Host
+	return req, nil
+}
+
+// RequestError is a request that got no answer. It names the request by method and origin only.
+type RequestError struct {
+	Method string
+	Origin string // scheme://host, as Origin returns
+	Err    error  // what net/http said, without the URL
+}
+
+func (e *RequestError) Error() string { return e.Method + " " + e.Origin + ": " + e.Err.Error() }
+func (e *RequestError) Unwrap() error { return e.Err }
+
+// redact replaces the *url.Error that Client.Do returns, which holds the request's whole URL (net/http strips
+// only a password), with a *RequestError that names its origin. The errors beneath it (a dial, TLS, a
+// timeout, a malformed answer) name addresses and hosts, never the path or query.
+func redact(err error) error {
+	ue, ok := err.(*url.Error)
+	if !ok {
+		return err
+	}
+	inner := ue.Err
+	for {
+		next, ok := inner.(*url.Error)
+		if !ok {
+			break
+		}
+		inner = next.Err
+	}
+	origin := "the destination"
+	if u, perr := url.Parse(ue.URL); perr == nil && u.Host != "" {
+		origin = Origin(u)
+	}
+	return &RequestError{Method: ue.Op, Origin: origin, Err: inner}
+}
+
 // TransportError turns an error from Client.Do into an outcome: a forbidden address fails for good (no retry
-// will make it allowed); a timeout, a refused or reset connection is retried.
+// will make it allowed); a timeout, a refused or reset connection is retried. The outcome's error names the
+// destination by origin only (see redact).
 func TransportError(ctx context.Context, err error) providers.Outcome {
+	err = redact(err)
 	if errors.Is(err, ErrForbiddenAddress) {
 		return providers.Failed(err, true)
 	}

@@ -52,11 +52,15 @@ type Server struct {
 	refuse    map[string]bool // recipients answered 550
 	onMessage func(Message)
 	srv       *smtp.Server
+	l         net.Listener
+	closeOnce sync.Once
+	closed    chan struct{} // closed by Close: a hung DATA returns
+	served    chan struct{} // closed when Serve has returned
 }
 
 // New starts a server on addr ("127.0.0.1:0" for any free port). Close stops it.
 func New(addr string) (*Server, error) {
-	s := &Server{refuse: map[string]bool{}}
+	s := &Server{refuse: map[string]bool{}, closed: make(chan struct{}), served: make(chan struct{})}
 	s.srv = smtp.NewServer(smtp.BackendFunc(func(c *smtp.Conn) (smtp.Session, error) {
 		return &session{s: s, conn: c}, nil
 	}))
@@ -68,8 +72,11 @@ func New(addr string) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.Addr = l.Addr().String()
-	go func() { _ = s.srv.Serve(l) }()
+	s.Addr, s.l = l.Addr().String(), l
+	go func() {
+		defer close(s.served)
+		_ = s.srv.Serve(l)
+	}()
 	return s, nil
 }
 
@@ -84,8 +91,18 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
-// Close stops the server.
-func (s *Server) Close() error { return s.srv.Close() }
+// Close stops the server and waits until it no longer accepts. It closes the listener itself, since go-smtp
+// closes only the listeners Serve has registered, and a Close that comes before Serve's goroutine first runs
+// would leave it accepting for ever.
+func (s *Server) Close() error {
+	err := s.srv.Close()
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		_ = s.l.Close()
+		<-s.served
+	})
+	return err
+}
 
 // OnMessage sets a function called with every message the server accepts, as it accepts it.
 func (s *Server) OnMessage(f func(Message)) {
@@ -164,7 +181,10 @@ func (x *session) Data(r io.Reader) error {
 	case Reject:
 		return &smtp.SMTPError{Code: 554, EnhancedCode: smtp.EnhancedCode{5, 7, 1}, Message: "message refused"}
 	case Hang:
-		time.Sleep(time.Minute)
+		select { // hang until the client gives up or the server closes
+		case <-time.After(time.Minute):
+		case <-x.s.closed:
+		}
 		return errors.New("hung")
 	}
 	msg := Message{From: x.from, To: x.to, Data: data}

@@ -1,14 +1,16 @@
 // Package http is the HTTP dedup proxy provider: it forwards a request (method, path, headers, body) to the
 // configured upstream with Idempotency-Key set to the effect's stable ID, and keeps the upstream's status,
 // chosen headers and body (bounded) as the effect's result, which every later request with the same key gets
-// back instead of a second call. An upstream that honours Idempotency-Key (as Stripe's API does) sees a resend
+// back instead of a second call. What is kept is the upstream's, as it sent it: the provider never keeps a
+// response header named like a configured one, but cannot know what an upstream echoes in its body, and says
+// so in the docs. An upstream that honours Idempotency-Key (as Stripe's API does) sees a resend
 // after a crash as the same request; one that does not may act twice in that window.
 package http
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/textproto"
@@ -42,8 +44,10 @@ type Provider struct {
 	headers http.Header
 	keep    []string
 	client  *http.Client
-	// redact holds the configured header values (credentials, typically), which are cut out of every stored
-	// response: an upstream that echoes its request must not hand them to the tenant reading the result.
+	// redact masks configured header values that appear as they were sent in a kept header or the body of
+	// a response. It is a courtesy, not the guarantee: an upstream that echoes them in another form (encoded,
+	// split) passes it. What holds by structure is that a configured header is never kept from a response,
+	// errors never quote an answer, and the docs say that a body is the upstream's, stored as it was sent.
 	redact *strings.Replacer
 }
 
@@ -71,9 +75,10 @@ func (p *Provider) Close() error {
 
 // resolve checks the configuration and parses its URL and headers.
 func (c Config) resolve() (*Provider, error) {
+	// The error does not quote base_url: its path or query may hold a token, and the error reaches the logs.
 	u, err := url.Parse(c.BaseURL)
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
-		return nil, fmt.Errorf("http: base_url %q: want an http or https URL with a host and no user info", c.BaseURL)
+		return nil, errors.New("http: base_url: want an http or https URL with a host and no user info (credentials go in headers)")
 	}
 	p := &Provider{base: u, headers: http.Header{}}
 	var pairs []string
@@ -93,6 +98,12 @@ func (c Config) resolve() (*Provider, error) {
 	p.keep = c.KeepHeaders
 	if len(p.keep) == 0 {
 		p.keep = []string{"Content-Type", "Location", "ETag", "Retry-After"}
+	}
+	for _, h := range p.keep {
+		if _, configured := p.headers[textproto.CanonicalMIMEHeaderKey(h)]; configured {
+			return nil, fmt.Errorf("http: keep_headers: %s is a configured request header (a credential, typically), "+
+				"and a response's %s is never kept", h, h)
+		}
 	}
 	return p, nil
 }
@@ -153,6 +164,9 @@ func (*Provider) Validate(payload json.RawMessage) error {
 	return err
 }
 
+// Destination is the upstream's host (and port, when base_url names one), never its path or query.
+func (p *Provider) Destination(json.RawMessage) string { return strings.ToLower(p.base.Host) }
+
 func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
 	pl, err := parse(d.Payload)
 	if err != nil {
@@ -173,7 +187,7 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 			body, contentType = pl.Body, "application/json"
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, pl.Method, target.String(), bytes.NewReader(body))
+	req, err := safehttp.NewRequest(ctx, pl.Method, &target, body)
 	if err != nil {
 		return providers.Failed(err, true)
 	}
@@ -195,6 +209,9 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	answer, truncated, _ := safehttp.ReadBounded(resp.Body, MaxBody)
 	kept := map[string]string{}
 	for _, h := range p.keep {
+		if _, configured := p.headers[textproto.CanonicalMIMEHeaderKey(h)]; configured {
+			continue // refused by New; kept out here too, by name, whatever the value looks like
+		}
 		if v := resp.Header.Get(h); v != "" {
 			kept[h] = p.redact.Replace(v)
 		}

@@ -37,6 +37,7 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // Provider inserts analytics events.
 type Provider struct {
 	query string
+	table string
 }
 
 // Validate reports the first setting that New would refuse, without building a provider.
@@ -60,7 +61,7 @@ func New(c Config) (*Provider, error) {
 		}
 	}
 	table := pgx.Identifier(parts).Sanitize()
-	return &Provider{query: strings.ReplaceAll(insertSQL, "{{table}}", table)}, nil
+	return &Provider{query: strings.ReplaceAll(insertSQL, "{{table}}", table), table: c.Table}, nil
 }
 
 // Payload is an analytics event.
@@ -99,6 +100,10 @@ func (*Provider) Validate(payload json.RawMessage) error {
 	_, err := parse(payload)
 	return err
 }
+
+// Destination is the table: every event of the effect type goes there, so its breaker is the type's (per
+// tenant).
+func (p *Provider) Destination(json.RawMessage) string { return p.table }
 
 // Deliver is not used: the dispatcher calls DeliverTx. It exists so that Provider is satisfied.
 func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {

@@ -76,7 +76,8 @@ func (c Config) Validate() error {
 func (c Config) resolve() (*Provider, error) {
 	host, _, err := net.SplitHostPort(c.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("smtp: addr %q: want host:port", c.Addr)
+		// Not quoted: a mistaken addr may hold what was meant as credentials ("user:pass@host:25").
+		return nil, errors.New("smtp: addr: want host:port")
 	}
 	from, err := mail.ParseAddress(c.From)
 	if err != nil {
@@ -185,6 +186,9 @@ func (*Provider) Validate(payload json.RawMessage) error {
 	_, err := parse(payload)
 	return err
 }
+
+// Destination is the configured server, host:port: every message of the effect type goes there.
+func (p *Provider) Destination(json.RawMessage) string { return p.cfg.Addr }
 
 // MessageID is the Message-ID of an effect's message: its stable ID at the sender's domain.
 func (p *Provider) MessageID(d providers.Delivery) string {

@@ -7,12 +7,12 @@
 package webhook
 
 import (
-	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -107,16 +107,18 @@ func (c Config) resolve() (*Provider, error) {
 	return p, nil
 }
 
+// parseURL checks a URL. Its errors never quote the URL: a configured one may hold a token in its path or
+// query, and the errors reach the logs.
 func parseURL(s string) (*url.URL, error) {
 	u, err := url.Parse(s)
 	if err != nil {
-		return nil, err
+		return nil, errors.New("is not a valid URL")
 	}
 	if u.Scheme != "https" && u.Scheme != "http" {
-		return nil, fmt.Errorf("%q: scheme must be https or http", s)
+		return nil, errors.New("scheme must be https or http")
 	}
 	if u.Host == "" || u.User != nil {
-		return nil, fmt.Errorf("%q: needs a host and no user info", s)
+		return nil, errors.New("needs a host and no user info")
 	}
 	return u, nil
 }
@@ -170,6 +172,19 @@ func (p *Provider) Validate(payload json.RawMessage) error {
 	return err
 }
 
+// Destination is the host (and port, when the URL names one) of the URL a delivery of payload is posted to:
+// the payload's url when it has one, else the configured url. Never the URL's path or query.
+func (p *Provider) Destination(payload json.RawMessage) string {
+	_, u, err := p.parse(payload)
+	if err != nil {
+		if p.def == nil {
+			return ""
+		}
+		u = p.def
+	}
+	return strings.ToLower(u.Host)
+}
+
 // Sign returns the webhook-signature header for one request: "v1,<base64 HMAC-SHA256>" per secret,
 // separated by spaces, over "<id>.<timestamp>.<body>".
 func Sign(keys [][]byte, id string, ts int64, body []byte) string {
@@ -197,7 +212,7 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	if err != nil {
 		return providers.Failed(err, true)
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), bytes.NewReader(body))
+	req, err := safehttp.NewRequest(ctx, http.MethodPost, u, body)
 	if err != nil {
 		return providers.Failed(err, true)
 	}
@@ -213,13 +228,18 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 		return safehttp.TransportError(ctx, err)
 	}
 	defer resp.Body.Close()
-	answer, truncated, _ := safehttp.ReadBounded(resp.Body, MaxResponse)
 	result := map[string]any{"status": resp.StatusCode, "webhook_id": d.StableID}
-	if len(answer) > 0 {
-		result["body"] = string(answer)
-	}
-	if truncated {
-		result["body_truncated"] = true
+	// The answer of the tenant's own receiver (a payload url) is kept for the tenant. The configured url's
+	// receiver is the operator's, and its answer can quote the url, token and all (a default 404 page does):
+	// only its status is kept.
+	answer, truncated, _ := safehttp.ReadBounded(resp.Body, MaxResponse)
+	if u != p.def {
+		if len(answer) > 0 {
+			result["body"] = string(answer)
+		}
+		if truncated {
+			result["body_truncated"] = true
+		}
 	}
 	return safehttp.Classify(resp.StatusCode, resp.Header, result)
 }

@@ -43,22 +43,111 @@ type ClaimParams struct {
 }
 
 // Claim leases up to p.Limit due outbox rows of p.Type (new, due for a retry, or rescued from an expired
-// lease) and marks their effects delivering. Claims in any number of gateways never wait on each other.
+// lease), marks their effects delivering, and reads their payloads. Claims in any number of gateways never
+// wait on each other.
+//
+// The leases commit first and the payloads are read after, by a statement that locks nothing, so that a row
+// Postgres cannot read back fails only the read and holds no lock while Postgres takes its time to fail.
+// When the read fails, Claim hands the rows back, unattempted, and returns the error: ClaimLeases and Payload
+// then find the row at fault one row at a time.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
+	rows, err := s.ClaimLeases(ctx, p)
+	if err != nil || len(rows) == 0 {
+		return rows, err
+	}
+	if err := s.readPayloads(ctx, rows); err != nil {
+		// The read may have failed by running out of ctx: the hand-back gets a bound of its own.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		if rerr := s.release(rctx, rows); rerr != nil {
+			return nil, fmt.Errorf("%w; and handing the rows back: %w", err, rerr)
+		}
+		return nil, err
+	}
+	// A row whose lease was lost in between (an operator's retry) is another dispatcher's now.
+	kept := rows[:0]
+	for _, r := range rows {
+		if r.Payload != nil {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
+// releaseTimeout bounds handing back the rows of a claim whose payloads could not be read.
+const releaseTimeout = 10 * time.Second
+
+// ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, for Payload to read.
+func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	rs, err := s.db.Query(ctx, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(), effect.StatusDelivering)
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
-		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Payload, &c.Attempts,
-			&c.CreatedAt, &c.Trace)
+		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Attempts, &c.CreatedAt, &c.Trace)
 		return c, err
 	})
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}
 	return out, nil
+}
+
+// Payload reads the payload of a row leased by ClaimLeases. It returns ErrLeaseLost when the lease is no
+// longer the row's, ErrUnavailable when the database is (or ctx ran out first), and otherwise an error that
+// belongs to this row. A payload that Postgres cannot print (a legacy jsonb payload that prints to over
+// 1 GB) may take it many seconds to fail, and neither a cancel nor statement_timeout stops it sooner; ctx
+// bounds the wait, and the read locks nothing meanwhile.
+func (s *Store) Payload(ctx context.Context, lease Lease) (json.RawMessage, error) {
+	row := []Claimed{{Lease: lease}}
+	if err := s.readPayloads(ctx, row); err != nil {
+		return nil, err
+	}
+	if row[0].Payload == nil {
+		return nil, ErrLeaseLost
+	}
+	return row[0].Payload, nil
+}
+
+// readPayloads fills in the payloads of leased rows; a row whose lease was lost keeps a nil Payload.
+func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
+	tokens := make([][16]byte, len(rows))
+	at := make(map[int64]int, len(rows))
+	for i, r := range rows {
+		tokens[i] = r.Token
+		at[r.EffectID] = i
+	}
+	rs, err := s.db.Query(ctx, readPayloadsSQL, tokens)
+	if err != nil {
+		return translate("read payloads", err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var id int64
+		var p json.RawMessage
+		if err := rs.Scan(&id, &p); err != nil {
+			return translate("read payloads", err)
+		}
+		if i, ok := at[id]; ok {
+			rows[i].Payload = p
+		}
+	}
+	return translate("read payloads", rs.Err())
+}
+
+// release hands leased rows back, unattempted and due at once (release.sql).
+func (s *Store) release(ctx context.Context, rows []Claimed) error {
+	var fresh, rescued [][16]byte
+	for _, r := range rows {
+		if r.Rescued {
+			rescued = append(rescued, r.Token)
+		} else {
+			fresh = append(fresh, r.Token)
+		}
+	}
+	_, err := s.db.Exec(ctx, releaseSQL, fresh, rescued, effect.StatusPending)
+	return translate("hand back claimed rows", err)
 }
 
 // Finish is a terminal outcome.
@@ -80,8 +169,8 @@ func (s *Store) Finish(ctx context.Context, lease Lease, f Finish) error {
 		return fmt.Errorf("dedup: finish with status %q, which is not terminal", f.Status)
 	}
 	var id int64
-	err := s.db.QueryRow(ctx, finishSQL, lease.EffectID, lease.Token, f.Status, nullJSON(f.Result),
-		nullString(f.LastError), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
+	err := s.db.QueryRow(ctx, finishSQL, lease.EffectID, lease.Token, f.Status, nullJSON(storableJSON(f.Result)),
+		nullString(storableText(f.LastError)), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}
@@ -103,7 +192,7 @@ type Reschedule struct {
 func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error {
 	var id int64
 	err := s.db.QueryRow(ctx, rescheduleSQL, lease.EffectID, lease.Token, r.Delay.Milliseconds(),
-		nullString(r.LastError), attempts(r.Attempted), effect.StatusPending).Scan(&id)
+		nullString(storableText(r.LastError)), attempts(r.Attempted), effect.StatusPending).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}

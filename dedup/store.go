@@ -26,26 +26,33 @@ import (
 //go:embed sql/*.sql
 var sqlFiles embed.FS
 
+// query returns sql/name.sql with {{columns}} (columns.sql) and {{payload}} (payload.sql: how a stored
+// payload is read) filled in.
 func query(name string) string {
-	cols, _ := sqlFiles.ReadFile("sql/columns.sql")
-	q, err := sqlFiles.ReadFile("sql/" + name + ".sql")
+	return strings.NewReplacer("{{columns}}", sqlFile("columns"), "{{payload}}", sqlFile("payload")).Replace(sqlFile(name))
+}
+
+func sqlFile(name string) string {
+	b, err := sqlFiles.ReadFile("sql/" + name + ".sql")
 	if err != nil {
 		panic(err)
 	}
-	return strings.ReplaceAll(string(q), "{{columns}}", strings.TrimSpace(string(cols)))
+	return strings.TrimSpace(string(b))
 }
 
 var (
-	insertSQL     = query("insert")
-	fenceSQL      = query("fence")
-	getSQL        = query("get")
-	listSQL       = query("list")
-	retrySQL      = query("retry")
-	claimSQL      = query("claim")
-	finishSQL     = query("finish")
-	rescheduleSQL = query("reschedule")
-	purgeSQL      = query("purge")
-	backlogSQL    = query("backlog")
+	insertSQL       = query("insert")
+	fenceSQL        = query("fence")
+	getSQL          = query("get")
+	listSQL         = query("list")
+	retrySQL        = query("retry")
+	claimSQL        = query("claim")
+	readPayloadsSQL = query("read_payloads")
+	releaseSQL      = query("release")
+	finishSQL       = query("finish")
+	rescheduleSQL   = query("reschedule")
+	purgeSQL        = query("purge")
+	backlogSQL      = query("backlog")
 )
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")
@@ -99,6 +106,12 @@ type NewEffect struct {
 // Create records the effect and its outbox row, or returns the effect already stored under the key with
 // replayed set. A stored effect with another fingerprint is a *KeyReusedError.
 func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed bool, err error) {
+	if nulEscape(ne.Payload) {
+		// The payload is stored as json, which keeps the escape as text; jsonb and text refuse it, and so
+		// would whatever a provider writes it into. Refused here, as jsonb used to.
+		return nil, false, &UnstorableError{Reason: `a string in the payload holds \u0000 (NUL), which Postgres ` +
+			"text and jsonb cannot hold", Err: errNUL}
+	}
 	fp, err := Fingerprint(ne.Type, ne.Payload)
 	if err != nil {
 		return nil, false, err

@@ -21,6 +21,7 @@ import (
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/jsonlimit"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -190,7 +191,34 @@ func decodeCreate(body []byte) (createRequest, string, error) {
 	if req.Payload[0] != '{' {
 		return req, "payload", errors.New("payload must be a JSON object")
 	}
+	// The payload is checked on its own, so that its limits (depth above all) count from the payload itself;
+	// then the body, for the one thing left there: the envelope naming type, payload or wait twice, which
+	// the decoder above settles case-insensitively and silently, last one winning.
+	if field, err := checkLimits(req.Payload, "payload", jsonlimit.Limits{}); err != nil {
+		return req, field, err
+	}
+	if field, err := checkLimits(body, "", jsonlimit.Limits{MaxDepth: jsonlimit.DefaultMaxDepth + 1}); err != nil {
+		return req, field, err
+	}
 	return req, "", nil
+}
+
+// checkLimits applies l to doc, whose place in the request is at, and names the field at fault
+// ("payload.to[0]") with the reason.
+func checkLimits(doc []byte, at string, l jsonlimit.Limits) (string, error) {
+	var le *jsonlimit.Error
+	if err := jsonlimit.Check(doc, l); !errors.As(err, &le) {
+		return "", nil // within the limits, or a syntax error, which the decoder has already reported
+	}
+	field := at
+	switch {
+	case le.Path == "":
+	case at == "" || strings.HasPrefix(le.Path, "["):
+		field += le.Path
+	default:
+		field += "." + le.Path
+	}
+	return field, fmt.Errorf("%s: %s", field, le.Reason)
 }
 
 func parseWait(s string) (time.Duration, error) {

@@ -2,6 +2,10 @@ package outbox
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -9,69 +13,125 @@ import (
 	"github.com/oncegate/oncegate/internal/backoff"
 )
 
+// claimBackoff is how long the claim loop leaves a type alone after its claims failed, so that one type's
+// failing claim neither stops the others nor is retried in a tight loop.
+var claimBackoff = backoff.Policy{Base: 100 * time.Millisecond, Max: 5 * time.Second}
+
+// suspectFor is how long a type whose batch claim failed is claimed one row at a time (claimEach). The rows
+// of the failed claim are handed back at once, so the row at fault is found within the first pass; the rest
+// of the minute guards against more such rows coming due.
+const suspectFor = time.Minute
+
+// claimState is what the claim loop remembers of one type between rounds.
+type claimState struct {
+	failures     int       // consecutive failed claims
+	retryAt      time.Time // no claim before
+	suspectUntil time.Time // claim one row at a time until
+
+	mu   sync.Mutex
+	busy bool // a one-by-one claim runs (claimEach); the loop leaves the type to it
+	err  error
+}
+
 // claimLoop claims due rows and starts their deliveries (under deliveries, in inflight) until ctx ends. It
 // claims again at once while claims come back full, and otherwise waits for a notification (Wake), a freed
-// delivery slot, or the poll interval.
+// delivery slot, a type's claim backoff to run out, or the poll interval.
 func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.WaitGroup) {
 	poll := time.NewTicker(d.cfg.PollInterval)
 	defer poll.Stop()
-	var failures int
+	states := make(map[*effectType]*claimState, len(d.types))
+	for _, t := range d.types {
+		states[t] = &claimState{}
+	}
+	retry := time.NewTimer(time.Hour)
+	defer retry.Stop()
 	for ctx.Err() == nil {
-		more, err := d.claimAll(ctx, deliveries, inflight)
+		more, retryAt := d.claimAll(ctx, deliveries, inflight, states)
 		d.signals.claimRound.signal(struct{}{})
-		if err != nil && ctx.Err() == nil {
-			failures++
-			wait := backoff.Policy{Base: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(failures)
-			d.log.Warn("claiming outbox rows failed", "err", err, "retry_in", wait.String())
-			sleep(ctx, wait)
-			continue
-		}
-		failures = 0
 		if more {
 			continue
+		}
+		var retryC <-chan time.Time
+		if !retryAt.IsZero() {
+			retry.Reset(time.Until(retryAt))
+			retryC = retry.C
 		}
 		select {
 		case <-ctx.Done():
 		case <-d.wake:
 		case <-d.freed:
 		case <-poll.C:
+		case <-retryC:
 		}
 	}
 }
 
-// claimAll claims due rows for every type with free capacity. It
-// reports whether some claim came back full, so that more rows may be due.
-func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.WaitGroup) (more bool, err error) {
+// claimAll claims due rows for every type with free capacity and no claim backoff running. Breakers are per
+// destination, so the claim cannot ask them; a row whose breaker refuses it is rescheduled until that
+// breaker's next probe (deliver.go), uncharged. A type whose claim fails is backed off on its own and the
+// round goes on with the next type. It reports whether some claim came back full, so that more rows may be
+// due, and the earliest time a backed-off type may claim again (zero if none is backed off).
+func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.WaitGroup,
+	states map[*effectType]*claimState) (more bool, retryAt time.Time) {
+	now := time.Now()
 	for _, t := range d.types {
-		// Breakers are per destination, so the claim cannot ask them; a row whose breaker refuses it is
-		// rescheduled until that breaker's next probe (deliver.go), uncharged.
+		st := states[t]
+		st.mu.Lock()
+		busy, err := st.busy, st.err
+		st.err = nil
+		st.mu.Unlock()
+		if busy {
+			continue
+		}
+		if err != nil {
+			d.claimFailed(t, st, now, err)
+		}
+		if now.Before(st.retryAt) {
+			if retryAt.IsZero() || st.retryAt.Before(retryAt) {
+				retryAt = st.retryAt
+			}
+			continue
+		}
 		free := int(int32(t.Concurrency) - t.inflight.Load())
 		if free <= 0 {
 			continue
 		}
 		n := min(free, d.cfg.BatchSize)
+		if now.Before(st.suspectUntil) {
+			d.claimEach(ctx, deliveries, inflight, t, st, n)
+			continue
+		}
 		rows, err := d.claim(ctx, t, n)
 		if err != nil {
-			return false, err
+			if errors.Is(err, dedup.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+				d.claimFailed(t, st, now, err)
+				continue
+			}
+			// Postgres refused the claim's read of the payloads, or did not finish it in time: a row in the
+			// batch may be one that cannot be read. Claim has handed the rows back.
+			st.suspectUntil = now.Add(suspectFor)
+			d.log.Warn("claim failed; claiming this type's rows one at a time for a while, to find a row at fault",
+				"type", t.Name, "for", suspectFor.String(), "err", err)
+			d.claimEach(ctx, deliveries, inflight, t, st, n)
+			continue
 		}
+		st.failures = 0
+		t.inflight.Add(int32(len(rows)))
 		for _, r := range rows {
-			t.inflight.Add(1)
-			inflight.Go(func() {
-				defer func() {
-					t.inflight.Add(-1)
-					select {
-					case d.freed <- struct{}{}:
-					default:
-					}
-				}()
-				d.deliver(deliveries, t, r)
-			})
+			d.startDelivery(deliveries, inflight, t, r)
 		}
 		if len(rows) == n {
 			more = true
 		}
 	}
-	return more, nil
+	return more, retryAt
+}
+
+func (d *Dispatcher) claimFailed(t *effectType, st *claimState, now time.Time, err error) {
+	st.failures++
+	wait := claimBackoff.Delay(st.failures)
+	st.retryAt = now.Add(wait)
+	d.log.Warn("claiming outbox rows failed", "type", t.Name, "err", err, "retry_in", wait.String())
 }
 
 func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]dedup.Claimed, error) {
@@ -80,4 +140,128 @@ func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]dedup.C
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
 	return d.store.Claim(cctx, dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease})
+}
+
+// claimEach claims up to n rows of t one at a time, in a goroutine of its own (the claim loop goes on with
+// the other types meanwhile), and delivers each row whose payload reads. A batch claim reads its payloads in
+// one result, so one row that cannot be read fails the claim of every row due beside it, on every try;
+// leased alone (ClaimLeases) and then read alone (Payload), such a row is found out by its ID and set aside by
+// decide: dead, with the reason. Each row's lease starts when it is claimed, so a slow read never eats into
+// the lease of the rows after it, and Postgres reads one suspect row at a time.
+//
+// A database that is unavailable marks nothing: the row is handed back, or its lease runs out.
+func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *sync.WaitGroup, t *effectType,
+	st *claimState, n int) {
+	st.mu.Lock()
+	st.busy = true
+	st.mu.Unlock()
+	inflight.Go(func() {
+		var err error
+		defer func() {
+			st.mu.Lock()
+			st.busy, st.err = false, err
+			st.mu.Unlock()
+			d.signalFreed()
+		}()
+		for range n {
+			if ctx.Err() != nil {
+				return
+			}
+			var r dedup.Claimed
+			var found bool
+			r, found, err = d.claimOne(ctx, t)
+			if err != nil || !found {
+				return
+			}
+			t.inflight.Add(1)
+			start := time.Now()
+			r.Payload, err = d.readPayload(r)
+			d.log.Debug("read a suspect row's payload", "type", t.Name, "effect", r.EffectID, "err", err,
+				"took", time.Since(start).String())
+			if err == nil {
+				d.startDelivery(deliveries, inflight, t, r)
+				continue
+			}
+			log := d.rowLog(t, r)
+			switch {
+			case errors.Is(err, dedup.ErrLeaseLost):
+			case errors.Is(err, dedup.ErrUnavailable):
+				d.apply(log, t, r, action{kind: actReschedule})
+				d.release(t)
+				return
+			default:
+				d.apply(log, t, r, decide(event{stage: stageUnreadable, err: err}, r, t.policy))
+			}
+			err = nil
+			d.release(t)
+		}
+	})
+}
+
+func (d *Dispatcher) claimOne(ctx context.Context, t *effectType) (dedup.Claimed, bool, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
+	defer cancel()
+	rows, err := d.store.ClaimLeases(cctx, dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease})
+	if err != nil || len(rows) == 0 {
+		return dedup.Claimed{}, false, err
+	}
+	return rows[0], true, nil
+}
+
+// readPayload reads a row's payload within the claim timeout. A read that runs out of time while the
+// database answers a ping is the row's fault (a payload Postgres takes that long to print, to fail in the
+// end), and comes back as an error that is not dedup.ErrUnavailable.
+func (d *Dispatcher) readPayload(r dedup.Claimed) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), d.cfg.ClaimTimeout)
+	p, err := d.store.Payload(ctx, r.Lease)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		return p, err
+	}
+	pctx, cancel := context.WithTimeout(context.Background(), d.cfg.DBTimeout)
+	defer cancel()
+	if perr := d.pool.Ping(pctx); perr != nil {
+		return nil, err
+	}
+	return nil, fmt.Errorf("reading it took over %v, while the database answered other queries", d.cfg.ClaimTimeout)
+}
+
+// startDelivery delivers r in a goroutine of its own; r is already counted in t.inflight.
+func (d *Dispatcher) startDelivery(deliveries context.Context, inflight *sync.WaitGroup, t *effectType, r dedup.Claimed) {
+	inflight.Go(func() {
+		defer d.release(t)
+		defer d.recoverDelivery(t, r)
+		d.deliver(deliveries, t, r)
+	})
+}
+
+// recoverDelivery turns a panic in the delivery of r (a bug that one payload sets off, in a provider or
+// here) into r's failure, set aside by decide. Left alone it would take the gateway down, and the row, rescued
+// after its lease, would do the same to every gateway that took it. The panic's value and stack go to the log
+// only: they may hold configuration that a tenant must not see.
+func (d *Dispatcher) recoverDelivery(t *effectType, r dedup.Claimed) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	log := d.rowLog(t, r)
+	log.Error("a delivery panicked", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	d.apply(log, t, r, decide(event{stage: stagePanicked}, r, t.policy))
+}
+
+// release frees a delivery slot of t and tells the claim loop.
+func (d *Dispatcher) release(t *effectType) {
+	t.inflight.Add(-1)
+	d.signalFreed()
+}
+
+func (d *Dispatcher) signalFreed() {
+	select {
+	case d.freed <- struct{}{}:
+	default:
+	}
+}
+
+func (d *Dispatcher) rowLog(t *effectType, r dedup.Claimed) *slog.Logger {
+	return d.log.With("type", t.Name, "effect", r.EffectID, "tenant", r.Tenant, "key", r.Key)
 }

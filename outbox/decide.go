@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -23,9 +24,11 @@ type policy struct {
 type stage int
 
 const (
-	stageClaimed   stage = iota // claimed, nothing tried yet
-	stageRefused                // the breaker kept the call from the destination
-	stageAttempted              // the provider was called; the outcome says how it went
+	stageClaimed    stage = iota // claimed, nothing tried yet
+	stageRefused                 // the breaker kept the call from the destination
+	stageAttempted               // the provider was called; the outcome says how it went
+	stageUnreadable              // the row was leased, but its payload could not be read back (err says why)
+	stagePanicked                // its delivery panicked
 )
 
 // event is what decide is asked about.
@@ -36,6 +39,8 @@ type event struct {
 	wait time.Duration
 	// stopping is set when the delivery's context ended (shutdown cancelled the attempt).
 	stopping bool
+	// err is why the payload could not be read (stageUnreadable).
+	err error
 }
 
 type actionKind int
@@ -57,6 +62,14 @@ type action struct {
 	err   error
 }
 
+// unreadablePrefix starts the error an unreadable row is left with.
+const unreadablePrefix = "set aside without an attempt: its stored payload cannot be read back, so no " +
+	"delivery of it can start; check the row, then delete it or fix it and retry: "
+
+// panicked is the error a row whose delivery panicked is left with.
+const panicked = "the delivery panicked, a bug in the gateway or its provider that this effect sets off; it " +
+	"was not retried (the log has the details)"
+
 // rescueUnknown is the error an at-most-once rescue leaves on the effect, for the operator.
 const rescueUnknown = "a gateway died while delivering this effect, so it may or may not have happened; " +
 	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
@@ -64,6 +77,9 @@ const rescueUnknown = "a gateway died while delivering this effect, so it may or
 // decide is the dispatcher's whole delivery policy, without I/O: given how far a claimed row got, it says
 // what happens next. docs/effects.md draws the transitions it makes.
 //
+//   - A row whose payload cannot be read back from the database is finished dead, uncharged, with the
+//     reason: trying again would fail again, and hold a lease and a claim each time.
+//   - A row whose delivery panicked is finished dead, charged: trying again would panic again.
 //   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
 //     finished unknown, uncharged, rather than risk a second delivery; a TxProvider has no crash window, so
 //     its rows are always delivered. Every other row is delivered.
@@ -84,6 +100,12 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 		return action{kind: actDeliver}
 	case stageRefused:
 		return action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: ev.wait}}
+	case stagePanicked:
+		return action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: panicked, Attempted: true}}
+	case stageUnreadable:
+		return action{kind: actFinish,
+			finish: dedup.Finish{Status: effect.StatusDead, LastError: unreadablePrefix + unreadableReason(ev.err)},
+			msg:    "a row's payload cannot be read back; set aside as dead", level: slog.LevelError, err: ev.err}
 	}
 
 	out := ev.outcome
@@ -120,4 +142,13 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 	return action{kind: actReschedule,
 		reschedule: dedup.Reschedule{Delay: delay, LastError: errText, Attempted: true},
 		msg:        "delivery failed; will retry", level: slog.LevelInfo, err: out.Err}
+}
+
+// unreadableReason is what Postgres said, without the store's wrapping, which speaks of storing.
+func unreadableReason(err error) string {
+	var ue *dedup.UnstorableError
+	if errors.As(err, &ue) {
+		return ue.Reason
+	}
+	return err.Error()
 }

@@ -2,6 +2,7 @@
 -- effects $5 (delivering), in one statement. SKIP LOCKED lets any number of dispatchers claim at once without
 -- waiting on each other or taking the same row. A row whose lease expired is due again: its dispatcher died
 -- mid-delivery, and `rescued` tells the caller that the attempt may have reached the provider.
+-- Payloads are read by a statement of their own (read_payloads.sql), after these leases commit: see Claim.
 WITH due AS (
     SELECT effect_id, lease_expires_at IS NOT NULL AS rescued
     FROM oncegate_outbox
@@ -24,5 +25,5 @@ UPDATE oncegate_effects e
 SET status = $5, updated_at = now()
 FROM claimed
 WHERE e.id = claimed.effect_id
-RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.payload, e.attempts, e.created_at,
+RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
     claimed.trace

@@ -11,12 +11,14 @@
 package jsonlimit
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 const (
@@ -65,15 +67,40 @@ func Check(doc []byte, l Limits) error {
 	if !json.Valid(doc) {
 		return ErrSyntax
 	}
-	w := walker{doc: doc, l: l}
+	w := walkers.Get().(*walker)
+	defer w.release()
+	w.doc, w.i, w.l = doc, 0, l
 	w.skipSpace()
-	return w.value("", 0)
+	return w.value(0)
+}
+
+// walkers keep their stacks between documents, so that checking one allocates nothing: Check runs on every
+// request.
+var walkers = sync.Pool{New: func() any { return &walker{path: make([]segment, 0, 16), names: make([][]byte, 0, 32)} }}
+
+// release returns w to the pool, holding nothing of its document.
+func (w *walker) release() {
+	clear(w.path[:cap(w.path)])
+	clear(w.names[:cap(w.names)])
+	w.doc, w.path, w.names = nil, w.path[:0], w.names[:0]
+	walkers.Put(w)
 }
 
 type walker struct {
 	doc []byte
 	i   int
 	l   Limits
+	// path is the place of the value being read, one segment per level; it becomes a string only for an
+	// Error, so that an accepted document costs no allocation for it.
+	path []segment
+	// names holds the member names of the objects being read, innermost last, for the duplicate check.
+	names [][]byte
+}
+
+// segment is a member name (raw, as in the document, escapes and all) or, when name is nil, an array index.
+type segment struct {
+	name  []byte
+	index int
 }
 
 func (w *walker) skipSpace() {
@@ -87,17 +114,33 @@ func (w *walker) skipSpace() {
 	}
 }
 
-// value reads the value at w.i, whose place in the document is path, at nesting depth.
-func (w *walker) value(path string, depth int) error {
+// fail returns an Error at the current path.
+func (w *walker) fail(reason string) error {
+	var b strings.Builder
+	for _, s := range w.path {
+		if s.name == nil {
+			b.WriteString("[" + strconv.Itoa(s.index) + "]")
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(unescape(s.name))
+	}
+	return &Error{Path: b.String(), Reason: reason}
+}
+
+// value reads the value at w.i, at nesting depth.
+func (w *walker) value(depth int) error {
 	switch c := w.doc[w.i]; {
 	case c == '{' || c == '[':
 		if depth >= w.l.MaxDepth {
-			return &Error{Path: path, Reason: fmt.Sprintf("nested deeper than %d levels", w.l.MaxDepth)}
+			return w.fail(fmt.Sprintf("nested deeper than %d levels", w.l.MaxDepth))
 		}
 		if c == '{' {
-			return w.object(path, depth+1)
+			return w.object(depth + 1)
 		}
-		return w.array(path, depth+1)
+		return w.array(depth + 1)
 	case c == '"':
 		w.str()
 	case c == '-' || (c >= '0' && c <= '9'):
@@ -105,8 +148,8 @@ func (w *walker) value(path string, depth int) error {
 		for w.i < len(w.doc) && strings.IndexByte("+-.eE0123456789", w.doc[w.i]) >= 0 {
 			w.i++
 		}
-		if reason := checkNumber(string(w.doc[start:w.i]), w.l.MaxNumberLen); reason != "" {
-			return &Error{Path: path, Reason: reason}
+		if reason := checkNumber(w.doc[start:w.i], w.l.MaxNumberLen); reason != "" {
+			return w.fail(reason)
 		}
 	default: // true, false, null
 		for w.i < len(w.doc) && w.doc[w.i] >= 'a' && w.doc[w.i] <= 'z' {
@@ -116,9 +159,13 @@ func (w *walker) value(path string, depth int) error {
 	return nil
 }
 
-func (w *walker) object(path string, depth int) error {
+func (w *walker) object(depth int) error {
 	w.i++ // {
-	var names map[string]struct{}
+	first := len(w.names)
+	defer func() { w.names = w.names[:first] }()
+	w.path = append(w.path, segment{})
+	defer func() { w.path = w.path[:len(w.path)-1] }()
+	var folded map[string]struct{} // the names lower-cased, once the object is large
 	for {
 		w.skipSpace()
 		if w.doc[w.i] == '}' {
@@ -129,27 +176,50 @@ func (w *walker) object(path string, depth int) error {
 			w.i++
 			w.skipSpace()
 		}
-		name := w.name()
-		folded := strings.ToLower(name)
-		if _, dup := names[folded]; dup {
-			return &Error{Path: join(path, name), Reason: "the object names this member twice (or twice with " +
-				"different case); a payload must say each thing once"}
+		start := w.i
+		w.str()
+		name := w.doc[start+1 : w.i-1]
+		w.path[len(w.path)-1] = segment{name: name}
+		dup := false
+		switch {
+		case folded != nil:
+			key := foldKey(name)
+			_, dup = folded[key]
+			folded[key] = struct{}{}
+		case len(w.names)-first < smallObject:
+			for _, seen := range w.names[first:] {
+				if sameName(seen, name) {
+					dup = true
+					break
+				}
+			}
+			w.names = append(w.names, name)
+		default:
+			// A large object: comparing each name with all before it would cost its square.
+			folded = make(map[string]struct{}, 2*smallObject)
+			for _, seen := range append(w.names[first:], name) {
+				key := foldKey(seen)
+				_, dup = folded[key]
+				folded[key] = struct{}{}
+			}
 		}
-		if names == nil {
-			names = map[string]struct{}{}
+		if dup {
+			return w.fail("the object names this member twice (or twice with different case); a payload " +
+				"must say each thing once")
 		}
-		names[folded] = struct{}{}
 		w.skipSpace()
 		w.i++ // :
 		w.skipSpace()
-		if err := w.value(join(path, name), depth); err != nil {
+		if err := w.value(depth); err != nil {
 			return err
 		}
 	}
 }
 
-func (w *walker) array(path string, depth int) error {
+func (w *walker) array(depth int) error {
 	w.i++ // [
+	w.path = append(w.path, segment{})
+	defer func() { w.path = w.path[:len(w.path)-1] }()
 	for n := 0; ; n++ {
 		w.skipSpace()
 		if w.doc[w.i] == ']' {
@@ -160,45 +230,71 @@ func (w *walker) array(path string, depth int) error {
 			w.i++
 			w.skipSpace()
 		}
-		if err := w.value(path+"["+strconv.Itoa(n)+"]", depth); err != nil {
+		w.path[len(w.path)-1] = segment{index: n}
+		if err := w.value(depth); err != nil {
 			return err
 		}
 	}
 }
 
-// str skips the string at w.i and reports whether it holds an escape.
-func (w *walker) str() (escaped bool) {
+// str skips the string at w.i.
+func (w *walker) str() {
 	w.i++ // "
 	for {
 		switch w.doc[w.i] {
 		case '\\':
-			escaped = true
 			w.i += 2
 		case '"':
 			w.i++
-			return escaped
+			return
 		default:
 			w.i++
 		}
 	}
 }
 
-// name reads a member name, unescaped.
-func (w *walker) name() string {
-	start := w.i
-	if !w.str() {
-		return string(w.doc[start+1 : w.i-1])
+// smallObject is how many members an object may have before its names are checked through a map.
+const smallObject = 16
+
+// sameName reports whether two raw member names are one name, or one in different case. Names are compared
+// unescaped and lower-cased; plain ASCII names, nearly all of them, without a copy.
+func sameName(a, b []byte) bool {
+	if ascii(a) && ascii(b) {
+		return bytes.EqualFold(a, b)
+	}
+	return foldKey(a) == foldKey(b)
+}
+
+// foldKey is what sameName compares, as a map key for large objects. Lower-casing (not Unicode case
+// folding, as strings.EqualFold does) keeps the two in agreement, ASCII or not.
+func foldKey(raw []byte) string { return strings.ToLower(unescape(raw)) }
+
+// ascii reports whether a raw name is printable ASCII without escapes: its bytes are its characters.
+func ascii(s []byte) bool {
+	for _, c := range s {
+		if c >= 0x80 || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// unescape returns a raw member name as the string it stands for.
+func unescape(raw []byte) string {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw)
 	}
 	var s string
-	_ = json.Unmarshal(w.doc[start:w.i], &s) // valid, as json.Valid said
+	_ = json.Unmarshal(append(append([]byte{'"'}, raw...), '"'), &s) // valid, as json.Valid said
 	return s
 }
 
 // checkNumber says what is wrong with a number literal, or "".
-func checkNumber(s string, maxLen int) string {
-	if len(s) > maxLen {
+func checkNumber(lit []byte, maxLen int) string {
+	if len(lit) > maxLen {
 		return fmt.Sprintf("the number has more than %d characters", maxLen)
 	}
+	s := string(lit) // at most maxLen bytes
 	if i := strings.IndexAny(s, "eE"); i >= 0 {
 		// A zero mantissa makes any exponent parse as 0, but Postgres's numeric still refuses or spells out a
 		// huge one: no double needs an exponent beyond ±400 however its mantissa is written.
@@ -226,11 +322,4 @@ func nonZeroMantissa(s string) bool {
 		}
 	}
 	return false
-}
-
-func join(path, name string) string {
-	if path == "" {
-		return name
-	}
-	return path + "." + name
 }

@@ -3,6 +3,7 @@ package jsonlimit
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -10,6 +11,14 @@ import (
 func TestCheck(t *testing.T) {
 	t.Parallel()
 	deep := func(n int) string { return strings.Repeat("[", n) + strings.Repeat("]", n) }
+	members := func(n int, extra string) string { // an object of n distinct members, then extra
+		var b strings.Builder
+		b.WriteString("{")
+		for i := range n {
+			fmt.Fprintf(&b, `"m%d":%d,`, i, i)
+		}
+		return b.String() + extra + "}"
+	}
 	cases := []struct {
 		name, doc, path string // path "" with ok: accepted
 		ok              bool
@@ -39,6 +48,10 @@ func TestCheck(t *testing.T) {
 		{name: "two values", doc: `{} {}`, syntax: true},
 		{name: "empty", doc: ``, syntax: true},
 		{name: "escaped duplicate", doc: `{"a\u0062":1,"ab":2}`, path: "ab"},
+		{name: "large object", doc: members(30000, `"last":1`), ok: true},
+		{name: "large object, duplicate at the end", doc: members(30000, `"M7":1`), path: "M7"},
+		{name: "duplicate across the switch to a map", doc: `{"a":1,` + members(20, `"A":2`)[1:], path: "A"},
+		{name: "large object, escaped duplicate", doc: members(40, `"\u006d39":1`), path: "m39"},
 		{name: "whitespace everywhere", doc: " { \"a\" : [ 1 , { } ] , \"b\" : \"x\\\"y\" } ", ok: true},
 	}
 	for _, c := range cases {

@@ -1,0 +1,78 @@
+package migrations_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/migrations"
+)
+
+// Migration 00004 keeps the payloads of rows already stored (jsonb, now legacy_payload) readable, and stores
+// new ones as sent (json): a row pending across the upgrade is still delivered, with jsonb's rendering of its
+// payload, and every row has exactly one of the two.
+func TestPayloadMigrationKeepsPendingRowsReadable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	name := testenv.Name(t, "mig")
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)") //nolint:errcheck
+	pool, err := pgxpool.New(ctx, pgtest.WithDatabase(pgtest.AdminURL(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+
+	if err := migrations.UpTo(ctx, db, 3); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `WITH e AS (
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload)
+		VALUES ('t', 'old', 'typ', '\x00', '{"b": 1,  "a": 1e2}') RETURNING id, type)
+		INSERT INTO oncegate_outbox (effect_id, type) SELECT id, type FROM e`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Up(ctx, db, nil); err != nil {
+		t.Fatal(err)
+	}
+	store := dedup.NewStore(pool)
+	sent := `{"b": 1,  "a": 1e2}`
+	if _, _, err := store.Create(ctx, dedup.NewEffect{Tenant: "t", Key: "new", Type: "typ", Payload: json.RawMessage(sent)}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := store.Claim(ctx, dedup.ClaimParams{Type: "typ", Limit: 10, Owner: "me", Lease: time.Minute})
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("claim: %d rows, %v", len(rows), err)
+	}
+	got := map[string]string{}
+	for _, r := range rows {
+		got[r.Key] = string(r.Payload)
+		p, err := store.Payload(ctx, r.Lease)
+		if err != nil || string(p) != string(r.Payload) {
+			t.Fatalf("Payload of %s: %s, %v; the claim read %s", r.Key, p, err, r.Payload)
+		}
+	}
+	if got["old"] != `{"a": 100, "b": 1}` || got["new"] != sent {
+		t.Fatalf("payloads read back: %v", got)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effects (tenant, key, type, fingerprint) VALUES ('t', 'none', 'typ', '\x00')`); err == nil {
+		t.Fatal("a row without a payload was stored")
+	}
+}

@@ -7,6 +7,7 @@
 package webhook
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -214,8 +215,12 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	if err != nil {
 		return providers.Failed(err, true)
 	}
-	// The body is the same on every attempt: its timestamp is when the effect was requested.
-	body, err := json.Marshal(struct {
+	// The body is the same on every attempt: its timestamp is when the effect was requested. HTML escaping
+	// is off so that data arrives as the tenant sent it ("<" stays "<", not "\u003c"), whitespace aside.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	err = enc.Encode(struct {
 		Type      string          `json:"type"`
 		Timestamp string          `json:"timestamp"`
 		Data      json.RawMessage `json:"data"`
@@ -223,6 +228,7 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	if err != nil {
 		return providers.Failed(err, true)
 	}
+	body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	req, err := safehttp.NewRequest(ctx, http.MethodPost, u, body)
 	if err != nil {
 		return providers.Failed(err, true)

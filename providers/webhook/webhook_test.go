@@ -181,6 +181,10 @@ func TestRequestsFollowStandardWebhooks(t *testing.T) {
 	if string(r.bodies[0]) != string(r.bodies[1]) {
 		t.Fatalf("the body changed between attempts:\n%s\n%s", r.bodies[0], r.bodies[1])
 	}
+	// data as the tenant sent it: no \u003c for "<", no reordering.
+	if !strings.Contains(string(r.bodies[0]), `"data":{"order":42,"note":"<b>&"}`) {
+		t.Fatalf("data was re-encoded: %s", r.bodies[0])
+	}
 	var body map[string]any
 	if err := json.Unmarshal(r.bodies[0], &body); err != nil || body["type"] != "order.paid" ||
 		body["timestamp"] != "2026-11-29T12:00:00Z" || body["data"].(map[string]any)["note"] != "<b>&" {

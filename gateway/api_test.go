@@ -45,6 +45,12 @@ func TestCreateEffectStatusCodes(t *testing.T) {
 		t.Fatalf("key reuse: %d %s", r.status, r.raw)
 	}
 
+	// Two keys in one request: which one counts would be a guess, so neither does.
+	r = h.req("POST", "/v1/effects", acmeKey, analytics("two"), "Idempotency-Key: two-a", "Idempotency-Key: two-b")
+	if r.status != 400 || r.body["field"] != "Idempotency-Key" {
+		t.Fatalf("two Idempotency-Key headers: %d %s", r.status, r.raw)
+	}
+
 	// With wait, a new effect is answered once delivered.
 	r = h.req("POST", "/v1/effects", acmeKey, `{"type":"analytics","payload":{"name":"x"},"wait":"5s"}`,
 		"Idempotency-Key: waited")

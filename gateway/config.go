@@ -833,6 +833,13 @@ func keyHash(k string) ([]byte, error) {
 		}
 		return b, nil
 	}
+	for _, c := range k {
+		// Authorization carries the key as a bearer token, trimmed: a space or control character would make a
+		// key no request can present.
+		if c <= ' ' || c > '~' {
+			return nil, errors.New("an API key must be visible ASCII, without spaces; `gateway keygen` makes one")
+		}
+	}
 	if len(k) < MinAPIKeyLength {
 		return nil, fmt.Errorf("an API key must be at least %d characters (this one has %d); `gateway keygen` "+
 			"makes one", MinAPIKeyLength, len(k))

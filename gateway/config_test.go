@@ -41,6 +41,7 @@ func TestConfigFailsClosed(t *testing.T) {
 		{"tenants:\n  alpha: { api_keys: [" + testKey + "] }\n  beta: { api_keys: [" + testKey + "] }",
 			"tenants.beta.api_keys[0]: the same key as tenants.alpha.api_keys[0]"},
 		{"tenants: { alpha: { api_keys: [abcdefgh] } }", "tenants.alpha.api_keys[0]: an API key must be at least 32 characters"},
+		{"tenants: { alpha: { api_keys: ['" + strings.Repeat(" ", 40) + "'] } }", "tenants.alpha.api_keys[0]: an API key must be visible ASCII"},
 		{tenantsYAML + "effect_types: { w: { provider: webhook, webhook: { url: 'https://h/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg== } } }",
 			"effect_types.w: webhook: webhook: secret: want whsec_ and the base64 of at least 24 bytes"},
 	} {

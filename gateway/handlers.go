@@ -39,6 +39,11 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 			Detail: "send the request body as Content-Type: application/json"})
 		return
 	}
+	if len(r.Header.Values("Idempotency-Key")) > 1 {
+		// Which one would count is a guess a proxy and the gateway could make differently: refuse both.
+		badRequest(w, "Idempotency-Key", "the header is sent more than once; send one key")
+		return
+	}
 	key, err := dedup.ParseKey(r.Header.Get("Idempotency-Key"))
 	if err != nil {
 		badRequest(w, "Idempotency-Key", err.Error())

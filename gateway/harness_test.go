@@ -134,9 +134,15 @@ func (h *harness) req(method, path, apiKey, body string, headers ...string) resp
 	if body != "" {
 		r.Header.Set("Content-Type", "application/json")
 	}
+	given := map[string]bool{}
 	for _, hv := range headers {
 		k, v, _ := strings.Cut(hv, ": ")
-		r.Header.Set(k, v)
+		if given[k] {
+			r.Header.Add(k, v) // named twice: send it twice
+		} else {
+			r.Header.Set(k, v)
+		}
+		given[k] = true
 	}
 	resp, err := http.DefaultClient.Do(r)
 	if err != nil {

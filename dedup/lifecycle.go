@@ -40,6 +40,8 @@ type ClaimParams struct {
 	Limit int
 	Owner string
 	Lease time.Duration
+	// SkipTenants are tenants whose rows this claim leaves for later.
+	SkipTenants []string
 }
 
 // Claim leases up to p.Limit due outbox rows of p.Type (new, due for a retry, or rescued from an expired
@@ -79,7 +81,8 @@ const releaseTimeout = 10 * time.Second
 
 // ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, for Payload to read.
 func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rs, err := s.db.Query(ctx, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(), effect.StatusDelivering)
+	rs, err := s.db.Query(ctx, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(), effect.StatusDelivering,
+		append([]string{}, p.SkipTenants...))
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}

@@ -209,6 +209,9 @@ type EffectType struct {
 	Timeout Duration `yaml:"timeout"`
 	// Concurrency bounds the deliveries of this type in flight in one gateway. Defaults to DefaultConcurrency.
 	Concurrency int `yaml:"concurrency"`
+	// TenantConcurrency bounds one tenant's deliveries of this type in flight in one gateway, so one tenant's
+	// hanging destinations leave slots for the others. Defaults to half of Concurrency (at least 1).
+	TenantConcurrency int `yaml:"tenant_concurrency"`
 	// Retry is this type's retry policy. Defaults to the configuration's retry; a field it leaves out defaults
 	// as Retry's doc says (not to the configuration's retry).
 	Retry *Retry `yaml:"retry"`
@@ -767,7 +770,7 @@ func (t EffectType) validate() error {
 	if err := t.checkBlocks(); err != nil {
 		return err
 	}
-	if t.Timeout < 0 || t.Concurrency < 0 || t.Breaker.OpenFor < 0 {
+	if t.Timeout < 0 || t.Concurrency < 0 || t.TenantConcurrency < 0 || t.Breaker.OpenFor < 0 {
 		return errors.New("timeout, concurrency and breaker.open_for must be positive")
 	}
 	if t.Retry != nil {
@@ -906,7 +909,8 @@ func (c *Config) outboxTypes(reg *providers.Registry) []outbox.EffectType {
 		t := c.EffectTypes[name]
 		p, _ := reg.Get(name)
 		out = append(out, outbox.EffectType{
-			Name: name, Provider: p, Concurrency: t.Concurrency, Timeout: time.Duration(t.Timeout),
+			Name: name, Provider: p, Concurrency: t.Concurrency, TenantConcurrency: t.TenantConcurrency,
+			Timeout:     time.Duration(t.Timeout),
 			MaxAttempts: t.Retry.MaxAttempts,
 			Retry:       backoff.Policy{Base: time.Duration(t.Retry.BaseDelay), Max: time.Duration(t.Retry.MaxDelay)},
 			OnCrash:     t.OnCrash, BreakerFailures: t.Breaker.Failures, BreakerOpenFor: time.Duration(t.Breaker.OpenFor),

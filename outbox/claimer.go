@@ -116,8 +116,14 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 			continue
 		}
 		st.failures = 0
-		t.inflight.Add(int32(len(rows)))
 		for _, r := range rows {
+			// A batch may bring one tenant more rows than its share: the rest go back, uncharged, and the
+			// next claims skip that tenant until one of its deliveries ends.
+			if !t.admit(r.Tenant, true) {
+				d.apply(d.rowLog(t, r), t, r, action{kind: actReschedule})
+				continue
+			}
+			t.inflight.Add(1)
 			d.startDelivery(deliveries, inflight, t, r)
 		}
 		if len(rows) == n {
@@ -139,7 +145,8 @@ func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]dedup.C
 	// sit out their lease for nothing.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	return d.store.Claim(cctx, dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease})
+	return d.store.Claim(cctx, dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease,
+		SkipTenants: t.saturated()})
 }
 
 // claimEach claims up to n rows of t one at a time, in a goroutine of its own (the claim loop goes on with
@@ -173,6 +180,7 @@ func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *sync.W
 			if err != nil || !found {
 				return
 			}
+			t.admit(r.Tenant, false) // one row at a time: counted, not capped
 			t.inflight.Add(1)
 			start := time.Now()
 			r.Payload, err = d.readPayload(r)
@@ -187,13 +195,13 @@ func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *sync.W
 			case errors.Is(err, dedup.ErrLeaseLost):
 			case errors.Is(err, dedup.ErrUnavailable):
 				d.apply(log, t, r, action{kind: actReschedule})
-				d.release(t)
+				d.release(t, r.Tenant)
 				return
 			default:
 				d.apply(log, t, r, decide(event{stage: stageUnreadable, err: err}, r, t.policy))
 			}
 			err = nil
-			d.release(t)
+			d.release(t, r.Tenant)
 		}
 	})
 }
@@ -201,7 +209,8 @@ func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *sync.W
 func (d *Dispatcher) claimOne(ctx context.Context, t *effectType) (dedup.Claimed, bool, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	rows, err := d.store.ClaimLeases(cctx, dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease})
+	rows, err := d.store.ClaimLeases(cctx, dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease,
+		SkipTenants: t.saturated()})
 	if err != nil || len(rows) == 0 {
 		return dedup.Claimed{}, false, err
 	}
@@ -229,7 +238,7 @@ func (d *Dispatcher) readPayload(r dedup.Claimed) ([]byte, error) {
 // startDelivery delivers r in a goroutine of its own; r is already counted in t.inflight.
 func (d *Dispatcher) startDelivery(deliveries context.Context, inflight *sync.WaitGroup, t *effectType, r dedup.Claimed) {
 	inflight.Go(func() {
-		defer d.release(t)
+		defer d.release(t, r.Tenant)
 		defer d.recoverDelivery(t, r)
 		d.deliver(deliveries, t, r)
 	})
@@ -249,8 +258,9 @@ func (d *Dispatcher) recoverDelivery(t *effectType, r dedup.Claimed) {
 	d.apply(log, t, r, decide(event{stage: stagePanicked}, r, t.policy))
 }
 
-// release frees a delivery slot of t and tells the claim loop.
-func (d *Dispatcher) release(t *effectType) {
+// release frees a delivery slot of t and tenant's, and tells the claim loop.
+func (d *Dispatcher) release(t *effectType, tenant string) {
+	t.done(tenant)
 	t.inflight.Add(-1)
 	d.signalFreed()
 }

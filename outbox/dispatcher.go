@@ -68,6 +68,10 @@ type EffectType struct {
 	Provider providers.Provider
 	// Concurrency bounds the deliveries of this type in flight in one gateway. Defaults to DefaultConcurrency.
 	Concurrency int
+	// TenantConcurrency bounds the deliveries of this type in flight in one gateway for one tenant, so that one
+	// tenant's hanging destinations cannot take every slot and hold back the others' deliveries. Defaults to
+	// half of Concurrency (at least 1).
+	TenantConcurrency int
 	// Timeout bounds one provider call. The lease is Timeout plus Config.LeaseMargin. Defaults to
 	// DefaultTimeout.
 	Timeout time.Duration
@@ -169,6 +173,8 @@ func (c *Config) withDefaults() (Config, error) {
 			return o, fmt.Errorf("outbox: effect type %d has no name or provider", i)
 		}
 		defInt(&t.Concurrency, DefaultConcurrency)
+		defInt(&t.TenantConcurrency, max(1, t.Concurrency/2))
+		t.TenantConcurrency = min(t.TenantConcurrency, t.Concurrency)
 		def(&t.Timeout, DefaultTimeout)
 		defInt(&t.MaxAttempts, DefaultMaxAttempts)
 		t.Retry = t.Retry.WithDefaults()
@@ -194,6 +200,44 @@ type effectType struct {
 	policy   policy
 	lease    time.Duration
 	inflight atomic.Int32
+
+	tenantsMu sync.Mutex
+	tenants   map[string]int // deliveries in flight per tenant, for TenantConcurrency
+}
+
+// saturated lists the tenants with TenantConcurrency deliveries of t in flight.
+func (t *effectType) saturated() []string {
+	t.tenantsMu.Lock()
+	defer t.tenantsMu.Unlock()
+	var out []string
+	for tenant, n := range t.tenants {
+		if n >= t.TenantConcurrency {
+			out = append(out, tenant)
+		}
+	}
+	return out
+}
+
+// admit counts a delivery of tenant's in flight, unless tenant has its share already and enforce is set.
+func (t *effectType) admit(tenant string, enforce bool) bool {
+	t.tenantsMu.Lock()
+	defer t.tenantsMu.Unlock()
+	if enforce && t.tenants[tenant] >= t.TenantConcurrency {
+		return false
+	}
+	if t.tenants == nil {
+		t.tenants = map[string]int{}
+	}
+	t.tenants[tenant]++
+	return true
+}
+
+func (t *effectType) done(tenant string) {
+	t.tenantsMu.Lock()
+	defer t.tenantsMu.Unlock()
+	if t.tenants[tenant]--; t.tenants[tenant] <= 0 {
+		delete(t.tenants, tenant)
+	}
 }
 
 // Dispatcher delivers outbox rows. Create it with New and run it with Run.

@@ -3,12 +3,15 @@
 -- waiting on each other or taking the same row. A row whose lease expired is due again: its dispatcher died
 -- mid-delivery, and `rescued` tells the caller that the attempt may have reached the provider.
 -- Payloads are read by a statement of their own (read_payloads.sql), after these leases commit: see Claim.
+-- Rows of the tenants in $6 are left alone: they have their fair share of this type's deliveries in flight.
 WITH due AS (
     SELECT effect_id, lease_expires_at IS NOT NULL AS rescued
     FROM oncegate_outbox
     WHERE type = $1
       AND run_at <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND (cardinality($6::text[]) = 0 OR NOT EXISTS (
+          SELECT 1 FROM oncegate_effects e WHERE e.id = oncegate_outbox.effect_id AND e.tenant = ANY($6::text[])))
     ORDER BY run_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED

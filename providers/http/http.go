@@ -80,6 +80,12 @@ func (c Config) resolve() (*Provider, error) {
 	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
 		return nil, errors.New("http: base_url: want an http or https URL with a host and no user info (credentials go in headers)")
 	}
+	if u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+		// A query here would be dropped by every request (each takes the payload path's query), so a token in
+		// it would silently never be sent.
+		return nil, errors.New("http: base_url: no query or fragment: a request's query comes from its payload path, " +
+			"and credentials go in headers")
+	}
 	p := &Provider{base: u, headers: http.Header{}}
 	var pairs []string
 	for k, v := range c.Headers {
@@ -145,8 +151,15 @@ func parse(raw json.RawMessage) (Payload, error) {
 	if !strings.HasPrefix(p.Path, "/") || strings.HasPrefix(p.Path, "//") || strings.ContainsAny(p.Path, "\r\n\x00 ") {
 		return p, providers.Invalid("path", "must start with a single / and hold no spaces or line breaks")
 	}
-	if _, err := url.Parse(p.Path); err != nil {
+	rel, err := url.Parse(p.Path)
+	if err != nil {
 		return p, providers.Invalid("path", "%v", err)
+	}
+	for _, seg := range strings.Split(rel.Path, "/") {
+		// Decoded, so %2e%2e counts too: an upstream that normalises paths would leave base_url's prefix.
+		if seg == "." || seg == ".." {
+			return p, providers.Invalid("path", "must not hold . or .. segments: a request stays under base_url")
+		}
 	}
 	for k, v := range p.Headers {
 		if err := checkHeader(k, v); err != nil {

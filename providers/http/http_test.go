@@ -3,9 +3,11 @@ package http
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -197,5 +199,28 @@ func TestConfiguredCredentialsAreRedactedFromResults(t *testing.T) {
 	}
 	if !strings.Contains(string(o.Result), "[redacted]") {
 		t.Fatalf("result %s", o.Result)
+	}
+}
+
+// A payload path cannot climb out of base_url, however it is spelled, and a base_url query (which no request
+// would send) is refused at start-up rather than dropped.
+func TestPathsStayUnderTheBaseURL(t *testing.T) {
+	t.Parallel()
+	for _, path := range []string{"/../escape", "/a/../../b", "/%2e%2e/x", "/a/%2E%2E", "/./a", "/a/.."} {
+		err := (&Provider{}).Validate(json.RawMessage(`{"method":"GET","path":` + strconv.Quote(path) + `}`))
+		var fe *providers.FieldError
+		if !errors.As(err, &fe) || fe.Field != "payload.path" {
+			t.Errorf("path %q: %v, want refused naming path", path, err)
+		}
+	}
+	for _, path := range []string{"/a/b", "/a..b/c", "/.well-known/x", "/a?b=../c"} {
+		if err := (&Provider{}).Validate(json.RawMessage(`{"method":"GET","path":` + strconv.Quote(path) + `}`)); err != nil {
+			t.Errorf("path %q refused: %v", path, err)
+		}
+	}
+	for _, base := range []string{"https://api.example/v1?token=x", "https://api.example/v1#frag", "https://api.example/?"} {
+		if _, err := New(Config{BaseURL: base}); err == nil || strings.Contains(err.Error(), "token") {
+			t.Errorf("base_url %q: %v, want refused without quoting it", base, err)
+		}
 	}
 }

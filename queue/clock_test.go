@@ -92,7 +92,14 @@ func TestNoWorkerClockReachesRedis(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the monitor to see the fence", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
-		return len(lines) > 0 && strings.Contains(lines[len(lines)-1], "monitor-fence")
+		// MONITOR streams in order: once the fence is seen, so is every command before it. The worker
+		// still runs, so lines may follow it.
+		for i := len(lines) - 1; i >= 0; i-- {
+			if strings.Contains(lines[i], "monitor-fence") {
+				return true
+			}
+		}
+		return false
 	})
 	conn.Close()
 	<-done

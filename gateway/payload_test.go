@@ -21,7 +21,7 @@ func TestPayloadLimitsAtRequestTime(t *testing.T) {
 	t.Parallel()
 	result := reliability.Record(t, "Hostile input",
 		"Payload numbers beyond a double (1e131071, 1e-16383) or over 40 characters, nesting beyond 64 levels, "+
-			"duplicate and case-variant duplicate member names (payload and envelope)",
+			"duplicate and case-variant duplicate member names (payload and envelope), lone surrogate escapes",
 		"400 naming the field at request time; nothing recorded")
 	h := startGateway(t, func(c *Config) {
 		c.Limits.MaxBody = 1 << 20
@@ -44,6 +44,7 @@ func TestPayloadLimitsAtRequestTime(t *testing.T) {
 		{"duplicate", `{"type":"analytics","payload":{"name":"a","name":"b"}}`, "payload.name"},
 		{"case-variant duplicate", `{"type":"analytics","payload":{"name":"a","NAME":"b"}}`, "payload.NAME"},
 		{"duplicate in a nested object", ev(`{"to":[{"x":1},{"x":1,"X":2}]}`), "payload.properties.to[1].X"},
+		{"lone surrogate", ev(`{"s":"\ud800"}`), "payload.properties.s"},
 		{"envelope type twice", `{"type":"analytics","TYPE":"other","payload":{"name":"a"}}`, "TYPE"},
 		{"envelope payload twice", `{"type":"analytics","payload":{"name":"a"},"payload":{"name":"b"}}`, "payload"},
 		{"proxy body number", `{"type":"proxy","payload":{"method":"POST","path":"/","body":{"n":1e131071}}}`, "payload.body.n"},
@@ -69,7 +70,7 @@ func TestPayloadLimitsAtRequestTime(t *testing.T) {
 			t.Errorf("%s: %d %.300s", key, r.status, r.raw)
 		}
 	}
-	result("11 refused with the field named, 0 recorded; 4 at the limits accepted")
+	result("12 refused with the field named, 0 recorded; 4 at the limits accepted")
 }
 
 // What a destination receives is the payload as the client sent it, byte for byte: the gateway stores the text

@@ -142,7 +142,9 @@ func (w *walker) value(depth int) error {
 		}
 		return w.array(depth + 1)
 	case c == '"':
-		w.str()
+		if w.str() {
+			return w.fail(loneSurrogateReason)
+		}
 	case c == '-' || (c >= '0' && c <= '9'):
 		start := w.i
 		for w.i < len(w.doc) && strings.IndexByte("+-.eE0123456789", w.doc[w.i]) >= 0 {
@@ -177,9 +179,12 @@ func (w *walker) object(depth int) error {
 			w.skipSpace()
 		}
 		start := w.i
-		w.str()
+		lone := w.str()
 		name := w.doc[start+1 : w.i-1]
 		w.path[len(w.path)-1] = segment{name: name}
+		if lone {
+			return w.fail(loneSurrogateReason)
+		}
 		dup := false
 		switch {
 		case folded != nil:
@@ -237,21 +242,48 @@ func (w *walker) array(depth int) error {
 	}
 }
 
-// str skips the string at w.i.
-func (w *walker) str() {
+// str skips the string at w.i and reports whether it holds a lone UTF-16 surrogate escape ("\ud800" not
+// followed by a low surrogate, or a low one alone). JSON's grammar allows one, Go decodes it to U+FFFD, and
+// Postgres refuses it: accepted, such a string would be stored as something else than was sent, or fail at
+// delivery.
+func (w *walker) str() (loneSurrogate bool) {
 	w.i++ // "
+	pendingHigh := false
 	for {
 		switch w.doc[w.i] {
 		case '\\':
+			if w.doc[w.i+1] == 'u' {
+				r, _ := strconv.ParseUint(string(w.doc[w.i+2:w.i+6]), 16, 32) // valid, as json.Valid said
+				switch {
+				case r >= 0xD800 && r < 0xDC00:
+					loneSurrogate = loneSurrogate || pendingHigh
+					pendingHigh = true
+				case r >= 0xDC00 && r < 0xE000:
+					loneSurrogate = loneSurrogate || !pendingHigh
+					pendingHigh = false
+				default:
+					loneSurrogate = loneSurrogate || pendingHigh
+					pendingHigh = false
+				}
+				w.i += 6
+				continue
+			}
+			loneSurrogate = loneSurrogate || pendingHigh
+			pendingHigh = false
 			w.i += 2
 		case '"':
 			w.i++
-			return
+			return loneSurrogate || pendingHigh
 		default:
+			loneSurrogate = loneSurrogate || pendingHigh
+			pendingHigh = false
 			w.i++
 		}
 	}
 }
+
+const loneSurrogateReason = "the string holds a lone UTF-16 surrogate escape (\\ud800-\\udfff not in a pair), " +
+	"which Postgres refuses"
 
 // smallObject is how many members an object may have before its names are checked through a map.
 const smallObject = 16

@@ -87,7 +87,10 @@ func New(baseURL, apiKey string, opts *Options) (*Client, error) {
 
 // Effect is an effect as the gateway returns it.
 type Effect struct {
-	Key           string          `json:"key"`
+	Key string `json:"key"`
+	// StableID names the effect to its receivers (webhook-id, Idempotency-Key upstream, Message-ID,
+	// analytics effect_id): the same on every attempt, new when a key is used again after retention.
+	StableID      string          `json:"stable_id"`
 	Type          string          `json:"type"`
 	Status        effect.Status   `json:"status"`
 	Attempts      int             `json:"attempts"`

@@ -23,10 +23,13 @@ import (
 
 // Effect is an effect as stored, and as the API returns it.
 type Effect struct {
-	ID            int64           `json:"-"`
-	Tenant        string          `json:"-"`
-	Fingerprint   []byte          `json:"-"`
-	Key           string          `json:"key"`
+	ID          int64  `json:"-"`
+	Tenant      string `json:"-"`
+	Fingerprint []byte `json:"-"`
+	Key         string `json:"key"`
+	// StableID names this effect to receivers (webhook-id, Message-ID, analytics effect_id): drawn when it
+	// was created, so a key used again after retention names a new one.
+	StableID      string          `json:"stable_id"`
 	Type          string          `json:"type"`
 	Status        effect.Status   `json:"status"`
 	Attempts      int             `json:"attempts"`

@@ -32,6 +32,8 @@ type Claimed struct {
 	Attempts  int // failed attempts so far
 	CreatedAt time.Time
 	Trace     map[string]string // the creating request's W3C trace context
+	// StableID names the effect to its receiver, the same on every attempt (effect.NewStableID).
+	StableID string
 }
 
 // ClaimParams says which rows to claim, for whom, and for how long.
@@ -88,7 +90,10 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 	}
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
-		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Attempts, &c.CreatedAt, &c.Trace)
+		var stableID *string
+		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Attempts, &c.CreatedAt,
+			&c.Trace, &stableID)
+		c.StableID = stableIDOf(c.Tenant, c.Key, stableID)
 		return c, err
 	})
 	if err != nil {

@@ -120,16 +120,18 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 		attribute.String("idempotency.key", ne.Key)))
 	defer span.End()
 	tc := traceContext(ctx)
+	// Drawn before the insert: of concurrent creates, the one whose insert wins keeps its id.
+	stableID := effect.NewStableID(ne.Tenant, ne.Key)
 	// Two tries: the stored effect can be purged by retention between the insert that lost and the read.
 	for range 2 {
 		if ne.JobID != "" {
-			e, err = s.createFenced(ctx, ne, fp, tc)
+			e, err = s.createFenced(ctx, ne, fp, tc, stableID)
 			var fenced *FencedError
 			if errors.As(err, &fenced) {
 				return nil, false, err
 			}
 		} else {
-			e, err = scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox))
+			e, err = scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox, stableID))
 		}
 		if err == nil {
 			return e, false, nil
@@ -244,7 +246,7 @@ func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) 
 
 // createFenced raises the job's fence and records the effect in one transaction; pgx.ErrNoRows means the
 // key existed, as for an unfenced insert.
-func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []byte) (*Effect, error) {
+func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []byte, stableID string) (*Effect, error) {
 	var e *Effect
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var epoch int64
@@ -255,7 +257,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []
 			return err
 		}
 		var err error
-		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox))
+		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox, stableID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key exists: keep the raised fence, answer as a replay (or a reuse) below.
 			return nil
@@ -270,12 +272,23 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []
 
 func scan(row pgx.Row) (*Effect, error) {
 	var e Effect
+	var stableID *string
 	err := row.Scan(&e.ID, &e.Tenant, &e.Key, &e.Type, &e.Fingerprint, &e.Status, &e.Attempts, &e.Result,
-		&e.LastError, &e.CreatedAt, &e.UpdatedAt, &e.DeliveredAt, &e.NextAttemptAt)
+		&e.LastError, &e.CreatedAt, &e.UpdatedAt, &e.DeliveredAt, &e.NextAttemptAt, &stableID)
 	if err != nil {
 		return nil, err
 	}
+	e.StableID = stableIDOf(e.Tenant, e.Key, stableID)
 	return &e, nil
+}
+
+// stableIDOf is the effect's stable id: the one stored with it, or for an effect created before ids were
+// stored, the one derived from tenant and key that its deliveries have carried.
+func stableIDOf(tenant, key string, stored *string) string {
+	if stored != nil && *stored != "" {
+		return *stored
+	}
+	return effect.LegacyStableID(tenant, key)
 }
 
 func statusStrings(ss []effect.Status) []string {

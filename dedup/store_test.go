@@ -156,3 +156,30 @@ func TestCreateErrorsAreTranslated(t *testing.T) {
 		t.Fatalf("create on a closed pool: %v, want ErrUnavailable", err)
 	}
 }
+
+// An effect keeps the stable id drawn at its creation through replays, claims and rescues; a row created
+// before ids were stored (stable_id NULL) keeps the id derived from tenant and key that its deliveries carried.
+func TestStableIDIsTheEffects(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t)
+	ctx := context.Background()
+	e := create(t, s, "k")
+	again, replayed, err := s.Create(ctx, NewEffect{Tenant: "t", Key: "k", Type: "typ", Payload: json.RawMessage(`{}`)})
+	if err != nil || !replayed || again.StableID != e.StableID {
+		t.Fatalf("replay: %v %v %q, want the created effect's %q", err, replayed, again.StableID, e.StableID)
+	}
+	if c := claimOne(t, s); c.StableID != e.StableID {
+		t.Fatalf("claimed with id %q, created with %q", c.StableID, e.StableID)
+	}
+	legacy := create(t, s, "legacy")
+	if _, err := pool.Exec(ctx, "UPDATE oncegate_effects SET stable_id = NULL WHERE key = 'legacy'"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(ctx, "t", "legacy")
+	if err != nil || got.StableID != effect.LegacyStableID("t", "legacy") || got.StableID == legacy.StableID {
+		t.Fatalf("legacy row: %v %q, want %q", err, got.StableID, effect.LegacyStableID("t", "legacy"))
+	}
+	if c := claimOne(t, s); c.StableID != effect.LegacyStableID("t", "legacy") {
+		t.Fatalf("legacy row claimed with id %q", c.StableID)
+	}
+}

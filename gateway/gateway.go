@@ -195,6 +195,21 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 	return nil
 }
 
+// Check asks every provider that can check its destination (providers.Checker) whether it can deliver:
+// a start that could only send every effect of a type to dead letters stops, saying what to fix.
+func (g *Gateway) Check(ctx context.Context) error {
+	var errs []error
+	for _, name := range g.providers.Names() {
+		p, _ := g.providers.Get(name)
+		if c, ok := p.(providers.Checker); ok {
+			if err := c.Check(ctx, g.pool); err != nil {
+				errs = append(errs, fmt.Errorf("effect type %s: %w", name, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // Serve runs the HTTP API on l and the dispatcher until ctx ends, then shuts down gracefully: it stops
 // accepting, lets requests in flight finish (up to timeouts.shutdown), stops the dispatcher (which drains its
 // deliveries and hands back the rest) and returns.

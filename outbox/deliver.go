@@ -27,7 +27,7 @@ var errBreakerFailure = errors.New("outbox: destination failure")
 func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed) {
 	// The delivery continues the trace of the request that created the effect.
 	ctx = otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(r.Trace))
-	stableID := providers.StableID(r.Tenant, r.Key)
+	stableID := r.StableID
 	ctx, span := tracer.Start(ctx, "outbox.dispatch "+t.Name, trace.WithAttributes(
 		attribute.String("effect.type", t.Name), attribute.String("idempotency.key", r.Key),
 		attribute.Int("effect.attempt", r.Attempts+1), attribute.Bool("effect.rescued", r.Rescued),

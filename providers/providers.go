@@ -14,8 +14,6 @@ package providers
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/base32"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -30,8 +28,9 @@ type Delivery struct {
 	Tenant string
 	Key    string // the client's idempotency key; never forwarded to a shared receiver (see StableID)
 	Type   string
-	// StableID names the effect for receivers, the same on every attempt: derived from tenant and key, so two
-	// tenants' "k1" never collide at a shared receiver, and the raw client key is never sent.
+	// StableID names the effect for receivers, the same on every attempt and rescue of this effect, and new
+	// for a new effect under a key that retention freed (effect.NewStableID). Two tenants' "k1" never collide
+	// at a shared receiver, and the raw client key is never sent.
 	StableID string
 	Payload  json.RawMessage
 	// Attempt is 1-based.
@@ -93,6 +92,19 @@ func Destination(p Provider, payload json.RawMessage) string {
 type TxProvider interface {
 	Provider
 	DeliverTx(ctx context.Context, tx pgx.Tx, d Delivery) Outcome
+}
+
+// Querier runs a query on the gateway's database: a pool or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Checker is a provider whose destination can be checked before the gateway serves: a setup that would fail
+// every delivery (a table without the constraint the provider's guarantee rests on) stops the start, saying
+// what to fix, rather than sending every effect of its type to dead letters.
+type Checker interface {
+	Provider
+	Check(ctx context.Context, db Querier) error
 }
 
 // OutcomeKind says what happens after an attempt.
@@ -162,13 +174,6 @@ func Failed(err error, destinationUp bool) Outcome {
 
 // InDoubt returns an outcome that needs an operator.
 func InDoubt(err error) Outcome { return Outcome{Kind: KindInDoubt, Err: err} }
-
-// StableID derives the effect's receiver-facing ID from tenant and key: "eff_" and 26 base32 characters of
-// SHA-256(tenant, NUL, key).
-func StableID(tenant, key string) string {
-	h := sha256.Sum256([]byte(tenant + "\x00" + key))
-	return "eff_" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:])[:26])
-}
 
 // FieldError is a payload that is invalid for its provider, naming the field, as "payload.to[1]".
 type FieldError struct {

@@ -113,6 +113,9 @@ func run(args []string) (err error) {
 			return explainMissingDatabase(err, cfg.DatabaseURL)
 		}
 	}
+	if err := g.Check(ctx); err != nil {
+		return err
+	}
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return err

@@ -29,4 +29,4 @@ SET status = $5, updated_at = now()
 FROM claimed
 WHERE e.id = claimed.effect_id
 RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
-    claimed.trace
+    claimed.trace, e.stable_id

@@ -2,10 +2,10 @@
 -- When the tenant has used the key already, it inserts nothing and returns no row; of concurrent inserts of
 -- one key, the unique constraint lets exactly one through. The NOTIFY wakes dispatchers when it commits.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
--- $7 the outbox channel (notifier.TopicOutbox)
+-- $7 the outbox channel (notifier.TopicOutbox), $8 the effect's stable id (effect.NewStableID)
 WITH effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload)
-    VALUES ($1, $2, $3, $4, $5)
+    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+    VALUES ($1, $2, $3, $4, $5, $8)
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{columns}}
 ), queued AS (

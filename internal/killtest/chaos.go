@@ -3,6 +3,7 @@ package killtest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -19,7 +20,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncegate/oncegate/jobs"
-	"github.com/oncegate/oncegate/providers"
 	"github.com/oncegate/oncegate/queue"
 )
 
@@ -263,7 +263,14 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	clicks := ChaosRow{Type: "clicks (postgres)", Jobs: per, CountedBy: "rows in analytics_events"}
 	for i := range per {
 		tally(&email, byRecipient[fmt.Sprintf("user_%d", i)])
-		tally(&orders, hookCounts[providers.StableID("demo", fmt.Sprintf("order-webhook:order:%d", i))])
+		// A webhook's id is its effect's stable id, which the gateway drew when it created the effect.
+		var hookID string
+		err := conn.QueryRow(ctx, "SELECT stable_id FROM oncegate_effects WHERE tenant = 'demo' AND key = $1",
+			fmt.Sprintf("order-webhook:order:%d", i)).Scan(&hookID)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return ChaosReport{}, err
+		}
+		tally(&orders, hookCounts[hookID])
 		var n int
 		if err := conn.QueryRow(ctx, "SELECT count(*) FROM analytics_events WHERE key = $1",
 			fmt.Sprintf("click-event:click:%d", i)).Scan(&n); err != nil {

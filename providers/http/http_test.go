@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/providers"
 	"github.com/oncegate/oncegate/providers/providertest"
 )
@@ -107,7 +108,7 @@ func TestConformance(t *testing.T) {
 }
 
 func delivery(key, payload string) providers.Delivery {
-	return providers.Delivery{Tenant: "acme", Key: key, StableID: providers.StableID("acme", key),
+	return providers.Delivery{Tenant: "acme", Key: key, StableID: effect.NewStableID("acme", key),
 		Payload: json.RawMessage(payload), Attempt: 1, CreatedAt: time.Now()}
 }
 

@@ -1,6 +1,7 @@
 // Package postgres is the analytics-insert provider: each effect inserts one event row into a table of the
 // gateway's own database. The insert runs in the transaction that marks the effect delivered, and the table
-// has a unique constraint on (tenant, key), so the event is recorded exactly once: there is no crash window.
+// has a unique constraint on the effect's stable id (effect_id), so the event is recorded exactly once: there
+// is no crash window. A key used again after retention is a new effect, and its event a new row.
 package postgres
 
 import (
@@ -22,13 +23,16 @@ import (
 //go:embed insert.sql
 var insertSQL string
 
+//go:embed check.sql
+var checkSQL string
+
 // DefaultTable is the table a migration creates.
 const DefaultTable = "analytics_events"
 
 // Config configures the provider for one effect type.
 type Config struct {
-	// Table receives the events: (tenant, key, name, properties, occurred_at) with UNIQUE (tenant, key), in
-	// the gateway's database. An identifier, optionally schema-qualified. Defaults to DefaultTable.
+	// Table receives the events: (tenant, key, name, properties, occurred_at, effect_id) with
+	// UNIQUE (effect_id), in the gateway's database; Check says at start-up when it is not so. An identifier, optionally schema-qualified. Defaults to DefaultTable.
 	Table string `yaml:"table"`
 }
 
@@ -36,8 +40,9 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 
 // Provider inserts analytics events.
 type Provider struct {
-	query string
-	table string
+	query  string
+	table  string
+	quoted string
 }
 
 // Validate reports the first setting that New would refuse, without building a provider.
@@ -61,7 +66,7 @@ func New(c Config) (*Provider, error) {
 		}
 	}
 	table := pgx.Identifier(parts).Sanitize()
-	return &Provider{query: strings.ReplaceAll(insertSQL, "{{table}}", table), table: c.Table}, nil
+	return &Provider{query: strings.ReplaceAll(insertSQL, "{{table}}", table), table: c.Table, quoted: table}, nil
 }
 
 // Payload is an analytics event.
@@ -105,6 +110,25 @@ func (*Provider) Validate(payload json.RawMessage) error {
 // tenant).
 func (p *Provider) Destination(json.RawMessage) string { return p.table }
 
+// Check reports a table that cannot take events: missing, or without the unique index on effect_id that
+// keeps one event per effect (a table made for an older version had UNIQUE (tenant, key) instead). Without
+// it every delivery would fail; the gateway refuses to start instead, naming the table.
+func (p *Provider) Check(ctx context.Context, db providers.Querier) error {
+	var exists, unique bool
+	if err := db.QueryRow(ctx, checkSQL, p.quoted).Scan(&exists, &unique); err != nil {
+		return fmt.Errorf("postgres: checking table %s: %w", p.table, err)
+	}
+	switch {
+	case !exists:
+		return fmt.Errorf("postgres: table %s does not exist: run `gateway migrate` for %s, or create it "+
+			"(docs/configuration.md)", p.table, DefaultTable)
+	case !unique:
+		return fmt.Errorf("postgres: table %s has no unique index on effect_id alone: add the column and "+
+			"`ALTER TABLE %s ADD UNIQUE (effect_id)` (see migrations/00005_stable_id_per_effect.sql)", p.table, p.quoted)
+	}
+	return nil
+}
+
 // Deliver is not used: the dispatcher calls DeliverTx. It exists so that Provider is satisfied.
 func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
 	return providers.Failed(errors.New("postgres provider delivers only inside a transaction"), false)
@@ -121,7 +145,7 @@ func (p *Provider) DeliverTx(ctx context.Context, tx pgx.Tx, d providers.Deliver
 		props = ev.Properties
 	}
 	var id int64
-	if err := tx.QueryRow(ctx, p.query, d.Tenant, d.Key, ev.Name, props, ev.occurred).Scan(&id); err != nil {
+	if err := tx.QueryRow(ctx, p.query, d.Tenant, d.Key, ev.Name, props, ev.occurred, d.StableID).Scan(&id); err != nil {
 		var pgErr *pgconn.PgError
 		// Class 22 (data exception) will fail the same way every time; anything else (connection, a missing
 		// table an operator can create) may pass on a later attempt.

@@ -3,11 +3,14 @@ package postgres
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/providers"
 	"github.com/oncegate/oncegate/providers/providertest"
@@ -68,7 +71,7 @@ func (d *dest) Set(b providertest.Behaviour) bool {
 }
 
 func (d *dest) Received(del providers.Delivery) int {
-	return pgtest.Count(d.t, d.pool, "SELECT count(*) FROM analytics_events WHERE tenant = $1 AND key = $2", del.Tenant, del.Key)
+	return pgtest.Count(d.t, d.pool, "SELECT count(*) FROM analytics_events WHERE effect_id = $1", del.StableID)
 }
 func (d *dest) ValidPayload() json.RawMessage {
 	return json.RawMessage(`{"name":"click","properties":{"button":"buy"},"occurred_at":"2026-11-29T12:00:00Z"}`)
@@ -107,6 +110,77 @@ func TestTableNameMustBeAnIdentifier(t *testing.T) {
 	for _, bad := range []string{"events; DROP TABLE x", "a.b.c", "1abc", `"quoted"`, "a-b"} {
 		if _, err := New(Config{Table: bad}); err == nil {
 			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// Issue 13: a key used again after retention is a new effect with a new stable id, and its event is a new
+// row, not the old row's id reported as delivered. The same effect delivered again stays one row.
+func TestKeyUsedAgainIsANewEvent(t *testing.T) {
+	d := newDest(t).(*dest)
+	ctx := context.Background()
+	first := providers.Delivery{Tenant: "acme", Key: "click:1", StableID: effect.NewStableID("acme", "click:1"),
+		Payload: json.RawMessage(`{"name":"first"}`), Attempt: 1}
+	again := first
+	again.StableID, again.Payload = effect.NewStableID("acme", "click:1"), json.RawMessage(`{"name":"second"}`)
+	ids := map[string]any{}
+	for i, del := range []providers.Delivery{first, first, again} {
+		o := d.Deliver(ctx, del)
+		if o.Kind != providers.KindDelivered {
+			t.Fatalf("delivery %d: %v", i, o)
+		}
+		ids[fmt.Sprint(i)] = string(o.Result)
+	}
+	if ids["0"] != ids["1"] {
+		t.Fatalf("one effect delivered twice answered %v and %v", ids["0"], ids["1"])
+	}
+	if ids["0"] == ids["2"] {
+		t.Fatalf("the second effect under the key reported the first one's event: %v", ids["2"])
+	}
+	var names []string
+	rows, err := d.pool.Query(ctx, "SELECT name FROM analytics_events WHERE tenant = 'acme' AND key = 'click:1' ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(names) != "[first second]" {
+		t.Fatalf("rows under the key: %v, want [first second]", names)
+	}
+}
+
+// A table that cannot keep one event per effect stops the start, naming the table and the fix.
+func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
+	pool := pgtest.Pool(t, pgtest.Database(t))
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		CREATE SCHEMA old;
+		CREATE TABLE old.events (id bigserial PRIMARY KEY, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamptz, recorded_at timestamptz DEFAULT now(), UNIQUE (tenant, key));
+		CREATE TABLE old.partial (id bigserial PRIMARY KEY, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamptz, recorded_at timestamptz DEFAULT now(), effect_id text);
+		CREATE UNIQUE INDEX ON old.partial (effect_id, tenant);
+		CREATE TABLE old.good (id bigserial PRIMARY KEY, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamptz, recorded_at timestamptz DEFAULT now(), effect_id text UNIQUE)`); err != nil {
+		t.Fatal(err)
+	}
+	for table, want := range map[string]string{
+		"":              "",
+		"old.good":      "",
+		"old.events":    "no unique index on effect_id",
+		"old.partial":   "no unique index on effect_id",
+		"old.missing":   "does not exist",
+		"no_such_table": "does not exist",
+	} {
+		p, err := New(Config{Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = p.Check(ctx, pool)
+		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
+			t.Errorf("table %q: Check = %v, want %q", table, err, want)
 		}
 	}
 }

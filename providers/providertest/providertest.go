@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -49,7 +50,7 @@ type Capabilities struct {
 // Exercise runs the suite; newDest returns a fresh destination for each case.
 func Exercise(t *testing.T, caps Capabilities, newDest func(t *testing.T) Destination) {
 	delivery := func(key string, payload json.RawMessage) providers.Delivery {
-		return providers.Delivery{Tenant: "acme", Key: key, Type: "conformance", StableID: providers.StableID("acme", key),
+		return providers.Delivery{Tenant: "acme", Key: key, Type: "conformance", StableID: effect.NewStableID("acme", key),
 			Payload: payload, Attempt: 1, CreatedAt: time.Now().Truncate(time.Second)}
 	}
 	deliver := func(t *testing.T, dst Destination, d providers.Delivery, timeout time.Duration) providers.Outcome {

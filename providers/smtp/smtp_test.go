@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/smtptest"
 	"github.com/oncegate/oncegate/providers"
 	"github.com/oncegate/oncegate/providers/providertest"
@@ -66,7 +67,7 @@ func TestConformance(t *testing.T) {
 }
 
 func delivery(key, payload string) providers.Delivery {
-	return providers.Delivery{Tenant: "acme", Key: key, StableID: providers.StableID("acme", key),
+	return providers.Delivery{Tenant: "acme", Key: key, StableID: effect.NewStableID("acme", key),
 		Payload: json.RawMessage(payload), Attempt: 1, CreatedAt: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
 }
 

@@ -18,7 +18,6 @@ import (
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testenv"
-	"github.com/oncegate/oncegate/providers"
 )
 
 // Network faults between the gateway and Postgres, and between the gateway and a webhook receiver, made by
@@ -160,7 +159,9 @@ dispatcher: { poll_interval: 200ms, lease_margin: 1s }
 				lost++
 			}
 		case "hook":
-			if hk.count(providers.StableID("acme", key)) == 0 {
+			var id string
+			_ = pool.QueryRow(t.Context(), "SELECT stable_id FROM oncegate_effects WHERE tenant = 'acme' AND key = $1", key).Scan(&id)
+			if id == "" || hk.count(id) == 0 {
 				lost++
 			}
 		}

@@ -42,6 +42,8 @@ func sqlFile(name string) string {
 
 var (
 	insertSQL       = query("insert")
+	insertBatchSQL  = query("insert_batch")
+	getBatchSQL     = query("get_batch")
 	fenceSQL        = query("fence")
 	getSQL          = query("get")
 	listSQL         = query("list")
@@ -85,7 +87,8 @@ var (
 
 // Store reads and writes effects.
 type Store struct {
-	db DBTX
+	db      DBTX
+	batcher *batcher // nil: every Create is a statement of its own
 }
 
 // NewStore returns a store on db, usually a *pgxpool.Pool.
@@ -131,20 +134,27 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 				return nil, false, err
 			}
 		} else {
-			e, err = scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox, stableID))
+			e, err = s.insert(ctx, ne, fp, tc, stableID)
 		}
 		if err == nil {
 			return e, false, nil
 		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		var taken *takenError
+		switch {
+		case errors.As(err, &taken) && taken.existing != nil:
+			e = taken.existing
+		case errors.As(err, &taken):
+			continue // purged between the insert and the read
+		case !errors.Is(err, pgx.ErrNoRows):
 			return nil, false, translate("record effect", err)
-		}
-		e, err = s.Get(ctx, ne.Tenant, ne.Key)
-		if errors.Is(err, ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, false, err
+		default:
+			e, err = s.Get(ctx, ne.Tenant, ne.Key)
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return nil, false, err
+			}
 		}
 		if !bytes.Equal(e.Fingerprint, fp) {
 			return nil, false, &KeyReusedError{Key: ne.Key, Existing: e}
@@ -154,6 +164,30 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 	}
 	return nil, false, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key)
 }
+
+// insert records a new effect: through a batch when the store batches, else in a statement of its own. It
+// returns pgx.ErrNoRows when the key is taken, or a *takenError when a batch read the key's effect already.
+func (s *Store) insert(ctx context.Context, ne NewEffect, fp, tc []byte, stableID string) (*Effect, error) {
+	if s.batcher == nil {
+		return scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
+			notifier.TopicOutbox, stableID))
+	}
+	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
+	switch {
+	case err != nil:
+		return nil, err
+	case created != nil:
+		return created, nil
+	default:
+		return nil, &takenError{existing: existing}
+	}
+}
+
+// takenError says that a batch found the key taken, and carries the effect stored under it (nil when it was
+// purged before the batch could read it).
+type takenError struct{ existing *Effect }
+
+func (*takenError) Error() string { return "dedup: the key is taken" }
 
 // Get returns the tenant's effect under key.
 func (s *Store) Get(ctx context.Context, tenant, key string) (*Effect, error) {

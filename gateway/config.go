@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/backoff"
 	"github.com/oncegate/oncegate/internal/tenantlimit"
 	"github.com/oncegate/oncegate/outbox"
@@ -39,6 +40,9 @@ const (
 	DefaultTenant     = "dev"
 	DefaultAPIKey     = "oncegate-dev-key-for-loopback-only"
 	DefaultEffectType = "analytics"
+
+	// MaxGroupCommitBatch bounds group_commit.max_batch: a batch's arrays are one statement's parameters.
+	MaxGroupCommitBatch = 1000
 
 	// MinAPIKeyLength is the shortest plain API key accepted: `gateway keygen` makes keys of 46 characters.
 	MinAPIKeyLength = 32
@@ -122,6 +126,8 @@ type Config struct {
 	Timeouts Timeouts `yaml:"timeouts"`
 	// Dispatcher tunes the outbox dispatcher.
 	Dispatcher Dispatcher `yaml:"dispatcher"`
+	// GroupCommit tunes how concurrent requests are recorded together.
+	GroupCommit GroupCommit `yaml:"group_commit"`
 
 	// Dev is what `gateway serve --dev` sets, never the file: without a tenants block the gateway then serves
 	// DefaultTenant with DefaultAPIKey, and listen must be a loopback address, since that key is public.
@@ -300,6 +306,18 @@ type Dispatcher struct {
 	// DrainTimeout is how long deliveries in flight may take to finish at shutdown before they are
 	// cancelled and their rows handed back. Defaults to DefaultDrainTimeout.
 	DrainTimeout Duration `yaml:"drain_timeout"`
+}
+
+// GroupCommit records the effects of requests that arrive together in one statement and one commit
+// (dedup.GroupCommit): a request that finds fewer than Parallel batches in flight starts one at once, the
+// others wait for the next batch, so batches grow with the load and a lone request never waits.
+type GroupCommit struct {
+	// MaxBatch is the largest number of requests in one statement; 1 records each request alone. Defaults
+	// to dedup.DefaultMaxBatch.
+	MaxBatch int `yaml:"max_batch"`
+	// Parallel is how many batches may be in flight at once, each on a database connection of its own.
+	// Defaults to dedup.DefaultBatchParallel.
+	Parallel int `yaml:"parallel"`
 }
 
 // Duration is a time.Duration written as "1s", "10m", "24h".
@@ -561,6 +579,8 @@ func (c *Config) WithDefaults() *Config {
 	def(&o.Timeouts.Idle, DefaultIdleTimeout)
 	def(&o.Timeouts.Ready, DefaultReadyTimeout)
 	def(&o.Timeouts.Metrics, DefaultMetricsTimeout)
+	defInt(&o.GroupCommit.MaxBatch, dedup.DefaultMaxBatch)
+	defInt(&o.GroupCommit.Parallel, dedup.DefaultBatchParallel)
 	def(&o.Dispatcher.PollInterval, DefaultPollInterval)
 	def(&o.Dispatcher.LeaseMargin, DefaultLeaseMargin)
 	def(&o.Dispatcher.DrainTimeout, DefaultDrainTimeout)
@@ -657,6 +677,13 @@ func (c *Config) validate() error {
 		return fmt.Errorf("timeouts.write (%v) must be at least timeouts.read + the longest wait (%v) + twice "+
 			"timeouts.database = %v, or a request that waits is cut off before its answer",
 			time.Duration(c.Timeouts.Write), MaxWait, time.Duration(need))
+	}
+	if c.GroupCommit.MaxBatch < 1 || c.GroupCommit.MaxBatch > MaxGroupCommitBatch {
+		return fmt.Errorf("group_commit.max_batch: %d: want 1 (no batching) to %d", c.GroupCommit.MaxBatch,
+			MaxGroupCommitBatch)
+	}
+	if c.GroupCommit.Parallel < 1 {
+		return fmt.Errorf("group_commit.parallel: %d: want at least 1", c.GroupCommit.Parallel)
 	}
 	if err := c.Retry.validate("retry"); err != nil {
 		return err

@@ -108,7 +108,8 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	types := cfg.outboxTypes(reg)
-	store := dedup.NewStore(pool)
+	store := dedup.NewStore(pool).WithGroupCommit(dedup.GroupCommit{MaxBatch: cfg.GroupCommit.MaxBatch,
+		Parallel: cfg.GroupCommit.Parallel, Timeout: time.Duration(cfg.Timeouts.Database)})
 	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
 	w := newWaiters()
 	d, err := outbox.New(pool, outbox.Config{

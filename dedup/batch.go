@@ -1,0 +1,257 @@
+package dedup
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncegate/oncegate/internal/notifier"
+)
+
+// Group commit.
+//
+// One request, one transaction, one commit: the commit's WAL flush, and a statement's round trip and
+// planning, cap a gateway's accepts below what Postgres can do. Postgres cannot merge the commits of
+// independent clients, but the gateway can: requests that arrive while a batch is being recorded wait for the
+// next batch, which records all of them in one statement (insert_batch.sql) and one commit. A request that
+// arrives when fewer than Parallel batches are in flight starts one at once, so a lone request never waits
+// for company; the batches grow with the load, up to MaxBatch.
+//
+// A request is answered only from the result of the commit that holds its row: a 202 is durable. A batch
+// that fails for a reason one of its requests may cause is not allowed to fail the others: its requests are
+// recorded one by one, each getting the answer it would have got alone.
+
+// GroupCommit configures the batching of Create.
+type GroupCommit struct {
+	// MaxBatch is the largest number of requests recorded in one statement. 0 or 1 turns batching off.
+	MaxBatch int
+	// Parallel is how many batches may be in flight at once (each holds a connection). At least 1.
+	Parallel int
+	// Timeout bounds one batch's statement: a batch outlives the requests that wait for it (one may give up
+	// while the others still want their answer), so it cannot use their contexts.
+	Timeout time.Duration
+}
+
+// Defaults of GroupCommit.
+const (
+	DefaultMaxBatch      = 128
+	DefaultBatchParallel = 4
+	DefaultBatchTimeout  = 10 * time.Second
+)
+
+// DefaultGroupCommit is what a gateway uses unless configured otherwise.
+var DefaultGroupCommit = GroupCommit{MaxBatch: DefaultMaxBatch, Parallel: DefaultBatchParallel,
+	Timeout: DefaultBatchTimeout}
+
+// WithGroupCommit returns a store whose unfenced Creates are recorded in batches. Only a store on a pool can
+// batch: each batch runs in a transaction of its own.
+func (s *Store) WithGroupCommit(gc GroupCommit) *Store {
+	if gc.MaxBatch <= 1 {
+		return &Store{db: s.db}
+	}
+	gc.Parallel = max(gc.Parallel, 1)
+	if gc.Timeout <= 0 {
+		gc.Timeout = DefaultBatchTimeout
+	}
+	return &Store{db: s.db, batcher: &batcher{db: s.db, cfg: gc}}
+}
+
+// BatchStats is what the batcher has done since it started.
+type BatchStats struct {
+	Batches  int64 // statements run
+	Requests int64 // requests recorded in them
+	Largest  int   // the largest batch
+	Split    int64 // batches that failed and were recorded one by one
+}
+
+// BatchStats returns the batcher's counts; zero when the store does not batch.
+func (s *Store) BatchStats() BatchStats {
+	if s.batcher == nil {
+		return BatchStats{}
+	}
+	s.batcher.mu.Lock()
+	defer s.batcher.mu.Unlock()
+	return s.batcher.stats
+}
+
+type batcher struct {
+	db  DBTX
+	cfg GroupCommit
+
+	mu       sync.Mutex
+	waiting  []*insertion
+	inflight int
+	stats    BatchStats
+}
+
+// insertion is one request waiting for the batch that records it.
+type insertion struct {
+	ne       NewEffect
+	fp       []byte
+	trace    []byte
+	stableID string
+	span     trace.SpanContext
+	done     chan insertResult // buffered: the batch never waits for a request that gave up
+}
+
+type insertResult struct {
+	created  *Effect // the request's row was inserted
+	existing *Effect // the key was taken: the effect stored under it (nil when it was purged meanwhile)
+	err      error
+}
+
+// insert records one request through a batch. It returns the new effect, or the effect already stored under
+// the key, or neither when the key was taken by an effect that retention purged before it could be read.
+func (b *batcher) insert(ctx context.Context, in *insertion) (created, existing *Effect, err error) {
+	in.done = make(chan insertResult, 1)
+	in.span = trace.SpanContextFromContext(ctx)
+	b.mu.Lock()
+	b.waiting = append(b.waiting, in)
+	b.startLocked()
+	b.mu.Unlock()
+	select {
+	case r := <-in.done:
+		return r.created, r.existing, r.err
+	case <-ctx.Done():
+		// The batch may still commit this row: the request's client learns of it as a replay when it tries
+		// again, as it would after a connection lost between the commit and the answer.
+		return nil, nil, ctx.Err()
+	}
+}
+
+// startLocked starts a batch of what is waiting when a slot is free. Called with b.mu held.
+func (b *batcher) startLocked() {
+	if len(b.waiting) == 0 || b.inflight >= b.cfg.Parallel {
+		return
+	}
+	n := min(len(b.waiting), b.cfg.MaxBatch)
+	batch := make([]*insertion, n)
+	copy(batch, b.waiting)
+	b.waiting = append(b.waiting[:0], b.waiting[n:]...)
+	b.inflight++
+	b.stats.Batches++
+	b.stats.Requests += int64(n)
+	b.stats.Largest = max(b.stats.Largest, n)
+	go b.run(batch)
+}
+
+// run records a batch in a slot of its own, and hands the slot to what waits when done.
+func (b *batcher) run(batch []*insertion) {
+	defer func() {
+		b.mu.Lock()
+		b.inflight--
+		b.startLocked()
+		b.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Timeout)
+	defer cancel()
+	links := make([]trace.Link, 0, len(batch))
+	for _, in := range batch {
+		if in.span.IsValid() {
+			links = append(links, trace.Link{SpanContext: in.span})
+		}
+	}
+	ctx, span := tracer.Start(ctx, "dedup.record_batch", trace.WithLinks(links...),
+		trace.WithAttributes(attribute.Int("batch.size", len(batch))))
+	defer span.End()
+	if unanswered, err := b.record(ctx, batch); err != nil {
+		// Any of the requests may be at fault (a row Postgres refuses), or none (the connection): recorded
+		// one by one, each request gets its own answer, and an unrelated one is not failed by another's.
+		b.mu.Lock()
+		b.stats.Split++
+		b.mu.Unlock()
+		span.SetAttributes(attribute.Bool("batch.split", true))
+		var wg sync.WaitGroup
+		for _, in := range unanswered {
+			wg.Go(func() {
+				if _, err := b.record(ctx, []*insertion{in}); err != nil {
+					in.done <- insertResult{err: err}
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
+// record inserts the batch in one statement and answers the requests whose rows it created (their commit is
+// done); then it reads back, in one more statement, the effects of the keys that were taken, and answers
+// those. On an error it returns the requests it has not answered.
+func (b *batcher) record(ctx context.Context, batch []*insertion) (unanswered []*insertion, err error) {
+	created, err := b.insertMany(ctx, batch)
+	if err != nil {
+		return batch, err
+	}
+	var taken []*insertion
+	for _, in := range batch {
+		if e := created[in.stableID]; e != nil {
+			in.done <- insertResult{created: e}
+		} else {
+			taken = append(taken, in)
+		}
+	}
+	if len(taken) == 0 {
+		return nil, nil
+	}
+	existing, err := b.getMany(ctx, taken)
+	if err != nil {
+		return taken, err
+	}
+	for _, in := range taken {
+		in.done <- insertResult{existing: existing[[2]string{in.ne.Tenant, in.ne.Key}]}
+	}
+	return nil, nil
+}
+
+// insertMany runs insert_batch.sql and returns the created effects by stable id.
+func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (map[string]*Effect, error) {
+	n := len(batch)
+	tenants, keys, types := make([]string, n), make([]string, n), make([]string, n)
+	fps, payloads, traces, ids := make([][]byte, n), make([]string, n), make([]*string, n), make([]string, n)
+	for i, in := range batch {
+		tenants[i], keys[i], types[i], fps[i], payloads[i], ids[i] = in.ne.Tenant, in.ne.Key, in.ne.Type, in.fp,
+			string(in.ne.Payload), in.stableID
+		if in.trace != nil {
+			t := string(in.trace)
+			traces[i] = &t
+		}
+	}
+	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids,
+		notifier.TopicOutbox)
+	if err != nil {
+		return nil, err
+	}
+	effects, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Effect, error) { return scan(r) })
+	if err != nil {
+		return nil, err
+	}
+	created := make(map[string]*Effect, len(effects))
+	for _, e := range effects {
+		created[e.StableID] = e
+	}
+	return created, nil
+}
+
+// getMany reads the effects stored under the batch's keys.
+func (b *batcher) getMany(ctx context.Context, batch []*insertion) (map[[2]string]*Effect, error) {
+	tenants, keys := make([]string, len(batch)), make([]string, len(batch))
+	for i, in := range batch {
+		tenants[i], keys[i] = in.ne.Tenant, in.ne.Key
+	}
+	rows, err := b.db.Query(ctx, getBatchSQL, tenants, keys)
+	if err != nil {
+		return nil, err
+	}
+	effects, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Effect, error) { return scan(r) })
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[[2]string]*Effect, len(effects))
+	for _, e := range effects {
+		out[[2]string{e.Tenant, e.Key}] = e
+	}
+	return out, nil
+}

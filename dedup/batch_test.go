@@ -1,0 +1,221 @@
+package dedup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testenv"
+)
+
+// batchedStore returns a store that batches with one batch in flight, and a function that holds the next
+// batch in the database until released: it takes key "gate" in a transaction of its own, so the batch that
+// carries "gate" waits on that row's lock, and every Create after it queues behind, forming one batch.
+func batchedStore(t *testing.T) (s *Store, pool *pgxpool.Pool, hold func() (release func())) {
+	t.Helper()
+	base, pool := newStore(t)
+	s = base.WithGroupCommit(GroupCommit{MaxBatch: 500, Parallel: 1, Timeout: 30 * time.Second})
+	hold = func() func() {
+		ctx := context.Background()
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload)
+			VALUES ('t', 'gate', 'typ', '\x00', '{}')`); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			// Rolled back below, so this insert creates the effect once the lock is gone.
+			_, _, _ = s.Create(ctx, NewEffect{Tenant: "t", Key: "gate", Type: "typ", Payload: json.RawMessage(`{}`)})
+		}()
+		testenv.Eventually(t, 10*time.Second, "the gate's batch waits on the lock", func() bool {
+			return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+				AND datname = current_database()`) > 0
+		})
+		return func() {
+			if err := tx.Rollback(ctx); err != nil {
+				t.Error(err)
+			}
+			<-done
+		}
+	}
+	return s, pool, hold
+}
+
+// queued waits until n Creates wait for the next batch.
+func queued(t *testing.T, s *Store, n int) {
+	t.Helper()
+	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%d requests queued", n), func() bool {
+		s.batcher.mu.Lock()
+		defer s.batcher.mu.Unlock()
+		return len(s.batcher.waiting) >= n
+	})
+}
+
+type answer struct {
+	e        *Effect
+	replayed bool
+	err      error
+}
+
+// A batch gives each request exactly the answer it would get alone: of requests on one key, one creates and
+// the others replay it (same request) or are refused (another request), whether their keys meet inside the
+// batch or in the table; every created effect has its one outbox row.
+func TestBatchAnswersEachRequestAsAlone(t *testing.T) {
+	t.Parallel()
+	s, pool, hold := batchedStore(t)
+	ctx := context.Background()
+	create(t, s, "stored") // in the table before the batch, with payload {}
+	release := hold()
+	const callers, keys = 200, 50
+	answers := make([]answer, callers)
+	var wg sync.WaitGroup
+	for i := range callers {
+		wg.Go(func() {
+			key := fmt.Sprintf("k%d", i%keys)
+			payload := `{}`
+			if i%keys == 7 && i >= keys {
+				payload = `{"other":true}` // another request under key k7, after the first
+			}
+			if i == 3 {
+				key = "stored"
+			}
+			e, replayed, err := s.Create(ctx, NewEffect{Tenant: "t", Key: key, Type: "typ", Payload: json.RawMessage(payload)})
+			answers[i] = answer{e, replayed, err}
+		})
+	}
+	queued(t, s, callers)
+	release()
+	wg.Wait()
+
+	created := map[string]int{}
+	for i, a := range answers {
+		var reused *KeyReusedError
+		switch {
+		case i%keys == 7 && i >= keys:
+			if !errors.As(a.err, &reused) {
+				t.Errorf("caller %d, another request under k7: %v, want KeyReusedError", i, a.err)
+			}
+		case a.err != nil:
+			t.Errorf("caller %d: %v", i, a.err)
+		case !a.replayed:
+			created[a.e.Key]++
+		}
+	}
+	for k := range keys {
+		if key := fmt.Sprintf("k%d", k); created[key] != 1 && !(k == 3 && created[key] == 0) {
+			t.Errorf("%s created %d times", key, created[key])
+		}
+	}
+	if created["stored"] != 0 || answers[3].e == nil || !answers[3].replayed {
+		t.Errorf("a key stored before the batch: %+v", answers[3])
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox"); n != keys+2 {
+		t.Errorf("%d outbox rows, want %d", n, keys+2)
+	}
+	st := s.BatchStats()
+	if st.Largest < callers-1 || st.Split != 0 {
+		t.Errorf("batches: %+v; want one of about %d, none split", st, callers)
+	}
+	t.Logf("%+v", st)
+}
+
+// A row Postgres refuses (a NUL byte in a key) fails its own request only: the batch is recorded again one
+// request at a time, and the others are created as if alone.
+func TestBatchWithARowPostgresRefusesFailsOnlyThatRequest(t *testing.T) {
+	t.Parallel()
+	s, pool, hold := batchedStore(t)
+	ctx := context.Background()
+	release := hold()
+	answers := make([]answer, 20)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() {
+			key := fmt.Sprintf("k%d", i)
+			if i == 11 {
+				key = "bad\x00key"
+			}
+			e, replayed, err := s.Create(ctx, NewEffect{Tenant: "t", Key: key, Type: "typ", Payload: json.RawMessage(`{}`)})
+			answers[i] = answer{e, replayed, err}
+		})
+	}
+	queued(t, s, len(answers))
+	release()
+	wg.Wait()
+	for i, a := range answers {
+		switch {
+		case i == 11:
+			if !errors.Is(a.err, ErrUnstorable) {
+				t.Errorf("the bad row: %v, want ErrUnstorable", a.err)
+			}
+		case a.err != nil || a.replayed:
+			t.Errorf("caller %d: %v (replayed %v)", i, a.err, a.replayed)
+		}
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox"); n != len(answers) {
+		t.Errorf("%d outbox rows, want %d (19 and the gate)", n, len(answers))
+	}
+	if st := s.BatchStats(); st.Split != 1 {
+		t.Errorf("batches: %+v; want one split", st)
+	}
+}
+
+// A request that gives up while its batch waits gets its context's error at once; the batch goes on for
+// the others, and the abandoned request's row is committed all the same (its client finds it as a replay).
+func TestRequestThatGivesUpDoesNotCancelItsBatch(t *testing.T) {
+	t.Parallel()
+	s, pool, hold := batchedStore(t)
+	release := hold()
+	impatient, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := s.Create(impatient, NewEffect{Tenant: "t", Key: "impatient", Type: "typ", Payload: json.RawMessage(`{}`)})
+		errc <- err
+	}()
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Go(func() {
+			if _, _, err := s.Create(context.Background(), NewEffect{Tenant: "t", Key: fmt.Sprint(i), Type: "typ",
+				Payload: json.RawMessage(`{}`)}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	queued(t, s, 11)
+	cancel()
+	if err := <-errc; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the impatient request: %v", err)
+	}
+	release()
+	wg.Wait()
+	e, replayed, err := s.Create(context.Background(), NewEffect{Tenant: "t", Key: "impatient", Type: "typ",
+		Payload: json.RawMessage(`{}`)})
+	if err != nil || !replayed || e == nil {
+		t.Fatalf("the impatient request sent again: %v, replayed %v", err, replayed)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox"); n != 12 {
+		t.Errorf("%d outbox rows, want 12", n)
+	}
+}
+
+// A lone request does not wait for company: with nothing in flight, its batch starts at once.
+func TestLoneRequestIsABatchOfOne(t *testing.T) {
+	t.Parallel()
+	s, _, _ := batchedStore(t)
+	for i := range 5 {
+		create(t, s, fmt.Sprint(i))
+	}
+	if st := s.BatchStats(); st.Batches != 5 || st.Largest != 1 {
+		t.Fatalf("batches: %+v, want 5 of one", st)
+	}
+}

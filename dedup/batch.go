@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/notifier"
 )
 
@@ -57,7 +59,7 @@ func (s *Store) WithGroupCommit(gc GroupCommit) *Store {
 	if gc.Timeout <= 0 {
 		gc.Timeout = DefaultBatchTimeout
 	}
-	return &Store{db: s.db, batcher: &batcher{db: s.db, cfg: gc}}
+	return &Store{db: s.db, batcher: newBatcher(s.db, gc)}
 }
 
 // BatchStats is what the batcher has done since it started.
@@ -68,24 +70,169 @@ type BatchStats struct {
 	Split    int64 // batches that failed and were recorded one by one
 }
 
-// BatchStats returns the batcher's counts; zero when the store does not batch.
-func (s *Store) BatchStats() BatchStats {
+// BatchStats returns the counts of the batched Creates and Finishes; zero when the store does not batch.
+func (s *Store) BatchStats() (creates, finishes BatchStats) {
 	if s.batcher == nil {
-		return BatchStats{}
+		return BatchStats{}, BatchStats{}
 	}
-	s.batcher.mu.Lock()
-	defer s.batcher.mu.Unlock()
-	return s.batcher.stats
+	return s.batcher.creates.snapshot(), s.batcher.finishes.snapshot()
 }
 
-type batcher struct {
-	db  DBTX
+// group is the queue and the slots of one kind of batched write: what arrives waits, and whenever one of
+// Parallel slots is free, up to MaxBatch of what waits goes to run, in a goroutine of its own.
+type group[T any] struct {
 	cfg GroupCommit
+	run func(batch []T) // answers every item of the batch
 
 	mu       sync.Mutex
-	waiting  []*insertion
+	waiting  []T
 	inflight int
 	stats    BatchStats
+}
+
+// add queues an item and starts a batch when a slot is free: at once, when nothing else is in flight.
+func (g *group[T]) add(item T) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.waiting = append(g.waiting, item)
+	g.startLocked()
+}
+
+func (g *group[T]) startLocked() {
+	if len(g.waiting) == 0 || g.inflight >= g.cfg.Parallel {
+		return
+	}
+	n := min(len(g.waiting), g.cfg.MaxBatch)
+	batch := make([]T, n)
+	copy(batch, g.waiting)
+	g.waiting = append(g.waiting[:0], g.waiting[n:]...)
+	g.inflight++
+	g.stats.Batches++
+	g.stats.Requests += int64(n)
+	g.stats.Largest = max(g.stats.Largest, n)
+	go func() {
+		defer func() {
+			g.mu.Lock()
+			g.inflight--
+			g.startLocked()
+			g.mu.Unlock()
+		}()
+		g.run(batch)
+	}()
+}
+
+func (g *group[T]) split() {
+	g.mu.Lock()
+	g.stats.Split++
+	g.mu.Unlock()
+}
+
+func (g *group[T]) queued() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.waiting)
+}
+
+func (g *group[T]) snapshot() BatchStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stats
+}
+
+// batcher records Creates, and the dispatcher's Finishes, in batches.
+type batcher struct {
+	db       DBTX
+	timeout  time.Duration
+	creates  *group[*insertion]
+	finishes *group[*finishing]
+}
+
+func newBatcher(db DBTX, gc GroupCommit) *batcher {
+	b := &batcher{db: db, timeout: gc.Timeout}
+	b.creates = &group[*insertion]{cfg: gc, run: b.run}
+	b.finishes = &group[*finishing]{cfg: gc, run: b.runFinishes}
+	return b
+}
+
+// finishing is one Finish waiting for the batch that records it.
+type finishing struct {
+	lease Lease
+	f     Finish
+	done  chan error // buffered; ErrLeaseLost when the lease was not the row's
+}
+
+// finish records f under lease through a batch.
+func (b *batcher) finish(ctx context.Context, lease Lease, f Finish) error {
+	fin := &finishing{lease: lease, f: f, done: make(chan error, 1)}
+	b.finishes.add(fin)
+	select {
+	case err := <-fin.done:
+		return err
+	case <-ctx.Done():
+		// The batch may still record it; if not, the lease expires and the row is rescued.
+		return ctx.Err()
+	}
+}
+
+// runFinishes records a batch of Finishes in one statement; when that fails, one by one, so that each gets
+// its own error.
+func (b *batcher) runFinishes(batch []*finishing) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
+	defer cancel()
+	if len(batch) > 1 {
+		if err := b.finishMany(ctx, batch); err == nil {
+			return
+		}
+		b.finishes.split()
+	}
+	var wg sync.WaitGroup
+	for _, fin := range batch {
+		wg.Go(func() { fin.done <- finishOne(ctx, b.db, fin.lease, fin.f) })
+	}
+	wg.Wait()
+}
+
+// finishMany runs finish_batch.sql and answers every Finish of the batch, or none and returns the error.
+func (b *batcher) finishMany(ctx context.Context, batch []*finishing) error {
+	n := len(batch)
+	ids, tokens, statuses := make([]int64, n), make([]string, n), make([]string, n)
+	results, lastErrors, tries, delivered := make([]*string, n), make([]*string, n), make([]int32, n), make([]bool, n)
+	for i, fin := range batch {
+		ids[i], tokens[i], statuses[i] = fin.lease.EffectID, uuidText(fin.lease.Token), string(fin.f.Status)
+		if r := storableJSON(fin.f.Result); len(r) > 0 {
+			s := string(r)
+			results[i] = &s
+		}
+		if e := storableText(fin.f.LastError); e != "" {
+			lastErrors[i] = &e
+		}
+		tries[i], delivered[i] = int32(attempts(fin.f.Attempted)), fin.f.Status == effect.StatusDelivered
+	}
+	rows, err := b.db.Query(ctx, finishBatchSQL, ids, tokens, statuses, results, lastErrors, tries, delivered)
+	if err != nil {
+		return translate("finish effects", err)
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return translate("finish effects", err)
+	}
+	recorded := make(map[int64]bool, len(done))
+	for _, id := range done {
+		recorded[id] = true
+	}
+	for _, fin := range batch {
+		if recorded[fin.lease.EffectID] {
+			fin.done <- nil
+		} else {
+			fin.done <- ErrLeaseLost
+		}
+	}
+	return nil
+}
+
+// uuidText writes a lease token as Postgres reads a uuid.
+func uuidText(u [16]byte) string {
+	return fmt.Sprintf("%x-%x-%x-%x-%x", u[0:4], u[4:6], u[6:8], u[8:10], u[10:16])
 }
 
 // insertion is one request waiting for the batch that records it.
@@ -109,10 +256,7 @@ type insertResult struct {
 func (b *batcher) insert(ctx context.Context, in *insertion) (created, existing *Effect, err error) {
 	in.done = make(chan insertResult, 1)
 	in.span = trace.SpanContextFromContext(ctx)
-	b.mu.Lock()
-	b.waiting = append(b.waiting, in)
-	b.startLocked()
-	b.mu.Unlock()
+	b.creates.add(in)
 	select {
 	case r := <-in.done:
 		return r.created, r.existing, r.err
@@ -123,31 +267,9 @@ func (b *batcher) insert(ctx context.Context, in *insertion) (created, existing 
 	}
 }
 
-// startLocked starts a batch of what is waiting when a slot is free. Called with b.mu held.
-func (b *batcher) startLocked() {
-	if len(b.waiting) == 0 || b.inflight >= b.cfg.Parallel {
-		return
-	}
-	n := min(len(b.waiting), b.cfg.MaxBatch)
-	batch := make([]*insertion, n)
-	copy(batch, b.waiting)
-	b.waiting = append(b.waiting[:0], b.waiting[n:]...)
-	b.inflight++
-	b.stats.Batches++
-	b.stats.Requests += int64(n)
-	b.stats.Largest = max(b.stats.Largest, n)
-	go b.run(batch)
-}
-
-// run records a batch in a slot of its own, and hands the slot to what waits when done.
+// run records a batch of Creates and answers each.
 func (b *batcher) run(batch []*insertion) {
-	defer func() {
-		b.mu.Lock()
-		b.inflight--
-		b.startLocked()
-		b.mu.Unlock()
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), b.timeout)
 	defer cancel()
 	links := make([]trace.Link, 0, len(batch))
 	for _, in := range batch {
@@ -161,9 +283,7 @@ func (b *batcher) run(batch []*insertion) {
 	if unanswered, err := b.record(ctx, batch); err != nil {
 		// Any of the requests may be at fault (a row Postgres refuses), or none (the connection): recorded
 		// one by one, each request gets its own answer, and an unrelated one is not failed by another's.
-		b.mu.Lock()
-		b.stats.Split++
-		b.mu.Unlock()
+		b.creates.split()
 		span.SetAttributes(attribute.Bool("batch.split", true))
 		var wg sync.WaitGroup
 		for _, in := range unanswered {

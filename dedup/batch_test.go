@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/testenv"
 )
@@ -56,9 +57,7 @@ func batchedStore(t *testing.T) (s *Store, pool *pgxpool.Pool, hold func() (rele
 func queued(t *testing.T, s *Store, n int) {
 	t.Helper()
 	testenv.Eventually(t, 10*time.Second, fmt.Sprintf("%d requests queued", n), func() bool {
-		s.batcher.mu.Lock()
-		defer s.batcher.mu.Unlock()
-		return len(s.batcher.waiting) >= n
+		return s.batcher.creates.queued() >= n
 	})
 }
 
@@ -123,7 +122,7 @@ func TestBatchAnswersEachRequestAsAlone(t *testing.T) {
 	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox"); n != keys+2 {
 		t.Errorf("%d outbox rows, want %d", n, keys+2)
 	}
-	st := s.BatchStats()
+	st, _ := s.BatchStats()
 	if st.Largest < callers-1 || st.Split != 0 {
 		t.Errorf("batches: %+v; want one of about %d, none split", st, callers)
 	}
@@ -165,7 +164,7 @@ func TestBatchWithARowPostgresRefusesFailsOnlyThatRequest(t *testing.T) {
 	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox"); n != len(answers) {
 		t.Errorf("%d outbox rows, want %d (19 and the gate)", n, len(answers))
 	}
-	if st := s.BatchStats(); st.Split != 1 {
+	if st, _ := s.BatchStats(); st.Split != 1 {
 		t.Errorf("batches: %+v; want one split", st)
 	}
 }
@@ -215,7 +214,82 @@ func TestLoneRequestIsABatchOfOne(t *testing.T) {
 	for i := range 5 {
 		create(t, s, fmt.Sprint(i))
 	}
-	if st := s.BatchStats(); st.Batches != 5 || st.Largest != 1 {
+	if st, _ := s.BatchStats(); st.Batches != 5 || st.Largest != 1 {
 		t.Fatalf("batches: %+v, want 5 of one", st)
+	}
+}
+
+// Outcomes finished together are recorded in one statement, each under its own lease: a lease that is no
+// longer the row's gets ErrLeaseLost and changes nothing, the others are recorded.
+func TestBatchedFinishesKeepEachLease(t *testing.T) {
+	t.Parallel()
+	base, pool := newStore(t)
+	s := base.WithGroupCommit(GroupCommit{MaxBatch: 100, Parallel: 1, Timeout: 30 * time.Second})
+	ctx := context.Background()
+	for i := range 40 {
+		create(t, base, fmt.Sprint(i))
+	}
+	rows, err := base.Claim(ctx, ClaimParams{Type: "typ", Limit: 100, Owner: "me", Lease: time.Minute})
+	if err != nil || len(rows) != 40 {
+		t.Fatalf("claim: %d rows, %v", len(rows), err)
+	}
+	// Every fourth row's lease is lost: an operator's retry took the row back meanwhile.
+	lost := map[int64]bool{}
+	for i, r := range rows {
+		if i%4 == 0 {
+			lost[r.EffectID] = true
+			if _, err := pool.Exec(ctx, "UPDATE oncegate_outbox SET lease_token = gen_random_uuid() WHERE effect_id = $1", r.EffectID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Hold the first batch on a row lock so the rest of the finishes queue behind it and go as one batch.
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := locker.Exec(ctx, "SELECT 1 FROM oncegate_outbox WHERE effect_id = $1 FOR UPDATE", rows[1].EffectID); err != nil {
+		t.Fatal(err)
+	}
+	errs := make([]error, len(rows))
+	var wg sync.WaitGroup
+	wg.Go(func() { errs[1] = s.Finish(ctx, rows[1].Lease, Finish{Status: effect.StatusDelivered, Attempted: true}) })
+	testenv.Eventually(t, 10*time.Second, "the first finish waits on the lock", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database()`) > 0
+	})
+	for i, r := range rows {
+		if i == 1 {
+			continue
+		}
+		wg.Go(func() {
+			errs[i] = s.Finish(ctx, r.Lease, Finish{Status: effect.StatusDelivered, Result: json.RawMessage(fmt.Sprintf(`{"n":%d}`, i)),
+				Attempted: true})
+		})
+	}
+	testenv.Eventually(t, 10*time.Second, "39 finishes queued", func() bool { return s.batcher.finishes.queued() == 39 })
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	for i, r := range rows {
+		switch {
+		case lost[r.EffectID] && !errors.Is(errs[i], ErrLeaseLost):
+			t.Errorf("row %d, lease lost: %v, want ErrLeaseLost", i, errs[i])
+		case !lost[r.EffectID] && errs[i] != nil:
+			t.Errorf("row %d: %v", i, errs[i])
+		}
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE status = 'delivered' AND finished_at IS NOT NULL"); n != 30 {
+		t.Errorf("%d effects delivered, want 30", n)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox"); n != 10 {
+		t.Errorf("%d outbox rows left, want the 10 whose lease was lost", n)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_effects WHERE result->>'n' = '5' AND attempts = 1`); n != 1 {
+		t.Errorf("row 5's result and attempt were not recorded")
+	}
+	if _, st := s.BatchStats(); st.Largest != 39 || st.Split != 0 {
+		t.Errorf("finish batches: %+v, want one of 39", st)
 	}
 }

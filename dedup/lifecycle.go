@@ -176,8 +176,16 @@ func (s *Store) Finish(ctx context.Context, lease Lease, f Finish) error {
 	if !f.Status.Terminal() {
 		return fmt.Errorf("dedup: finish with status %q, which is not terminal", f.Status)
 	}
+	if s.batcher != nil {
+		return s.batcher.finish(ctx, lease, f)
+	}
+	return finishOne(ctx, s.db, lease, f)
+}
+
+// finishOne records one Finish in a statement of its own.
+func finishOne(ctx context.Context, db DBTX, lease Lease, f Finish) error {
 	var id int64
-	err := s.db.QueryRow(ctx, finishSQL, lease.EffectID, lease.Token, f.Status, nullJSON(storableJSON(f.Result)),
+	err := db.QueryRow(ctx, finishSQL, lease.EffectID, lease.Token, f.Status, nullJSON(storableJSON(f.Result)),
 		nullString(storableText(f.LastError)), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost

@@ -52,6 +52,7 @@ var (
 	readPayloadsSQL = query("read_payloads")
 	releaseSQL      = query("release")
 	finishSQL       = query("finish")
+	finishBatchSQL  = query("finish_batch")
 	rescheduleSQL   = query("reschedule")
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")

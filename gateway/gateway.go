@@ -108,8 +108,9 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
 	types := cfg.outboxTypes(reg)
-	store := dedup.NewStore(pool).WithGroupCommit(dedup.GroupCommit{MaxBatch: cfg.GroupCommit.MaxBatch,
-		Parallel: cfg.GroupCommit.Parallel, Timeout: time.Duration(cfg.Timeouts.Database)})
+	groupCommit := dedup.GroupCommit{MaxBatch: cfg.GroupCommit.MaxBatch, Parallel: cfg.GroupCommit.Parallel,
+		Timeout: time.Duration(cfg.Timeouts.Database)}
+	store := dedup.NewStore(pool).WithGroupCommit(groupCommit)
 	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
 	w := newWaiters()
 	d, err := outbox.New(pool, outbox.Config{
@@ -119,6 +120,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		PollInterval: time.Duration(cfg.Dispatcher.PollInterval),
 		LeaseMargin:  time.Duration(cfg.Dispatcher.LeaseMargin),
 		DrainTimeout: time.Duration(cfg.Dispatcher.DrainTimeout),
+		GroupCommit:  groupCommit,
 		OnFinished:   w.wake,
 		Metrics:      m.dispatcher,
 		Logger:       log,

@@ -116,6 +116,10 @@ type Config struct {
 	// PurgeBatchSize bounds the effects one purge statement deletes, so that no purge holds many locks or
 	// runs long. Defaults to DefaultPurgeBatchSize.
 	PurgeBatchSize int
+	// GroupCommit batches the outcomes that deliveries finish at about the same time into one statement and
+	// one commit (dedup.GroupCommit); a TxProvider's outcome commits in its own transaction regardless.
+	// Defaults to dedup.DefaultGroupCommit; MaxBatch 1 records each outcome alone.
+	GroupCommit dedup.GroupCommit
 	// OnFinished is called with the ID of every effect this dispatcher brought to a terminal status, for the
 	// gateway's own waiters. Other gateways learn of it from a notification on notifier.TopicEffectDone.
 	OnFinished func(id int64)
@@ -157,6 +161,10 @@ func (c *Config) withDefaults() (Config, error) {
 	defInt(&o.PurgeBatchSize, DefaultPurgeBatchSize)
 	defInt(&o.MaxBreakers, DefaultMaxBreakers)
 	def(&o.BreakerIdle, DefaultBreakerIdle)
+	if o.GroupCommit.MaxBatch == 0 {
+		o.GroupCommit = dedup.DefaultGroupCommit
+	}
+	def(&o.GroupCommit.Timeout, o.DBTimeout)
 	if o.Owner == "" {
 		host, _ := os.Hostname()
 		o.Owner = fmt.Sprintf("%s/%d/%x", host, os.Getpid(), time.Now().UnixNano()&0xffffff)
@@ -267,7 +275,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Dispatcher{pool: pool, store: dedup.NewStore(pool), cfg: c, metrics: c.Metrics,
+	d := &Dispatcher{pool: pool, store: dedup.NewStore(pool).WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
 		log:  c.Logger.With("component", "dispatcher", "owner", c.Owner),
 		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), notifyNow: make(chan struct{}, 1)}
 	d.breakers = newBreakerSet(c.MaxBreakers, c.BreakerIdle, d.metrics, d.log)

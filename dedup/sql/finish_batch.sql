@@ -1,0 +1,27 @@
+-- Records the terminal outcomes of many leased rows in one statement and one commit, each under its own
+-- lease, as finish.sql does for one: a row whose lease was lost is left alone and its id is not returned.
+-- $1 effect ids, $2 lease tokens (uuid text), $3 statuses, $4 results (JSON text, NULL to keep the stored
+-- one), $5 last errors (NULL clears), $6 attempts to add, $7 whether delivered (then delivered_at is now);
+-- paired by index.
+WITH input AS (
+    SELECT *
+    FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::boolean[])
+        AS i (effect_id, token, status, result, last_error, attempts, delivered)
+), gone AS (
+    DELETE FROM oncegate_outbox o
+    USING input
+    WHERE o.effect_id = input.effect_id AND o.lease_token = input.token::uuid
+    RETURNING o.effect_id
+)
+UPDATE oncegate_effects e
+SET status = input.status,
+    attempts = e.attempts + input.attempts,
+    result = COALESCE(input.result::jsonb, e.result),
+    last_error = input.last_error,
+    delivered_at = CASE WHEN input.delivered THEN now() ELSE e.delivered_at END,
+    next_attempt_at = NULL,
+    finished_at = now(),
+    updated_at = now()
+FROM gone JOIN input USING (effect_id)
+WHERE e.id = gone.effect_id
+RETURNING e.id

@@ -1,13 +1,15 @@
-// Command gatewaybench measures the gateway on the same Postgres, in one run:
+// Command gatewaybench measures the gateway on the same Postgres, in one run, at each number of clients of
+// -clients (1, 8 and 32 by default):
 //
-//   - accepts: new effects per second, and p50/p99 latency, from -clients concurrent HTTP clients posting new
+//   - accepts: new effects per second, and p50/p99 latency, from concurrent HTTP clients posting new
 //     idempotency keys to a real gateway process running as an API node (--no-dispatch);
-//   - delivered: effects delivered per second by a second gateway process, dispatching only, with the
-//     postgres (analytics insert) provider: the backlog of the accept phase, from its start until the outbox
-//     is empty;
 //   - replays: requests per second that repeat a key already used (they write nothing);
-//   - pgbench: the gateway's own insert statement (effect + outbox row + NOTIFY, one transaction) run raw by
-//     pgbench with as many clients, as the ceiling the gateway is measured against.
+//   - pgbench: the single-request insert statement (effect + outbox row + NOTIFY, one transaction) run raw by
+//     pgbench with as many clients, as the yardstick: group commit is how the gateway goes past it.
+//
+// Then deliveries, by a second gateway process that only dispatches: the backlog of the accept phases with the
+// postgres (analytics insert) provider, and -webhooks signed webhooks to a local receiver. The gateways'
+// largest resident memory is reported for every phase.
 //
 // Run it with scripts/bench or `make bench`; it creates and drops a database of its own.
 package main
@@ -20,10 +22,12 @@ import (
 	"io"
 	"log"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -38,9 +42,10 @@ import (
 )
 
 var (
-	clients  = flag.Int("clients", 32, "concurrent clients, for the gateway and for pgbench")
-	duration = flag.Duration("duration", 10*time.Second, "length of each measured phase")
-	gwBin    = flag.String("gateway", "bin/gateway", "the gateway binary")
+	clientList = flag.String("clients", "1,8,32", "concurrent clients of each phase, a comma-separated list; pgbench runs with each")
+	duration   = flag.Duration("duration", 5*time.Second, "length of each measured phase")
+	gwBin      = flag.String("gateway", "bin/gateway", "the gateway binary")
+	hooks      = flag.Int("webhooks", 20000, "webhook effects in the webhook delivery phase")
 )
 
 const apiKey = "bench-api-key-4a7c1e9f3b5d8a2c6e0f"
@@ -48,6 +53,14 @@ const apiKey = "bench-api-key-4a7c1e9f3b5d8a2c6e0f"
 func main() {
 	flag.Parse()
 	log.SetFlags(0)
+	var counts []int
+	for _, f := range strings.Split(*clientList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			log.Fatalf("-clients: %q is not a number of clients", f)
+		}
+		counts = append(counts, n)
+	}
 	ctx := context.Background()
 	admin := pgtest.AdminURL()
 	name := fmt.Sprintf("oncegate_bench_%d", time.Now().Unix())
@@ -71,91 +84,148 @@ func main() {
 		log.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
+
+	// The webhook receiver: a local server that answers 204 and counts what it gets.
+	var received atomic.Int64
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		received.Add(1)
+		w.WriteHeader(204)
+	}))
+	defer receiver.Close()
+
 	cfg := filepath.Join(dir, "gateway.yaml")
 	// The tenant's rates are far above what one machine serves: the limiter runs on every request, so its
 	// cost is measured, and refuses none.
 	must(os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s
 tenants: { bench: { api_keys: [%s], rate: { requests_per_second: 1000000, request_burst: 1000000, bytes_per_second: 1000MiB, byte_burst: 1000MiB } } }
-effect_types: { analytics: { provider: postgres, concurrency: 32 } }
-`, dbURL, apiKey)), 0o600))
-	// An API-only gateway takes the load; a second gateway, started after the accept phase, dispatches. Run
-	// together in one process, accepts and deliveries share the machine's 2 cores and Postgres's commits.
-	base, stopAPI := startGateway(cfg, "--no-dispatch")
-	defer stopAPI()
-
-	fmt.Printf("Postgres %s (synchronous_commit=%s), %d clients, %v a phase\n\n", version, sync_, *clients, *duration)
-	pool := http.Transport{MaxIdleConnsPerHost: *clients, MaxConnsPerHost: *clients}
-	client := &http.Client{Transport: &pool, Timeout: 30 * time.Second}
-
-	var next atomic.Int64
-	accepts := load(client, base, func() string { return fmt.Sprintf("k%d", next.Add(1)) }, 202)
-	created := next.Load()
+effect_types:
+  analytics: { provider: postgres, concurrency: 32 }
+  hook:
+    provider: webhook
+    concurrency: 64
+    webhook: { url: "%s/hook", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
+`, dbURL, apiKey, receiver.URL)), 0o600))
 	dbconn, err := pgx.Connect(ctx, dbURL)
 	must(err)
 	defer dbconn.Close(ctx)
+
+	fmt.Printf("Postgres %s (synchronous_commit=%s), %v a phase, GOMAXPROCS of the machine: %d cores\n\n", version,
+		sync_, *duration, runtime.NumCPU())
+	fmt.Println("| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | gateway RSS max |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
+	var next atomic.Int64
+	var lastAccepts float64
+	var lastCreated int64
+	for _, c := range counts {
+		// An API-only gateway takes the load; pgbench runs after it has stopped, so neither shares the cores.
+		api := startGateway(cfg, "--no-dispatch")
+		pool := http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}
+		client := &http.Client{Transport: &pool, Timeout: 30 * time.Second}
+		first := next.Load()
+		accepts := load(client, api, c, func() string { return fmt.Sprintf("k%d", next.Add(1)) }, 202)
+		created := next.Load()
+		replays := load(client, api, c, func() string { return fmt.Sprintf("k%d", first+1+time.Now().UnixNano()%(created-first)) }, 200)
+		api.stop()
+		pgb := pgbench(dir, dbURL, c)
+		fmt.Printf("| accepts (new keys) | %d | %.0f | %v | %v | %.0f | %.2f× | %.0f MiB |\n", c, accepts.rate, accepts.p50,
+			accepts.p99, pgb, accepts.rate/pgb, accepts.rss)
+		fmt.Printf("| replays (same key, same request) | %d | %.0f | %v | %v | %.0f | %.2f× | %.0f MiB |\n", c, replays.rate,
+			replays.p50, replays.p99, pgb, replays.rate/pgb, replays.rss)
+		lastAccepts, lastCreated = accepts.rate, created
+	}
+
+	// Deliveries: a dispatching gateway drains the backlog the accept phases left, with the postgres provider.
+	var backlog int64
+	must(dbconn.QueryRow(ctx, "SELECT count(*) FROM oncegate_outbox").Scan(&backlog))
 	start := time.Now()
-	_, stopDispatcher := startGateway(cfg)
-	defer stopDispatcher()
+	disp := startGateway(cfg)
+	waitEmpty(ctx, dbconn)
+	deliveredRate := float64(backlog) / time.Since(start).Seconds()
+	disp.stop()
+	fmt.Printf("| deliveries, postgres provider (claim + insert + record) | | %.0f | | | | %.2f× the last accepts | %.0f MiB |\n",
+		deliveredRate, deliveredRate/lastAccepts, disp.maxRSS())
+
+	// Webhooks: a backlog of -webhooks effects, recorded with the dispatcher off, then delivered by one gateway.
+	api := startGateway(cfg, "--no-dispatch")
+	pool := http.Transport{MaxIdleConnsPerHost: 32, MaxConnsPerHost: 32}
+	client := &http.Client{Transport: &pool, Timeout: 30 * time.Second}
+	var hookNext atomic.Int64
+	post(client, api, 32, *hooks, func() string { return fmt.Sprintf("h%d", hookNext.Add(1)) },
+		`{"type":"hook","payload":{"event":"order.paid","data":{"order":42,"total":"19.99"}}}`)
+	api.stop()
+	start = time.Now()
+	disp = startGateway(cfg)
+	waitEmpty(ctx, dbconn)
+	hookRate := float64(*hooks) / time.Since(start).Seconds()
+	disp.stop()
+	fmt.Printf("| deliveries, webhooks to a local receiver (signed, one gateway) | | %.0f | | | | | %.0f MiB |\n",
+		hookRate, disp.maxRSS())
+	fmt.Printf("\n%d effects accepted in all; the receiver got %d webhooks for %d effects\n", lastCreated, received.Load(), *hooks)
+}
+
+// waitEmpty waits until the outbox is empty.
+func waitEmpty(ctx context.Context, conn *pgx.Conn) {
 	for {
 		var n int64
-		must(dbconn.QueryRow(ctx, "SELECT count(*) FROM oncegate_outbox").Scan(&n))
+		must(conn.QueryRow(ctx, "SELECT count(*) FROM oncegate_outbox").Scan(&n))
 		if n == 0 {
-			break
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	var delivered int64
-	must(dbconn.QueryRow(ctx, "SELECT count(*) FROM analytics_events").Scan(&delivered))
-	deliveredRate := float64(delivered) / time.Since(start).Seconds()
+}
 
-	stopDispatcher()
-	replays := load(client, base, func() string { return fmt.Sprintf("k%d", 1+time.Now().UnixNano()%created) }, 200)
-	stopAPI() // its connections would count against pgbench's
+// post sends n requests from c clients.
+func post(client *http.Client, g *gateway, c, n int, key func() string, body string) {
+	var sent atomic.Int64
+	var wg sync.WaitGroup
+	for range c {
+		wg.Go(func() {
+			for sent.Add(1) <= int64(n) {
+				do(client, g.url, key(), body, 202)
+			}
+		})
+	}
+	wg.Wait()
+}
 
-	pgb := pgbench(dir, dbURL)
-
-	fmt.Println("| measure | per second | p50 | p99 |")
-	fmt.Println("|---|---|---|---|")
-	fmt.Printf("| gateway: new effects accepted | %.0f | %v | %v |\n", accepts.rate, accepts.p50, accepts.p99)
-	fmt.Printf("| gateway: replays (same key, same request) | %.0f | %v | %v |\n", replays.rate, replays.p50, replays.p99)
-	fmt.Printf("| dispatcher: delivered (postgres provider, claim + insert + record) | %.0f | | |\n", deliveredRate)
-	fmt.Printf("| pgbench: the same insert statement, raw | %.0f | | |\n", pgb)
-	fmt.Printf("\naccepts reach %.0f%% of pgbench's rate; deliveries keep up with %.0f%% of accepts (%d of %d delivered)\n",
-		100*accepts.rate/pgb, 100*deliveredRate/accepts.rate, delivered, created)
+func do(client *http.Client, base, key, body string, want int) {
+	req, _ := http.NewRequest("POST", base+"/v1/effects", strings.NewReader(body))
+	req.Header.Set("Authorization", "Bearer "+apiKey)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Idempotency-Key", key)
+	resp, err := client.Do(req)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != want && !(want == 200 && resp.StatusCode == 202) {
+		log.Fatalf("status %d, want %d", resp.StatusCode, want)
+	}
 }
 
 type result struct {
 	rate     float64
 	p50, p99 time.Duration
+	rss      float64 // the gateway's largest resident memory during the phase, MiB
 }
 
-// load posts from *clients goroutines for *duration, each request with key(), and expects status want.
-func load(client *http.Client, base string, key func() string, want int) result {
+// load posts from c goroutines for *duration, each request with key(), and expects status want.
+func load(client *http.Client, g *gateway, c int, key func() string, want int) result {
 	var mu sync.Mutex
 	var lat []time.Duration
 	var wg sync.WaitGroup
 	stop := time.Now().Add(*duration)
 	start := time.Now()
-	for range *clients {
+	for range c {
 		wg.Go(func() {
 			var mine []time.Duration
 			for time.Now().Before(stop) {
-				req, _ := http.NewRequest("POST", base+"/v1/effects",
-					strings.NewReader(`{"type":"analytics","payload":{"name":"signup","properties":{"plan":"pro"}}}`))
-				req.Header.Set("Authorization", "Bearer "+apiKey)
-				req.Header.Set("Content-Type", "application/json")
-				req.Header.Set("Idempotency-Key", key())
 				t0 := time.Now()
-				resp, err := client.Do(req)
-				if err != nil {
-					log.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != want && !(want == 200 && resp.StatusCode == 202) {
-					log.Fatalf("status %d, want %d", resp.StatusCode, want)
-				}
+				do(client, g.url, key(), `{"type":"analytics","payload":{"name":"signup","properties":{"plan":"pro"}}}`, want)
 				mine = append(mine, time.Since(t0))
 			}
 			mu.Lock()
@@ -166,18 +236,18 @@ func load(client *http.Client, base string, key func() string, want int) result 
 	wg.Wait()
 	elapsed := time.Since(start)
 	slices.Sort(lat)
-	return result{rate: float64(len(lat)) / elapsed.Seconds(),
+	return result{rate: float64(len(lat)) / elapsed.Seconds(), rss: g.maxRSS(),
 		p50: lat[len(lat)/2].Round(10 * time.Microsecond), p99: lat[len(lat)*99/100].Round(10 * time.Microsecond)}
 }
 
 // pgbench runs the gateway's insert statement (dedup/sql/insert.sql, columns expanded) with fresh keys.
-func pgbench(dir, dbURL string) float64 {
+func pgbench(dir, dbURL string, clients int) float64 {
 	script := `\set k random(1, 1000000000000)
 WITH effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload)
-    VALUES ('pgbench', 'k' || :k, 'analytics', '\x00'::bytea, '{"name":"signup","properties":{"plan":"pro"}}')
+    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+    VALUES ('pgbench', 'k' || :k, 'analytics', '\x00'::bytea, '{"name":"signup","properties":{"plan":"pro"}}', 'eff_' || :k)
     ON CONFLICT (tenant, key) DO NOTHING
-    RETURNING id, tenant, key, type, fingerprint, status, attempts, result, last_error, created_at, updated_at, delivered_at, next_attempt_at
+    RETURNING id, tenant, key, type, fingerprint, status, attempts, result, last_error, created_at, updated_at, delivered_at, next_attempt_at, stable_id
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, run_at) SELECT id, type, now() + interval '1 day' FROM effect
 )
@@ -185,7 +255,7 @@ SELECT effect.* FROM effect, pg_notify('oncegate_outbox_bench', effect.type);
 `
 	f := filepath.Join(dir, "insert.sql")
 	must(os.WriteFile(f, []byte(script), 0o600))
-	cmd := exec.Command("pgbench", "-n", "-M", "prepared", "-c", strconv.Itoa(*clients), "-j", "2",
+	cmd := exec.Command("pgbench", "-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
 		"-T", strconv.Itoa(int(duration.Seconds())), "-f", f, dbURL)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
@@ -199,23 +269,62 @@ SELECT effect.* FROM effect, pg_notify('oncegate_outbox_bench', effect.type);
 	return tps
 }
 
-// startGateway starts the gateway binary and returns its base URL and a function that kills it.
-func startGateway(cfg string, args ...string) (string, func()) {
-	gw := exec.Command(*gwBin, append([]string{"serve", "--config", cfg, "--log-level", "warn"}, args...)...)
-	gw.Stderr = os.Stderr
-	gw.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive a benchmark that failed
-	out, err := gw.StdoutPipe()
+// gateway is a running gateway process; its resident memory is sampled every 100 ms while it runs.
+type gateway struct {
+	url  string
+	stop func()
+	rss  atomic.Int64 // KiB, the largest seen
+}
+
+func (g *gateway) maxRSS() float64 { return float64(g.rss.Load()) / 1024 }
+
+// startGateway starts the gateway binary.
+func startGateway(cfg string, args ...string) *gateway {
+	cmd := exec.Command(*gwBin, append([]string{"serve", "--config", cfg, "--log-level", "warn"}, args...)...)
+	cmd.Stderr = os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL} // never outlive a benchmark that failed
+	out, err := cmd.StdoutPipe()
 	must(err)
-	must(gw.Start())
+	must(cmd.Start())
 	sc := bufio.NewScanner(out)
 	if !sc.Scan() {
 		log.Fatal("gateway did not start")
 	}
 	go func() { _, _ = io.Copy(io.Discard, out) }()
+	g := &gateway{url: "http://" + strings.TrimPrefix(sc.Text(), "listening ")}
+	done := make(chan struct{})
+	go func() {
+		for {
+			if kib := rssKiB(cmd.Process.Pid); kib > g.rss.Load() {
+				g.rss.Store(kib)
+			}
+			select {
+			case <-done:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}()
 	var once sync.Once
-	return "http://" + strings.TrimPrefix(sc.Text(), "listening "), func() {
-		once.Do(func() { _ = gw.Process.Kill(); _ = gw.Wait() })
+	g.stop = func() {
+		once.Do(func() { close(done); _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	}
+	return g
+}
+
+// rssKiB reads a process's resident memory from /proc.
+func rssKiB(pid int) int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmRSS:" {
+			n, _ := strconv.ParseInt(f[1], 10, 64)
+			return n
+		}
+	}
+	return 0
 }
 
 func must(err error) {

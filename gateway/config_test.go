@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/base64"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -347,4 +348,56 @@ func TestEveryKeyIsDocumented(t *testing.T) {
 		}
 	}
 	walk(reflect.TypeOf(Config{}), "")
+}
+
+// Finding 8 of issue 13: Standard Webhooks asks for signing secrets of 24 bytes at least. Every way a secret
+// enters the configuration (secret, secrets, both, through ${VAR}) refuses 16 and 23 bytes at start-up,
+// naming the field, and takes 24.
+func TestWebhookSecretsUnder24BytesStopStartUp(t *testing.T) {
+	result := reliability.Record(t, "Configuration", "Webhook secrets of 16 and 23 bytes in secret, secrets, ${VAR}, unpadded and URL-safe base64",
+		"start-up refused naming the field; 24 bytes accepted")
+	whsec := func(n int) string {
+		return "whsec_" + base64.StdEncoding.EncodeToString([]byte(strings.Repeat("k", n)))
+	}
+	t.Setenv("OG_SECRET_23", whsec(23))
+	t.Setenv("OG_SECRET_24", whsec(24))
+	block := func(secrets string) string {
+		return tenantsYAML + "effect_types: { w: { provider: webhook, webhook: { url: 'https://h.example/x', " + secrets + " } } }"
+	}
+	const want = "want whsec_ and the base64 of at least 24 bytes"
+	refused := 0
+	for _, c := range []struct{ secrets, field string }{
+		{"secret: " + whsec(16), "secret"},
+		{"secret: " + whsec(23), "secret"},
+		{"secret: '${OG_SECRET_23}'", "secret"},
+		{"secret: " + "whsec_" + base64.RawStdEncoding.EncodeToString([]byte(strings.Repeat("k", 23))), "secret"},
+		{"secret: " + "whsec_" + base64.URLEncoding.EncodeToString([]byte(strings.Repeat("\xfb", 24))), "secret"},
+		{"secrets: [" + whsec(16) + "]", "secrets[0]"},
+		{"secrets: [" + whsec(24) + ", " + whsec(23) + "]", "secrets[1]"},
+		{"secrets: ['${OG_SECRET_24}', '${OG_SECRET_23}']", "secrets[1]"},
+		{"secret: " + whsec(24) + ", secrets: [" + whsec(23) + "]", "secrets[0]"},
+		{"secret: " + whsec(23) + ", secrets: [" + whsec(24) + "]", "secret"},
+	} {
+		_, err := Load(writeConfig(t, block(c.secrets)))
+		if err == nil || !strings.Contains(err.Error(), "effect_types.w: webhook: webhook: "+c.field+": "+want) {
+			t.Errorf("%s: %v, want refused naming %s", c.secrets, err, c.field)
+			continue
+		}
+		refused++
+	}
+	for _, secrets := range []string{"secret: " + whsec(24), "secret: '${OG_SECRET_24}'", "secrets: [" + whsec(24) + ", " + whsec(32) + "]",
+		"secret: " + "whsec_" + base64.RawStdEncoding.EncodeToString([]byte(strings.Repeat("k", 24)))} {
+		c, err := Load(writeConfig(t, block(secrets)))
+		if err != nil {
+			t.Errorf("%s: %v", secrets, err)
+			continue
+		}
+		reg, err := c.registry()
+		if err != nil {
+			t.Errorf("%s: the provider refused what the configuration took: %v", secrets, err)
+			continue
+		}
+		reg.Close()
+	}
+	result(fmt.Sprintf("%d/%d short secrets refused naming the field; 24 bytes accepted", refused, refused))
 }

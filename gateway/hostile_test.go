@@ -22,7 +22,8 @@ func TestHostilePayloads(t *testing.T) {
 		c.Limits.MaxBody = 1 << 20
 		c.EffectTypes["email"] = EffectType{Provider: "smtp", SMTP: &smtp.Config{Addr: "127.0.0.1:9", From: "a@b.test"}}
 		c.EffectTypes["hook"] = EffectType{Provider: "webhook", Webhook: &webhook.Config{URL: "https://h.example/x", Secret: secret}}
-		c.EffectTypes["proxy"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: "https://api.example"}}
+		c.EffectTypes["proxy"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: "https://api.example",
+			Headers: map[string]string{"X-Api-Key": "operator-key-0123"}}}
 	})
 	deep := `{"type":"analytics","payload":{"name":"x","properties":` + strings.Repeat(`{"a":`, 20000) + "1" + strings.Repeat("}", 20000) + `}}`
 	cases := []struct {
@@ -36,6 +37,9 @@ func TestHostilePayloads(t *testing.T) {
 		{"email header with LF", "inj3", `{"type":"email","payload":{"to":["a@b.test"],"subject":"s","text":"t","headers":{"X-A":"v\nBcc: x@y.test"}}}`, 400, "payload.headers.X-A"},
 		{"email header overriding From", "inj4", `{"type":"email","payload":{"to":["a@b.test"],"subject":"s","text":"t","headers":{"From":"ceo@b.test"}}}`, 400, "payload.headers.From"},
 		{"proxy header with CR/LF", "inj5", `{"type":"proxy","payload":{"method":"GET","path":"/","headers":{"X-A":"v\r\nHost: evil"}}}`, 400, "payload.headers.X-A"},
+		{"proxy header spoofing the client", "inj8", `{"type":"proxy","payload":{"method":"GET","path":"/","headers":{"X-Forwarded-For":"10.0.0.1"}}}`, 400, "payload.headers.X-Forwarded-For"},
+		{"proxy header twinning the credential", "inj9", `{"type":"proxy","payload":{"method":"GET","path":"/","headers":{"X_Api_Key":"mine"}}}`, 400, "payload.headers.X_Api_Key"},
+		{"proxy header name with a control byte", "inj10", `{"type":"proxy","payload":{"method":"GET","path":"/","headers":{"X-A\u0001":"v"}}}`, 400, "payload.headers.X-A\x01"},
 		{"proxy path to another host", "inj6", `{"type":"proxy","payload":{"method":"GET","path":"//evil.example/x"}}`, 400, "payload.path"},
 		{"webhook url off the allowed hosts", "inj7", `{"type":"hook","payload":{"event":"e","data":1,"url":"http://169.254.169.254/latest/meta-data"}}`, 400, "payload.url"},
 		{"webhook event with a NUL", "nul", `{"type":"analytics","payload":{"name":"a\u0000b"}}`, 400, "payload"},

@@ -61,7 +61,7 @@ func server(t *testing.T, handle func(n int64, w http.ResponseWriter)) (*httptes
 
 func hookProvider(t *testing.T, defaultURL string) *webhook.Provider {
 	t.Helper()
-	p, err := webhook.New(webhook.Config{URL: defaultURL, AllowedHosts: []string{"127.0.0.1"}, Secret: testSecret,
+	p, err := webhook.New(webhook.Config{URL: defaultURL, AllowedHosts: []string{"http://127.0.0.1:*"}, Secret: testSecret,
 		AllowPrivateNetworks: true})
 	if err != nil {
 		t.Fatal(err)

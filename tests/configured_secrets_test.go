@@ -50,8 +50,12 @@ func TestSecretsOfConfiguredURLsNeverReachTenants(t *testing.T) {
 	}
 	closed := "http://" + l.Addr().String()
 	l.Close()
+	check := newWebhookCheck(t, hookSecret)
 	quoting := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		body, err := io.ReadAll(r.Body)
+		if err == nil && !check.verify(w, r, body) {
+			return
+		}
 		w.WriteHeader(404)
 		fmt.Fprintf(w, "Cannot POST %s", r.URL.RequestURI())
 	}))

@@ -27,6 +27,7 @@ type flakyReceiver struct {
 	ok    map[string]int      // 2xx answers per webhook-id
 	seen  map[string]int      // requests per webhook-id
 	log   map[string][]answer // every request per webhook-id, in order
+	check *webhookCheck       // the official Standard Webhooks library's verdict on each request
 }
 
 // answer is one request the receiver answered: when it arrived, in which phase, with what status.
@@ -37,7 +38,10 @@ type answer struct {
 }
 
 func (f *flakyReceiver) handler(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.Copy(io.Discard, r.Body)
+	body, err := io.ReadAll(r.Body)
+	if err == nil && !f.check.verify(w, r, body) {
+		return
+	}
 	id, at, phase := r.Header.Get("webhook-id"), time.Now(), f.phase.Load().(string)
 	f.mu.Lock()
 	f.seen[id]++
@@ -140,7 +144,8 @@ func TestProviderFaultsDelayButLoseNothing(t *testing.T) {
 	t.Parallel()
 	result := reliability.Record(t, "Providers", "Webhook receiver down, then slower than the timeout, then 500, then 429 with Retry-After, then healthy",
 		"Breaker opens and closes; Retry-After honoured; nothing dead early; every effect delivered after")
-	f := &flakyReceiver{addr: freeTCPAddr(t), ok: map[string]int{}, seen: map[string]int{}, log: map[string][]answer{}}
+	f := &flakyReceiver{addr: freeTCPAddr(t), ok: map[string]int{}, seen: map[string]int{}, log: map[string][]answer{},
+		check: newWebhookCheck(t, whsec)}
 	f.phase.Store("down")
 	defer f.down()
 	dbURL := pgtest.Database(t)

@@ -32,17 +32,29 @@ import (
 var ErrForbiddenAddress = errors.New("destination address is not allowed")
 
 var blocked = []netip.Prefix{
-	netip.MustParsePrefix("0.0.0.0/8"),     // "this network"
-	netip.MustParsePrefix("100.64.0.0/10"), // carrier-grade NAT
-	netip.MustParsePrefix("192.0.0.0/24"),  // IETF protocol assignments
-	netip.MustParsePrefix("198.18.0.0/15"), // benchmarking
-	netip.MustParsePrefix("240.0.0.0/4"),   // reserved, and broadcast
-	netip.MustParsePrefix("64:ff9b:1::/48"),
+	netip.MustParsePrefix("0.0.0.0/8"),       // "this network"
+	netip.MustParsePrefix("100.64.0.0/10"),   // carrier-grade NAT
+	netip.MustParsePrefix("192.0.0.0/24"),    // IETF protocol assignments
+	netip.MustParsePrefix("198.18.0.0/15"),   // benchmarking
+	netip.MustParsePrefix("240.0.0.0/4"),     // reserved, and broadcast
+	netip.MustParsePrefix("64:ff9b:1::/48"),  // local-use NAT64 (RFC 8215): its IPv4 side is the operator's
+	netip.MustParsePrefix("::/96"),           // IPv4-compatible (RFC 4291 §2.5.5.1), deprecated; holds :: and ::1
+	netip.MustParsePrefix("::ffff:0:0:0/96"), // SIIT's IPv4-translated form (RFC 2765), obsoleted
+	netip.MustParsePrefix("fec0::/10"),       // site-local (RFC 3879), deprecated but still routed inside some sites
 }
 
+// Prefixes whose addresses reach an IPv4 address through a translator or a relay, which delivers to that
+// IPv4 address wherever it is: such an address is judged as every IPv4 address it carries (embeddedIPv4).
+var (
+	nat64     = netip.MustParsePrefix("64:ff9b::/96") // RFC 6052: the IPv4 address is the last 32 bits
+	sixToFour = netip.MustParsePrefix("2002::/16")    // RFC 3056: bits 16 to 48
+	teredo    = netip.MustParsePrefix("2001::/32")    // RFC 4380: the server in bits 32 to 64, the client inverted in 96 to 128
+)
+
 // Forbidden reports whether addr is loopback, private (RFC 1918, IPv6 ULA), link-local (which holds the
-// metadata address 169.254.169.254), CGNAT, unspecified, multicast or reserved. IPv4-mapped IPv6 addresses
-// are judged as the IPv4 address they carry.
+// metadata address 169.254.169.254), CGNAT, unspecified, multicast or reserved, or a deprecated IPv6 form
+// (IPv4-compatible, SIIT, site-local). IPv4-mapped IPv6 addresses are judged as the IPv4 address they carry,
+// and so are NAT64, 6to4 and Teredo addresses: one that carries a forbidden IPv4 address is forbidden.
 func Forbidden(addr netip.Addr) bool {
 	addr = addr.Unmap()
 	if addr.IsLoopback() || addr.IsPrivate() || addr.IsLinkLocalUnicast() || addr.IsLinkLocalMulticast() ||
@@ -54,24 +66,54 @@ func Forbidden(addr netip.Addr) bool {
 			return true
 		}
 	}
+	for _, v4 := range embeddedIPv4(addr) {
+		if Forbidden(v4) {
+			return true
+		}
+	}
 	return false
+}
+
+// embeddedIPv4 returns the IPv4 addresses that a NAT64, 6to4 or Teredo address reaches (a Teredo address
+// names two: its server and its client); none for any other address.
+func embeddedIPv4(addr netip.Addr) []netip.Addr {
+	b := addr.As16()
+	switch {
+	case !addr.Is6():
+		return nil
+	case nat64.Contains(addr):
+		return []netip.Addr{netip.AddrFrom4([4]byte(b[12:16]))}
+	case sixToFour.Contains(addr):
+		return []netip.Addr{netip.AddrFrom4([4]byte(b[2:6]))}
+	case teredo.Contains(addr):
+		client := [4]byte{^b[12], ^b[13], ^b[14], ^b[15]}
+		return []netip.Addr{netip.AddrFrom4([4]byte(b[4:8])), netip.AddrFrom4(client)}
+	}
+	return nil
 }
 
 // Client returns an HTTP client for destinations. With allowPrivate false, every connection to a forbidden
 // address fails with ErrForbiddenAddress.
-func Client(allowPrivate bool) *http.Client {
+func Client(allowPrivate bool) *http.Client { return client(allowPrivate, nil) }
+
+// client is Client with then, when not nil, run on each dial the guard lets through, before it connects:
+// tests use it to stop those dials, so that a test of the guard sends nothing anywhere even if it fails.
+func client(allowPrivate bool, then func(network, address string, c syscall.RawConn) error) *http.Client {
 	dialer := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
-	if !allowPrivate {
-		dialer.Control = func(network, address string, _ syscall.RawConn) error {
+	dialer.Control = func(network, address string, c syscall.RawConn) error {
+		if !allowPrivate {
 			ap, err := netip.ParseAddrPort(address)
 			if err != nil {
 				return fmt.Errorf("%w: %s", ErrForbiddenAddress, address)
 			}
 			if Forbidden(ap.Addr()) {
-				return fmt.Errorf("%w: %s is a private, loopback, link-local or reserved address", ErrForbiddenAddress, ap.Addr())
+				return fmt.Errorf("%w: %s is a private, loopback, link-local or reserved address, or carries one", ErrForbiddenAddress, ap.Addr())
 			}
-			return nil
 		}
+		if then != nil {
+			return then(network, address, c)
+		}
+		return nil
 	}
 	return &http.Client{
 		// Client spans, and the trace context to the destination.

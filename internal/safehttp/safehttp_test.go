@@ -3,13 +3,17 @@ package safehttp
 import (
 	"context"
 	"errors"
-	"github.com/oncegate/oncegate/internal/reliability"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/oncegate/oncegate/internal/reliability"
 )
 
 func TestForbiddenAddresses(t *testing.T) {
@@ -89,6 +93,103 @@ func TestRetryAfterAndClassify(t *testing.T) {
 	if o.RetryAfter != 7*time.Second {
 		t.Errorf("429 Retry-After: %v", o.RetryAfter)
 	}
+}
+
+// IPv6 addresses that carry an IPv4 address reach that IPv4 address through a translator or a tunnel (NAT64,
+// 6to4, Teredo), or are deprecated forms no public destination uses (IPv4-compatible, SIIT, site-local): each
+// is judged as the IPv4 address it reaches, or refused.
+func TestForbiddenEmbeddedIPv4(t *testing.T) {
+	for _, c := range []struct{ addr, why string }{
+		{"64:ff9b::7f00:1", "NAT64 of 127.0.0.1"},
+		{"64:ff9b::a9fe:a9fe", "NAT64 of the metadata address"},
+		{"64:ff9b::10.1.2.3", "NAT64 of 10.1.2.3"},
+		{"64:ff9b::192.168.0.1", "NAT64 of 192.168.0.1"},
+		{"64:ff9b::100.64.0.1", "NAT64 of CGNAT"},
+		{"64:ff9b::ffff:ffff", "NAT64 of broadcast"},
+		{"64:ff9b:1::a9fe:a9fe", "local-use NAT64 (RFC 8215)"},
+		{"2002:7f00:1::1", "6to4 of 127.0.0.1"},
+		{"2002:a9fe:a9fe::1", "6to4 of the metadata address"},
+		{"2002:a00:1:1234::1", "6to4 of 10.0.0.1"},
+		{"2002:c0a8:101::", "6to4 of 192.168.1.1"},
+		{"::7f00:1", "IPv4-compatible 127.0.0.1"},
+		{"::a9fe:a9fe", "IPv4-compatible metadata address"},
+		{"::808:808", "IPv4-compatible, deprecated: refused whatever it carries"},
+		{"::ffff:0:7f00:1", "SIIT translated 127.0.0.1"},
+		{"::ffff:0:a9fe:a9fe", "SIIT translated metadata address"},
+		{"::ffff:0:808:808", "SIIT translated, obsolete: refused whatever it carries"},
+		{"fec0::1", "site-local, deprecated"},
+		{"feff:ffff::1", "site-local, top of the range"},
+		{"2001:0:4136:e378:8000:63bf:80ff:fffe", "Teredo client 127.0.0.1"},
+		{"2001:0:4136:e378:8000:63bf:f5ff:fffe", "Teredo client 10.0.0.1"},
+		{"2001:0:4136:e378:8000:63bf:5601:5601", "Teredo client 169.254.169.254"},
+		{"2001:0:a00:1:8000:63bf:f7f7:f7f7", "Teredo server 10.0.0.1"},
+		{"2001:0:a9fe:a9fe:8000:63bf:f7f7:f7f7", "Teredo server 169.254.169.254"},
+	} {
+		if !Forbidden(netip.MustParseAddr(c.addr)) {
+			t.Errorf("%s (%s) allowed", c.addr, c.why)
+		}
+	}
+	for _, c := range []struct{ addr, why string }{
+		{"64:ff9b::808:808", "NAT64 of a public address: how an IPv6-only network reaches it"},
+		{"64:ff9b::5db8:d822", "NAT64 of 93.184.216.34"},
+		{"2002:808:808::1", "6to4 of a public address"},
+		{"2001:0:4136:e378:8000:63bf:f7f7:f7f7", "Teredo, public server and client 8.8.8.8"},
+		{"2001:db9::1", "near Teredo, not Teredo"},
+		{"2001:4860:4860::8888", "a public IPv6 address under 2001::/16"},
+		{"fe00::1", "below site-local, above ULA: global unicast space"},
+	} {
+		if Forbidden(netip.MustParseAddr(c.addr)) {
+			t.Errorf("%s (%s) forbidden", c.addr, c.why)
+		}
+	}
+}
+
+// The refusal of embedded forms happens at dial time, in the dialer the client connects with, after name
+// resolution. The test's dialer stops every dial the guard lets through before it connects, so that no
+// packet leaves for these addresses even if the guard were broken: a dial that reaches it fails the test.
+func TestClientRefusesEmbeddedIPv4AtDialTime(t *testing.T) {
+	result := reliability.Record(t, "SSRF", "Requests to NAT64, 6to4, Teredo, IPv4-compatible, SIIT and site-local IPv6 addresses embedding loopback, private or metadata IPv4",
+		"Refused at dial time (after DNS), failed for good; nothing connects")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(204) }))
+	defer srv.Close()
+	port := itoa(srv.Listener.Addr().(interface{ AddrPort() netip.AddrPort }).AddrPort().Port())
+	var reached []string
+	c := client(false, func(_, address string, _ syscall.RawConn) error {
+		reached = append(reached, address)
+		return fmt.Errorf("test: the dial to %s passed the guard", address)
+	})
+	defer c.CloseIdleConnections()
+	hosts := []string{"[64:ff9b::7f00:1]", "[64:ff9b::a9fe:a9fe]", "[2002:7f00:1::1]", "[2002:a9fe:a9fe::]",
+		"[::7f00:1]", "[::ffff:0:7f00:1]", "[fec0::1]", "[2001:0:4136:e378:8000:63bf:80ff:fffe]",
+		"[2001:0:4136:e378:8000:63bf:5601:5601]"}
+	for _, h := range hosts {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+h+":"+port+"/", nil)
+		resp, err := c.Do(req)
+		cancel()
+		if err == nil {
+			resp.Body.Close()
+			t.Errorf("%s answered", h)
+			continue
+		}
+		if !errors.Is(err, ErrForbiddenAddress) {
+			t.Errorf("%s: %v, want ErrForbiddenAddress from the dialer", h, err)
+		}
+		if o := TransportError(ctx, err); o.Kind.String() != "failed" {
+			t.Errorf("%s: outcome %s, want failed", h, o.Kind)
+		}
+	}
+	if len(reached) != 0 {
+		t.Fatalf("dials passed the guard: %v", reached)
+	}
+	// The same client, its guard aside, does dial: a public-looking IPv6 address reaches the test's stop.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", "http://[64:ff9b::808:808]:"+port+"/", nil)
+	if _, err := c.Do(req); err == nil || !strings.Contains(err.Error(), "passed the guard") || len(reached) != 1 {
+		t.Fatalf("a public NAT64 address: %v, dials %v; want it to reach the dialer", err, reached)
+	}
+	result(fmt.Sprintf("%d/%d refused by the dialer, 0 connected", len(hosts), len(hosts)))
 }
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }

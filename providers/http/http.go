@@ -5,6 +5,10 @@
 // response header named like a configured one, but cannot know what an upstream echoes in its body, and says
 // so in the docs. An upstream that honours Idempotency-Key (as Stripe's API does) sees a resend
 // after a crash as the same request; one that does not may act twice in that window.
+//
+// A payload's headers never speak for the gateway: one that reframes the request, belongs to one hop, says
+// who is calling or how a proxy routes it, or that a server would read as a configured header, is refused at
+// request time, and so is any header net/http would refuse to send.
 package http
 
 import (
@@ -17,6 +21,8 @@ import (
 	"net/url"
 	"strings"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/oncegate/oncegate/internal/safehttp"
 	"github.com/oncegate/oncegate/providers"
 )
@@ -26,7 +32,8 @@ import (
 type Config struct {
 	// BaseURL is the upstream; a payload's path is appended to it.
 	BaseURL string `yaml:"base_url"`
-	// Headers are sent with every request, after the payload's (for credentials: "Bearer ${TOKEN}").
+	// Headers are sent with every request (for credentials: "Bearer ${TOKEN}"). A payload may not set one,
+	// in any spelling a server reads as the same.
 	Headers map[string]string `yaml:"headers"`
 	// KeepHeaders are the response headers stored in the result. Defaults to Content-Type, Location, ETag and
 	// Retry-After.
@@ -44,6 +51,9 @@ type Provider struct {
 	headers http.Header
 	keep    []string
 	client  *http.Client
+	// folded maps each configured header's folded name (see fold) to its name, so that a payload header
+	// that a server would read as a configured one is refused.
+	folded map[string]string
 	// redact masks configured header values that appear as they were sent in a kept header or the body of
 	// a response. It is a courtesy, not the guarantee: an upstream that echoes them in another form (encoded,
 	// split) passes it. What holds by structure is that a configured header is never kept from a response,
@@ -86,13 +96,17 @@ func (c Config) resolve() (*Provider, error) {
 		return nil, errors.New("http: base_url: no query or fragment: a request's query comes from its payload path, " +
 			"and credentials go in headers")
 	}
-	p := &Provider{base: u, headers: http.Header{}}
+	p := &Provider{base: u, headers: http.Header{}, folded: map[string]string{}}
 	var pairs []string
 	for k, v := range c.Headers {
 		if err := checkHeader(k, v); err != nil {
 			return nil, fmt.Errorf("http: headers: %w", err)
 		}
+		if gatewayOwned(fold(k)) {
+			return nil, fmt.Errorf("http: headers: %s is set by the gateway, or belongs to one connection", k)
+		}
 		p.headers.Set(k, v)
+		p.folded[fold(k)] = k
 		if len(v) >= 8 {
 			pairs = append(pairs, v, "[redacted]")
 		}
@@ -125,55 +139,104 @@ type Payload struct {
 
 var methods = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true}
 
-// Headers the gateway sets itself, or that would change how the request is framed.
-var reserved = map[string]bool{"Idempotency-Key": true, "Host": true, "Content-Length": true,
-	"Transfer-Encoding": true, "Connection": true, "Te": true, "Upgrade": true, "Trailer": true}
+// fold spells a header name as the servers that conflate names read it: nginx (underscores_in_headers), CGI,
+// WSGI and PHP turn "-" and "_" (and some, "." too) into one, and case never counts. Two names with one fold
+// are one header to such an upstream.
+func fold(name string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
+			return r
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return '-'
+	}, name)
+}
 
-func checkHeader(k, v string) error {
-	if k == "" || strings.ContainsAny(k, " \t\r\n:") || k != strings.TrimSpace(k) {
-		return fmt.Errorf("%q is not a header name", k)
+// gatewayOwned reports whether a folded name is a header that the gateway sets (Idempotency-Key, and the
+// framing that net/http derives from the request), or one that belongs to one connection (RFC 9110 §7.6.1):
+// from a tenant or an operator they would reframe the request or speak to a proxy that is not there.
+func gatewayOwned(folded string) bool {
+	switch folded {
+	case "idempotency-key", "host", "content-length", "transfer-encoding", "trailer", "te", "connection",
+		"keep-alive", "upgrade", "proxy-connection":
+		return true
 	}
-	if strings.ContainsAny(v, "\r\n\x00") {
-		return fmt.Errorf("header %s: value has a line break or NUL", k)
+	return false
+}
+
+// speaksForTheGateway reports whether a folded name is one that upstreams and the proxies before them trust
+// to say who is calling and from where (X-Forwarded-*, Forwarded, the client-IP headers), which session it
+// holds (Cookie), which proxy credential it carries (Proxy-*), or where and by which method a front end
+// routes it (X-Original-URL and its kin, the method overrides): a tenant's value would pass for the gateway's
+// own, or leave base_url's path or the allowed methods.
+func speaksForTheGateway(folded string) bool {
+	switch folded {
+	case "forwarded", "x-real-ip", "x-client-ip", "true-client-ip", "cf-connecting-ip", "x-cluster-client-ip",
+		"cookie", "x-original-url", "x-rewrite-url", "x-http-method-override", "x-http-method", "x-method-override":
+		return true
+	}
+	return strings.HasPrefix(folded, "x-forwarded-") || strings.HasPrefix(folded, "proxy-")
+}
+
+// checkHeader refuses what net/http would refuse when sending: a name that is not an HTTP token (RFC 9110
+// §5.6.2), a value with a control byte other than tab (CR, LF and NUL among them). Caught here, such a
+// header is a 400 at request time rather than an effect that fails at every attempt.
+func checkHeader(k, v string) error {
+	if !httpguts.ValidHeaderFieldName(k) {
+		return fmt.Errorf("%q is not a header name: letters, digits and !#$%%&'*+-.^_`|~ only", k)
+	}
+	if !httpguts.ValidHeaderFieldValue(v) {
+		return fmt.Errorf("header %s: value has a control character (a line break, NUL, DEL; tab is allowed)", k)
 	}
 	return nil
 }
 
-func parse(raw json.RawMessage) (Payload, error) {
-	var p Payload
-	if err := providers.DecodeStrict(raw, &p); err != nil {
-		return p, err
+func (p *Provider) parse(raw json.RawMessage) (Payload, error) {
+	var pl Payload
+	if err := providers.DecodeStrict(raw, &pl); err != nil {
+		return pl, err
 	}
-	p.Method = strings.ToUpper(p.Method)
-	if !methods[p.Method] {
-		return p, providers.Invalid("method", "must be GET, POST, PUT, PATCH or DELETE")
+	pl.Method = strings.ToUpper(pl.Method)
+	if !methods[pl.Method] {
+		return pl, providers.Invalid("method", "must be GET, POST, PUT, PATCH or DELETE")
 	}
-	if !strings.HasPrefix(p.Path, "/") || strings.HasPrefix(p.Path, "//") || strings.ContainsAny(p.Path, "\r\n\x00 ") {
-		return p, providers.Invalid("path", "must start with a single / and hold no spaces or line breaks")
+	if !strings.HasPrefix(pl.Path, "/") || strings.HasPrefix(pl.Path, "//") || strings.ContainsAny(pl.Path, "\r\n\x00 ") {
+		return pl, providers.Invalid("path", "must start with a single / and hold no spaces or line breaks")
 	}
-	rel, err := url.Parse(p.Path)
+	rel, err := url.Parse(pl.Path)
 	if err != nil {
-		return p, providers.Invalid("path", "%v", err)
+		return pl, providers.Invalid("path", "%v", err)
 	}
 	for _, seg := range strings.Split(rel.Path, "/") {
 		// Decoded, so %2e%2e counts too: an upstream that normalises paths would leave base_url's prefix.
 		if seg == "." || seg == ".." {
-			return p, providers.Invalid("path", "must not hold . or .. segments: a request stays under base_url")
+			return pl, providers.Invalid("path", "must not hold . or .. segments: a request stays under base_url")
 		}
 	}
-	for k, v := range p.Headers {
+	for k, v := range pl.Headers {
 		if err := checkHeader(k, v); err != nil {
-			return p, providers.Invalid("headers."+k, "%v", err)
+			return pl, providers.Invalid("headers."+k, "%v", err)
 		}
-		if reserved[textproto.CanonicalMIMEHeaderKey(k)] {
-			return p, providers.Invalid("headers."+k, "is set by the gateway")
+		f := fold(k)
+		if gatewayOwned(f) {
+			return pl, providers.Invalid("headers."+k, "is set by the gateway, or belongs to one connection")
+		}
+		if configured, ok := p.folded[f]; ok {
+			return pl, providers.Invalid("headers."+k, "is this effect type's configured header %s "+
+				"(servers read - and _ alike, and case never counts)", configured)
+		}
+		if speaksForTheGateway(f) {
+			return pl, providers.Invalid("headers."+k, "says who is calling, or how a proxy routes the request: "+
+				"the upstream would take a tenant's value for the gateway's")
 		}
 	}
-	return p, nil
+	return pl, nil
 }
 
-func (*Provider) Validate(payload json.RawMessage) error {
-	_, err := parse(payload)
+func (p *Provider) Validate(payload json.RawMessage) error {
+	_, err := p.parse(payload)
 	return err
 }
 
@@ -181,7 +244,7 @@ func (*Provider) Validate(payload json.RawMessage) error {
 func (p *Provider) Destination(json.RawMessage) string { return strings.ToLower(p.base.Host) }
 
 func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
-	pl, err := parse(d.Payload)
+	pl, err := p.parse(d.Payload)
 	if err != nil {
 		return providers.Failed(err, true)
 	}

@@ -98,7 +98,7 @@ func TestConfiguredURLNeverInErrorsOrResults(t *testing.T) {
 func TestPayloadURLReceiverAnswerIsKept(t *testing.T) {
 	t.Parallel()
 	r := newReceiver(t)
-	p, err := New(Config{AllowedHosts: []string{"127.0.0.1"}, Secret: secretA, AllowPrivateNetworks: true})
+	p, err := New(Config{AllowedHosts: []string{r.srv.URL}, Secret: secretA, AllowPrivateNetworks: true})
 	if err != nil {
 		t.Fatal(err)
 	}

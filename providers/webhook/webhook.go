@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -30,8 +31,10 @@ import (
 type Config struct {
 	// URL is the default endpoint; a payload may name another URL, on AllowedHosts only.
 	URL string `yaml:"url"`
-	// AllowedHosts are the hosts (as "hooks.example.com", or "*.example.com" for its subdomains) that a
-	// payload's url may name.
+	// AllowedHosts are the destinations a payload's url may name, each a host and the one scheme and port
+	// allowed on it: "hooks.example.com" is https on port 443, "hooks.example.com:8443" https on 8443,
+	// "http://hooks.example.com:8080" http on 8080 ("http://host" is port 80, ":*" any port); a host
+	// "*.example.com" names its subdomains. A payload url matches when its scheme, host and port all do.
 	AllowedHosts []string `yaml:"allowed_hosts"`
 	// Secret signs requests: "whsec_" and base64, as Standard Webhooks. Secrets adds more, for rotation:
 	// each request carries one signature per secret.
@@ -51,7 +54,7 @@ const MaxResponse = 4 << 10
 // Provider delivers webhooks.
 type Provider struct {
 	def     *url.URL
-	allowed []string
+	allowed []allowedHost
 	keys    [][]byte
 	client  *http.Client
 }
@@ -88,8 +91,12 @@ func (c Config) resolve() (*Provider, error) {
 		}
 		p.def = u
 	}
-	for _, h := range c.AllowedHosts {
-		p.allowed = append(p.allowed, strings.ToLower(h))
+	for i, h := range c.AllowedHosts {
+		a, err := parseAllowedHost(h)
+		if err != nil {
+			return nil, fmt.Errorf("webhook: allowed_hosts[%d]: %q: %w", i, h, err)
+		}
+		p.allowed = append(p.allowed, a)
 	}
 	secrets := c.Secrets
 	if c.Secret != "" {
@@ -132,7 +139,118 @@ func parseURL(s string) (*url.URL, error) {
 	if u.Host == "" || u.User != nil {
 		return nil, errors.New("needs a host and no user info")
 	}
+	if port(u) == 0 {
+		return nil, errors.New("port must be 1 to 65535")
+	}
 	return u, nil
+}
+
+// port is the port a request to u connects to: the URL's, or its scheme's. Zero when out of range.
+func port(u *url.URL) int {
+	if u.Port() == "" {
+		return map[string]int{"https": 443, "http": 80}[u.Scheme]
+	}
+	n, err := strconv.Atoi(u.Port())
+	if err != nil || n < 1 || n > 65535 {
+		return 0
+	}
+	return n
+}
+
+// allowedHost is an allowed_hosts entry: a host (or "*.domain", for its subdomains), with the scheme and
+// port a payload url must use on it. A host that is an IP address is kept in netip's form, so that any
+// spelling of the address matches.
+type allowedHost struct {
+	scheme  string
+	host    string
+	port    int
+	anyPort bool
+}
+
+// parseAllowedHost reads "host", "host:port", "[v6]:port" or "scheme://" and one of those. Without a scheme
+// an entry means https, and without a port the scheme's own: an operator who names a host has named its
+// HTTPS service, and anything else is written out.
+func parseAllowedHost(entry string) (allowedHost, error) {
+	const want = "is not a host, host:port or http(s)://host[:port] (a host may be *.domain, a port *)"
+	a := allowedHost{scheme: "https"}
+	rest := strings.ToLower(entry)
+	if scheme, after, ok := strings.Cut(rest, "://"); ok {
+		if scheme != "https" && scheme != "http" {
+			return a, errors.New("scheme must be https or http")
+		}
+		a.scheme, rest = scheme, strings.TrimSuffix(after, "/")
+	}
+	portPart := ""
+	if strings.HasPrefix(rest, "[") {
+		end := strings.Index(rest, "]")
+		if end < 0 {
+			return a, errors.New(want)
+		}
+		addr, err := netip.ParseAddr(rest[1:end])
+		if err != nil || !addr.Is6() || addr.Zone() != "" {
+			return a, errors.New(want)
+		}
+		a.host, rest = addr.String(), rest[end+1:]
+		if rest != "" {
+			var ok bool
+			if portPart, ok = strings.CutPrefix(rest, ":"); !ok {
+				return a, errors.New(want)
+			}
+		}
+	} else {
+		host, p, hasPort := strings.Cut(rest, ":")
+		if hasPort && p == "" {
+			return a, errors.New(want)
+		}
+		a.host, portPart = host, p
+		if addr, err := netip.ParseAddr(host); err == nil {
+			a.host = addr.String()
+		} else if !hostName(host) {
+			return a, errors.New(want)
+		}
+	}
+	switch {
+	case portPart == "":
+		a.port = map[string]int{"https": 443, "http": 80}[a.scheme]
+	case portPart == "*":
+		a.anyPort = true
+	default:
+		n, err := strconv.Atoi(portPart)
+		if err != nil || strings.Trim(portPart, "0123456789") != "" || n < 1 || n > 65535 {
+			return a, errors.New("port must be 1 to 65535, or *")
+		}
+		a.port = n
+	}
+	return a, nil
+}
+
+// hostName reports whether h is a DNS name in ASCII (an IDN in its xn-- form), optionally "*." and a name.
+func hostName(h string) bool {
+	h = strings.TrimPrefix(h, "*.")
+	if h == "" || strings.HasPrefix(h, ".") || strings.HasSuffix(h, ".") || strings.Contains(h, "..") {
+		return false
+	}
+	for _, c := range h {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// allows reports whether a request to u is one the entry names: scheme, host and port.
+func (a allowedHost) allows(u *url.URL) bool {
+	if u.Scheme != a.scheme || (!a.anyPort && port(u) != a.port) {
+		return false
+	}
+	host := strings.ToLower(u.Hostname())
+	if addr, err := netip.ParseAddr(host); err == nil {
+		host = addr.String()
+	}
+	if domain, ok := strings.CutPrefix(a.host, "*"); ok {
+		return strings.HasSuffix(host, domain) && len(host) > len(domain)
+	}
+	return host == a.host
 }
 
 // Payload is a webhook to send.
@@ -163,20 +281,14 @@ func (p *Provider) parse(raw json.RawMessage) (Payload, *url.URL, error) {
 	if err != nil {
 		return pl, nil, providers.Invalid("url", "%v", err)
 	}
-	if !p.hostAllowed(u.Hostname()) {
-		return pl, nil, providers.Invalid("url", "host %q is not in this effect type's allowed_hosts", u.Hostname())
-	}
-	return pl, u, nil
-}
-
-func (p *Provider) hostAllowed(host string) bool {
-	host = strings.ToLower(host)
 	for _, a := range p.allowed {
-		if a == host || (strings.HasPrefix(a, "*.") && strings.HasSuffix(host, a[1:])) {
-			return true
+		if a.allows(u) {
+			return pl, u, nil
 		}
 	}
-	return false
+	return pl, nil, providers.Invalid("url", "%s (port %d) is not allowed: no entry of this effect type's "+
+		"allowed_hosts names that scheme, host and port (a bare host allows https on port 443 only)",
+		safehttp.Origin(u), port(u))
 }
 
 func (p *Provider) Validate(payload json.RawMessage) error {

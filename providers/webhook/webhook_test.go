@@ -215,11 +215,11 @@ func TestPrivateDestinationsAndRedirectsAreRefused(t *testing.T) {
 	result := reliability.Record(t, "SSRF", "Webhook to loopback (default URL, allowed host names, ::1), a redirect to another server", "Refused before or at dial; redirects not followed; the receivers got nothing")
 	result("0 requests reached")
 	r := newReceiver(t)
-	p, err := New(Config{URL: r.srv.URL, Secret: secretA, AllowedHosts: []string{"localhost", "*.internal.test"}})
+	port := r.srv.URL[strings.LastIndex(r.srv.URL, ":")+1:]
+	p, err := New(Config{URL: r.srv.URL, Secret: secretA, AllowedHosts: []string{"http://localhost:" + port, "*.internal.test"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := r.srv.URL[strings.LastIndex(r.srv.URL, ":")+1:]
 	for _, u := range []string{"", "http://localhost:" + port + "/x", "http://[::1]:" + port + "/"} {
 		payload := `{"event":"e","data":1}`
 		if u != "" {

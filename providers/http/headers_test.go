@@ -1,0 +1,152 @@
+package http
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/providers"
+)
+
+func headerPayload(name, value string) json.RawMessage {
+	h, _ := json.Marshal(map[string]string{name: value})
+	return json.RawMessage(`{"method":"GET","path":"/x","headers":` + string(h) + `}`)
+}
+
+// refusedAs checks that err is a field error naming payload.headers.<name>.
+func refusedAs(t *testing.T, err error, name, why string) {
+	t.Helper()
+	var fe *providers.FieldError
+	if !errors.As(err, &fe) || fe.Field != "payload.headers."+name {
+		t.Errorf("%s %q: %v, want refused naming payload.headers.%s", why, name, err, name)
+	}
+}
+
+// Finding 7 of issue 13: a tenant could set headers that the upstream or the proxies before it trust to say
+// who is calling, how the request is framed, or which credential it carries (an underscore twin of the
+// configured one reaches nginx, CGI and WSGI apps as the same variable). Each is refused at request time,
+// naming the header.
+func TestPayloadHeadersThatSpeakForTheGatewayAreRefused(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Hostile input", "http payload headers that spoof the client, reframe the request, belong to one hop, or twin the configured credential (X_Api_Key for X-Api-Key)",
+		"Refused at request time, 400 naming payload.headers.<name>")
+	p, err := New(Config{BaseURL: "https://api.example", Headers: map[string]string{"X-Api-Key": "key-abcdef12", "Authorization": "Bearer sk"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := []string{
+		// who is calling, and from where
+		"X-Forwarded-For", "x-forwarded-for", "X-Forwarded-Host", "X-Forwarded-Proto", "X-Forwarded-Prefix", "Forwarded",
+		"X-Real-IP", "X-Client-IP", "True-Client-IP", "CF-Connecting-IP", "Cookie",
+		// where, and by which method, a front end routes it
+		"X-Original-URL", "X-Rewrite-URL", "X-HTTP-Method-Override", "X-HTTP-Method", "X-Method-Override",
+		// one hop's, or the framing's
+		"Connection", "Keep-Alive", "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Proxy-Connection",
+		"Proxy-Authorization", "Proxy-Authenticate", "Proxy-Anything", "Host", "Content-Length", "Idempotency-Key",
+		// the configured credentials, and names servers read as the same
+		"X-Api-Key", "x-api-key", "X_Api_Key", "x_api_key", "X.Api.Key", "Authorization", "AUTHORIZATION",
+		// twins of the others
+		"X_Forwarded_For", "Content_Length", "Transfer_Encoding", "Idempotency_Key", "Proxy_Authorization",
+	}
+	for _, name := range names {
+		refusedAs(t, p.Validate(headerPayload(name, "v")), name, "header")
+	}
+	result(fmt.Sprintf("%d/%d refused, each naming its header", len(names), len(names)))
+}
+
+// Control bytes and bytes outside an HTTP token in a header name, and control bytes in a value, were accepted
+// and then refused by net/http at every attempt. Every byte is tried in a name and in a value: what Validate
+// accepts reaches a real upstream as sent, and what it refuses names the header.
+func TestPayloadHeaderBytesAreRefusedAtRequestTimeOrSent(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got http.Header
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+		w.WriteHeader(204)
+	}))
+	defer up.Close()
+	p, err := New(Config{BaseURL: up.URL, AllowPrivateNetworks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	sentNames, sentValues, refusedNames, refusedValues := 0, 0, 0, 0
+	for b := range 256 {
+		c := string(rune(b)) // as the JSON payload carries it: bytes from 0x80 are UTF-8
+		for _, side := range []string{"name", "value"} {
+			name, value := "X-A"+c+"b", "v"+c+"w"
+			if side == "name" {
+				value = "v"
+			} else {
+				name = "X-A"
+			}
+			payload := headerPayload(name, value)
+			if err := p.Validate(payload); err != nil {
+				refusedAs(t, err, name, side+" with byte "+fmt.Sprintf("%#x", b))
+				if side == "name" {
+					refusedNames++
+				} else {
+					refusedValues++
+				}
+				continue
+			}
+			o := p.Deliver(context.Background(), delivery(fmt.Sprintf("%s-%d", side, b), string(payload)))
+			if o.Kind != providers.KindDelivered {
+				t.Errorf("%s with byte %#x accepted, then %v: %v", side, b, o.Kind, o.Err)
+				continue
+			}
+			mu.Lock()
+			v := got.Get(name)
+			mu.Unlock()
+			if v != strings.Trim(value, " \t") {
+				t.Errorf("%s with byte %#x: the upstream got %q, want %q", side, b, v, value)
+			}
+			if side == "name" {
+				sentNames++
+			} else {
+				sentValues++
+			}
+		}
+	}
+	t.Logf("names: %d bytes sent, %d refused; values: %d sent, %d refused", sentNames, refusedNames, sentValues, refusedValues)
+	// A token holds letters, digits and !#$%&'*+-.^_`|~ (RFC 9110 §5.6.2): 77 bytes. A value refuses the
+	// control bytes but tab: 0x00 to 0x1f less 0x09, and 0x7f.
+	if sentNames != 77 || refusedValues != 32 {
+		t.Errorf("sent %d name bytes (want the 77 token characters), refused %d value bytes (want the 32 controls but tab)",
+			sentNames, refusedValues)
+	}
+	// The tenant's own ordinary headers pass, and reach the upstream.
+	for name, value := range map[string]string{"X-Trace": "t1", "User-Agent": "mine/1", "Accept": "application/json",
+		"Content-Type": "text/plain", "X-Unicode": "héllo", "X-Tab": "a\tb", "X-Empty": ""} {
+		if err := p.Validate(headerPayload(name, value)); err != nil {
+			t.Errorf("%s: %q refused: %v", name, value, err)
+		}
+	}
+}
+
+// The configured headers are checked the same way at start-up: a header net/http would refuse at send time,
+// or one that belongs to one hop or to the framing, stops start-up rather than failing every request.
+func TestConfiguredHeadersAreCheckedAtStartUp(t *testing.T) {
+	t.Parallel()
+	for name, value := range map[string]string{"X-A": "b\x01c", "X\x01A": "v", "X A": "v", "X:A": "v", "": "v",
+		"Connection": "close", "Transfer-Encoding": "chunked", "Host": "other.example", "Content_Length": "5",
+		"Idempotency-Key": "k", "Upgrade": "h2c", "Keep-Alive": "timeout=5", "Proxy-Connection": "keep-alive", "TE": "trailers"} {
+		if _, err := New(Config{BaseURL: "https://api.example", Headers: map[string]string{name: value}}); err == nil {
+			t.Errorf("configured header %q: %q accepted", name, value)
+		}
+	}
+	if _, err := New(Config{BaseURL: "https://api.example", Headers: map[string]string{"Authorization": "Bearer x",
+		"X-Api-Key": "k", "Cookie": "session=operator"}}); err != nil {
+		t.Errorf("ordinary configured headers refused: %v", err)
+	}
+}

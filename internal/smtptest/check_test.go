@@ -105,4 +105,28 @@ func TestServerRecordsTheEnvelopeAsSent(t *testing.T) {
 	if m.Malformed == nil || len(s.Malformed()) != 1 {
 		t.Fatalf("a message with no Date and no From passed: %v", m.Malformed)
 	}
+
+	// A message a fault refuses is checked all the same.
+	s.SetFault(Defer)
+	c, err = smtp.Dial(s.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.Mail("a@acme.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Rcpt("b@example.test", nil); err != nil {
+		t.Fatal(err)
+	}
+	if w, err = c.Data(); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = w.Write([]byte("Subject: no Date, no From\r\n\r\nhi\r\n"))
+	if err := w.Close(); err == nil {
+		t.Fatal("the Defer fault accepted the message")
+	}
+	if len(s.Messages()) != 1 || len(s.Malformed()) != 2 {
+		t.Fatalf("%d messages, %d malformed", len(s.Messages()), len(s.Malformed()))
+	}
 }

@@ -62,6 +62,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	messages  []Message
+	malformed []error // what Check found, one per malformed message received
 	fault     Fault
 	refuse    map[string]bool // recipients answered 550
 	onMessage func(Message)
@@ -111,15 +112,12 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
-// Malformed returns what Check found wrong with each malformed message accepted so far.
+// Malformed returns what Check found wrong with each malformed message received so far, whether the server
+// accepted it or a fault refused it.
 func (s *Server) Malformed() []error {
-	var out []error
-	for _, m := range s.Messages() {
-		if m.Malformed != nil {
-			out = append(out, fmt.Errorf("message %s (envelope %q): %w", m.MessageID, m.Envelope, m.Malformed))
-		}
-	}
-	return out
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]error(nil), s.malformed...)
 }
 
 // Close stops the server and waits until it no longer accepts. It closes the listener itself, since go-smtp
@@ -204,8 +202,22 @@ func (x *session) Data(r io.Reader) error {
 	if err != nil {
 		return err
 	}
+	// Every message is checked, the ones a fault refuses too: what a client sent is malformed or not
+	// whatever the server answers.
+	msg := Message{From: x.from, To: x.to, SMTPUTF8: x.utf8, Data: data}
+	if rc, ok := x.conn.Conn().(*recordingConn); ok {
+		msg.Envelope = rc.envelope()
+	}
+	if m, err := mail.ReadMessage(bytes.NewReader(data)); err == nil {
+		msg.Header = m.Header
+		msg.MessageID = m.Header.Get("Message-Id")
+	}
+	msg.Parts, msg.Malformed = Check(data, x.utf8)
 	x.s.mu.Lock()
 	fault := x.s.fault
+	if msg.Malformed != nil {
+		x.s.malformed = append(x.s.malformed, fmt.Errorf("message %s (envelope %q): %w", msg.MessageID, msg.Envelope, msg.Malformed))
+	}
 	x.s.mu.Unlock()
 	switch fault {
 	case Defer:
@@ -219,15 +231,6 @@ func (x *session) Data(r io.Reader) error {
 		}
 		return errors.New("hung")
 	}
-	msg := Message{From: x.from, To: x.to, SMTPUTF8: x.utf8, Data: data}
-	if rc, ok := x.conn.Conn().(*recordingConn); ok {
-		msg.Envelope = rc.envelope()
-	}
-	if m, err := mail.ReadMessage(bytes.NewReader(data)); err == nil {
-		msg.Header = m.Header
-		msg.MessageID = m.Header.Get("Message-Id")
-	}
-	msg.Parts, msg.Malformed = Check(data, x.utf8)
 	x.s.mu.Lock()
 	x.s.messages = append(x.s.messages, msg)
 	on := x.s.onMessage

@@ -28,8 +28,9 @@ type Part struct {
 // RFC 2045–2047 (MIME-Version, media types, transfer encodings decoded strictly, multipart bodies split by their
 // boundary and ended by the close delimiter, encoded words of at most 75 characters on lines of at most 76, each
 // one decodable alone) and RFC 6532 (8-bit header bytes only when the envelope asked for SMTPUTF8, and then
-// UTF-8). It is stricter than net/mail and mime/multipart, which accept much of this, and it cross-checks
-// them: both must read the message the same way.
+// UTF-8). It is stricter than net/mail and mime/multipart, which let much of this pass (Go's quoted-printable
+// reader takes "=ZZ" as text, its word decoder joins a character split between two words), and holds the
+// message to them too: net/mail must read it, and mime/multipart must find the parts the boundary splits.
 func Check(data []byte, smtputf8 bool) ([]Part, error) {
 	c := &checker{smtputf8: smtputf8}
 	c.lines(data)

@@ -130,6 +130,7 @@ func startGateway() (url, apiKey string, mail *smtptest.Server, stop func()) {
 		<-served
 		g.Close()
 		_ = mail.Close()
+		check(errors.Join(mail.Malformed()...)) // every message held to RFC 5322 and MIME
 		c, err := pgx.Connect(ctx, pgtest.AdminURL())
 		check(err)
 		defer c.Close(ctx)

@@ -1,11 +1,17 @@
 // Package smtptest runs a real SMTP server (github.com/emersion/go-smtp) on loopback for tests and for the
-// crash demo: it records every message it accepts, and can be told to misbehave the way mail servers do
-// (refuse a recipient, defer with a 4xx, hang, or drop the connection after the message was sent).
+// crash demo: it records every message it accepts, with the envelope's command lines as they came over the
+// wire, and can be told to misbehave the way mail servers do (refuse a recipient, defer with a 4xx, hang, or
+// drop the connection after the message was sent).
+//
+// Every message it accepts is held to the standards by Check (RFC 5321/5322, MIME, RFC 2047): a server from
+// Start fails its test, when the test ends, for each malformed message it received, so any test that sends
+// mail through it checks what it sent without asking.
 package smtptest
 
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/mail"
@@ -19,11 +25,19 @@ import (
 
 // Message is a message the server accepted.
 type Message struct {
-	From      string
-	To        []string
+	// From and To are the envelope's addresses as go-smtp parsed them (a quoted local part unquoted).
+	From string
+	To   []string
+	// Envelope is the transaction's MAIL and RCPT command lines as the client sent them, CRLF removed.
+	Envelope []string
+	// SMTPUTF8 says whether MAIL FROM asked for SMTPUTF8 (RFC 6531).
+	SMTPUTF8  bool
 	Data      []byte
 	MessageID string
 	Header    mail.Header
+	// Parts are the leaves of the message's MIME tree, decoded; Malformed is what Check found wrong.
+	Parts     []Part
+	Malformed error
 }
 
 // Fault makes the server misbehave.
@@ -48,6 +62,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	messages  []Message
+	malformed []error // what Check found, one per malformed message received
 	fault     Fault
 	refuse    map[string]bool // recipients answered 550
 	onMessage func(Message)
@@ -65,6 +80,7 @@ func New(addr string) (*Server, error) {
 		return &session{s: s, conn: c}, nil
 	}))
 	s.srv.Domain = "smtptest.invalid"
+	s.srv.EnableSMTPUTF8 = true
 	s.srv.AllowInsecureAuth = true
 	s.srv.ReadTimeout = 30 * time.Second
 	s.srv.WriteTimeout = 30 * time.Second
@@ -75,7 +91,7 @@ func New(addr string) (*Server, error) {
 	s.Addr, s.l = l.Addr().String(), l
 	go func() {
 		defer close(s.served)
-		_ = s.srv.Serve(l)
+		_ = s.srv.Serve(recordingListener{l})
 	}()
 	return s, nil
 }
@@ -87,8 +103,21 @@ func Start(t testing.TB) *Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = s.Close() })
+	t.Cleanup(func() {
+		_ = s.Close()
+		for _, err := range s.Malformed() {
+			t.Errorf("smtptest: the server received a malformed message: %v", err)
+		}
+	})
 	return s
+}
+
+// Malformed returns what Check found wrong with each malformed message received so far, whether the server
+// accepted it or a fault refused it.
+func (s *Server) Malformed() []error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]error(nil), s.malformed...)
 }
 
 // Close stops the server and waits until it no longer accepts. It closes the listener itself, since go-smtp
@@ -145,14 +174,15 @@ type session struct {
 	s    *Server
 	conn *smtp.Conn
 	from string
+	utf8 bool
 	to   []string
 }
 
-func (x *session) Reset()        { x.from, x.to = "", nil }
+func (x *session) Reset()        { x.from, x.utf8, x.to = "", false, nil }
 func (x *session) Logout() error { return nil }
 
-func (x *session) Mail(from string, _ *smtp.MailOptions) error {
-	x.from = from
+func (x *session) Mail(from string, opts *smtp.MailOptions) error {
+	x.from, x.utf8 = from, opts != nil && opts.UTF8
 	return nil
 }
 
@@ -172,8 +202,22 @@ func (x *session) Data(r io.Reader) error {
 	if err != nil {
 		return err
 	}
+	// Every message is checked, the ones a fault refuses too: what a client sent is malformed or not
+	// whatever the server answers.
+	msg := Message{From: x.from, To: x.to, SMTPUTF8: x.utf8, Data: data}
+	if rc, ok := x.conn.Conn().(*recordingConn); ok {
+		msg.Envelope = rc.envelope()
+	}
+	if m, err := mail.ReadMessage(bytes.NewReader(data)); err == nil {
+		msg.Header = m.Header
+		msg.MessageID = m.Header.Get("Message-Id")
+	}
+	msg.Parts, msg.Malformed = Check(data, x.utf8)
 	x.s.mu.Lock()
 	fault := x.s.fault
+	if msg.Malformed != nil {
+		x.s.malformed = append(x.s.malformed, fmt.Errorf("message %s (envelope %q): %w", msg.MessageID, msg.Envelope, msg.Malformed))
+	}
 	x.s.mu.Unlock()
 	switch fault {
 	case Defer:
@@ -187,11 +231,6 @@ func (x *session) Data(r io.Reader) error {
 		}
 		return errors.New("hung")
 	}
-	msg := Message{From: x.from, To: x.to, Data: data}
-	if m, err := mail.ReadMessage(bytes.NewReader(data)); err == nil {
-		msg.Header = m.Header
-		msg.MessageID = m.Header.Get("Message-Id")
-	}
 	x.s.mu.Lock()
 	x.s.messages = append(x.s.messages, msg)
 	on := x.s.onMessage
@@ -203,4 +242,62 @@ func (x *session) Data(r io.Reader) error {
 		_ = x.conn.Conn().Close()
 	}
 	return nil
+}
+
+// recordingListener hands go-smtp connections that keep the client's command lines.
+type recordingListener struct{ net.Listener }
+
+func (l recordingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &recordingConn{Conn: c}, nil
+}
+
+// recordingConn keeps the MAIL and RCPT lines of the current transaction as the client sent them, since go-smtp
+// hands the session only what it parsed out of them (a quoted local part unquoted, parameters split off). It
+// follows the client's lines as go-smtp reads them: a line "DATA" starts the message, a lone "." ends it.
+type recordingConn struct {
+	net.Conn
+	mu       sync.Mutex
+	partial  []byte
+	inData   bool
+	commands []string
+}
+
+func (c *recordingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.partial = append(c.partial, b[:n]...)
+	for {
+		i := bytes.IndexByte(c.partial, '\n')
+		if i < 0 {
+			break
+		}
+		line := strings.TrimSuffix(string(c.partial[:i]), "\r")
+		c.partial = c.partial[i+1:]
+		if c.inData {
+			c.inData = line != "."
+			continue
+		}
+		switch verb := strings.ToUpper(line[:min(4, len(line))]); verb {
+		case "MAIL":
+			c.commands = []string{line}
+		case "RCPT":
+			c.commands = append(c.commands, line)
+		case "DATA":
+			c.inData = true
+		case "RSET":
+			c.commands = nil
+		}
+	}
+	return n, err
+}
+
+func (c *recordingConn) envelope() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.commands...)
 }

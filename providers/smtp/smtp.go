@@ -1,7 +1,15 @@
 // Package smtp is the email provider: an SMTP client (github.com/emersion/go-smtp; STARTTLS when offered,
-// AUTH when configured) that sends each effect as one message whose Message-ID is derived from tenant and key.
-// The server's reply decides the outcome: 4xx is retried, 5xx (and an invalid address) fails for good, and
-// an enhanced status code (RFC 3463) that calls a 5xx reply transient makes it a retry too.
+// AUTH when configured) that sends each effect as one message whose Message-ID is derived from the effect's
+// stable id. The server's reply decides the outcome: 4xx is retried, 5xx (and an invalid address) fails for
+// good, and an enhanced status code (RFC 3463) that calls a 5xx reply transient makes it a retry too.
+//
+// The message is exact, so that no payload can change its shape: the envelope writes each address as
+// RFC 5321 does (a local part that is not a dot-string quoted, '"' and '\' escaped), and refuses at request
+// time what it cannot carry; header fields are folded at white space to lines of 76 characters where the text
+// allows and never over RFC 5322's 998, text that is not printable ASCII goes as RFC 2047 encoded words
+// (at most 75 characters, on lines of at most 76, never splitting a character), bodies are quoted-printable,
+// and the multipart boundary is a hash of the parts that quoted-printable cannot write. Every attempt sends
+// the same bytes.
 //
 // What remains possible: a crash (or a lost connection) after the server accepted the message and before the
 // gateway recorded it. With the effect type's on_crash at_least_once (the default) the message is sent again,
@@ -10,17 +18,13 @@
 package smtp
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"mime"
-	"mime/quotedprintable"
 	"net"
 	"net/mail"
-	"net/textproto"
 	"strings"
 	"time"
 
@@ -59,11 +63,13 @@ const (
 
 // Provider sends email.
 type Provider struct {
-	cfg    Config
-	typ    providers.Type
-	host   string
-	from   *mail.Address
-	domain string
+	cfg          Config
+	typ          providers.Type
+	host         string
+	fromBox      string // the envelope's sender, as RFC 5321 writes it
+	fromField    string // the From field, folded, with its CRLF
+	fromNonASCII bool   // the sender needs SMTPUTF8
+	domain       string
 }
 
 // Validate reports the first setting that New would refuse, without building a provider.
@@ -83,6 +89,16 @@ func (c Config) resolve() (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("smtp: from %q: %w", c.From, err)
 	}
+	box, nonASCII, err := mailbox(from.Address)
+	if err != nil {
+		return nil, fmt.Errorf("smtp: from %q cannot be sent: %w", c.From, err)
+	}
+	f := newField("From")
+	f.addresses([]address{{name: from.Name, mailbox: box}})
+	field, err := f.done()
+	if err != nil {
+		return nil, fmt.Errorf("smtp: from %q: %w", c.From, err)
+	}
 	switch c.StartTLS {
 	case "":
 		c.StartTLS = DefaultStartTLS
@@ -96,7 +112,8 @@ func (c Config) resolve() (*Provider, error) {
 	if strings.ContainsAny(c.Helo, " \t\r\n") {
 		return nil, fmt.Errorf("smtp: helo %q: want one host name", c.Helo)
 	}
-	return &Provider{cfg: c, host: host, from: from, domain: from.Address[strings.LastIndex(from.Address, "@")+1:]}, nil
+	return &Provider{cfg: c, host: host, fromBox: box, fromField: field, fromNonASCII: nonASCII,
+		domain: box[strings.LastIndexByte(box, '@')+1:]}, nil
 }
 
 // New checks the configuration and returns a provider for the effect type t.
@@ -106,79 +123,6 @@ func New(c Config, t providers.Type) (*Provider, error) {
 		return nil, err
 	}
 	p.typ = t
-	return p, nil
-}
-
-// Payload is an email.
-type Payload struct {
-	To      []string          `json:"to"`
-	Cc      []string          `json:"cc,omitempty"`
-	Bcc     []string          `json:"bcc,omitempty"`
-	Subject string            `json:"subject"`
-	Text    string            `json:"text,omitempty"`
-	HTML    string            `json:"html,omitempty"`
-	Headers map[string]string `json:"headers,omitempty"`
-}
-
-// Headers that the provider writes itself.
-var ownHeaders = map[string]bool{"From": true, "To": true, "Cc": true, "Bcc": true, "Subject": true, "Date": true,
-	"Message-Id": true, "Mime-Version": true, "Content-Type": true, "Content-Transfer-Encoding": true, "Sender": true}
-
-type parsed struct {
-	Payload
-	to, cc, bcc []*mail.Address
-}
-
-func parse(raw json.RawMessage) (parsed, error) {
-	var p parsed
-	if err := providers.DecodeStrict(raw, &p.Payload); err != nil {
-		return p, err
-	}
-	list := func(field string, in []string) ([]*mail.Address, error) {
-		out := make([]*mail.Address, 0, len(in))
-		for i, s := range in {
-			a, err := mail.ParseAddress(s)
-			if err != nil || strings.ContainsAny(s, "\r\n") {
-				return nil, providers.Invalid(fmt.Sprintf("%s[%d]", field, i), "%q is not an email address", s)
-			}
-			out = append(out, a)
-		}
-		return out, nil
-	}
-	var err error
-	if len(p.To) == 0 {
-		return p, providers.Invalid("to", "at least one recipient is required")
-	}
-	if p.to, err = list("to", p.To); err != nil {
-		return p, err
-	}
-	if p.cc, err = list("cc", p.Cc); err != nil {
-		return p, err
-	}
-	if p.bcc, err = list("bcc", p.Bcc); err != nil {
-		return p, err
-	}
-	if n := len(p.to) + len(p.cc) + len(p.bcc); n > 100 {
-		return p, providers.Invalid("to", "%d recipients, at most 100", n)
-	}
-	if strings.TrimSpace(p.Subject) == "" || len(p.Subject) > 998 || strings.ContainsAny(p.Subject, "\r\n") {
-		return p, providers.Invalid("subject", "is required: one line, at most 998 bytes")
-	}
-	if p.Text == "" && p.HTML == "" {
-		return p, providers.Invalid("text", "text or html is required")
-	}
-	for k, v := range p.Headers {
-		ck := textproto.CanonicalMIMEHeaderKey(k)
-		if k == "" || strings.ContainsAny(k, " \t\r\n:\x00") {
-			return p, providers.Invalid("headers", "%q is not a header name", k)
-		}
-		if ownHeaders[ck] {
-			return p, providers.Invalid("headers."+k, "is written by the gateway")
-		}
-		if strings.ContainsAny(v, "\r\n\x00") {
-			return p, providers.Invalid("headers."+k, "has a line break or NUL: header injection is refused")
-		}
-	}
 	return p, nil
 }
 
@@ -193,52 +137,6 @@ func (p *Provider) Destination(json.RawMessage) string { return p.cfg.Addr }
 // MessageID is the Message-ID of an effect's message: its stable ID at the sender's domain.
 func (p *Provider) MessageID(d providers.Delivery) string {
 	return "<" + d.StableID + "@" + p.domain + ">"
-}
-
-func (p *Provider) message(d providers.Delivery, pl parsed) []byte {
-	var b bytes.Buffer
-	addrs := func(as []*mail.Address) string {
-		s := make([]string, len(as))
-		for i, a := range as {
-			s[i] = a.String()
-		}
-		return strings.Join(s, ", ")
-	}
-	fmt.Fprintf(&b, "From: %s\r\n", p.from.String())
-	fmt.Fprintf(&b, "To: %s\r\n", addrs(pl.to))
-	if len(pl.cc) > 0 {
-		fmt.Fprintf(&b, "Cc: %s\r\n", addrs(pl.cc))
-	}
-	fmt.Fprintf(&b, "Subject: %s\r\n", mime.QEncoding.Encode("utf-8", pl.Subject))
-	// The same Date and Message-ID on every attempt: a resend is the same message.
-	fmt.Fprintf(&b, "Date: %s\r\n", d.CreatedAt.UTC().Format(time.RFC1123Z))
-	fmt.Fprintf(&b, "Message-ID: %s\r\n", p.MessageID(d))
-	for k, v := range pl.Headers {
-		fmt.Fprintf(&b, "%s: %s\r\n", textproto.CanonicalMIMEHeaderKey(k), mime.QEncoding.Encode("utf-8", v))
-	}
-	b.WriteString("MIME-Version: 1.0\r\n")
-	part := func(ctype, body string) {
-		fmt.Fprintf(&b, "Content-Type: %s; charset=utf-8\r\nContent-Transfer-Encoding: quoted-printable\r\n\r\n", ctype)
-		w := quotedprintable.NewWriter(&b)
-		_, _ = w.Write([]byte(body))
-		_ = w.Close()
-		b.WriteString("\r\n")
-	}
-	switch {
-	case pl.Text != "" && pl.HTML != "":
-		boundary := "oncegate-" + d.StableID
-		fmt.Fprintf(&b, "Content-Type: multipart/alternative; boundary=%q\r\n\r\n", boundary)
-		fmt.Fprintf(&b, "--%s\r\n", boundary)
-		part("text/plain", pl.Text)
-		fmt.Fprintf(&b, "--%s\r\n", boundary)
-		part("text/html", pl.HTML)
-		fmt.Fprintf(&b, "--%s--\r\n", boundary)
-	case pl.HTML != "":
-		part("text/html", pl.HTML)
-	default:
-		part("text/plain", pl.Text)
-	}
-	return b.Bytes()
 }
 
 // ReplyError is an SMTP server's refusal at one stage of a delivery. It wraps the client's *smtp.SMTPError, so
@@ -417,18 +315,18 @@ func (p *Provider) deliver(ctx context.Context, d providers.Delivery) providers.
 			return o
 		}
 	}
-	// SMTPUTF8 whenever the server offers it, as net/smtp did: an address may be UTF-8.
-	utf8, _ := c.Extension("SMTPUTF8")
-	if o, failed := step("MAIL FROM", c.Mail(p.from.Address, &gosmtp.MailOptions{UTF8: utf8})); failed {
+	// SMTPUTF8 only for a message that needs it (a non-ASCII address): a relay further on that cannot pass
+	// SMTPUTF8 on must bounce a message that asked for it (RFC 6531 section 3.4), needed or not.
+	utf8 := pl.nonASCII || p.fromNonASCII
+	if offered, _ := c.Extension("SMTPUTF8"); utf8 && !offered {
+		return providers.Failed(errors.New("an address is not ASCII, which needs SMTPUTF8 (RFC 6531), and the server does not offer it"), true)
+	}
+	if o, failed := step("MAIL FROM", c.Mail(p.fromBox, &gosmtp.MailOptions{UTF8: utf8})); failed {
 		return o
 	}
-	n := 0
-	for _, list := range [][]*mail.Address{pl.to, pl.cc, pl.bcc} {
-		for _, a := range list {
-			if o, failed := step("RCPT TO "+a.Address, c.Rcpt(a.Address, nil)); failed {
-				return o
-			}
-			n++
+	for _, r := range pl.rcpts {
+		if o, failed := step("RCPT TO "+r, c.Rcpt(r, nil)); failed {
+			return o
 		}
 	}
 	w, err := c.Data()
@@ -450,7 +348,7 @@ func (p *Provider) deliver(ctx context.Context, d providers.Delivery) providers.
 		return providers.Retry(err)
 	}
 	_ = c.Quit()
-	return providers.Delivered(map[string]any{"message_id": p.MessageID(d), "recipients": n})
+	return providers.Delivered(map[string]any{"message_id": p.MessageID(d), "recipients": len(pl.rcpts)})
 }
 
 // auth runs AUTH PLAIN, which sends the password as it is: only over TLS, or to this machine.

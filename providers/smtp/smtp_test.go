@@ -45,6 +45,8 @@ func (d dest) InvalidPayloads() map[string]json.RawMessage {
 		"payload.text":               json.RawMessage(`{"to":["a@x.test"],"subject":"s"}`),
 		"payload.headers.X-Tag":      json.RawMessage(`{"to":["a@x.test"],"subject":"s","text":"t","headers":{"X-Tag":"a\nBcc: evil@x.test"}}`),
 		"payload.headers.Message-ID": json.RawMessage(`{"to":["a@x.test"],"subject":"s","text":"t","headers":{"Message-ID":"<mine@x>"}}`),
+		"payload.headers":            json.RawMessage(`{"to":["a@x.test"],"subject":"s","text":"t","headers":{"X-\u0001":"v"}}`),
+		"payload.bcc[0]":             json.RawMessage(`{"to":["a@x.test"],"bcc":["\"a\tb\"@x.test"],"subject":"s","text":"t"}`),
 	}
 }
 

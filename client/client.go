@@ -2,7 +2,8 @@
 // under an idempotency key; a call that fails in transit, or meets a gateway or database that is briefly
 // down, is retried with the same key, which is safe by design: the gateway records an effect once and answers
 // every repeat with it. Answers that no retry will change (a key reused for another request, an invalid
-// payload, a fenced job) come back as *ProblemError at once.
+// payload, a fenced job) come back as *ProblemError at once, and a request that the gateway could never
+// accept, or HTTP never carry (a line break in a key), fails before the first try as *InvalidError.
 //
 // ForJob ties effects to a queue job: keys derive from the job's ID, so a re-run of the job sends the same
 // keys and its effects are replays; and each request carries the job's lease epoch, so the gateway refuses
@@ -60,6 +61,10 @@ func New(baseURL, apiKey string, opts *Options) (*Client, error) {
 	}
 	if apiKey == "" {
 		return nil, errors.New("client: an API key is required")
+	}
+	if i := strings.IndexFunc(apiKey, isControl); i >= 0 {
+		// HTTP cannot carry it: every request would fail in the transport, never reaching the gateway.
+		return nil, fmt.Errorf("client: the API key has a control character at byte %d", i)
 	}
 	var o Options
 	if opts != nil {
@@ -154,17 +159,103 @@ var (
 	ErrUnauthorized error = sentinel("/problems/unauthorized")
 )
 
+// InvalidError is a request that the gateway could never accept, or that HTTP cannot carry (a line break in
+// a header): the client refuses it before the first try, and no request is made. errors.Is(err, ErrInvalid)
+// holds for it as for the gateway's 400, so a handler treats both alike (as queue.Permanent).
+type InvalidError struct {
+	// Field names the part at fault as the gateway would: "Idempotency-Key", "type", "payload", "wait",
+	// "Oncegate-Job-Id", "Oncegate-Job-Epoch".
+	Field  string
+	Reason string
+}
+
+func (e *InvalidError) Error() string { return "client: " + e.Field + ": " + e.Reason }
+
+// Is matches ErrInvalid.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+const (
+	// MaxKeyLen is the longest idempotency key the gateway accepts, in bytes.
+	MaxKeyLen = 255
+	// MaxWait is the longest wait the gateway accepts.
+	MaxWait = 30 * time.Second
+	// maxJobIDLen is the longest Oncegate-Job-Id the gateway accepts, in bytes.
+	maxJobIDLen = 512
+)
+
+// checkKey accepts the keys the gateway accepts: 1 to MaxKeyLen visible ASCII characters.
+func checkKey(key string) error {
+	if key == "" {
+		return &InvalidError{Field: "Idempotency-Key", Reason: "the key is empty"}
+	}
+	if len(key) > MaxKeyLen {
+		return &InvalidError{Field: "Idempotency-Key", Reason: fmt.Sprintf("the key is %d bytes, at most %d", len(key), MaxKeyLen)}
+	}
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c < 0x21 || c > 0x7e {
+			return &InvalidError{Field: "Idempotency-Key", Reason: fmt.Sprintf("byte %d (0x%02x) is not visible ASCII", i, c)}
+		}
+	}
+	return nil
+}
+
+// keyHeader is the Idempotency-Key header that carries key. The gateway reads a value that starts with a
+// quote as a structured-field string (RFC 8941), so such a key is sent as one, escaped; any other key is sent
+// bare. Either way the gateway records exactly key, the same key Get looks up.
+func keyHeader(key string) string {
+	if !strings.HasPrefix(key, `"`) {
+		return key
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(key) + `"`
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+func checkWait(wait time.Duration) error {
+	if wait < 0 || wait > MaxWait {
+		return &InvalidError{Field: "wait", Reason: fmt.Sprintf("%v is not a wait from 0 to %v", wait, MaxWait)}
+	}
+	return nil
+}
+
 // Perform asks for the effect of type typ with payload (encoded as JSON) under key, retrying transient failures
 // with the same key. payload must be built deterministically: the same business action must always produce
 // the same payload, or a retry is a different request and the gateway answers 422.
+//
+// key is the key itself (1 to MaxKeyLen visible ASCII characters), not its header form: the client quotes it
+// where the header needs it. A request the gateway could never accept fails at once with an *InvalidError,
+// before any request is made.
 func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts *PerformOptions) (*Effect, error) {
 	var o PerformOptions
 	if opts != nil {
 		o = *opts
 	}
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if typ == "" {
+		return nil, &InvalidError{Field: "type", Reason: "an effect type is required"}
+	}
+	if err := checkWait(o.Wait); err != nil {
+		return nil, err
+	}
+	switch {
+	case o.JobID == "" && o.JobEpoch == 0:
+	case o.JobID == "":
+		return nil, &InvalidError{Field: "Oncegate-Job-Id", Reason: "a job epoch needs its job ID"}
+	case len(o.JobID) > maxJobIDLen:
+		return nil, &InvalidError{Field: "Oncegate-Job-Id", Reason: fmt.Sprintf("the job ID is %d bytes, at most %d", len(o.JobID), maxJobIDLen)}
+	case strings.IndexFunc(o.JobID, isControl) >= 0:
+		return nil, &InvalidError{Field: "Oncegate-Job-Id", Reason: "the job ID has a control character, which no header can carry"}
+	case o.JobEpoch < 1:
+		return nil, &InvalidError{Field: "Oncegate-Job-Epoch", Reason: "a job ID needs its lease epoch, from 1"}
+	}
 	raw, err := json.Marshal(payload)
 	if err != nil {
-		return nil, fmt.Errorf("client: encode payload: %w", err)
+		return nil, fmt.Errorf("client: encode payload: %w", &InvalidError{Field: "payload", Reason: err.Error()})
+	}
+	if len(raw) == 0 || raw[0] != '{' {
+		return nil, &InvalidError{Field: "payload", Reason: "the payload must encode to a JSON object, not " + string(raw[:min(len(raw), 16)])}
 	}
 	body := map[string]any{"type": typ, "payload": json.RawMessage(raw)}
 	if o.Wait > 0 {
@@ -174,7 +265,7 @@ func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts
 	if err != nil {
 		return nil, err
 	}
-	headers := http.Header{"Idempotency-Key": {key}, "Content-Type": {"application/json"}}
+	headers := http.Header{"Idempotency-Key": {keyHeader(key)}, "Content-Type": {"application/json"}}
 	if o.JobID != "" {
 		headers.Set("Oncegate-Job-Id", o.JobID)
 		headers.Set("Oncegate-Job-Epoch", strconv.FormatInt(o.JobEpoch, 10))
@@ -184,6 +275,12 @@ func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts
 
 // Get reads the effect under key, waiting up to wait for it to be terminal.
 func (c *Client) Get(ctx context.Context, key string, wait time.Duration) (*Effect, error) {
+	if err := checkKey(key); err != nil {
+		return nil, err
+	}
+	if err := checkWait(wait); err != nil {
+		return nil, err
+	}
 	path := "/v1/effects/" + url.PathEscape(key)
 	if wait > 0 {
 		path += "?wait=" + wait.String()
@@ -204,7 +301,8 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, heade
 			return e, nil
 		}
 		var pe *ProblemError
-		if errors.As(err, &pe) && !retryable(pe.Status) {
+		var unsent *unsendable
+		if (errors.As(err, &pe) && !retryable(pe.Status)) || errors.As(err, &unsent) {
 			return nil, err
 		}
 		lastErr = err
@@ -225,10 +323,15 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte, heade
 	return nil, fmt.Errorf("client: gave up after %d tries: %w", c.tries, lastErr)
 }
 
+// unsendable is a request that could not be built: no try can succeed.
+type unsendable struct{ error }
+
+func (u *unsendable) Unwrap() error { return u.error }
+
 func (c *Client) once(ctx context.Context, method, path string, body []byte, headers http.Header) (*Effect, time.Duration, error) {
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, bytes.NewReader(body))
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, &unsendable{err}
 	}
 	req.Header = headers.Clone()
 	req.Header.Set("Authorization", "Bearer "+c.apiKey)

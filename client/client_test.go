@@ -10,12 +10,15 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/gateway"
 	"github.com/oncegate/oncegate/internal/pgtest"
 )
@@ -149,5 +152,168 @@ func TestNewChecksItsArguments(t *testing.T) {
 	}
 	if _, err := New("http://x", "", nil); err == nil {
 		t.Error("empty key accepted")
+	}
+}
+
+// countingServer answers every request with status, and a problem of type typ for an error, and counts the
+// requests.
+func countingServer(t *testing.T, status int, typ string) (*httptest.Server, *atomic.Int32) {
+	t.Helper()
+	var n atomic.Int32
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n.Add(1)
+		if status < 300 {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(status)
+			_, _ = io.WriteString(w, `{"key":"k","type":"analytics","status":"pending","attempts":0}`)
+			return
+		}
+		w.Header().Set("Content-Type", "application/problem+json")
+		w.WriteHeader(status)
+		_, _ = io.WriteString(w, `{"type":"`+typ+`","title":"t","status":`+strconv.Itoa(status)+`}`)
+	}))
+	t.Cleanup(s.Close)
+	return s, &n
+}
+
+// A request the gateway could never accept (a key with a line break, which no HTTP client can send, or any
+// key that is not 1-255 visible ASCII; a job ID that is no header value; a wait over 30 s) fails at once,
+// as ErrInvalid naming the field, and reaches no server: it used to be tried 8 times over 8 s.
+func TestUnsendableRequestsFailAtOnceWithoutARequest(t *testing.T) {
+	t.Parallel()
+	s, n := countingServer(t, 202, "")
+	c, err := New(s.URL, key, nil) // the default 8 tries
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	payload := map[string]any{"name": "x"}
+	cases := []struct {
+		name, key, typ string
+		payload        any
+		opts           *PerformOptions
+		field          string
+	}{
+		{"a line break in the key", "signup:1\r\nX-Injected: 1", "analytics", payload, nil, "Idempotency-Key"},
+		{"a line feed in the key", "signup:1\n", "analytics", payload, nil, "Idempotency-Key"},
+		{"an empty key", "", "analytics", payload, nil, "Idempotency-Key"},
+		{"a space in the key", "sign up", "analytics", payload, nil, "Idempotency-Key"},
+		{"a tab in the key", "sign\tup", "analytics", payload, nil, "Idempotency-Key"},
+		{"a NUL in the key", "sign\x00up", "analytics", payload, nil, "Idempotency-Key"},
+		{"non-ASCII in the key", "signé", "analytics", payload, nil, "Idempotency-Key"},
+		{"a key of 256 bytes", strings.Repeat("k", 256), "analytics", payload, nil, "Idempotency-Key"},
+		{"no type", "k", "", payload, nil, "type"},
+		{"a payload that is no JSON object", "k", "analytics", []int{1}, nil, "payload"},
+		{"a nil payload", "k", "analytics", nil, nil, "payload"},
+		{"a wait over 30s", "k", "analytics", payload, &PerformOptions{Wait: 31 * time.Second}, "wait"},
+		{"a line break in the job ID", "k", "analytics", payload, &PerformOptions{JobID: "job\n1", JobEpoch: 1}, "Oncegate-Job-Id"},
+		{"a job ID over 512 bytes", "k", "analytics", payload, &PerformOptions{JobID: strings.Repeat("j", 513), JobEpoch: 1}, "Oncegate-Job-Id"},
+		{"a job ID without an epoch", "k", "analytics", payload, &PerformOptions{JobID: "job-1"}, "Oncegate-Job-Epoch"},
+	}
+	for _, c2 := range cases {
+		_, err := c.Perform(ctx, c2.key, c2.typ, c2.payload, c2.opts)
+		var ie *InvalidError
+		if !errors.Is(err, ErrInvalid) || !errors.As(err, &ie) || ie.Field != c2.field {
+			t.Errorf("%s: %v, want ErrInvalid naming %s", c2.name, err, c2.field)
+		}
+	}
+	if _, err := c.ForJob("job\r\n1", 1).Perform(ctx, "welcome", "analytics", payload, nil); !errors.Is(err, ErrInvalid) {
+		t.Errorf("ForJob with a line break in the job ID: %v", err)
+	}
+	if _, err := c.Get(ctx, "a\nb", 0); !errors.Is(err, ErrInvalid) {
+		t.Errorf("Get with a line break in the key: %v", err)
+	}
+	if got := n.Load(); got != 0 {
+		t.Fatalf("%d requests reached the server", got)
+	}
+	// What can be sent is sent, once: every visible ASCII byte, 255 of them, a leading quote included.
+	for _, k := range []string{strings.Repeat("k", 255), `!"#$%&'()*+,-./:;<=>?@[\]^_{|}~`, `"quoted"`} {
+		if _, err := c.Perform(ctx, k, "analytics", payload, nil); err != nil {
+			t.Errorf("key %q: %v", k, err)
+		}
+	}
+	if got := n.Load(); got != 3 {
+		t.Fatalf("%d requests for 3 sendable keys", got)
+	}
+}
+
+// Answers that no retry changes come back after one request: 400, 401, 403, 404, 409, 413, 415, 422.
+func TestPermanentAnswersAreNotRetried(t *testing.T) {
+	t.Parallel()
+	for status, typ := range map[int]string{400: "/problems/invalid-request", 401: "/problems/unauthorized",
+		403: "/problems/effect-type-not-allowed", 404: "/problems/not-found", 409: "/problems/job-fenced",
+		413: "/problems/body-too-large", 415: "/problems/unsupported-media-type", 422: "/problems/idempotency-key-reused"} {
+		s, n := countingServer(t, status, typ)
+		c, _ := New(s.URL, key, &Options{RetryBase: time.Millisecond})
+		_, err := c.Perform(context.Background(), "k", "analytics", map[string]any{"name": "x"}, nil)
+		var pe *ProblemError
+		if !errors.As(err, &pe) || pe.Status != status || pe.Type != typ || n.Load() != 1 {
+			t.Errorf("%d: %v after %d requests, want the problem after 1", status, err, n.Load())
+		}
+	}
+	// And those that can change are retried, up to MaxTries.
+	for _, status := range []int{408, 429, 500, 502, 503} {
+		s, n := countingServer(t, status, "/problems/unavailable")
+		c, _ := New(s.URL, key, &Options{MaxTries: 3, RetryBase: time.Millisecond, RetryMax: time.Millisecond})
+		if _, err := c.Perform(context.Background(), "k", "analytics", map[string]any{"name": "x"}, nil); err == nil || n.Load() != 3 {
+			t.Errorf("%d: %v after %d requests, want 3", status, err, n.Load())
+		}
+	}
+}
+
+// Against a real gateway: a body over its limit is a 413 after one request.
+func TestRealGatewayTooLargeIsNotRetried(t *testing.T) {
+	t.Parallel()
+	var n atomic.Int32
+	counting := &http.Client{Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		n.Add(1)
+		return http.DefaultTransport.RoundTrip(r)
+	})}
+	c, _ := New(startGateway(t), key, &Options{HTTPClient: counting, RetryBase: time.Millisecond})
+	_, err := c.Perform(context.Background(), "big", "analytics", map[string]any{"name": strings.Repeat("x", 300<<10)}, nil)
+	var pe *ProblemError
+	if !errors.As(err, &pe) || pe.Status != 413 || n.Load() != 1 {
+		t.Fatalf("%v after %d requests", err, n.Load())
+	}
+	// A key that starts with a quote is sent quoted, so the gateway records the key itself, which Get finds.
+	e, err := c.Perform(context.Background(), `"quoted\"`, "analytics", map[string]any{"name": "x"}, nil)
+	if err != nil || e.Key != `"quoted\"` {
+		t.Fatalf("quoted key: %+v %v", e, err)
+	}
+	if e, err := c.Get(context.Background(), `"quoted\"`, 0); err != nil || e.Key != `"quoted\"` {
+		t.Fatalf("get of the quoted key: %+v %v", e, err)
+	}
+	n.Store(1)
+	// And a key with a line break makes no request at all.
+	if _, err := c.Perform(context.Background(), "a\nb", "analytics", map[string]any{"name": "x"}, nil); !errors.Is(err, ErrInvalid) || n.Load() != 1 {
+		t.Fatalf("%v after %d requests", err, n.Load())
+	}
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// The client's idea of a sendable key and of its header is the gateway's: every key the client sends is
+// read back by dedup.ParseKey as exactly that key, and every key it refuses ParseKey refuses too.
+func TestKeyRulesAreTheGateways(t *testing.T) {
+	t.Parallel()
+	keys := []string{"k", `"k"`, `"`, `""`, `a"b`, `\`, `"a\b"`, `"\"`, strings.Repeat("k", 255), `"` + strings.Repeat("k", 254),
+		strings.Repeat("k", 256), "", " k", "k ", "a b", "a\tb", "a\nb", "é", "\x7f"}
+	for c := 0; c < 256; c++ {
+		keys = append(keys, "k"+string(rune(c)), string([]byte{byte(c)}))
+	}
+	for _, k := range keys {
+		got, perr := dedup.ParseKey(keyHeader(k))
+		cerr := checkKey(k)
+		if cerr == nil && (perr != nil || got != k) {
+			t.Errorf("%q: the client sends %q, the gateway reads %q, %v", k, keyHeader(k), got, perr)
+		}
+		if cerr != nil && perr == nil && got == k {
+			t.Errorf("%q: the client refuses a key the gateway accepts: %v", k, cerr)
+		}
+	}
+	if MaxKeyLen != dedup.MaxKeyLen || MaxWait != gateway.MaxWait {
+		t.Errorf("client limits %d, %v; gateway's %d, %v", MaxKeyLen, MaxWait, dedup.MaxKeyLen, gateway.MaxWait)
 	}
 }

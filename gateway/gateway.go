@@ -291,8 +291,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
 		if !ok || strings.TrimSpace(token) == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate"`)
-			refuseUnread(w, r, Problem{Type: problemType("unauthorized"), Title: "Unauthorized", Status: 401,
-				Detail: "send an API key as Authorization: Bearer <key>"})
+			refuseUnread(w, r, probUnauthorized, "send an API key as Authorization: Bearer <key>")
 			return
 		}
 		sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
@@ -304,8 +303,7 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 		}
 		if tenant == "" {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate", error="invalid_token"`)
-			refuseUnread(w, r, Problem{Type: problemType("unauthorized"), Title: "Unauthorized", Status: 401,
-				Detail: "the API key is not valid"})
+			refuseUnread(w, r, probUnauthorized, "the API key is not valid")
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
@@ -323,12 +321,12 @@ const refusedBodyGrace = 500 * time.Millisecond
 // server's drain of the body: a body already sent is read to its end, so the close is clean and the client
 // reads its answer (closing on unread data would reset the connection and could lose it), and a slow body is
 // cut off.
-func refuseUnread(w http.ResponseWriter, r *http.Request, p Problem) {
+func refuseUnread(w http.ResponseWriter, r *http.Request, k *ProblemKind, detail string) {
 	if r.ContentLength != 0 { // a body declared (or chunked) and not read
 		w.Header().Set("Connection", "close")
 		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(refusedBodyGrace))
 	}
-	writeProblem(w, p)
+	writeProblem(w, k, "", detail)
 }
 
 // limitTenant spends the tenant's tokens (internal/tenantlimit): one request, and the body's bytes. A body of
@@ -367,9 +365,8 @@ func (g *Gateway) tooMany(w http.ResponseWriter, r *http.Request, tenant string,
 		what = "request-body bytes"
 	}
 	w.Header().Set("Retry-After", strconv.Itoa(tenantlimit.RetryAfterSeconds(after)))
-	refuseUnread(w, r, Problem{Type: problemType("rate-limited"), Title: "Too many requests", Status: 429,
-		Detail: fmt.Sprintf("this API key's tenant is over its rate of %s; retry after the time in Retry-After "+
-			"(with the same Idempotency-Key: nothing was recorded)", what)})
+	refuseUnread(w, r, probRateLimited, fmt.Sprintf("this API key's tenant is over its rate of %s; retry after "+
+		"the time in Retry-After (with the same Idempotency-Key: nothing was recorded)", what))
 }
 
 type countingReader struct {
@@ -397,9 +394,8 @@ func (g *Gateway) typeNotAllowed(w http.ResponseWriter, tenant, typ string) {
 		mine = append(mine, t)
 	}
 	sort.Strings(mine)
-	writeProblem(w, Problem{Type: problemType("effect-type-not-allowed"), Title: "Effect type not allowed",
-		Status: 403, Field: "type", Detail: fmt.Sprintf("this tenant may not use the effect type %q; its types are %s",
-			typ, strings.Join(mine, ", "))})
+	writeProblem(w, probTypeNotAllowed, "type", fmt.Sprintf("this tenant may not use the effect type %q; its "+
+		"types are %s", typ, strings.Join(mine, ", ")))
 }
 
 // recoverer turns a panic into a plain 500 problem: never a stack trace to the client.
@@ -411,7 +407,7 @@ func (g *Gateway) recoverer(next http.Handler) http.Handler {
 					panic(v)
 				}
 				g.log.Error("handler panicked", "path", r.URL.Path, "panic", v)
-				writeProblem(w, Problem{Type: problemType("internal"), Title: "Internal error", Status: 500})
+				writeProblem(w, probInternal, "", "")
 			}
 		}()
 		next.ServeHTTP(w, r)
@@ -430,21 +426,52 @@ func (g *Gateway) routes() *mux.Router {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(openAPI)
 	}).Methods(http.MethodGet)
+	r.HandleFunc(problemsPath+"{name}", problemPage).Methods(http.MethodGet)
 
-	v1 := r.PathPrefix("/v1").Subrouter()
-	v1.Use(g.authenticate, g.limitTenant)
-	v1.HandleFunc("/effects", g.createEffect).Methods(http.MethodPost)
-	v1.HandleFunc("/effects", g.listEffects).Methods(http.MethodGet)
-	v1.HandleFunc("/effects/{key}", g.getEffect).Methods(http.MethodGet)
-	v1.HandleFunc("/effects/{key}/retry", g.retryEffect).Methods(http.MethodPost)
+	// The API's routes sit on the root router, each wrapped, rather than on a "/v1" subrouter: a subrouter's
+	// routes repeat its prefix matcher, whose match erases a sibling route's method mismatch, so a wrong
+	// method on a /v1 path came out as a 404.
+	v1 := func(h http.HandlerFunc) http.Handler { return g.authenticate(g.limitTenant(h)) }
+	r.Handle("/v1/effects", v1(g.createEffect)).Methods(http.MethodPost)
+	r.Handle("/v1/effects", v1(g.listEffects)).Methods(http.MethodGet)
+	r.Handle("/v1/effects/{key}", v1(g.getEffect)).Methods(http.MethodGet)
+	r.Handle("/v1/effects/{key}/retry", v1(g.retryEffect)).Methods(http.MethodPost)
 
-	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		writeProblem(w, Problem{Type: problemType("not-found"), Status: 404, Detail: "no such route"})
+	// Neither answer reads the body or asks for an API key: the path, or its method, exists for no one.
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		refuseUnread(w, req, probNotFound, "no such route")
 	})
-	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		writeProblem(w, Problem{Type: problemType("method-not-allowed"), Status: 405})
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Allow", strings.Join(allowedMethods(r, req), ", "))
+		refuseUnread(w, req, probMethodNotAllowed, fmt.Sprintf("%s is not a method of this path", req.Method))
 	})
 	return r
+}
+
+// allowedMethods lists the methods that root serves at req's path, for the Allow header of a 405.
+func allowedMethods(root *mux.Router, req *http.Request) []string {
+	seen := map[string]bool{}
+	_ = root.Walk(func(route *mux.Route, _ *mux.Router, _ []*mux.Route) error {
+		methods, err := route.GetMethods()
+		if err != nil {
+			return nil // a route of no particular method: none here
+		}
+		for _, m := range methods {
+			probe := *req
+			probe.Method = m
+			var match mux.RouteMatch
+			if route.Match(&probe, &match) && match.MatchErr == nil {
+				seen[m] = true
+			}
+		}
+		return nil
+	})
+	out := make([]string, 0, len(seen))
+	for m := range seen {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (g *Gateway) healthz(w http.ResponseWriter, _ *http.Request) {
@@ -458,15 +485,15 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if err := g.pool.Ping(ctx); err != nil {
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, Problem{Type: problemType("unavailable"), Status: 503, Detail: "the database cannot be reached"})
+		writeProblem(w, probUnavailable, "", "the database cannot be reached")
 		return
 	}
 	db := stdlib.OpenDBFromPool(g.pool)
 	defer func(db *sql.DB) { _ = db.Close() }(db)
 	pending, err := migrations.Pending(ctx, db)
 	if err != nil || pending {
-		writeProblem(w, Problem{Type: problemType("unavailable"), Status: 503,
-			Detail: "the database schema is not current: run `gateway migrate`"})
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, probUnavailable, "", "the database schema is not current: run `gateway migrate`")
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

@@ -35,8 +35,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-		writeProblem(w, Problem{Type: problemType("unsupported-media-type"), Status: 415,
-			Detail: "send the request body as Content-Type: application/json"})
+		writeProblem(w, probUnsupportedMedia, "", "send the request body as Content-Type: application/json")
 		return
 	}
 	if len(r.Header.Values("Idempotency-Key")) > 1 {
@@ -53,8 +52,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeProblem(w, Problem{Type: problemType("body-too-large"), Status: 413,
-				Detail: fmt.Sprintf("the body is over the limit of %d bytes", g.cfg.Limits.MaxBody)})
+			writeProblem(w, probBodyTooLarge, "", fmt.Sprintf("the body is over the limit of %d bytes", g.cfg.Limits.MaxBody))
 			return
 		}
 		badRequest(w, "", "could not read the request body")
@@ -104,16 +102,14 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 	var unstorable *dedup.UnstorableError
 	switch {
 	case errors.As(err, &fenced):
-		writeProblem(w, Problem{Type: problemType("job-fenced"), Title: "Job lease superseded", Status: 409,
-			Field: "Oncegate-Job-Epoch", Detail: fmt.Sprintf("job %q was leased again under a newer epoch than %d: "+
-				"this worker lost the job and may not start effects for it; stop the handler", fenced.JobID, fenced.Epoch)})
+		writeProblem(w, probFenced, "Oncegate-Job-Epoch", fmt.Sprintf("job %q was leased again under a newer epoch "+
+			"than %d: this worker lost the job and may not start effects for it; stop the handler", fenced.JobID, fenced.Epoch))
 		return
 	case errors.As(err, &reused):
 		g.metrics.keyReuses.WithLabelValues(req.Type).Inc()
-		writeProblem(w, Problem{Type: problemType("idempotency-key-reused"), Title: "Idempotency key reused",
-			Status: 422, Field: "Idempotency-Key", Detail: fmt.Sprintf(
-				"the key %q was used for another request (a different type or payload); use a new key for a new "+
-					"request, or send exactly the same request to get its result", key)})
+		writeProblem(w, probKeyReused, "Idempotency-Key", fmt.Sprintf("the key %q was used for another request "+
+			"(a different type or payload); use a new key for a new request, or send exactly the same request to "+
+			"get its result", key))
 		return
 	case errors.As(err, &unstorable):
 		// Valid JSON that Postgres cannot store, such as a \u0000 escape.
@@ -302,7 +298,7 @@ func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) {
 	}
 	e, err := g.get(r.Context(), tenantOf(r), key)
 	if errors.Is(err, dedup.ErrNotFound) {
-		writeProblem(w, Problem{Type: problemType("not-found"), Status: 404, Detail: fmt.Sprintf("no effect under the key %q", key)})
+		writeProblem(w, probNotFound, "", fmt.Sprintf("no effect under the key %q", key))
 		return
 	}
 	if err != nil {
@@ -371,10 +367,9 @@ func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) {
 	e, err := g.store.Retry(ctx, tenantOf(r), key)
 	switch {
 	case errors.Is(err, dedup.ErrNotFound):
-		writeProblem(w, Problem{Type: problemType("not-found"), Status: 404, Detail: fmt.Sprintf("no effect under the key %q", key)})
+		writeProblem(w, probNotFound, "", fmt.Sprintf("no effect under the key %q", key))
 	case errors.Is(err, dedup.ErrNotRetryable):
-		writeProblem(w, Problem{Type: problemType("not-retryable"), Title: "Effect not retryable", Status: 409,
-			Detail: "only dead, failed and unknown effects can be retried"})
+		writeProblem(w, probNotRetryable, "", "only dead, failed and unknown effects can be retried")
 	case err != nil:
 		g.storeError(w, r, err)
 	default:

@@ -67,3 +67,28 @@ func TestOpenAPIDescribesEveryRoute(t *testing.T) {
 		t.Fatalf("walked only %v", keys)
 	}
 }
+
+// A plain scalar in a YAML flow mapping ends at its first comma: `{ description: a, b. }` is a description
+// "a" and a key "b." with no value, which YAML accepts and OpenAPI does not. No key of openapi.yaml is
+// without a value.
+func TestOpenAPIHasNoKeyWithoutAValue(t *testing.T) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(openAPI, &root); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(n *yaml.Node)
+	walk = func(n *yaml.Node) {
+		if n.Kind == yaml.MappingNode {
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				if v.Kind == yaml.ScalarNode && v.Tag == "!!null" && v.Value == "" {
+					t.Errorf("openapi.yaml:%d: %q has no value (a comma in an unquoted flow scalar?)", k.Line, k.Value)
+				}
+			}
+		}
+		for _, c := range n.Content {
+			walk(c)
+		}
+	}
+	walk(&root)
+}

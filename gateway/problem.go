@@ -1,15 +1,19 @@
 package gateway
 
 import (
+	_ "embed"
 	"encoding/json"
 	"errors"
+	"html/template"
 	"net/http"
+
+	"github.com/gorilla/mux"
 
 	"github.com/oncegate/oncegate/dedup"
 )
 
-// Problem is an RFC 9457 problem detail. Type is a URI reference naming the kind of problem; the kinds are
-// listed in openapi.yaml.
+// Problem is an RFC 9457 problem detail. Type is a URI reference naming the kind of problem: the path of the
+// page that the gateway serves about it (problemPage).
 type Problem struct {
 	Type   string `json:"type"`
 	Title  string `json:"title"`
@@ -19,24 +23,126 @@ type Problem struct {
 	Field string `json:"field,omitempty"`
 }
 
-func writeProblem(w http.ResponseWriter, p Problem) {
-	if p.Type == "" {
-		p.Type = "about:blank"
-	}
-	if p.Title == "" {
-		p.Title = http.StatusText(p.Status)
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(p.Status)
-	_ = json.NewEncoder(w).Encode(p)
+// ProblemKind is one type of problem the gateway answers with. A problem's type and title come only from
+// here, so each type has one title wherever it is answered, and each type's URI serves a page (Means, Do).
+type ProblemKind struct {
+	Slug   string // the type is "/problems/" + Slug
+	Status int
+	Title  string
+	Means  string // what happened, for the page at the type's URI
+	Do     string // what a client should do about it
 }
 
-func problemType(slug string) string { return "/problems/" + slug }
+// problemsPath is where problem types live: the type URI of a problem is this path and its slug.
+const problemsPath = "/problems/"
+
+// Type is the problem's type URI, relative to the gateway.
+func (k *ProblemKind) Type() string { return problemsPath + k.Slug }
+
+var (
+	probInvalid = &ProblemKind{Slug: "invalid-request", Status: 400, Title: "Invalid request",
+		Means: "The request is malformed: the Idempotency-Key header, the JSON body, the effect type, the payload " +
+			"for its provider, or a query parameter. The problem's field names the part at fault, and nothing was recorded.",
+		Do: "Correct the part the field names. Sending the same request again will be refused the same way."}
+	probUnauthorized = &ProblemKind{Slug: "unauthorized", Status: 401, Title: "Unauthorized",
+		Means: "The request carries no API key, or one the gateway does not know. It was answered from its " +
+			"headers; its body was not read and nothing was recorded.",
+		Do: "Send a tenant's API key as Authorization: Bearer <key>."}
+	probTypeNotAllowed = &ProblemKind{Slug: "effect-type-not-allowed", Status: 403, Title: "Effect type not allowed",
+		Means: "The tenant's effect_types list in the gateway's configuration does not name this effect type. " +
+			"Nothing was recorded.",
+		Do: "Use one of the types the detail lists, or ask the operator to allow this one for the tenant."}
+	probNotFound = &ProblemKind{Slug: "not-found", Status: 404, Title: "Not found",
+		Means: "No effect is recorded under this key for this tenant (keys of other tenants are not visible), " +
+			"or the path is not part of the API.",
+		Do: "Check the key, percent-encoded in the path, and the API key's tenant. A purged key is gone: it was " +
+			"kept for the configured retention after the effect finished."}
+	probMethodNotAllowed = &ProblemKind{Slug: "method-not-allowed", Status: 405, Title: "Method not allowed",
+		Means: "The path exists but does not take this method.",
+		Do:    "Use one of the methods in the Allow header."}
+	probFenced = &ProblemKind{Slug: "job-fenced", Status: 409, Title: "Job lease superseded",
+		Means: "The queue job named by Oncegate-Job-Id was leased again under a newer epoch than Oncegate-Job-Epoch: " +
+			"this worker lost the job to another, and may not start effects for it.",
+		Do: "Stop the handler without retrying. The job's current run performs its effects."}
+	probNotRetryable = &ProblemKind{Slug: "not-retryable", Status: 409, Title: "Effect not retryable",
+		Means: "Only dead, failed and unknown effects can be sent back to pending; this one is pending, " +
+			"delivering or delivered.",
+		Do: "Read the effect for its status; a delivered effect is never performed twice on request."}
+	probBodyTooLarge = &ProblemKind{Slug: "body-too-large", Status: 413, Title: "Body too large",
+		Means: "The request body is over the gateway's limits.max_body. Nothing was recorded.",
+		Do:    "Send a smaller payload; large content belongs where the effect can fetch it, not in the request."}
+	probUnsupportedMedia = &ProblemKind{Slug: "unsupported-media-type", Status: 415, Title: "Unsupported media type",
+		Means: "The request body is not declared as JSON. Nothing was recorded.",
+		Do:    "Send the body as Content-Type: application/json."}
+	probKeyReused = &ProblemKind{Slug: "idempotency-key-reused", Status: 422, Title: "Idempotency key reused",
+		Means: "The Idempotency-Key was first used for another request: a different effect type or payload. " +
+			"The first request's effect stands; this one was not recorded.",
+		Do: "Use a new key for a new request. A retry must send exactly the same type and payload, so build the " +
+			"payload from the job's data alone (no clock, no random values)."}
+	probRateLimited = &ProblemKind{Slug: "rate-limited", Status: 429, Title: "Too many requests",
+		Means: "The API key's tenant is over its rate of requests or of request-body bytes. The request was " +
+			"answered from its headers and nothing was recorded.",
+		Do: "Retry after the seconds in Retry-After, with the same Idempotency-Key."}
+	probInternal = &ProblemKind{Slug: "internal", Status: 500, Title: "Internal error",
+		Means: "The gateway failed to handle the request. Either the effect was recorded with its outbox row, " +
+			"or nothing was.",
+		Do: "Retry with the same Idempotency-Key: it records the effect once, or returns the one recorded."}
+	probUnavailable = &ProblemKind{Slug: "unavailable", Status: 503, Title: "Service unavailable",
+		Means: "The gateway cannot reach its database, or the database's schema is not current. Either the " +
+			"effect was recorded with its outbox row, or nothing was.",
+		Do: "Retry after the seconds in Retry-After, with the same Idempotency-Key: it records the effect once, " +
+			"or returns the one recorded."}
+)
+
+// problemKinds lists every problem type the gateway answers with; writeProblem takes nothing else.
+var problemKinds = []*ProblemKind{probInvalid, probUnauthorized, probTypeNotAllowed, probNotFound,
+	probMethodNotAllowed, probFenced, probNotRetryable, probBodyTooLarge, probUnsupportedMedia, probKeyReused,
+	probRateLimited, probInternal, probUnavailable}
+
+// ProblemKinds returns every problem type the gateway can answer with.
+func ProblemKinds() []ProblemKind {
+	out := make([]ProblemKind, len(problemKinds))
+	for i, k := range problemKinds {
+		out[i] = *k
+	}
+	return out
+}
+
+func problemKindOf(slug string) *ProblemKind {
+	for _, k := range problemKinds {
+		if k.Slug == slug {
+			return k
+		}
+	}
+	return nil
+}
+
+// writeProblem answers with a problem of kind k; field names the part of the request at fault, if one is.
+func writeProblem(w http.ResponseWriter, k *ProblemKind, field, detail string) {
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(k.Status)
+	_ = json.NewEncoder(w).Encode(Problem{Type: k.Type(), Title: k.Title, Status: k.Status, Detail: detail, Field: field})
+}
 
 func badRequest(w http.ResponseWriter, field, detail string) {
-	writeProblem(w, Problem{Type: problemType("invalid-request"), Title: "Invalid request", Status: 400,
-		Detail: detail, Field: field})
+	writeProblem(w, probInvalid, field, detail)
+}
+
+//go:embed problem.html
+var problemHTML string
+
+var problemPageTemplate = template.Must(template.New("problem").Parse(problemHTML))
+
+// problemPage serves the page at a problem type's URI: what the problem means and what to do about it.
+func problemPage(w http.ResponseWriter, r *http.Request) {
+	k := problemKindOf(mux.Vars(r)["name"])
+	if k == nil {
+		writeProblem(w, probNotFound, "", "no such problem type")
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	_ = problemPageTemplate.Execute(w, k)
 }
 
 // storeError answers for an unexpected store error: 503 with Retry-After when the database is unreachable
@@ -45,12 +151,10 @@ func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, err error) 
 	if errors.Is(err, dedup.ErrUnavailable) {
 		g.log.Warn("database unavailable", "path", r.URL.Path, "err", err)
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, Problem{Type: problemType("unavailable"), Title: "Service unavailable", Status: 503,
-			Detail: "the database cannot be reached; retry with the same Idempotency-Key: it records the " +
-				"effect once, or returns it if the connection failed after it was recorded"})
+		writeProblem(w, probUnavailable, "", "the database cannot be reached; retry with the same Idempotency-Key: "+
+			"it records the effect once, or returns it if the connection failed after it was recorded")
 		return
 	}
 	g.log.Error("request failed", "path", r.URL.Path, "err", err)
-	writeProblem(w, Problem{Type: problemType("internal"), Title: "Internal error", Status: 500,
-		Detail: "the request failed; it is safe to retry with the same Idempotency-Key"})
+	writeProblem(w, probInternal, "", "the request failed; it is safe to retry with the same Idempotency-Key")
 }

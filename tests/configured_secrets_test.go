@@ -93,7 +93,7 @@ dispatcher: { poll_interval: 100ms }
 `, closed+secretPart, hookSecret, retry, quoting.URL+secretPart, hookSecret, retry,
 		echoing.URL+"/api/"+basePath, upstreamTk, apiKeyTk, retry))
 	p := proctest.Start(t, exec.Command(filepath.Join(bin, "gateway"), "serve", "--config", config, "--log-level", "debug"))
-	base := "http://" + strings.TrimPrefix(p.WaitLine("listening ", 30*time.Second), "listening ")
+	base := gatewayBase(t, p)
 
 	call := func(method, path, idem, body string) string {
 		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))

@@ -51,8 +51,16 @@ dispatcher:
 func startGateway(t *testing.T, config string) (*proctest.Proc, string) {
 	t.Helper()
 	p := proctest.Start(t, exec.Command(filepath.Join(bin, "gateway"), "serve", "--config", config))
-	addr := strings.TrimPrefix(p.WaitLine("listening ", 30*time.Second), "listening ")
-	return p, "http://" + addr
+	return p, gatewayBase(t, p)
+}
+
+// gatewayBase waits for the gateway p to listen and returns its base URL. Every exchange of the tests with
+// it is then held to its OpenAPI description (watchGateway).
+func gatewayBase(t *testing.T, p *proctest.Proc) string {
+	t.Helper()
+	base := "http://" + strings.TrimPrefix(p.WaitLine("listening ", 30*time.Second), "listening ")
+	watchGateway(t, base)
+	return base
 }
 
 type effect struct {
@@ -233,7 +241,7 @@ func TestWaitIsAnsweredAcrossGateways(t *testing.T) {
 	dbURL := pgtest.Database(t)
 	config := gatewayConfig(t, dbURL, "")
 	api := proctest.Start(t, exec.Command(filepath.Join(bin, "gateway"), "serve", "--config", config, "--no-dispatch"))
-	apiBase := "http://" + strings.TrimPrefix(api.WaitLine("listening ", 30*time.Second), "listening ")
+	apiBase := gatewayBase(t, api)
 	startGateway(t, config) // the dispatcher
 
 	req, _ := http.NewRequest("POST", apiBase+"/v1/effects",

@@ -29,6 +29,7 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 	}
+	specCheck.install()
 	code := leaktest.Check(m.Run())
 	_ = os.RemoveAll(dir)
 	os.Exit(code)

@@ -69,7 +69,7 @@ dispatcher: { poll_interval: 100ms }
 		cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT="+jg.OTLP, "OTEL_BSP_SCHEDULE_DELAY=100")
 	}
 	p := proctest.Start(t, cmd)
-	base := "http://" + strings.TrimPrefix(p.WaitLine("listening ", 30*time.Second), "listening ")
+	base := gatewayBase(t, p)
 
 	var bodies []string
 	do := func(method, path, key, idem, body string) {

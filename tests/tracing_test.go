@@ -45,7 +45,7 @@ dispatcher: { poll_interval: 100ms }
 	gw := exec.Command(filepath.Join(bin, "gateway"), "serve", "--config", config)
 	gw.Env = append(os.Environ(), otelEnv...)
 	gp := proctest.Start(t, gw)
-	base := "http://" + strings.TrimPrefix(gp.WaitLine("listening ", 30*time.Second), "listening ")
+	base := gatewayBase(t, gp)
 
 	// The producer: this test, with a tracer exporting to the same Jaeger.
 	exp, err := otlptracehttp.New(context.Background(), otlptracehttp.WithEndpointURL(jg.OTLP+"/v1/traces"))

@@ -199,15 +199,23 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
 }
 
 // Check asks every provider that can check its destination (providers.Checker) whether it can deliver:
-// a start that could only send every effect of a type to dead letters stops, saying what to fix.
+// a start that could only send every effect of a type to dead letters stops, saying what to fix. A check
+// that cannot run (the database is down) is logged, and does not stop the start.
 func (g *Gateway) Check(ctx context.Context) error {
 	var errs []error
 	for _, name := range g.providers.Names() {
 		p, _ := g.providers.Get(name)
-		if c, ok := p.(providers.Checker); ok {
-			if err := c.Check(ctx, g.pool); err != nil {
-				errs = append(errs, fmt.Errorf("effect type %s: %w", name, err))
-			}
+		c, ok := p.(providers.Checker)
+		if !ok {
+			continue
+		}
+		err := c.Check(ctx, g.pool)
+		switch {
+		case errors.Is(err, providers.ErrCannotCheck):
+			// A gateway starts without its database, and answers 503 until it is back.
+			g.log.Warn("could not check the destination of an effect type at start-up", "type", name, "err", err)
+		case err != nil:
+			errs = append(errs, fmt.Errorf("effect type %s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)

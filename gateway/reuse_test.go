@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -104,4 +106,38 @@ func TestKeyUsedAgainAfterRetentionIsANewEffect(t *testing.T) {
 		t.Errorf("analytics: %d rows for the two effects under the key, want 2", rows)
 	}
 	result(fmt.Sprintf("two effects under one key per kind: 2 distinct ids at each of 3 receivers, %d analytics rows", rows))
+}
+
+// A postgres type whose table cannot keep one event per effect stops the start, naming the type; a database
+// that cannot be reached does not (the gateway serves 503 until it is back).
+func TestCheckRefusesATableWithoutUniqueEffectID(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.EffectTypes["legacy"] = EffectType{Provider: "postgres", Postgres: &postgresConfig{Table: "legacy_events"}}
+	})
+	ctx := context.Background()
+	if _, err := h.pool.Exec(ctx, `CREATE TABLE legacy_events (id bigserial PRIMARY KEY, tenant text, key text,
+		name text, properties jsonb, occurred_at timestamptz, recorded_at timestamptz DEFAULT now(), UNIQUE (tenant, key))`); err != nil {
+		t.Fatal(err)
+	}
+	err := h.g.Check(ctx)
+	if err == nil || !strings.Contains(err.Error(), "effect type legacy") || !strings.Contains(err.Error(), "effect_id") {
+		t.Fatalf("Check = %v, want the legacy type's table refused", err)
+	}
+	if _, err := h.pool.Exec(ctx, `ALTER TABLE legacy_events ADD COLUMN effect_id text UNIQUE`); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.g.Check(ctx); err != nil {
+		t.Fatalf("Check after the fix = %v", err)
+	}
+
+	down := testConfig(t, "postgres://postgres@127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	g, err := New(down, Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	if err := g.Check(ctx); err != nil {
+		t.Fatalf("Check with the database down = %v, want nil (logged)", err)
+	}
 }

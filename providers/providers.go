@@ -104,8 +104,13 @@ type Querier interface {
 // what to fix, rather than sending every effect of its type to dead letters.
 type Checker interface {
 	Provider
+	// Check returns nil, an error saying what to fix, or an error wrapping ErrCannotCheck when the check
+	// itself could not run (the database is down): the gateway then starts, as it does without a database.
 	Check(ctx context.Context, db Querier) error
 }
+
+// ErrCannotCheck is wrapped by a Checker's error when the check could not run.
+var ErrCannotCheck = errors.New("the destination could not be checked")
 
 // OutcomeKind says what happens after an attempt.
 type OutcomeKind int

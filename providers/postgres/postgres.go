@@ -116,7 +116,7 @@ func (p *Provider) Destination(json.RawMessage) string { return p.table }
 func (p *Provider) Check(ctx context.Context, db providers.Querier) error {
 	var exists, unique bool
 	if err := db.QueryRow(ctx, checkSQL, p.quoted).Scan(&exists, &unique); err != nil {
-		return fmt.Errorf("postgres: checking table %s: %w", p.table, err)
+		return fmt.Errorf("postgres: table %s: %w: %w", p.table, providers.ErrCannotCheck, err)
 	}
 	switch {
 	case !exists:

@@ -53,12 +53,14 @@ var (
 	rescheduleSQL   = query("reschedule")
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")
+	terminalSQL     = query("terminal")
 )
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")
 
-// traceContext returns the W3C trace context of ctx as JSON, for the outbox row, or nil outside a trace.
-func traceContext(ctx context.Context) []byte {
+// traceContext returns the W3C trace context of ctx as JSON, for the outbox row, or nil outside a trace. It is
+// a json.RawMessage, not []byte, so that pgx's exec and simple protocol modes send it as JSON, not bytea.
+func traceContext(ctx context.Context) json.RawMessage {
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	if len(carrier) == 0 {
@@ -244,7 +246,7 @@ func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) 
 
 // createFenced raises the job's fence and records the effect in one transaction; pgx.ErrNoRows means the
 // key existed, as for an unfenced insert.
-func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []byte) (*Effect, error) {
+func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc json.RawMessage) (*Effect, error) {
 	var e *Effect
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var epoch int64

@@ -40,7 +40,7 @@ const (
 	// TopicOutbox is sent when an outbox row is due (a new effect, an operator's retry). Payload: the effect
 	// type. Dispatchers wake on it.
 	TopicOutbox Topic = "oncegate_outbox"
-	// TopicEffectDone is sent when effects became terminal. Payload: their IDs, comma-separated (JoinIDs).
+	// TopicEffectDone is sent when effects became terminal. Payload: their IDs, comma-separated (SplitIDs).
 	// Requests waiting on an effect wake on it.
 	TopicEffectDone Topic = "oncegate_effect_done"
 	// TopicSelfCheck carries Check's notifications. Payload: the token of the check that sent it. Every
@@ -228,15 +228,6 @@ func Send(ctx context.Context, db Execer, topic Topic, payload string) error {
 		return fmt.Errorf("notifier: notify %s: %w", topic, err)
 	}
 	return nil
-}
-
-// JoinIDs packs effect IDs into as few TopicEffectDone payloads as fit under MaxPayload.
-func JoinIDs(ids []int64) []string {
-	items := make([]string, len(ids))
-	for i, id := range ids {
-		items[i] = strconv.FormatInt(id, 10)
-	}
-	return join(items)
 }
 
 // join packs items, comma-separated, into as few payloads as fit under MaxPayload.

@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -80,7 +81,11 @@ func TestIDsRoundTripUnderThePayloadLimit(t *testing.T) {
 	for i := range ids {
 		ids[i] = int64(1_000_000 + i)
 	}
-	payloads := JoinIDs(ids)
+	items := make([]string, len(ids))
+	for i, id := range ids {
+		items[i] = strconv.FormatInt(id, 10)
+	}
+	payloads := join(items)
 	if len(payloads) < 2 {
 		t.Fatalf("3000 IDs of 7 digits fit in %d payload(s) of under 8000 bytes", len(payloads))
 	}
@@ -94,7 +99,7 @@ func TestIDsRoundTripUnderThePayloadLimit(t *testing.T) {
 	if !slices.Equal(back, ids) {
 		t.Fatal("the IDs did not come back as they were sent")
 	}
-	if JoinIDs(nil) != nil {
+	if join(nil) != nil {
 		t.Fatal("no IDs made a payload")
 	}
 }

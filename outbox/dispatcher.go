@@ -324,12 +324,3 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 func (d *Dispatcher) dbContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d.cfg.DBTimeout)
 }
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
-}

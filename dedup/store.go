@@ -106,7 +106,8 @@ type NewEffect struct {
 }
 
 // Create records the effect and its outbox row, or returns the effect already stored under the key with
-// replayed set. A stored effect with another fingerprint is a *KeyReusedError.
+// replayed set. A stored effect with another fingerprint is a *KeyReusedError. It notifies no dispatcher: the
+// caller announces a new effect once Create has returned (notifier.Batcher), outside its transaction.
 func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed bool, err error) {
 	if nulEscape(ne.Payload) {
 		// The payload is stored as json, which keeps the escape as text; jsonb and text refuse it, and so
@@ -131,7 +132,7 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 				return nil, false, err
 			}
 		} else {
-			e, err = scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox))
+			e, err = scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc))
 		}
 		if err == nil {
 			return e, false, nil
@@ -257,7 +258,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 			return err
 		}
 		var err error
-		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox))
+		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc))
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key exists: keep the raised fence, answer as a replay (or a reuse) below.
 			return nil

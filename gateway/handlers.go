@@ -132,6 +132,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Idempotent-Replayed", "true")
 	} else {
 		g.metrics.effectsCreated.WithLabelValues(e.Type).Inc()
+		g.announce(e.Type)
 	}
 	if wait > 0 && !e.Status.Terminal() {
 		e = g.waitTerminal(r.Context(), tenant, e, wait)
@@ -378,6 +379,7 @@ func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		g.storeError(w, r, err)
 	default:
+		g.dispatcher.Wake() // retry.sql notifies the other gateways
 		writeJSON(w, http.StatusOK, e)
 	}
 }

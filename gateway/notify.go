@@ -70,6 +70,14 @@ func (w *waiters) wakeAll() {
 	}
 }
 
+// announce tells the dispatchers of a new effect of type typ, once its transaction has committed: this
+// gateway's at once, in-process, and the others' by a notification that the batcher sends with the other new
+// effects' (at most one every notifyInterval). A crash in between costs the others a poll interval.
+func (g *Gateway) announce(typ string) {
+	g.dispatcher.Wake()
+	g.newEffects.Add(typ)
+}
+
 // ids lists the effects that requests wait for.
 func (w *waiters) ids() []int64 {
 	w.mu.Lock()

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -61,5 +62,40 @@ func TestWaitIsAnsweredByPollingWhenNotificationsAreOff(t *testing.T) {
 	t.Logf("answered after %v, polling every %v", took.Round(time.Millisecond), DefaultFallbackPollInterval)
 	if took > 20*time.Second {
 		t.Fatalf("the wait ran to its end (%v): it does not poll", took)
+	}
+}
+
+// A new effect wakes the dispatchers at once, with both gateways polling only once a minute: this gateway's
+// in-process, after the commit, and another gateway's through the batched notification, since the insert
+// itself notifies no one.
+func TestNewEffectWakesTheDispatchersAfterItsCommit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Database(t)
+	slow := func(c *Config) {
+		c.Dispatcher.PollInterval = Duration(time.Minute)
+		c.Dispatcher.FallbackPollInterval = Duration(time.Minute)
+	}
+	// Through PgBouncer, without listen_url, notifications are off: only the in-process wake is left.
+	// Five in a row, so that the dispatcher's first claim, at start, cannot be what finds them all.
+	alone := startGatewayOn(t, pgtest.ThroughPgBouncer(t, pgtest.Database(t)), slow)
+	for i := range 5 {
+		if r := alone.post(fmt.Sprint("local", i), `{"type":"analytics","payload":{"name":"e"},"wait":"25s"}`); r.body["status"] != "delivered" {
+			t.Fatalf("in-process wake %d: %d %s", i, r.status, r.raw)
+		}
+	}
+
+	api := startGatewayOn(t, db, func(c *Config) { slow(c); c.Dispatcher.Disabled = true })
+	disp := startGatewayOn(t, db, slow)
+	for _, h := range []*harness{api, disp} {
+		testenv.Eventually(t, 20*time.Second, "the notification self-check passes", func() bool { return h.g.heard.Load() })
+	}
+	if r := api.post("remote", analytics("e")); r.status != 202 {
+		t.Fatalf("%d %s", r.status, r.raw)
+	}
+	testenv.Eventually(t, 20*time.Second, "the other gateway delivers, woken by the notification", func() bool {
+		return api.count("SELECT count(*) FROM oncegate_effects WHERE key = 'remote' AND status = 'delivered'") == 1
+	})
+	if !strings.Contains(api.logs.String(), "notifications work") {
+		t.Fatalf("no word of the self-check:\n%s", api.logs.String())
 	}
 }

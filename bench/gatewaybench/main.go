@@ -6,8 +6,9 @@
 //     postgres (analytics insert) provider: the backlog of the accept phase, from its start until the outbox
 //     is empty;
 //   - replays: requests per second that repeat a key already used (they write nothing);
-//   - pgbench: the gateway's own insert statement (effect + outbox row + NOTIFY, one transaction) run raw by
-//     pgbench with as many clients, as the ceiling the gateway is measured against.
+//   - pgbench: the gateway's own insert statement (effect + outbox row, one transaction) run raw by pgbench
+//     with as many clients, as the ceiling the gateway is measured against. (The gateway announces new
+//     effects after the commit, batched: no NOTIFY in the statement.)
 //
 // Run it with scripts/bench or `make bench`; it creates and drops a database of its own.
 package main
@@ -181,7 +182,7 @@ WITH effect AS (
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, run_at) SELECT id, type, now() + interval '1 day' FROM effect
 )
-SELECT effect.* FROM effect, pg_notify('oncegate_outbox_bench', effect.type);
+SELECT effect.* FROM effect;
 `
 	f := filepath.Join(dir, "insert.sql")
 	must(os.WriteFile(f, []byte(script), 0o600))

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
@@ -11,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/notifier"
 )
 
 // Group commit.
@@ -239,7 +239,7 @@ func uuidText(u [16]byte) string {
 type insertion struct {
 	ne       NewEffect
 	fp       []byte
-	trace    []byte
+	trace    json.RawMessage
 	stableID string
 	span     trace.SpanContext
 	done     chan insertResult // buffered: the batch never waits for a request that gave up
@@ -339,8 +339,7 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (map[strin
 			traces[i] = &t
 		}
 	}
-	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids,
-		notifier.TopicOutbox)
+	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids)
 	if err != nil {
 		return nil, err
 	}

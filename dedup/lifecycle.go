@@ -8,12 +8,14 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/oncegate/oncegate/effect"
 )
 
 // Lease names a claimed outbox row and the token that fences every write to it: only the current holder's
-// Finish or Reschedule changes anything.
+// Finish or Reschedule changes anything. The token goes to the database as a pgtype.UUID (uuidArg): pgx's
+// exec and simple protocol modes, which a transaction-pooling PgBouncer needs, cannot encode a bare [16]byte.
 type Lease struct {
 	EffectID int64
 	Token    [16]byte
@@ -120,10 +122,10 @@ func (s *Store) Payload(ctx context.Context, lease Lease) (json.RawMessage, erro
 
 // readPayloads fills in the payloads of leased rows; a row whose lease was lost keeps a nil Payload.
 func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
-	tokens := make([][16]byte, len(rows))
+	tokens := make([]pgtype.UUID, len(rows))
 	at := make(map[int64]int, len(rows))
 	for i, r := range rows {
-		tokens[i] = r.Token
+		tokens[i] = uuidArg(r.Token)
 		at[r.EffectID] = i
 	}
 	rs, err := s.db.Query(ctx, readPayloadsSQL, tokens)
@@ -146,12 +148,12 @@ func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
 
 // release hands leased rows back, unattempted and due at once (release.sql).
 func (s *Store) release(ctx context.Context, rows []Claimed) error {
-	var fresh, rescued [][16]byte
+	fresh, rescued := []pgtype.UUID{}, []pgtype.UUID{}
 	for _, r := range rows {
 		if r.Rescued {
-			rescued = append(rescued, r.Token)
+			rescued = append(rescued, uuidArg(r.Token))
 		} else {
-			fresh = append(fresh, r.Token)
+			fresh = append(fresh, uuidArg(r.Token))
 		}
 	}
 	_, err := s.db.Exec(ctx, releaseSQL, fresh, rescued, effect.StatusPending)
@@ -185,7 +187,7 @@ func (s *Store) Finish(ctx context.Context, lease Lease, f Finish) error {
 // finishOne records one Finish in a statement of its own.
 func finishOne(ctx context.Context, db DBTX, lease Lease, f Finish) error {
 	var id int64
-	err := db.QueryRow(ctx, finishSQL, lease.EffectID, lease.Token, f.Status, nullJSON(storableJSON(f.Result)),
+	err := db.QueryRow(ctx, finishSQL, lease.EffectID, uuidArg(lease.Token), f.Status, nullJSON(storableJSON(f.Result)),
 		nullString(storableText(f.LastError)), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
@@ -207,7 +209,7 @@ type Reschedule struct {
 // ErrLeaseLost, having changed nothing, when the lease is no longer the row's.
 func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error {
 	var id int64
-	err := s.db.QueryRow(ctx, rescheduleSQL, lease.EffectID, lease.Token, r.Delay.Milliseconds(),
+	err := s.db.QueryRow(ctx, rescheduleSQL, lease.EffectID, uuidArg(lease.Token), r.Delay.Milliseconds(),
 		nullString(storableText(r.LastError)), attempts(r.Attempted), effect.StatusPending).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
@@ -252,6 +254,33 @@ func (s *Store) Backlogs(ctx context.Context) ([]Backlog, error) {
 	return out, nil
 }
 
+// uuidArg is a lease token as a query argument. pgx encodes a bare [16]byte only where the server described
+// the parameter first (a prepared statement); pgtype.UUID names its type itself, in every mode.
+func uuidArg(token [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: token, Valid: true} }
+
+// Terminal returns which of the effects ids are terminal, in one statement: the waiting requests of a gateway
+// poll this way when notifications are off or lost.
+func (s *Store) Terminal(ctx context.Context, ids []int64) ([]int64, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	var terminal []string
+	for _, st := range effect.Statuses() {
+		if st.Terminal() {
+			terminal = append(terminal, string(st))
+		}
+	}
+	rs, err := s.db.Query(ctx, terminalSQL, ids, terminal)
+	if err != nil {
+		return nil, translate("read terminal effects", err)
+	}
+	out, err := pgx.CollectRows(rs, pgx.RowTo[int64])
+	if err != nil {
+		return nil, translate("read terminal effects", err)
+	}
+	return out, nil
+}
+
 func attempts(attempted bool) int {
 	if attempted {
 		return 1
@@ -259,11 +288,13 @@ func attempts(attempted bool) int {
 	return 0
 }
 
+// nullJSON is a JSON document as a query argument, or NULL. As json.RawMessage it names its type (json); as
+// []byte pgx's exec and simple protocol modes would send it as bytea.
 func nullJSON(b []byte) any {
 	if len(b) == 0 {
 		return nil
 	}
-	return b
+	return json.RawMessage(b)
 }
 
 func nullString(s string) any {

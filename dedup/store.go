@@ -56,12 +56,14 @@ var (
 	rescheduleSQL   = query("reschedule")
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")
+	terminalSQL     = query("terminal")
 )
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")
 
-// traceContext returns the W3C trace context of ctx as JSON, for the outbox row, or nil outside a trace.
-func traceContext(ctx context.Context) []byte {
+// traceContext returns the W3C trace context of ctx as JSON, for the outbox row, or nil outside a trace. It is
+// a json.RawMessage, not []byte, so that pgx's exec and simple protocol modes send it as JSON, not bytea.
+func traceContext(ctx context.Context) json.RawMessage {
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	if len(carrier) == 0 {
@@ -108,7 +110,8 @@ type NewEffect struct {
 }
 
 // Create records the effect and its outbox row, or returns the effect already stored under the key with
-// replayed set. A stored effect with another fingerprint is a *KeyReusedError.
+// replayed set. A stored effect with another fingerprint is a *KeyReusedError. It notifies no dispatcher: the
+// caller announces a new effect once Create has returned (notifier.Batcher), outside its transaction.
 func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed bool, err error) {
 	if nulEscape(ne.Payload) {
 		// The payload is stored as json, which keeps the escape as text; jsonb and text refuse it, and so
@@ -168,10 +171,9 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 
 // insert records a new effect: through a batch when the store batches, else in a statement of its own. It
 // returns pgx.ErrNoRows when the key is taken, or a *takenError when a batch read the key's effect already.
-func (s *Store) insert(ctx context.Context, ne NewEffect, fp, tc []byte, stableID string) (*Effect, error) {
+func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.RawMessage, stableID string) (*Effect, error) {
 	if s.batcher == nil {
-		return scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
-			notifier.TopicOutbox, stableID))
+		return scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
 	switch {
@@ -281,7 +283,7 @@ func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) 
 
 // createFenced raises the job's fence and records the effect in one transaction; pgx.ErrNoRows means the
 // key existed, as for an unfenced insert.
-func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []byte, stableID string) (*Effect, error) {
+func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc json.RawMessage, stableID string) (*Effect, error) {
 	var e *Effect
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var epoch int64
@@ -292,7 +294,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc []
 			return err
 		}
 		var err error
-		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, notifier.TopicOutbox, stableID))
+		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID))
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key exists: keep the raised fence, answer as a replay (or a reuse) below.
 			return nil

@@ -23,6 +23,7 @@ import (
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/backoff"
 	"github.com/oncegate/oncegate/internal/tenantlimit"
+	"github.com/oncegate/oncegate/migrations"
 	"github.com/oncegate/oncegate/outbox"
 	"github.com/oncegate/oncegate/providers"
 	httpprov "github.com/oncegate/oncegate/providers/http"
@@ -97,6 +98,13 @@ const (
 	DefaultLeaseMargin     = outbox.DefaultLeaseMargin
 	DefaultDrainTimeout    = outbox.DefaultDrainTimeout
 
+	// DefaultFallbackPollInterval is how often the outbox and the waiting requests are polled while
+	// notifications are off: fast enough that a wait ends well within DefaultPollInterval, and one claim per
+	// effect type and gateway five times a second.
+	DefaultFallbackPollInterval = 200 * time.Millisecond
+	// DefaultMigrationLock is how long a start waits for another gateway's migration before giving up.
+	DefaultMigrationLock = migrations.DefaultLockWait
+
 	// MaxWait is the longest "wait" a request may ask for.
 	MaxWait = 30 * time.Second
 )
@@ -108,8 +116,15 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// DatabaseURL is the Postgres database, as a URL or keyword/value string. Defaults to the environment's
 	// DATABASE_URL, then DefaultDatabaseURL. Its pool_max_conns and connect_timeout are used as given; when
-	// it leaves them out they default to DefaultMaxConns and DefaultConnectTimeout.
+	// it leaves them out they default to DefaultMaxConns and DefaultConnectTimeout. Through a pooler such as
+	// PgBouncer (found at the first connection), queries run in pgx's exec mode, without prepared
+	// statements, unless the URL sets default_query_exec_mode.
 	DatabaseURL string `yaml:"database_url"`
+	// ListenURL is where the gateway LISTENs for the other gateways' notifications: a direct or session-mode
+	// connection, never a transaction-pooling one. Defaults to DatabaseURL when that reaches Postgres
+	// directly; when DatabaseURL goes through a pooler and ListenURL is unset, notifications are off and the
+	// gateway polls every Dispatcher.FallbackPollInterval.
+	ListenURL string `yaml:"listen_url"`
 	// Tenants by name. Required: a configuration without tenants is refused, unless Dev is set, which brings
 	// DefaultTenant with DefaultAPIKey.
 	Tenants map[string]Tenant `yaml:"tenants"`
@@ -291,6 +306,9 @@ type Timeouts struct {
 	Ready Duration `yaml:"ready"`
 	// Metrics bounds the backlog query that a /metrics scrape runs. Defaults to DefaultMetricsTimeout.
 	Metrics Duration `yaml:"metrics"`
+	// MigrationLock is how long a start waits for the migration lock, which another gateway holds while it
+	// migrates, before it exits with an error. Defaults to DefaultMigrationLock.
+	MigrationLock Duration `yaml:"migration_lock"`
 }
 
 // Dispatcher tunes the outbox dispatcher.
@@ -298,9 +316,13 @@ type Dispatcher struct {
 	// Disabled runs the gateway as an API node only: it records effects, and other gateways (with the
 	// dispatcher on) deliver them. API and delivery capacity then scale apart. Defaults to false.
 	Disabled bool `yaml:"disabled"`
-	// PollInterval is how often the outbox is checked without a notification. Defaults to
-	// DefaultPollInterval.
+	// PollInterval is how often the outbox, and the effects that requests wait for, are checked without a
+	// notification. Defaults to DefaultPollInterval.
 	PollInterval Duration `yaml:"poll_interval"`
+	// FallbackPollInterval replaces PollInterval while notifications are off: database_url goes through a
+	// pooler without a listen_url, or the notification self-check fails. Defaults to
+	// DefaultFallbackPollInterval.
+	FallbackPollInterval Duration `yaml:"fallback_poll_interval"`
 	// LeaseMargin is added to a type's timeout to make its lease. Defaults to DefaultLeaseMargin.
 	LeaseMargin Duration `yaml:"lease_margin"`
 	// DrainTimeout is how long deliveries in flight may take to finish at shutdown before they are
@@ -581,7 +603,9 @@ func (c *Config) WithDefaults() *Config {
 	def(&o.Timeouts.Metrics, DefaultMetricsTimeout)
 	defInt(&o.GroupCommit.MaxBatch, dedup.DefaultMaxBatch)
 	defInt(&o.GroupCommit.Parallel, dedup.DefaultBatchParallel)
+	def(&o.Timeouts.MigrationLock, DefaultMigrationLock)
 	def(&o.Dispatcher.PollInterval, DefaultPollInterval)
+	def(&o.Dispatcher.FallbackPollInterval, DefaultFallbackPollInterval)
 	def(&o.Dispatcher.LeaseMargin, DefaultLeaseMargin)
 	def(&o.Dispatcher.DrainTimeout, DefaultDrainTimeout)
 
@@ -645,6 +669,11 @@ func (c *Config) validate() error {
 	if _, err := c.poolConfig(); err != nil {
 		return err
 	}
+	if c.ListenURL != "" {
+		if _, err := pgxpool.ParseConfig(c.ListenURL); err != nil {
+			return fmt.Errorf("listen_url: %w", err)
+		}
+	}
 	if c.Limits.MaxBody <= 0 {
 		return errors.New("limits.max_body must be positive")
 	}
@@ -665,8 +694,9 @@ func (c *Config) validate() error {
 		"timeouts.database": c.Timeouts.Database, "timeouts.shutdown": c.Timeouts.Shutdown,
 		"timeouts.read_header": c.Timeouts.ReadHeader, "timeouts.read": c.Timeouts.Read,
 		"timeouts.write": c.Timeouts.Write, "timeouts.idle": c.Timeouts.Idle, "timeouts.ready": c.Timeouts.Ready,
-		"timeouts.metrics": c.Timeouts.Metrics, "dispatcher.poll_interval": c.Dispatcher.PollInterval,
-		"dispatcher.lease_margin": c.Dispatcher.LeaseMargin, "dispatcher.drain_timeout": c.Dispatcher.DrainTimeout} {
+		"timeouts.metrics": c.Timeouts.Metrics, "timeouts.migration_lock": c.Timeouts.MigrationLock,
+		"dispatcher.poll_interval": c.Dispatcher.PollInterval, "dispatcher.lease_margin": c.Dispatcher.LeaseMargin,
+		"dispatcher.drain_timeout": c.Dispatcher.DrainTimeout, "dispatcher.fallback_poll_interval": c.Dispatcher.FallbackPollInterval} {
 		if d < 0 {
 			return fmt.Errorf("%s must be positive", field)
 		}

@@ -3,6 +3,10 @@
 // row in one transaction under a unique (tenant, key) constraint (package dedup), and runs the dispatcher
 // that delivers outbox rows to providers (package outbox) in the same process.
 //
+// It runs on Postgres directly or behind PgBouncer in transaction pooling mode (database.go): there it uses
+// no prepared statement and no session state, listens for notifications only on a connection of its own
+// (listen_url), proves with a self-check that they arrive, and polls whenever they do not (notify.go).
+//
 // Its promise to a client: a request that got a 2xx was recorded and will be delivered (or end failed, dead
 // or unknown, visible on the effect); a request that got anything else recorded nothing, and retrying it
 // with the same key is always safe.
@@ -24,6 +28,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/exaring/otelpgx"
@@ -52,10 +57,14 @@ type Gateway struct {
 	cfg        *Config
 	log        *slog.Logger
 	pool       *pgxpool.Pool
+	probe      *poolerProbe
 	store      *dedup.Store
 	dispatcher *outbox.Dispatcher
-	notifier   *notifier.Notifier
 	providers  *providers.Registry
+	// heard is set while the notification self-check passes (notify.go); until then, the gateway polls fast.
+	heard atomic.Bool
+	// newEffects tells the other gateways' dispatchers of new effects, outside the requests' transactions.
+	newEffects *notifier.Batcher
 	keys       []apiKey
 	limiter    *tenantlimit.Limiter
 	allowed    map[string]map[string]bool // tenant → the effect types it may use; none listed: all
@@ -91,18 +100,15 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("gateway: config: %w", err)
 	}
-	pcfg, err := cfg.poolConfig()
-	if err != nil {
-		return nil, fmt.Errorf("gateway: %w", err)
-	}
-	if opts.DriverTracing != nil {
-		pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing))
-	}
 	reg, err := cfg.registry()
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
+	pool, probe, err := newPool(context.Background(), cfg, log, func(pcfg *pgxpool.Config) {
+		if opts.DriverTracing != nil {
+			pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing))
+		}
+	})
 	if err != nil {
 		_ = reg.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -130,13 +136,9 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		_ = reg.Close()
 		return nil, err
 	}
-	// One LISTEN connection wakes the dispatcher for new rows and this gateway's waiting requests for effects
-	// that other gateways finished; after a reconnect it wakes both, since notifications were lost meanwhile.
-	n := notifier.New(notifier.Config{DatabaseURL: cfg.DatabaseURL, Logger: log})
-	n.Subscribe(notifier.TopicOutbox, func(notifier.Notification) { d.Wake() })
-	n.Subscribe(notifier.TopicEffectDone, w.notified)
-	g := &Gateway{cfg: cfg, log: log, pool: pool, store: store, dispatcher: d, notifier: n,
-		providers: reg, waiters: w, metrics: m, registry: m.registry}
+	g := &Gateway{cfg: cfg, log: log, pool: pool, probe: probe, store: store, dispatcher: d, providers: reg,
+		waiters: w, metrics: m, registry: m.registry,
+		newEffects: notifier.NewBatcher(pool, notifier.TopicOutbox, notifyInterval, log)}
 	tenants := make([]string, 0, len(cfg.Tenants))
 	for t := range cfg.Tenants {
 		tenants = append(tenants, t)
@@ -169,28 +171,27 @@ func (g *Gateway) Close() {
 // Handler returns the HTTP API.
 func (g *Gateway) Handler() http.Handler { return g.router }
 
-// Migrate applies pending migrations.
-func (g *Gateway) Migrate(ctx context.Context) error { return migrate(ctx, g.pool, g.log) }
+// Migrate applies pending migrations, waiting up to timeouts.migration_lock for a gateway that migrates
+// meanwhile.
+func (g *Gateway) Migrate(ctx context.Context) error {
+	return migrate(ctx, g.pool, g.log, time.Duration(g.cfg.Timeouts.MigrationLock))
+}
 
 // Migrate applies pending migrations to the database at databaseURL, without a gateway: `gateway migrate`
 // with no configuration file, which needs neither tenants nor effect types.
 func Migrate(ctx context.Context, databaseURL string, log *slog.Logger) error {
-	pcfg, err := (&Config{DatabaseURL: databaseURL}).poolConfig()
+	pool, _, err := newPool(ctx, &Config{DatabaseURL: databaseURL}, log, nil)
 	if err != nil {
 		return err
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
-	if err != nil {
-		return fmt.Errorf("database_url: %w", err)
-	}
 	defer pool.Close()
-	return migrate(ctx, pool, log)
+	return migrate(ctx, pool, log, DefaultMigrationLock)
 }
 
-func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error {
+func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, lockWait time.Duration) error {
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	v, err := migrations.Up(ctx, db, log)
+	v, err := migrations.UpWithin(ctx, db, log, lockWait)
 	if err != nil {
 		return err
 	}
@@ -242,8 +243,13 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	l = netutil.LimitListener(l, g.connectionCap())
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
+	// New effects are announced until the last request has been answered, and what is queued then is sent.
+	announce, stopAnnounce := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAnnounce()
 	var wg sync.WaitGroup
-	wg.Go(func() { g.notifier.Run(bg) })
+	wg.Go(func() { g.newEffects.Run(announce) })
+	wg.Go(func() { g.listen(bg) })
+	wg.Go(func() { g.poll(bg) })
 	if g.cfg.Dispatcher.Disabled {
 		g.log.Info("dispatcher disabled: this gateway records effects, other gateways deliver them")
 	} else {
@@ -262,6 +268,7 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	if serr := srv.Shutdown(sctx); serr != nil {
 		g.log.Warn("HTTP shutdown", "err", serr)
 	}
+	stopAnnounce()
 	stopBG()
 	wg.Wait()
 	if errors.Is(err, http.ErrServerClosed) {

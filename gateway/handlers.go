@@ -128,6 +128,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Idempotent-Replayed", "true")
 	} else {
 		g.metrics.effectsCreated.WithLabelValues(e.Type).Inc()
+		g.announce(e.Type)
 	}
 	if wait > 0 && !e.Status.Terminal() {
 		e = g.waitTerminal(r.Context(), tenant, e, wait)
@@ -236,8 +237,10 @@ func parseWait(s string) (time.Duration, error) {
 	return d, nil
 }
 
-// waitTerminal re-reads the effect until it is terminal or wait runs out, woken by the notification that a
-// gateway sends when it records an outcome. It returns the latest state it read.
+// waitTerminal re-reads the effect until it is terminal or wait runs out, woken by this gateway's dispatcher
+// when it records the outcome, by the notification another gateway's sends, or by the poll that reads every
+// waited-for effect at once (poll, in notify.go), which alone ends waits while notifications are off. It
+// returns the latest state it read.
 func (g *Gateway) waitTerminal(ctx context.Context, tenant string, e *dedup.Effect, wait time.Duration) *dedup.Effect {
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
@@ -373,6 +376,7 @@ func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) {
 	case err != nil:
 		g.storeError(w, r, err)
 	default:
+		g.dispatcher.Wake() // retry.sql notifies the other gateways
 		writeJSON(w, http.StatusOK, e)
 	}
 }

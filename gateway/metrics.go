@@ -20,6 +20,9 @@ type metrics struct {
 	replays        *prometheus.CounterVec
 	keyReuses      *prometheus.CounterVec
 	rateLimited    *prometheus.CounterVec
+	// notificationsWorking is 1 while the notification self-check passes, 0 while the gateway polls instead.
+	notificationsWorking prometheus.Gauge
+	notificationChecks   *prometheus.CounterVec
 }
 
 func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
@@ -38,8 +41,17 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "oncegate_rate_limited_total", Help: "Requests refused with 429: the tenant was over its rate of requests or of bytes.",
 		}, []string{"tenant", "bucket"}),
+		notificationsWorking: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "oncegate_notifications_working",
+			Help: "1 while the notification self-check passes; 0 while notifications are off and the gateway polls instead.",
+		}),
+		notificationChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_notification_checks_total",
+			Help: "Notification self-checks, by result: ok (the notification arrived) or lost.",
+		}, []string{"result"}),
 	}
-	m.registry.MustRegister(m.effectsCreated, m.replays, m.keyReuses, m.rateLimited, backlogCollector{store: store, timeout: scrapeTimeout},
+	m.registry.MustRegister(m.effectsCreated, m.replays, m.keyReuses, m.rateLimited, m.notificationsWorking,
+		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registry.MustRegister(m.dispatcher.Collectors()...)
 	return m

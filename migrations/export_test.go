@@ -7,7 +7,7 @@ import (
 
 // UpTo applies the migrations up to version, for tests that need rows as an older schema wrote them.
 func UpTo(ctx context.Context, db *sql.DB, version int64) error {
-	p, err := provider(db, nil)
+	p, err := provider(db, nil, DefaultLockWait)
 	if err != nil {
 		return err
 	}

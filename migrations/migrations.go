@@ -1,7 +1,13 @@
 // Package migrations holds the gateway's database schema as numbered SQL files, embedded in the binary, and
 // applies them. Migrations only go forward. Each runs in a transaction together with the record of its
-// version, and a Postgres advisory lock serialises gateways that start at once, so a crash or a race leaves
-// the schema at one version or the next, never between.
+// version, and a lock serialises gateways that start at once, so a crash or a race leaves the schema at one
+// version or the next, never between.
+//
+// The lock is a row in a table (LockTable), leased and kept alive by a heartbeat, not a session advisory lock:
+// behind PgBouncer in transaction pooling mode consecutive statements run on different server connections,
+// so a session lock is taken on one, released (or not) on another, and held for good by a pooled connection.
+// A gateway killed while migrating leaves a lease that runs out (30 s); one that cannot take the lock within
+// its bound gives up with an error instead of waiting for ever.
 package migrations
 
 import (
@@ -11,6 +17,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"time"
 
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -22,23 +29,59 @@ var files embed.FS
 // versionTable records applied migrations.
 const versionTable = "oncegate_schema_migrations"
 
-func provider(db *sql.DB, log *slog.Logger) (*goose.Provider, error) {
-	// Gateways that start together wait for the one migrating: retry the lock every second, for 5 minutes.
-	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(1, 300))
+const (
+	// LockTable holds the migration lock: a row naming the gateway that migrates and until when its lease runs.
+	LockTable = "oncegate_migration_lock"
+	// LockID is the lock's row in LockTable.
+	LockID = lock.DefaultLockID
+	// DefaultLockWait is how long Up waits for another gateway's migration lock before it gives up.
+	DefaultLockWait = 5 * time.Minute
+)
+
+// lockRetry is how often a start that waits for the migration lock tries to take it.
+const lockRetry = time.Second
+
+func provider(db *sql.DB, log *slog.Logger, lockWait time.Duration) (*goose.Provider, error) {
+	lopts := []lock.TableLockerOption{lock.WithTableName(LockTable), lock.WithTableLockID(LockID),
+		lock.WithTableLockTimeout(lockRetry, uint64(max(1, lockWait/lockRetry)))}
+	if log != nil {
+		lopts = append(lopts, lock.WithTableLogger(log))
+	}
+	locker, err := lock.NewPostgresTableLocker(lopts...)
 	if err != nil {
 		return nil, err
 	}
-	opts := []goose.ProviderOption{goose.WithSessionLocker(locker), goose.WithDisableGlobalRegistry(true),
-		goose.WithTableName(versionTable)}
+	opts := []goose.ProviderOption{goose.WithLocker(boundedLocker{Locker: locker, wait: lockWait}),
+		goose.WithDisableGlobalRegistry(true), goose.WithTableName(versionTable)}
 	if log != nil {
 		opts = append(opts, goose.WithSlog(log))
 	}
 	return goose.NewProvider(goose.DialectPostgres, db, files, opts...)
 }
 
-// Up applies every pending migration and returns the schema version reached.
+// boundedLocker says, when the lock is not had within its bound, which lock and how long it waited.
+type boundedLocker struct {
+	lock.Locker
+	wait time.Duration
+}
+
+func (l boundedLocker) Lock(ctx context.Context, db *sql.DB) error {
+	if err := l.Locker.Lock(ctx, db); err != nil {
+		return fmt.Errorf("could not take the migration lock (a row of table %s, held by the gateway that "+
+			"migrates) within %v: %w", LockTable, l.wait, err)
+	}
+	return nil
+}
+
+// Up applies every pending migration and returns the schema version reached, waiting up to DefaultLockWait
+// for a gateway that migrates meanwhile.
 func Up(ctx context.Context, db *sql.DB, log *slog.Logger) (int64, error) {
-	p, err := provider(db, log)
+	return UpWithin(ctx, db, log, DefaultLockWait)
+}
+
+// UpWithin is Up waiting up to lockWait for the migration lock. A database with nothing pending is not locked.
+func UpWithin(ctx context.Context, db *sql.DB, log *slog.Logger, lockWait time.Duration) (int64, error) {
+	p, err := provider(db, log, lockWait)
 	if err != nil {
 		return 0, fmt.Errorf("migrations: %w", err)
 	}
@@ -54,7 +97,7 @@ func Up(ctx context.Context, db *sql.DB, log *slog.Logger) (int64, error) {
 
 // Pending reports whether the database lacks migrations that this binary has.
 func Pending(ctx context.Context, db *sql.DB) (bool, error) {
-	p, err := provider(db, nil)
+	p, err := provider(db, nil, DefaultLockWait)
 	if err != nil {
 		return false, fmt.Errorf("migrations: %w", err)
 	}

@@ -2,12 +2,15 @@ package migrations_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3/lock"
 
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/testenv"
@@ -67,5 +70,90 @@ func TestConcurrentUpIsSafe(t *testing.T) {
 	}
 	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_schema_migrations WHERE version_id > 0"); n != int(versions[0]) {
 		t.Fatalf("%d migrations recorded for version %d: one was applied twice", n, versions[0])
+	}
+}
+
+// Six gateways starting at once on an empty database through PgBouncer in transaction pooling mode, under
+// load, where a session advisory lock would be taken on one server connection and released on another: the
+// table lock lets one migrate, the others wait for it, and each migration is applied once.
+func TestConcurrentUpThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.ThroughPgBouncer(t, pgtest.EmptyDatabase(t)) + "&default_query_exec_mode=exec"
+	// Other clients keep PgBouncer's server connections busy, so that a client's statements move between them.
+	load, err := pgxpool.New(ctx, url+"&pool_max_conns=30")
+	if err != nil {
+		t.Fatal(err)
+	}
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	var loaders sync.WaitGroup
+	for range 30 {
+		loaders.Go(func() {
+			for loadCtx.Err() == nil {
+				_, _ = load.Exec(loadCtx, "SELECT pg_sleep(0.002)")
+			}
+		})
+	}
+	defer func() { stopLoad(); loaders.Wait(); load.Close() }()
+	var wg sync.WaitGroup
+	versions := make([]int64, 6)
+	for i := range versions {
+		wg.Go(func() {
+			pool, err := pgxpool.New(ctx, url)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer pool.Close()
+			db := stdlib.OpenDBFromPool(pool)
+			defer db.Close()
+			v, err := migrations.UpWithin(ctx, db, nil, time.Minute)
+			if err != nil {
+				t.Errorf("gateway %d: %v", i, err)
+			}
+			versions[i] = v
+		})
+	}
+	wg.Wait()
+	pool := pgtest.Pool(t, url)
+	for i, v := range versions {
+		if v != versions[0] || v < 1 {
+			t.Fatalf("gateway %d reached version %d; all: %v", i, v, versions)
+		}
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_schema_migrations WHERE version_id > 0"); n != int(versions[0]) {
+		t.Fatalf("%d migrations recorded for version %d: one was applied twice", n, versions[0])
+	}
+	// Nothing is left locked: no session lock held for good by a pooled server connection.
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`); n != 0 {
+		t.Fatalf("%d advisory locks left held in the database", n)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM "+migrations.LockTable+" WHERE locked"); n != 0 {
+		t.Fatal("the migration lock is still held")
+	}
+}
+
+// A start that cannot take the lock within its bound gives up, saying which lock, instead of waiting on.
+func TestUpGivesUpWhenTheLockIsHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.EmptyDatabase(t))
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	holder, err := lock.NewPostgresTableLocker(lock.WithTableName(migrations.LockTable), lock.WithTableLockID(migrations.LockID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Lock(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Unlock(ctx, db) //nolint:errcheck
+	_, err = migrations.UpWithin(ctx, db, nil, 2*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "could not take the migration lock") {
+		t.Fatalf("Up with the lock held elsewhere: %v", err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM pg_tables WHERE tablename = 'oncegate_effects'"); n != 0 {
+		t.Fatal("migrated without the lock")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -178,14 +179,5 @@ func (d *Dispatcher) finishedEffect(t *effectType, s effect.Status, id int64) {
 	if d.cfg.OnFinished != nil {
 		d.cfg.OnFinished(id)
 	}
-	d.finishedMu.Lock()
-	d.finished = append(d.finished, id)
-	first := len(d.finished) == 1
-	d.finishedMu.Unlock()
-	if first {
-		select {
-		case d.notifyNow <- struct{}{}:
-		default:
-		}
-	}
+	d.done.Add(strconv.FormatInt(id, 10))
 }

@@ -30,6 +30,7 @@ import (
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/backoff"
+	"github.com/oncegate/oncegate/internal/notifier"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -260,9 +261,7 @@ type Dispatcher struct {
 	wake     chan struct{}
 	freed    chan struct{}
 
-	finishedMu sync.Mutex
-	finished   []int64       // terminal since the last notification
-	notifyNow  chan struct{} // rung when finished gains its first ID
+	done *notifier.Batcher // the IDs of effects finished here, for the other gateways (notify.go)
 
 	signals testSignals
 }
@@ -277,7 +276,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	}
 	d := &Dispatcher{pool: pool, store: dedup.NewStore(pool).WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
 		log:  c.Logger.With("component", "dispatcher", "owner", c.Owner),
-		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1), notifyNow: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1)}
+	d.done = newDoneBatcher(pool, d.log)
 	d.breakers = newBreakerSet(c.MaxBreakers, c.BreakerIdle, d.metrics, d.log)
 	for _, t := range c.Types {
 		_, isTx := t.Provider.(providers.TxProvider)
@@ -307,7 +307,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	// The notifier outlives the deliveries, so that the last of them still reach the other gateways' waiters.
 	notifyCtx, stopNotify := context.WithCancel(context.WithoutCancel(ctx))
 	var duties sync.WaitGroup
-	duties.Go(func() { d.notifyLoop(notifyCtx) })
+	duties.Go(func() { d.done.Run(notifyCtx) })
 	duties.Go(func() { d.purgeLoop(ctx) })
 	defer func() { stopNotify(); duties.Wait() }()
 
@@ -331,13 +331,4 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 // dbContext bounds a write that must happen even while shutting down.
 func (d *Dispatcher) dbContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d.cfg.DBTimeout)
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }

@@ -4,8 +4,9 @@
 //   - accepts: new effects per second, and p50/p99 latency, from concurrent HTTP clients posting new
 //     idempotency keys to a real gateway process running as an API node (--no-dispatch);
 //   - replays: requests per second that repeat a key already used (they write nothing);
-//   - pgbench: the single-request insert statement (effect + outbox row + NOTIFY, one transaction) run raw by
-//     pgbench with as many clients, as the yardstick: group commit is how the gateway goes past it.
+//   - pgbench: the single-request insert statement (effect + outbox row, one transaction; the gateway
+//     announces new effects after the commit, batched, so no NOTIFY) run raw by pgbench with as many clients,
+//     as the yardstick: group commit is how the gateway goes past it.
 //
 // Then deliveries, by a second gateway process that only dispatches: the backlog of the accept phases with the
 // postgres (analytics insert) provider, and -webhooks signed webhooks to a local receiver. The gateways'
@@ -251,7 +252,7 @@ WITH effect AS (
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, run_at) SELECT id, type, now() + interval '1 day' FROM effect
 )
-SELECT effect.* FROM effect, pg_notify('oncegate_outbox_bench', effect.type);
+SELECT effect.* FROM effect;
 `
 	f := filepath.Join(dir, "insert.sql")
 	must(os.WriteFile(f, []byte(script), 0o600))

@@ -12,7 +12,7 @@ WITH gone AS (
 UPDATE oncegate_effects e
 SET status = $3,
     attempts = e.attempts + $6,
-    result = COALESCE($4, e.result),
+    result = COALESCE($4::jsonb, e.result),
     last_error = $5,
     delivered_at = CASE WHEN $7::boolean THEN now() ELSE e.delivered_at END,
     next_attempt_at = NULL,

@@ -1,7 +1,8 @@
 -- Records the new effects of many concurrent requests, and their outbox rows, in one statement: one commit
 -- (one WAL flush) for all of them instead of one each. The arrays hold one request per index:
 -- $1 tenants, $2 keys, $3 types, $4 fingerprints, $5 payloads (JSON text), $6 trace contexts (JSON or NULL),
--- $7 stable ids (unique per request: they tie each inserted row back to its request), $8 the outbox channel.
+-- $7 stable ids (unique per request: they tie each inserted row back to its request). No NOTIFY, as in
+-- insert.sql: the gateway announces new effects after the commit.
 -- A key that exists already, or that an earlier request of the same batch takes, inserts nothing and returns
 -- no row, exactly as insert.sql does for one request: the caller reads it back as a replay.
 WITH input AS (
@@ -17,4 +18,4 @@ WITH input AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace)
     SELECT effect.id, effect.type, input.trace::jsonb FROM effect JOIN input USING (stable_id)
 )
-SELECT {{columns}} FROM effect LEFT JOIN LATERAL pg_notify($8::text, effect.type) ON true
+SELECT {{columns}} FROM effect

@@ -8,6 +8,11 @@
 // a network fault left dead without an error (a blackhole) is found by a ping after an idle slice, not after
 // the operating system's keepalive gives up. Notifications are a way to be quick, never the only way to be
 // right: every subscriber also polls.
+//
+// A LISTEN only works on a connection of its own: behind PgBouncer in transaction pooling mode it lands on a
+// pooled server connection, whose notifications nobody reads, and nothing fails. Check proves the way round
+// (a notification sent through the caller's pool arrives here), and Batcher sends notifications outside the
+// transactions they announce, at most one per topic every few milliseconds.
 package notifier
 
 import (
@@ -23,6 +28,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/internal/backoff"
 )
@@ -34,9 +40,12 @@ const (
 	// TopicOutbox is sent when an outbox row is due (a new effect, an operator's retry). Payload: the effect
 	// type. Dispatchers wake on it.
 	TopicOutbox Topic = "oncegate_outbox"
-	// TopicEffectDone is sent when effects became terminal. Payload: their IDs, comma-separated (JoinIDs).
+	// TopicEffectDone is sent when effects became terminal. Payload: their IDs, comma-separated (SplitIDs).
 	// Requests waiting on an effect wake on it.
 	TopicEffectDone Topic = "oncegate_effect_done"
+	// TopicSelfCheck carries Check's notifications. Payload: the token of the check that sent it. Every
+	// notifier listens to it.
+	TopicSelfCheck Topic = "oncegate_selfcheck"
 )
 
 // MaxPayload is the longest payload Send accepts: Postgres refuses 8000 bytes and more.
@@ -62,7 +71,8 @@ type Notification struct {
 
 // Config configures a Notifier.
 type Config struct {
-	// DatabaseURL is where to LISTEN. Required.
+	// DatabaseURL is where to LISTEN: a direct or session-mode connection. Required. Parameters of a pgxpool
+	// (pool_max_conns, …) are allowed and ignored.
 	DatabaseURL string
 	// IdleCheck is how long to wait for a notification before pinging the connection. Defaults to
 	// DefaultIdleCheck.
@@ -78,6 +88,10 @@ type Notifier struct {
 	mu      sync.Mutex
 	subs    map[Topic][]func(Notification)
 	running bool
+	// up is closed while a LISTEN connection runs, and replaced by an open one when it is lost.
+	up     chan struct{}
+	isUp   bool
+	checks map[string]chan struct{} // Check's tokens in flight
 }
 
 // New returns a notifier; it connects when Run is called.
@@ -89,7 +103,10 @@ func New(cfg Config) *Notifier {
 		cfg.Logger = slog.Default()
 	}
 	cfg.Logger = cfg.Logger.With("component", "notifier")
-	return &Notifier{cfg: cfg, subs: map[Topic][]func(Notification){}}
+	n := &Notifier{cfg: cfg, subs: map[Topic][]func(Notification){}, up: make(chan struct{}),
+		checks: map[string]chan struct{}{}}
+	n.subs[TopicSelfCheck] = []func(Notification){n.checked}
+	return n
 }
 
 // Subscribe calls fn for every notification on topic, and with Resync after every (re)connect. fn runs on
@@ -112,6 +129,7 @@ func (n *Notifier) Run(ctx context.Context) {
 	var failures int
 	for ctx.Err() == nil {
 		err := n.listen(ctx, func() { failures = 0 })
+		n.setUp(false)
 		if ctx.Err() != nil {
 			return
 		}
@@ -127,11 +145,29 @@ func (n *Notifier) Run(ctx context.Context) {
 	}
 }
 
+// setUp records whether a LISTEN connection runs, for Check.
+func (n *Notifier) setUp(up bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if up == n.isUp {
+		return
+	}
+	n.isUp = up
+	if up {
+		close(n.up)
+	} else {
+		n.up = make(chan struct{})
+	}
+}
+
 func (n *Notifier) listen(ctx context.Context, connected func()) error {
-	ccfg, err := pgx.ParseConfig(n.cfg.DatabaseURL)
+	// Parsed as a pool's URL, so that pool parameters are taken off rather than sent to the server, which
+	// refuses them.
+	pcfg, err := pgxpool.ParseConfig(n.cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
+	ccfg := pcfg.ConnConfig
 	ccfg.RuntimeParams["application_name"] = applicationName
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	conn, err := pgx.ConnectConfig(cctx, ccfg)
@@ -146,6 +182,7 @@ func (n *Notifier) listen(ctx context.Context, connected func()) error {
 		}
 	}
 	connected()
+	n.setUp(true)
 	for topic, fns := range n.subs {
 		for _, fn := range fns {
 			fn(Notification{Topic: topic, Resync: true})
@@ -193,12 +230,11 @@ func Send(ctx context.Context, db Execer, topic Topic, payload string) error {
 	return nil
 }
 
-// JoinIDs packs effect IDs into as few TopicEffectDone payloads as fit under MaxPayload.
-func JoinIDs(ids []int64) []string {
+// join packs items, comma-separated, into as few payloads as fit under MaxPayload.
+func join(items []string) []string {
 	var out []string
 	var b strings.Builder
-	for _, id := range ids {
-		s := strconv.FormatInt(id, 10)
+	for _, s := range items {
 		if b.Len() > 0 && b.Len()+1+len(s) > MaxPayload {
 			out = append(out, b.String())
 			b.Reset()

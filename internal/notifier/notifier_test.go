@@ -5,7 +5,9 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,7 +81,11 @@ func TestIDsRoundTripUnderThePayloadLimit(t *testing.T) {
 	for i := range ids {
 		ids[i] = int64(1_000_000 + i)
 	}
-	payloads := JoinIDs(ids)
+	items := make([]string, len(ids))
+	for i, id := range ids {
+		items[i] = strconv.FormatInt(id, 10)
+	}
+	payloads := join(items)
 	if len(payloads) < 2 {
 		t.Fatalf("3000 IDs of 7 digits fit in %d payload(s) of under 8000 bytes", len(payloads))
 	}
@@ -93,7 +99,101 @@ func TestIDsRoundTripUnderThePayloadLimit(t *testing.T) {
 	if !slices.Equal(back, ids) {
 		t.Fatal("the IDs did not come back as they were sent")
 	}
-	if JoinIDs(nil) != nil {
+	if join(nil) != nil {
 		t.Fatal("no IDs made a payload")
+	}
+}
+
+// runNotifier runs a notifier on url until the test ends.
+func runNotifier(t *testing.T, url string, subs map[Topic]func(Notification)) *Notifier {
+	t.Helper()
+	n := New(Config{DatabaseURL: url, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	for topic, fn := range subs {
+		n.Subscribe(topic, fn)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { n.Run(ctx); close(stopped) }()
+	t.Cleanup(func() { cancel(); <-stopped })
+	return n
+}
+
+// The self-check passes on a connection of its own, even one whose URL carries a pool's parameters, and fails
+// when the LISTEN went through PgBouncer in transaction mode, where the notification is lost without an
+// error, and when there is no LISTEN connection at all.
+func TestCheckFindsWhetherNotificationsArrive(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	direct := runNotifier(t, url+"&pool_max_conns=3&pool_min_conns=1", nil)
+	ctx := testenv.Context(t, 30*time.Second)
+	if err := direct.Check(ctx, pool); err != nil {
+		t.Fatalf("direct: %v", err)
+	}
+
+	pooled := runNotifier(t, pgtest.ThroughPgBouncer(t, url), nil)
+	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := pooled.Check(cctx, pool); err == nil || !strings.Contains(err.Error(), "did not arrive") {
+		t.Fatalf("through PgBouncer in transaction mode: %v", err)
+	}
+
+	idle := New(Config{DatabaseURL: url})
+	cctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	if err := idle.Check(cctx, pool); err == nil || !strings.Contains(err.Error(), "no LISTEN connection") {
+		t.Fatalf("not running: %v", err)
+	}
+}
+
+// A batcher sends every item added, each at most once per notification, in fewer notifications than items,
+// and what is still queued when it stops.
+func TestBatcherSendsEveryItemInFewNotifications(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	got := make(chan Notification, 1000)
+	n := runNotifier(t, url, map[Topic]func(Notification){TopicOutbox: func(n Notification) {
+		if !n.Resync {
+			got <- n
+		}
+	}})
+	ctx := testenv.Context(t, 30*time.Second)
+	if err := n.Check(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	b := NewBatcher(pool, TopicOutbox, 5*time.Millisecond, nil)
+	runCtx, stop := context.WithCancel(ctx)
+	stopped := make(chan struct{})
+	go func() { b.Run(runCtx); close(stopped) }()
+	var wg sync.WaitGroup
+	for i := range 400 {
+		wg.Go(func() { b.Add([]string{"email", "hooks"}[i%2]) })
+	}
+	wg.Wait()
+	stop()
+	<-stopped
+	b.Add("late") // after Run: never sent, and Add does not block
+	seen := map[string]bool{}
+	notifications := 0
+	for !seen["email"] || !seen["hooks"] {
+		select {
+		case m := <-got:
+			notifications++
+			items := strings.Split(m.Payload, ",")
+			slices.Sort(items)
+			if len(slices.Compact(items)) != len(strings.Split(m.Payload, ",")) {
+				t.Fatalf("an item twice in one notification: %q", m.Payload)
+			}
+			for _, it := range items {
+				seen[it] = true
+			}
+		case <-ctx.Done():
+			t.Fatalf("not every item arrived: %v", seen)
+		}
+	}
+	t.Logf("400 items in %d notifications", notifications)
+	if notifications >= 400 {
+		t.Fatalf("%d notifications for 400 items: nothing was batched", notifications)
 	}
 }

@@ -74,20 +74,22 @@ func DatabaseAt(t testing.TB, adminURL string) string {
 		" TEMPLATE "+pgx.Identifier{tmpl}.Sanitize()); err != nil {
 		t.Fatalf("create database from %s: %v", tmpl, err)
 	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, adminURL)
-		if err != nil {
-			t.Logf("drop database %s: %v", name, err)
-			return
-		}
-		defer c.Close(ctx)
-		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
-			t.Logf("drop database %s: %v", name, err)
-		}
-	})
+	t.Cleanup(func() { dropDatabase(t, adminURL, name) })
 	return WithDatabase(adminURL, name)
+}
+
+func dropDatabase(t testing.TB, adminURL, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, adminURL)
+	if err != nil {
+		t.Logf("drop database %s: %v", name, err)
+		return
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		t.Logf("drop database %s: %v", name, err)
+	}
 }
 
 // templates maps an admin URL to the name of its server's template database, once this process has found
@@ -209,4 +211,39 @@ func Count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 		t.Fatalf("%s: %v", query, err)
 	}
 	return n
+}
+
+// EmptyDatabase creates an empty database for the test, with no schema at all, and returns its URL: for tests
+// of migrating. It is dropped when the test ends.
+func EmptyDatabase(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, AdminURL())
+	if err != nil {
+		t.Fatalf("Postgres at %s is unreachable (scripts/test starts one): %v", AdminURL(), err)
+	}
+	defer admin.Close(ctx)
+	name := testenv.Name(t, "og")
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dropDatabase(t, AdminURL(), name) })
+	return WithDatabase(AdminURL(), name)
+}
+
+// ThroughPgBouncer returns the URL of the database at dbURL as reached through the PgBouncer at PGBOUNCER_URL,
+// which scripts/services runs in transaction pooling mode in front of the test Postgres. A test that needs it
+// fails without it: production Postgres is mostly reached this way.
+func ThroughPgBouncer(t testing.TB, dbURL string) string {
+	t.Helper()
+	bouncer := os.Getenv("PGBOUNCER_URL")
+	if bouncer == "" {
+		t.Fatal(`PGBOUNCER_URL is unset: run eval "$(scripts/services)", which starts a PgBouncer in front of Postgres`)
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return WithDatabase(bouncer, u.Path[1:])
 }

@@ -1,0 +1,98 @@
+package gateway
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// poolerProbe finds out, once, whether database_url reaches Postgres itself or a pooler that shares server
+// connections between its clients (PgBouncer, Odyssey, pgcat, RDS Proxy). A pooler answers the start-up with
+// a backend key of its own, so the process ID it hands out is not that of the server process that runs the
+// queries (pg_backend_pid()). A TCP proxy passes the start-up through and counts as direct, as it is.
+//
+// Behind a pooler in transaction mode a connection keeps no prepared statement from one transaction to the
+// next, and a LISTEN there hears nothing; behind one in session mode both would work, but the probe cannot
+// tell the two modes apart, so it assumes the one that does not break.
+type poolerProbe struct {
+	cfg *pgx.ConnConfig
+	log *slog.Logger
+
+	mu     sync.Mutex
+	known  bool
+	pooled bool
+}
+
+// Pooled reports whether database_url goes through a pooler, connecting once to find out; a failed attempt
+// is tried again at the next call.
+func (p *poolerProbe) Pooled(ctx context.Context) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.known {
+		return p.pooled, nil
+	}
+	conn, err := pgx.ConnectConfig(ctx, p.cfg)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	var pid int64
+	// The simple protocol, which every pooler passes whatever its mode.
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid); err != nil {
+		return false, err
+	}
+	p.known, p.pooled = true, pid != int64(conn.PgConn().PID())
+	if p.pooled {
+		p.log.Info("database_url goes through a connection pooler (PgBouncer or alike): its backend key is not the server's")
+	}
+	return p.pooled, nil
+}
+
+// newPool opens the pool on database_url (lazily: it connects when first used). Unless the URL chooses a
+// default_query_exec_mode, the first connection finds out whether the URL goes through a pooler, and if so
+// every connection runs in pgx's exec mode: no prepared statements, which a transaction-pooling PgBouncer
+// (1.18, or later without max_prepared_statements) loses between transactions. Every statement of the store
+// runs in that mode (dedup's TestEveryStatementRunsInEveryQueryExecMode).
+func newPool(ctx context.Context, c *Config, log *slog.Logger, tune func(*pgxpool.Config)) (*pgxpool.Pool, *poolerProbe, error) {
+	pcfg, err := c.poolConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	if tune != nil {
+		tune(pcfg)
+	}
+	probeCfg := pcfg.ConnConfig.Copy()
+	probeCfg.Tracer = nil
+	probe := &poolerProbe{cfg: probeCfg, log: log}
+	cc, err := pgconn.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("database_url: %w", err)
+	}
+	if _, chosen := cc.RuntimeParams["default_query_exec_mode"]; !chosen {
+		var once sync.Once
+		pcfg.BeforeConnect = func(ctx context.Context, conn *pgx.ConnConfig) error {
+			pooled, err := probe.Pooled(ctx)
+			if err != nil {
+				return err
+			}
+			if pooled {
+				conn.DefaultQueryExecMode = pgx.QueryExecModeExec
+				once.Do(func() {
+					log.Info("queries run in pgx's exec mode, without prepared statements, as a transaction-pooling " +
+						"PgBouncer needs; set default_query_exec_mode in database_url to choose another")
+				})
+			}
+			return nil
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("database_url: %w", err)
+	}
+	return pool, probe, nil
+}

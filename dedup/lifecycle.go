@@ -122,13 +122,13 @@ func (s *Store) Payload(ctx context.Context, lease Lease) (json.RawMessage, erro
 
 // readPayloads fills in the payloads of leased rows; a row whose lease was lost keeps a nil Payload.
 func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
-	tokens := make([]pgtype.UUID, len(rows))
+	ids, tokens := make([]int64, len(rows)), make([]pgtype.UUID, len(rows))
 	at := make(map[int64]int, len(rows))
 	for i, r := range rows {
-		tokens[i] = uuidArg(r.Token)
+		ids[i], tokens[i] = r.EffectID, uuidArg(r.Token)
 		at[r.EffectID] = i
 	}
-	rs, err := s.db.Query(ctx, readPayloadsSQL, tokens)
+	rs, err := s.db.Query(ctx, readPayloadsSQL, ids, tokens)
 	if err != nil {
 		return translate("read payloads", err)
 	}
@@ -148,15 +148,11 @@ func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
 
 // release hands leased rows back, unattempted and due at once (release.sql).
 func (s *Store) release(ctx context.Context, rows []Claimed) error {
-	fresh, rescued := []pgtype.UUID{}, []pgtype.UUID{}
-	for _, r := range rows {
-		if r.Rescued {
-			rescued = append(rescued, uuidArg(r.Token))
-		} else {
-			fresh = append(fresh, uuidArg(r.Token))
-		}
+	ids, tokens, rescued := make([]int64, len(rows)), make([]pgtype.UUID, len(rows)), make([]bool, len(rows))
+	for i, r := range rows {
+		ids[i], tokens[i], rescued[i] = r.EffectID, uuidArg(r.Token), r.Rescued
 	}
-	_, err := s.db.Exec(ctx, releaseSQL, fresh, rescued, effect.StatusPending)
+	_, err := s.db.Exec(ctx, releaseSQL, ids, tokens, rescued, effect.StatusPending)
 	return translate("hand back claimed rows", err)
 }
 

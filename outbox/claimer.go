@@ -96,7 +96,8 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 		if free <= 0 {
 			continue
 		}
-		n := min(free, d.cfg.BatchSize)
+		_, headroom := t.claimLimits()
+		n := min(free, d.cfg.BatchSize, headroom)
 		if now.Before(st.suspectUntil) {
 			d.claimEach(ctx, deliveries, inflight, t, st, n)
 			continue

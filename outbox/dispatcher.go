@@ -216,15 +216,26 @@ type effectType struct {
 
 // saturated lists the tenants with TenantConcurrency deliveries of t in flight.
 func (t *effectType) saturated() []string {
+	out, _ := t.claimLimits()
+	return out
+}
+
+// claimLimits returns the tenants a claim must skip (their share is in flight) and how many rows the claim
+// may take so that no tenant it can bring is taken past its share: TenantConcurrency less the most any other
+// tenant has in flight. A claim that took more would hand the excess back, one write per row, on every slot
+// that frees up: with one busy tenant that cost more than the deliveries (issue 14).
+func (t *effectType) claimLimits() (saturated []string, headroom int) {
 	t.tenantsMu.Lock()
 	defer t.tenantsMu.Unlock()
-	var out []string
+	busiest := 0
 	for tenant, n := range t.tenants {
 		if n >= t.TenantConcurrency {
-			out = append(out, tenant)
+			saturated = append(saturated, tenant)
+		} else {
+			busiest = max(busiest, n)
 		}
 	}
-	return out
+	return saturated, t.TenantConcurrency - busiest
 }
 
 // admit counts a delivery of tenant's in flight, unless tenant has its share already and enforce is set.

@@ -1,7 +1,9 @@
--- The payloads of rows leased to the caller, as the client sent them, by lease token ($1): a plain read, which
--- locks nothing, so a read that Postgres takes long to finish or fail holds up no other claim. Rows whose
--- lease was lost do not come back.
+-- The payloads of rows leased to the caller, as the client sent them: $1 effect ids and $2 their lease
+-- tokens, paired by index. A plain read, which locks nothing, so a read that Postgres takes long to finish or
+-- fail holds up no other claim. Rows whose lease was lost do not come back. The rows are found by their
+-- primary key: lease_token has no index, and a backlog of many rows made a search by token a scan of the
+-- whole outbox on every claim (issue 14).
 SELECT e.id, {{payload}}
-FROM oncegate_outbox o
+FROM unnest($1::bigint[], $2::uuid[]) AS l (effect_id, token)
+JOIN oncegate_outbox o ON o.effect_id = l.effect_id AND o.lease_token = l.token
 JOIN oncegate_effects e ON e.id = o.effect_id
-WHERE o.lease_token = ANY ($1::uuid[])

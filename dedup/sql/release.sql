@@ -1,15 +1,19 @@
 -- Hands leased rows back, unattempted and due at once, when their payloads could not be read. A fresh row
--- ($1 tokens) goes back to pending, as it was; a rescued row ($2 tokens) keeps an expired lease and its
--- effect stays delivering, as they were, so that the next claim still knows it was rescued (on_crash).
--- $3 pending
-WITH back AS (
-    UPDATE oncegate_outbox
+-- goes back to pending, as it was; a rescued row keeps an expired lease and its effect stays delivering, as
+-- they were, so that the next claim still knows it was rescued (on_crash). Rows are found by primary key and
+-- fenced by their tokens (see read_payloads.sql).
+-- $1 effect ids, $2 their lease tokens, $3 whether each was rescued, paired by index; $4 pending
+WITH leased AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::boolean[]) AS l (effect_id, token, rescued)
+), back AS (
+    UPDATE oncegate_outbox o
     SET lease_token = NULL, lease_owner = NULL,
-        lease_expires_at = CASE WHEN lease_token = ANY ($2::uuid[]) THEN '-infinity'::timestamptz END
-    WHERE lease_token = ANY ($1::uuid[]) OR lease_token = ANY ($2::uuid[])
-    RETURNING effect_id, lease_expires_at IS NULL AS fresh
+        lease_expires_at = CASE WHEN leased.rescued THEN '-infinity'::timestamptz END
+    FROM leased
+    WHERE o.effect_id = leased.effect_id AND o.lease_token = leased.token
+    RETURNING o.effect_id, NOT leased.rescued AS fresh
 )
 UPDATE oncegate_effects e
-SET status = $3, updated_at = now()
+SET status = $4, updated_at = now()
 FROM back
 WHERE e.id = back.effect_id AND back.fresh

@@ -27,6 +27,7 @@ type claimState struct {
 	failures     int       // consecutive failed claims
 	retryAt      time.Time // no claim before
 	suspectUntil time.Time // claim one row at a time until
+	backlog      bool      // the last claim came back full: more rows are due than were taken
 
 	mu   sync.Mutex
 	busy bool // a one-by-one claim runs (claimEach); the loop leaves the type to it
@@ -96,8 +97,17 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 		if free <= 0 {
 			continue
 		}
+		// With a backlog, every delivery that ends frees a slot: claiming for each would cost a claim and a
+		// payload read per delivery. A quarter of the slots free is claimed at once instead; rows that just
+		// came due (no backlog) are claimed as soon as any slot is free.
+		if st.backlog && free < max(1, min(d.cfg.BatchSize, t.Concurrency)/4) {
+			continue
+		}
 		_, headroom := t.claimLimits()
 		n := min(free, d.cfg.BatchSize, headroom)
+		if n <= 0 {
+			continue
+		}
 		if now.Before(st.suspectUntil) {
 			d.claimEach(ctx, deliveries, inflight, t, st, n)
 			continue
@@ -127,7 +137,8 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 			t.inflight.Add(1)
 			d.startDelivery(deliveries, inflight, t, r)
 		}
-		if len(rows) == n {
+		st.backlog = len(rows) == n
+		if st.backlog {
 			more = true
 		}
 	}

@@ -102,10 +102,11 @@ func main() {
 database_url: %s
 tenants: { bench: { api_keys: [%s], rate: { requests_per_second: 1000000, request_burst: 1000000, bytes_per_second: 1000MiB, byte_burst: 1000MiB } } }
 effect_types:
-  analytics: { provider: postgres, concurrency: 32 }
+  analytics: { provider: postgres, concurrency: 32, tenant_concurrency: 32 }
   hook:
     provider: webhook
     concurrency: 64
+    tenant_concurrency: 64
     webhook: { url: "%s/hook", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
 `, dbURL, apiKey, receiver.URL)), 0o600))
 	dbconn, err := pgx.Connect(ctx, dbURL)

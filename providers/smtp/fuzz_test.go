@@ -18,6 +18,8 @@ func FuzzMessageConforms(f *testing.F) {
 	f.Add("Bienvenue, Zoë", "X-Tag", "a  b\tc", "Hi\n--=_x\r\n", "<p>Hi</p>", "User <a@example.test>")
 	f.Add(strings.Repeat("word ", 190), "X-Long-"+strings.Repeat("n", 60), strings.Repeat("é", 400), "t", "", `"a b"@example.test`)
 	f.Add("=?utf-8?q?x?= \x1b[31m", "Reply-To", `"Doe, J." <j@example.test>, Zoë <z@exämple.test>`, strings.Repeat("x", 2000), "h", `"\"q\\"@[192.0.2.1]`)
+	f.Add("s", "References", "<a@b>\t <c.d@[192.0.2.1]> ", "t", "", `"`+strings.Repeat("Na.me ", 250)+`" <a@example.test>`)
+	f.Add("s", "X-Q", "v", "t", "", `" a  b \" c\\ " <a@example.test>`)
 	f.Add(" lead and trail ", "X-E", "🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉🎉", ".\r\n.\r\n", ".", "a@b.test")
 	p, err := New(Config{Addr: "127.0.0.1:1", From: "Équipe <noreply@acme.test>"}, providers.Type{})
 	if err != nil {
@@ -48,7 +50,14 @@ func FuzzMessageConforms(f *testing.F) {
 			t.Fatalf("Subject reads back as %q, want %q\n%s", got, pl.Subject, data)
 		}
 		for k, v := range pl.Headers {
-			if addressHeaders[textproto.CanonicalMIMEHeaderKey(k)] {
+			ck := textproto.CanonicalMIMEHeaderKey(k)
+			if addressHeaders[ck] {
+				continue
+			}
+			if msgIDHeaders[ck] {
+				if got := strings.Fields(unfolded(t, data, ck)); strings.Join(got, " ") != strings.Join(strings.Fields(v), " ") {
+					t.Fatalf("%s reads back as %q, want the ids of %q\n%s", k, got, v, data)
+				}
 				continue
 			}
 			if got := unfolded(t, data, textproto.CanonicalMIMEHeaderKey(k)); got != v {

@@ -86,7 +86,7 @@ func TestThreadingHeadersAreMsgIDs(t *testing.T) {
 	}
 	var ids []string
 	for i := range 40 {
-		ids = append(ids, "<thread."+strings.Repeat("x", i)+"@mail.example.test>")
+		ids = append(ids, "<thread."+strings.Repeat("x", i+1)+"@mail.example.test>")
 	}
 	m := send(t, map[string]any{"to": []string{"a@example.test"}, "subject": "s", "text": "t",
 		"headers": map[string]string{"In-Reply-To": "<a.b@[192.0.2.1]>", "References": "  " + strings.Join(ids, " \t ") + " "}})

@@ -12,6 +12,7 @@ import (
 	"net/mail"
 	"net/textproto"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -24,7 +25,8 @@ type Part struct {
 
 // Check reads data as the content of a DATA command and returns its leaf parts, or every way it breaks the
 // standards a receiving mail system may hold it to: RFC 5322 (CRLF lines of at most 998 octets, header fields
-// with printable names, the fields that must appear once at most, parseable dates, addresses and message ids),
+// with printable names, the fields that must appear once at most, parseable dates, addresses and message ids,
+// In-Reply-To and References as msg-ids),
 // RFC 2045–2047 (MIME-Version, media types, transfer encodings decoded strictly, multipart bodies split by their
 // boundary and ended by the close delimiter, encoded words of at most 75 characters on lines of at most 76, each
 // one decodable alone) and RFC 6532 (8-bit header bytes only when the envelope asked for SMTPUTF8, and then
@@ -278,6 +280,15 @@ func (c *checker) fields(fs []field) {
 		case canon == "Message-Id":
 			if !isMsgID(v) {
 				c.fail("header: Message-ID %q is not <id-left@id-right>", v)
+			}
+		case canon == "In-Reply-To" || canon == "References":
+			ids := strings.FieldsFunc(v, func(r rune) bool { return r == ' ' || r == '\t' })
+			if len(ids) == 0 || slices.ContainsFunc(ids, func(id string) bool { return !isMsgID(id) }) {
+				c.fail("header: %s %q is not msg-ids separated by white space", f.name, v)
+			}
+		case canon == "Resent-Date":
+			if _, err := mail.ParseDate(v); err != nil {
+				c.fail("header: Resent-Date %q: %v", v, err)
 			}
 		}
 	}

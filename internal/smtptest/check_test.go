@@ -41,6 +41,9 @@ func TestCheckFindsWhatIsMalformed(t *testing.T) {
 		{"bad To", head + "To: a b@example.test\r\n" + body, "header: To"},
 		{"bad Message-ID", strings.Replace(head, "<id@acme.test>", "<id @acme.test>", 1) + body, "Message-ID"},
 		{"Message-ID without <", strings.Replace(head, "<id@acme.test>", "id@acme.test>", 1) + body, "Message-ID"},
+		{"In-Reply-To not a msg-id", head + "In-Reply-To: garbage here\r\n" + body, "In-Reply-To"},
+		{"References with junk", head + "References: <a@b>\r\n junk\r\n" + body, "References"},
+		{"Resent-Date not a date", head + "Resent-Date: yesterday\r\n" + body, "Resent-Date"},
 		{"fold of white space only", head + "Subject: a\r\n \r\n" + body, "white space only"},
 		{"long encoded word", head + "Subject: =?utf-8?q?" + strings.Repeat("a", 70) + "?=\r\n" + body, "over 75"},
 		{"encoded line over 76", head + "X-Long-Field-Name-Of-Some-Length: aaaaaaaaaaaaaaaaaaaaaa =?utf-8?q?Zo=C3=AB?=\r\n" + body, "over RFC 2047's 76"},
@@ -59,6 +62,9 @@ func TestCheckFindsWhatIsMalformed(t *testing.T) {
 		if _, err := Check([]byte(c.data), false); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error with %q", c.name, err, c.want)
 		}
+	}
+	if _, err := Check([]byte(head+"In-Reply-To: <a@b>\r\nReferences: <x.y@z>\r\n\t<a@[192.0.2.1]> <a@b>\r\n"+body), false); err != nil {
+		t.Errorf("msg-id lists folded between ids: %v", err)
 	}
 	// SMTPUTF8 lets UTF-8 into the header (RFC 6532), and only UTF-8.
 	if _, err := Check([]byte(head+"To: zoë@example.test\r\n"+body), true); err != nil {

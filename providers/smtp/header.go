@@ -50,13 +50,13 @@ func (f *fieldWriter) fold() {
 	f.line = 0
 }
 
-// done returns the field and its CRLF, or an error when a line passes maxLine: text with no white space
-// where it could be folded.
+// done returns the field and its CRLF, or an error when a line passes maxLine: text with no place where it
+// could be folded.
 func (f *fieldWriter) done() (string, error) {
 	s := f.b.String()
 	for _, line := range strings.Split(s, "\r\n") {
 		if len(line) > maxLine {
-			return "", fmt.Errorf("gives a line of %d characters with no white space to fold it at, over the %d RFC 5322 allows", len(line), maxLine)
+			return "", fmt.Errorf("gives a line of %d characters with no place to fold it, over the %d RFC 5322 allows: folds go at white space between words (in a quoted display name, at a single space)", len(line), maxLine)
 		}
 	}
 	return s + "\r\n", nil
@@ -206,7 +206,7 @@ func (f *fieldWriter) addresses(as []address) {
 }
 
 // phrase appends a display name: atoms when it is words of atext single-spaced, encoded words when it needs
-// encoding, else a quoted-string.
+// encoding, else a quoted-string, folded at its single spaces.
 func (f *fieldWriter) phrase(name string) {
 	switch {
 	case needsEncoding(name):
@@ -216,8 +216,26 @@ func (f *fieldWriter) phrase(name string) {
 			f.token(" " + w)
 		}
 	default:
-		f.token(" " + quote(name))
+		for _, seg := range quotedSegments(" " + quote(name)) {
+			f.token(seg)
+		}
 	}
+}
+
+// quotedSegments splits s, a space and a quoted-string, before each single space that has a character other
+// than white space on both sides: the places a fold may go. RFC 5322 allows folding white space inside a
+// quoted-string, and unfolding, by the RFC or by net/textproto (which squeezes the white space at a fold into
+// one space), gives the name back exactly only where that white space is one space.
+func quotedSegments(s string) []string {
+	var out []string
+	start := 0
+	for i := 2; i < len(s)-1; i++ {
+		if s[i] == ' ' && !isWSP(s[i-1]) && !isWSP(s[i+1]) {
+			out = append(out, s[start:i])
+			start = i
+		}
+	}
+	return append(out, s[start:])
 }
 
 func isAtomPhrase(s string) bool {

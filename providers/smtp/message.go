@@ -34,6 +34,45 @@ var ownHeaders = map[string]bool{"From": true, "To": true, "Cc": true, "Bcc": tr
 // addressHeaders are the headers a payload may set whose value is an address list, written as To is.
 var addressHeaders = map[string]bool{"Reply-To": true}
 
+// msgIDHeaders are the headers a payload may set whose value is a list of msg-ids (RFC 5322 section 3.6.4).
+var msgIDHeaders = map[string]bool{"In-Reply-To": true, "References": true}
+
+// routingHeaders name an address that mail about the message goes to (receipts, bounces, replies to a list),
+// or hold addresses as trace or as a structured field the provider does not parse: a payload that set them
+// could send that mail where it liked, or write a field a reader parses and finds malformed. Reply-To is the
+// one address field a payload sets; Resent-* fields are refused by prefix.
+var routingHeaders = map[string]string{
+	"Return-Path":                 "is a trace field (RFC 5322 section 3.6.7) that the receiving system writes",
+	"Received":                    "is a trace field (RFC 5322 section 3.6.7) that each relay writes",
+	"Delivered-To":                "is a trace field that the receiving system writes",
+	"Envelope-To":                 "is a trace field that the receiving system writes",
+	"Apparently-To":               "is a trace field that the receiving system writes",
+	"Sender":                      "is written by the gateway",
+	"Errors-To":                   "would send bounces to an address of the payload's choosing",
+	"Return-Receipt-To":           "would send read receipts to an address of the payload's choosing",
+	"Disposition-Notification-To": "would send read receipts to an address of the payload's choosing (RFC 8098)",
+	"Mail-Followup-To":            "is an address field: Reply-To is the one a payload may set",
+	"Mail-Reply-To":               "is an address field: Reply-To is the one a payload may set",
+	"Author":                      "is an address field (RFC 9057): Reply-To is the one a payload may set",
+	"Original-From":               "is an address field (RFC 5703): Reply-To is the one a payload may set",
+	"Original-Recipient":          "is an address field (RFC 3798): Reply-To is the one a payload may set",
+	"Keywords":                    "is a structured field (RFC 5322 section 3.6.5, a list of phrases) the gateway does not parse",
+}
+
+// refused says why a payload may not set the header ck (in canonical form), or "" when it may.
+func refused(ck string) string {
+	lower := strings.ToLower(ck)
+	switch {
+	case ownHeaders[ck]:
+		return "is written by the gateway"
+	case strings.HasPrefix(lower, "content-"), strings.HasPrefix(lower, "mime-"):
+		return "is a MIME field: the gateway alone writes the message's structure (RFC 2045, 2183)"
+	case strings.HasPrefix(lower, "resent-"):
+		return "is a resent field (RFC 5322 section 3.6.6): the gateway sends a message, it does not resend one"
+	}
+	return routingHeaders[ck]
+}
+
 // parsed is a payload checked and rendered as far as it can be before a delivery: everything that could
 // refuse it is done here, at request time.
 type parsed struct {
@@ -131,8 +170,8 @@ func (p *parsed) headers() error {
 		if i > 0 && strings.EqualFold(names[i-1], k) {
 			return providers.Invalid("headers."+k, "is given twice, as %q and %q", names[i-1], k)
 		}
-		if ownHeaders[ck] {
-			return providers.Invalid("headers."+k, "is written by the gateway")
+		if why := refused(ck); why != "" {
+			return providers.Invalid("headers."+k, "%s", why)
 		}
 		if strings.ContainsAny(v, "\r\n\x00") {
 			return providers.Invalid("headers."+k, "has a line break or NUL: header injection is refused")
@@ -153,6 +192,17 @@ func (p *parsed) headers() error {
 				as[j] = address{name: a.Name, mailbox: box}
 			}
 			f.addresses(as)
+		} else if msgIDHeaders[ck] {
+			ids := strings.FieldsFunc(v, func(r rune) bool { return r == ' ' || r == '\t' })
+			if len(ids) == 0 {
+				return providers.Invalid("headers."+k, "is empty: it takes one or more msg-ids, <id-left@id-right>")
+			}
+			for _, id := range ids {
+				if !isMsgID(id) {
+					return providers.Invalid("headers."+k, "%q is not a msg-id, <id-left@id-right> in printable ASCII (RFC 5322 section 3.6.4); ids are separated by white space", id)
+				}
+				f.token(" " + id)
+			}
 		} else {
 			f.text(v)
 		}
@@ -164,6 +214,29 @@ func (p *parsed) headers() error {
 	}
 	p.extra = out.String()
 	return nil
+}
+
+// isMsgID reports whether s is an RFC 5322 msg-id in printable ASCII: "<" dot-atom-text "@" (dot-atom-text /
+// no-fold-literal) ">".
+func isMsgID(s string) bool {
+	inner, ok := strings.CutPrefix(s, "<")
+	if inner, ok2 := strings.CutSuffix(inner, ">"); ok && ok2 {
+		left, right, ok := strings.Cut(inner, "@")
+		if !ok || !isDotAtomText(left) {
+			return false
+		}
+		if lit, ok := strings.CutPrefix(right, "["); ok {
+			lit, ok = strings.CutSuffix(lit, "]")
+			return ok && !strings.ContainsFunc(lit, func(r rune) bool { return r <= ' ' || r > '~' || strings.ContainsRune("[]\\", r) })
+		}
+		return isDotAtomText(right)
+	}
+	return false
+}
+
+// isDotAtomText reports whether s is atoms of ASCII atext joined by single dots.
+func isDotAtomText(s string) bool {
+	return isASCII(s) && isDotString(s)
 }
 
 // isFieldName reports whether s is an RFC 5322 field name: printable ASCII but ':'.

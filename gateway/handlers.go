@@ -33,8 +33,10 @@ type createRequest struct {
 
 func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
+	// application/json alone, as openapi.yaml lists it (parameters such as charset=utf-8 are fine): a +json
+	// type is JSON that means something else (merge-patch+json is a patch), which this API does not take.
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+	if err != nil || mt != "application/json" {
 		writeProblem(w, probUnsupportedMedia, "", "send the request body as Content-Type: application/json")
 		return
 	}
@@ -149,9 +151,13 @@ func jobHeaders(r *http.Request) (string, int64, error) {
 	if id == "" && raw == "" {
 		return "", 0, nil
 	}
+	// Plain digits from 1, without sign or leading zero: ParseInt alone reads "+9" and "09" as 9, spellings
+	// that another reader of the header (a proxy's rule, a log search) need not take for the same epoch.
 	epoch, err := strconv.ParseInt(raw, 10, 64)
-	if id == "" || len(id) > 512 || err != nil || epoch < 1 {
-		return "", 0, errors.New("Oncegate-Job-Id (at most 512 bytes) and Oncegate-Job-Epoch (a positive integer) go together")
+	plain := raw != "" && raw[0] >= '1' && raw[0] <= '9' && strings.Trim(raw, "0123456789") == ""
+	if id == "" || len(id) > 512 || err != nil || !plain {
+		return "", 0, errors.New("Oncegate-Job-Id (at most 512 bytes) and Oncegate-Job-Epoch (decimal digits, " +
+			"from 1, without sign or leading zero) go together")
 	}
 	return id, epoch, nil
 }

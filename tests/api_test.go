@@ -118,6 +118,8 @@ dispatcher: { poll_interval: 100ms }
 	expect(403, "POST", "/v1/effects", limitedKey, `{"type":"refused","payload":{"event":"e","data":1}}`, "Idempotency-Key: k")
 	expect(413, "POST", "/v1/effects", apiKey, `{"type":"clicks","payload":{"name":"`+strings.Repeat("x", 2048)+`"}}`, "Idempotency-Key: k")
 	expect(415, "POST", "/v1/effects", apiKey, click, "Idempotency-Key: k", "Content-Type: text/plain")
+	expect(415, "POST", "/v1/effects", apiKey, click, "Idempotency-Key: k", "Content-Type: application/merge-patch+json")
+	expect(202, "POST", "/v1/effects", apiKey, click, "Idempotency-Key: charset:1", "Content-Type: application/json; charset=utf-8")
 	expect(202, "POST", "/v1/effects", slowKey, click, "Idempotency-Key: k")
 	h, _ = expect(429, "POST", "/v1/effects", slowKey, click, "Idempotency-Key: k")
 	if h.Get("Retry-After") == "" {

@@ -74,6 +74,12 @@ func New(baseURL, apiKey string, opts *Options) (*Client, error) {
 		// Client spans for every call to the gateway.
 		o.HTTPClient = &http.Client{Timeout: 60 * time.Second, Transport: otelhttp.NewTransport(http.DefaultTransport)}
 	}
+	// A redirect is answered as an error, never followed: the gateway sends none, and a client that follows
+	// one (to the list, say, when a path was cleaned on the way) would read another resource as the effect.
+	// The caller's http.Client is copied, not changed.
+	hc := *o.HTTPClient
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	o.HTTPClient = &hc
 	if o.MaxTries <= 0 {
 		o.MaxTries = 8
 	}
@@ -281,11 +287,23 @@ func (c *Client) Get(ctx context.Context, key string, wait time.Duration) (*Effe
 	if err := checkWait(wait); err != nil {
 		return nil, err
 	}
-	path := "/v1/effects/" + url.PathEscape(key)
+	path := effectPath(key)
 	if wait > 0 {
 		path += "?wait=" + wait.String()
 	}
 	return c.do(ctx, http.MethodGet, path, nil, http.Header{})
+}
+
+// effectPath is the path of the effect under key, as the gateway's Location spells it: a key that is "." or
+// ".." would be a dot segment, which RFC 3986 clients and proxies remove, so it is escaped whole.
+func effectPath(key string) string {
+	switch key {
+	case ".":
+		return "/v1/effects/%2E"
+	case "..":
+		return "/v1/effects/%2E%2E"
+	}
+	return "/v1/effects/" + url.PathEscape(key)
 }
 
 // retryable reports whether another try with the same key can succeed.
@@ -347,6 +365,9 @@ func (c *Client) once(ctx context.Context, method, path string, body []byte, hea
 	}
 	if resp.StatusCode >= 300 {
 		pe := &ProblemError{Status: resp.StatusCode, Title: http.StatusText(resp.StatusCode)}
+		if resp.StatusCode < 400 {
+			pe.Detail = fmt.Sprintf("a redirect to %q, which the client does not follow", resp.Header.Get("Location"))
+		}
 		_ = json.Unmarshal(data, pe)
 		var wait time.Duration
 		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {

@@ -70,6 +70,7 @@ type Gateway struct {
 	allowed    map[string]map[string]bool // tenant → the effect types it may use; none listed: all
 	waiters    *waiters
 	router     *mux.Router
+	handler    http.Handler // router, behind refuseDotSegments
 	metrics    *metrics
 	registry   *prometheus.Registry // metrics.registry: what /metrics serves
 }
@@ -159,6 +160,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	}
 	g.limiter = tenantlimit.New(func(tenant string) tenantlimit.Limits { return cfg.Tenants[tenant].Rate.limits() })
 	g.router = g.routes()
+	g.handler = refuseDotSegments(g.router)
 	return g, nil
 }
 
@@ -169,7 +171,7 @@ func (g *Gateway) Close() {
 }
 
 // Handler returns the HTTP API.
-func (g *Gateway) Handler() http.Handler { return g.router }
+func (g *Gateway) Handler() http.Handler { return g.handler }
 
 // Migrate applies pending migrations, waiting up to timeouts.migration_lock for a gateway that migrates
 // meanwhile.
@@ -232,7 +234,7 @@ func (g *Gateway) Check(ctx context.Context) error {
 // (limits.max_body), and the number of open connections (limits.max_connections).
 func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	t := g.cfg.Timeouts
-	srv := &http.Server{Handler: g.router, ReadHeaderTimeout: time.Duration(t.ReadHeader),
+	srv := &http.Server{Handler: g.handler, ReadHeaderTimeout: time.Duration(t.ReadHeader),
 		ReadTimeout: time.Duration(t.Read), WriteTimeout: time.Duration(t.Write), IdleTimeout: time.Duration(t.Idle),
 		MaxHeaderBytes: int(g.cfg.Limits.MaxHeader),
 		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
@@ -433,23 +435,30 @@ func (g *Gateway) routes() *mux.Router {
 	r := mux.NewRouter()
 	// Keys may contain "/": keep %2F encoded while routing, and unescape the variable ourselves.
 	r.UseEncodedPath()
+	// mux would otherwise answer a path with a dot segment or an empty one with a 301 to its cleaned form,
+	// which is another resource ("/v1/effects/." to the list) that a client follows without knowing. A path
+	// is routed as it is sent, and one that is not a route is a 404.
+	r.SkipClean(true)
 	r.Use(g.recoverer, traced)
-	r.HandleFunc("/healthz", g.healthz).Methods(http.MethodGet)
-	r.HandleFunc("/readyz", g.readyz).Methods(http.MethodGet)
-	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(http.MethodGet)
+	// RFC 9110 §9.1: HEAD wherever GET. net/http answers a HEAD with the status and headers the handler
+	// writes and drops its body.
+	get := []string{http.MethodGet, http.MethodHead}
+	r.HandleFunc("/healthz", g.healthz).Methods(get...)
+	r.HandleFunc("/readyz", g.readyz).Methods(get...)
+	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
 	r.HandleFunc("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(openAPI)
-	}).Methods(http.MethodGet)
-	r.HandleFunc(problemsPath+"{name}", problemPage).Methods(http.MethodGet)
+	}).Methods(get...)
+	r.HandleFunc(problemsPath+"{name}", problemPage).Methods(get...)
 
 	// The API's routes sit on the root router, each wrapped, rather than on a "/v1" subrouter: a subrouter's
 	// routes repeat its prefix matcher, whose match erases a sibling route's method mismatch, so a wrong
 	// method on a /v1 path came out as a 404.
 	v1 := func(h http.HandlerFunc) http.Handler { return g.authenticate(g.limitTenant(h)) }
 	r.Handle("/v1/effects", v1(g.createEffect)).Methods(http.MethodPost)
-	r.Handle("/v1/effects", v1(g.listEffects)).Methods(http.MethodGet)
-	r.Handle("/v1/effects/{key}", v1(g.getEffect)).Methods(http.MethodGet)
+	r.Handle("/v1/effects", v1(g.listEffects)).Methods(get...)
+	r.Handle("/v1/effects/{key}", v1(g.getEffect)).Methods(get...)
 	r.Handle("/v1/effects/{key}/retry", v1(g.retryEffect)).Methods(http.MethodPost)
 
 	// Neither answer reads the body or asks for an API key: the path, or its method, exists for no one.
@@ -461,6 +470,23 @@ func (g *Gateway) routes() *mux.Router {
 		refuseUnread(w, req, probMethodNotAllowed, fmt.Sprintf("%s is not a method of this path", req.Method))
 	})
 	return r
+}
+
+// refuseDotSegments answers 404 to a path with a bare "." or ".." segment. An RFC 3986 client removes such
+// segments before it sends a request, and a proxy may too, so the same URL would name one resource here and
+// another behind them: no route takes one. A key that is "." or ".." is sent percent-encoded (%2E, %2E%2E),
+// as the gateway's Location does, and routed as a key.
+func refuseDotSegments(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for _, seg := range strings.Split(r.URL.EscapedPath(), "/") {
+			if seg == "." || seg == ".." {
+				refuseUnread(w, r, probNotFound, `no such route: a path with a "." or ".." segment names no `+
+					`resource here (send a key that is . or .. percent-encoded, as %2E or %2E%2E)`)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // allowedMethods lists the methods that root serves at req's path, for the Allow header of a 405.

@@ -33,8 +33,10 @@ type createRequest struct {
 
 func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 	tenant := tenantOf(r)
+	// application/json alone, as openapi.yaml lists it (parameters such as charset=utf-8 are fine): a +json
+	// type is JSON that means something else (merge-patch+json is a patch), which this API does not take.
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+	if err != nil || mt != "application/json" {
 		writeProblem(w, probUnsupportedMedia, "", "send the request body as Content-Type: application/json")
 		return
 	}
@@ -149,9 +151,13 @@ func jobHeaders(r *http.Request) (string, int64, error) {
 	if id == "" && raw == "" {
 		return "", 0, nil
 	}
+	// Plain digits from 1, without sign or leading zero: ParseInt alone reads "+9" and "09" as 9, spellings
+	// that another reader of the header (a proxy's rule, a log search) need not take for the same epoch.
 	epoch, err := strconv.ParseInt(raw, 10, 64)
-	if id == "" || len(id) > 512 || err != nil || epoch < 1 {
-		return "", 0, errors.New("Oncegate-Job-Id (at most 512 bytes) and Oncegate-Job-Epoch (a positive integer) go together")
+	plain := raw != "" && raw[0] >= '1' && raw[0] <= '9' && strings.Trim(raw, "0123456789") == ""
+	if id == "" || len(id) > 512 || err != nil || !plain {
+		return "", 0, errors.New("Oncegate-Job-Id (at most 512 bytes) and Oncegate-Job-Epoch (decimal digits, " +
+			"from 1, without sign or leading zero) go together")
 	}
 	return id, epoch, nil
 }
@@ -286,7 +292,17 @@ func pathKey(r *http.Request) (string, error) {
 	return url.PathUnescape(mux.Vars(r)["key"])
 }
 
-func effectPath(key string) string { return "/v1/effects/" + url.PathEscape(key) }
+// effectPath is the path of the effect under key. A key that is "." or ".." is a dot segment, which an
+// RFC 3986 client removes from a path (RFC 3986 §5.2.4) and which the gateway refuses: it is escaped whole.
+func effectPath(key string) string {
+	switch key {
+	case ".":
+		return "/v1/effects/%2E"
+	case "..":
+		return "/v1/effects/%2E%2E"
+	}
+	return "/v1/effects/" + url.PathEscape(key)
+}
 
 func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) {
 	key, err := pathKey(r)

@@ -121,7 +121,10 @@ type response struct {
 	raw    string
 }
 
-// req sends a request; headers are "Name: value" strings. A nil apiKey sends no Authorization header.
+// noRedirects hands a redirect back to the test, which sees the gateway's answer as it was.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// req sends a request as it is written (the path is not cleaned, like curl --path-as-is); headers are "Name: value" strings. A nil apiKey sends no Authorization header.
 func (h *harness) req(method, path, apiKey, body string, headers ...string) response {
 	h.t.Helper()
 	r, err := http.NewRequest(method, h.url+path, strings.NewReader(body))
@@ -144,7 +147,7 @@ func (h *harness) req(method, path, apiKey, body string, headers ...string) resp
 		}
 		given[k] = true
 	}
-	resp, err := http.DefaultClient.Do(r)
+	resp, err := noRedirects.Do(r)
 	if err != nil {
 		h.t.Fatal(err)
 	}

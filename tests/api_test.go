@@ -24,6 +24,9 @@ const (
 )
 
 // exchange sends one request to the gateway and returns the status and the answer's headers and body.
+// noRedirects hands a redirect back to the test: the gateway sends none, and one followed would hide it.
+var noRedirects = &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
 func exchange(t *testing.T, method, url, key, body string, headers ...string) (int, http.Header, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
@@ -40,7 +43,7 @@ func exchange(t *testing.T, method, url, key, body string, headers ...string) (i
 		k, v, _ := strings.Cut(h, ": ")
 		req.Header.Set(k, v)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := noRedirects.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,6 +118,8 @@ dispatcher: { poll_interval: 100ms }
 	expect(403, "POST", "/v1/effects", limitedKey, `{"type":"refused","payload":{"event":"e","data":1}}`, "Idempotency-Key: k")
 	expect(413, "POST", "/v1/effects", apiKey, `{"type":"clicks","payload":{"name":"`+strings.Repeat("x", 2048)+`"}}`, "Idempotency-Key: k")
 	expect(415, "POST", "/v1/effects", apiKey, click, "Idempotency-Key: k", "Content-Type: text/plain")
+	expect(415, "POST", "/v1/effects", apiKey, click, "Idempotency-Key: k", "Content-Type: application/merge-patch+json")
+	expect(202, "POST", "/v1/effects", apiKey, click, "Idempotency-Key: charset:1", "Content-Type: application/json; charset=utf-8")
 	expect(202, "POST", "/v1/effects", slowKey, click, "Idempotency-Key: k")
 	h, _ = expect(429, "POST", "/v1/effects", slowKey, click, "Idempotency-Key: k")
 	if h.Get("Retry-After") == "" {
@@ -139,6 +144,38 @@ dispatcher: { poll_interval: 100ms }
 	expect(404, "POST", "/v1/effects/nothing-here/retry", apiKey, "")
 	expect(404, "POST", "/v1/effects/refused:1/retry", limitedKey, "") // another tenant's: not found for it
 	expect(401, "GET", "/v1/effects", "", "")
+
+	// Keys that are dot segments, or hold them: Location spells them so that they survive, and reads them back.
+	for key, loc := range map[string]string{".": "/v1/effects/%2E", "..": "/v1/effects/%2E%2E",
+		"a/../b": "/v1/effects/a%2F..%2Fb", "//x": "/v1/effects/%2F%2Fx"} {
+		h, _ := expect(202, "POST", "/v1/effects", apiKey, click, "Idempotency-Key: "+key)
+		if h.Get("Location") != loc {
+			t.Errorf("key %q: Location %q, want %q", key, h.Get("Location"), loc)
+		}
+		if _, raw := expect(200, "GET", loc, apiKey, ""); !strings.Contains(raw, fmt.Sprintf(`"key":%q`, key)) {
+			t.Errorf("GET %s: %s", loc, raw)
+		}
+	}
+	// Paths are routed as sent, never cleaned and redirected to another resource.
+	expect(404, "GET", "/v1/effects/.", apiKey, "")
+	expect(404, "GET", "/v1/effects//x", apiKey, "")
+	expect(404, "POST", "/v1/effects/../retry", apiKey, "")
+
+	// HEAD wherever GET, with GET's status and headers and no body.
+	for _, c := range []struct {
+		want      int
+		path, key string
+	}{
+		{200, "/healthz", ""}, {200, "/readyz", ""}, {200, "/metrics", ""}, {200, "/openapi.yaml", ""},
+		{200, "/problems/not-found", ""}, {404, "/problems/no-such-problem", ""}, {200, "/v1/effects", apiKey},
+		{401, "/v1/effects", ""}, {400, "/v1/effects?status=lost", apiKey}, {200, "/v1/effects/click:1", apiKey},
+		{404, "/v1/effects/nothing-here", apiKey},
+	} {
+		if _, raw := expect(c.want, "HEAD", c.path, c.key, ""); raw != "" {
+			t.Errorf("HEAD %s: a body %q", c.path, raw)
+		}
+	}
+	expect(404, "HEAD", "/v1/nothing", apiKey, "")
 
 	expect(405, "PUT", "/v1/effects", apiKey, click)
 	expect(405, "DELETE", "/v1/effects/click:1", apiKey, "")

@@ -247,6 +247,12 @@ func (s *spec) checkProblem(resp *http.Response, body []byte, status int) error 
 	if ct := resp.Header.Get("Content-Type"); ct != "application/problem+json" {
 		return fmt.Errorf("Content-Type %q", ct)
 	}
+	if resp.Request != nil && resp.Request.Method == http.MethodHead {
+		if len(body) != 0 {
+			return fmt.Errorf("a body of %d bytes in an answer to HEAD", len(body))
+		}
+		return nil
+	}
 	var v any
 	if err := json.Unmarshal(body, &v); err != nil {
 		return err
@@ -257,7 +263,8 @@ func (s *spec) checkProblem(resp *http.Response, body []byte, status int) error 
 // checkProblemKind holds a problem to the gateway's registry of problem types: a type it lists, with that
 // type's one title and status, the status of the answer.
 func checkProblemKind(resp *http.Response, body []byte) error {
-	if resp.Header.Get("Content-Type") != "application/problem+json" {
+	if resp.Header.Get("Content-Type") != "application/problem+json" ||
+		(resp.Request != nil && resp.Request.Method == http.MethodHead) { // no body to hold
 		return nil
 	}
 	var p gateway.Problem

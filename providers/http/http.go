@@ -133,7 +133,8 @@ type Payload struct {
 	Method  string            `json:"method"`
 	Path    string            `json:"path"`
 	Headers map[string]string `json:"headers,omitempty"`
-	// Body is a string, sent as it is, or any other JSON value, sent as JSON.
+	// Body is a string, sent as it is, or any other JSON value (null included), sent as JSON with
+	// Content-Type application/json. Absent, the request has no body.
 	Body json.RawMessage `json:"body,omitempty"`
 }
 
@@ -209,10 +210,17 @@ func (p *Provider) parse(raw json.RawMessage) (Payload, error) {
 	if err != nil {
 		return pl, providers.Invalid("path", "%v", err)
 	}
+	// Decoded, so %2e%2e and %5c count too: an upstream that normalises paths would leave base_url's prefix.
+	if strings.Contains(rel.Path, `\`) {
+		// IIS, and servers on Windows, read a backslash as "/": "/a\..\..\x" climbs two levels there.
+		return pl, providers.Invalid("path", `must not hold a backslash (\ or %%5C), which some servers read as /`)
+	}
 	for _, seg := range strings.Split(rel.Path, "/") {
-		// Decoded, so %2e%2e counts too: an upstream that normalises paths would leave base_url's prefix.
+		// Tomcat and Spring drop a segment's ;parameters before they resolve dot segments: "..;x" is "..".
+		seg, _, _ = strings.Cut(seg, ";")
 		if seg == "." || seg == ".." {
-			return pl, providers.Invalid("path", "must not hold . or .. segments: a request stays under base_url")
+			return pl, providers.Invalid("path", "must not hold . or .. segments (nor ..;x, which some servers "+
+				"read as ..): a request stays under base_url")
 		}
 	}
 	for k, v := range pl.Headers {
@@ -255,9 +263,9 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	target.RawQuery = rel.RawQuery
 	var body []byte
 	contentType := ""
-	if len(pl.Body) > 0 && string(pl.Body) != "null" {
+	if len(pl.Body) > 0 { // a JSON null is a JSON value, sent as JSON; an absent body is no body
 		var s string
-		if json.Unmarshal(pl.Body, &s) == nil {
+		if pl.Body[0] == '"' && json.Unmarshal(pl.Body, &s) == nil { // a string; null would unmarshal as ""
 			body = []byte(s)
 		} else {
 			body, contentType = pl.Body, "application/json"

@@ -158,8 +158,8 @@ func port(u *url.URL) int {
 }
 
 // allowedHost is an allowed_hosts entry: a host (or "*.domain", for its subdomains), with the scheme and
-// port a payload url must use on it. A host that is an IP address is kept in netip's form, so that any
-// spelling of the address matches.
+// port a payload url must use on it. A host that is an IP address is kept in netip's form, an IPv4-mapped
+// IPv6 address as its IPv4 address, so that any spelling of the address matches.
 type allowedHost struct {
 	scheme  string
 	host    string
@@ -190,7 +190,7 @@ func parseAllowedHost(entry string) (allowedHost, error) {
 		if err != nil || !addr.Is6() || addr.Zone() != "" {
 			return a, errors.New(want)
 		}
-		a.host, rest = addr.String(), rest[end+1:]
+		a.host, rest = addr.Unmap().String(), rest[end+1:]
 		if rest != "" {
 			var ok bool
 			if portPart, ok = strings.CutPrefix(rest, ":"); !ok {
@@ -204,7 +204,7 @@ func parseAllowedHost(entry string) (allowedHost, error) {
 		}
 		a.host, portPart = host, p
 		if addr, err := netip.ParseAddr(host); err == nil {
-			a.host = addr.String()
+			a.host = addr.Unmap().String()
 		} else if !hostName(host) {
 			return a, errors.New(want)
 		}
@@ -245,7 +245,7 @@ func (a allowedHost) allows(u *url.URL) bool {
 	}
 	host := strings.ToLower(u.Hostname())
 	if addr, err := netip.ParseAddr(host); err == nil {
-		host = addr.String()
+		host = addr.Unmap().String() // ::ffff:127.0.0.1 is dialled as 127.0.0.1, and is that address
 	}
 	if domain, ok := strings.CutPrefix(a.host, "*"); ok {
 		return strings.HasSuffix(host, domain) && len(host) > len(domain)

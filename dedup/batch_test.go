@@ -253,7 +253,9 @@ func TestBatchedFinishesKeepEachLease(t *testing.T) {
 	}
 	errs := make([]error, len(rows))
 	var wg sync.WaitGroup
-	wg.Go(func() { errs[1] = s.Finish(ctx, rows[1].Lease, Finish{Status: effect.StatusDelivered, Attempted: true}) })
+	wg.Go(func() {
+		errs[1] = s.Finish(ctx, rows[1].Lease, Finish{Status: effect.StatusDelivered, Attempted: true})
+	})
 	testenv.Eventually(t, 10*time.Second, "the first finish waits on the lock", func() bool {
 		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
 			AND datname = current_database()`) > 0

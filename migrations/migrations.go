@@ -85,6 +85,19 @@ func UpWithin(ctx context.Context, db *sql.DB, log *slog.Logger, lockWait time.D
 	if err != nil {
 		return 0, fmt.Errorf("migrations: %w", err)
 	}
+	// goose's Up and GetDBVersion take the lock even with nothing to do: a start would then wait for any
+	// other start's migration, or for a killed holder's lease to run out. GetVersions reads without it.
+	current, target, err := p.GetVersions(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("migrations: read version: %w", err)
+	}
+	if current >= target {
+		return current, nil
+	}
+	if log != nil {
+		log.Info("migrating the database schema: taking the migration lock", "from", current, "to", target,
+			"lock_table", LockTable, "wait_at_most", lockWait.String())
+	}
 	if _, err := p.Up(ctx); err != nil {
 		return 0, fmt.Errorf("migrations: apply: %w", err)
 	}

@@ -157,3 +157,25 @@ func TestUpGivesUpWhenTheLockIsHeld(t *testing.T) {
 		t.Fatal("migrated without the lock")
 	}
 }
+
+// A start with nothing to migrate takes no lock: it does not wait for another start's migration, nor for the
+// lease of a holder that was killed (found by an outside test: a current database waited 31 s).
+func TestUpWithNothingPendingTakesNoLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.Database(t)) // migrated
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	holder, err := lock.NewPostgresTableLocker(lock.WithTableName(migrations.LockTable), lock.WithTableLockID(migrations.LockID))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Lock(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Unlock(ctx, db) //nolint:errcheck
+	v, err := migrations.UpWithin(ctx, db, nil, 2*time.Second)
+	if err != nil || v < 5 {
+		t.Fatalf("Up on a current database with the lock held elsewhere: version %d, %v", v, err)
+	}
+}

@@ -71,7 +71,8 @@ const panicked = "the delivery panicked, a bug in the gateway or its provider th
 	"was not retried (the log has the details)"
 
 // rescueUnknown is the error an at-most-once rescue leaves on the effect, for the operator.
-const rescueUnknown = "a gateway died while delivering this effect, so it may or may not have happened; " +
+const rescueUnknown = "the lease of the gateway delivering this effect ran out before it recorded an outcome " +
+	"(it died, or lost its database for longer than the lease), so the effect may or may not have happened; " +
 	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
 
 // decide is the dispatcher's whole delivery policy, without I/O: given how far a claimed row got, it says

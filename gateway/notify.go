@@ -178,8 +178,9 @@ func (g *Gateway) checked(err error, where string, first bool) {
 	g.metrics.notificationChecks.WithLabelValues("lost").Inc()
 	g.metrics.notificationsWorking.Set(0)
 	if was || first {
-		g.log.Warn("notification self-check failed: notifications are off until it passes, and the gateway polls "+
-			"instead; "+where+" must be a direct or session-mode connection (never transaction pooling)",
+		g.log.Warn("notification self-check failed (err says why): notifications are off until it passes, and "+
+			"the gateway polls instead; when the database answers but the notification never arrives, "+where+
+			" must be a direct or session-mode connection (never transaction pooling)",
 			"listening_on", where, "poll_interval", time.Duration(g.cfg.Dispatcher.FallbackPollInterval).String(), "err", err)
 	}
 }

@@ -121,6 +121,29 @@ func (g *group[T]) startLocked() {
 	}()
 }
 
+// claimInline takes a slot for one item that its caller records itself, in a statement of its own, when
+// nothing waits and a slot is free: a lone request pays no hand-off to a goroutine and no batch statement.
+func (g *group[T]) claimInline() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.waiting) > 0 || g.inflight >= g.cfg.Parallel {
+		return false
+	}
+	g.inflight++
+	g.stats.Batches++
+	g.stats.Requests++
+	g.stats.Largest = max(g.stats.Largest, 1)
+	return true
+}
+
+// releaseInline gives back a slot taken by claimInline, and starts a batch of what waits.
+func (g *group[T]) releaseInline() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inflight--
+	g.startLocked()
+}
+
 func (g *group[T]) split() {
 	g.mu.Lock()
 	g.stats.Split++
@@ -163,6 +186,10 @@ type finishing struct {
 
 // finish records f under lease through a batch.
 func (b *batcher) finish(ctx context.Context, lease Lease, f Finish) error {
+	if b.finishes.claimInline() {
+		defer b.finishes.releaseInline()
+		return finishOne(ctx, b.db, lease, f)
+	}
 	fin := &finishing{lease: lease, f: f, done: make(chan error, 1)}
 	b.finishes.add(fin)
 	select {

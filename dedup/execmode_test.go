@@ -108,6 +108,31 @@ func exerciseStore(t *testing.T, s *Store, pool *pgxpool.Pool, tenant string) {
 	if len(rows) != 2 {
 		t.Fatalf("claimed again %+v", rows)
 	}
+	if s.batcher != nil {
+		// Lone requests go inline (insert.sql); the batch statements run when requests meet.
+		fp, err := Fingerprint(tenant, json.RawMessage(`{}`))
+		must("fingerprint", err)
+		batch := []*insertion{
+			{ne: NewEffect{Tenant: tenant, Key: "b1", Type: tenant, Payload: json.RawMessage(`{}`)}, fp: fp,
+				trace: json.RawMessage(`{"traceparent":"00-01000000000000000000000000000000-0200000000000000-01"}`),
+				stableID: effect.NewStableID(tenant, "b1")},
+			{ne: NewEffect{Tenant: tenant, Key: "k1", Type: tenant, Payload: payload}, fp: fp,
+				stableID: effect.NewStableID(tenant, "k1")},
+		}
+		created, err := s.batcher.insertMany(ctx, batch)
+		must("insert a batch", err)
+		if len(created) != 1 || created[batch[0].stableID] == nil {
+			t.Fatalf("batch created %v", created)
+		}
+		existing, err := s.batcher.getMany(ctx, batch[1:])
+		must("read a batch", err)
+		if existing[[2]string{tenant, "k1"}] == nil {
+			t.Fatalf("batch read %v", existing)
+		}
+		if _, err := pool.Exec(ctx, "DELETE FROM oncegate_effects WHERE key = 'b1'"); err != nil {
+			t.Fatal(err)
+		}
+	}
 	finish := Finish{Status: effect.StatusDead, Result: json.RawMessage(`{"id":1}`), LastError: "gone", Attempted: true}
 	if s.batcher != nil {
 		batch := []*finishing{{lease: rows[0].Lease, f: finish, done: make(chan error, 1)},

@@ -294,17 +294,8 @@ func (c *Client) Get(ctx context.Context, key string, wait time.Duration) (*Effe
 	return c.do(ctx, http.MethodGet, path, nil, http.Header{})
 }
 
-// effectPath is the path of the effect under key, as the gateway's Location spells it: a key that is "." or
-// ".." would be a dot segment, which RFC 3986 clients and proxies remove, so it is escaped whole.
-func effectPath(key string) string {
-	switch key {
-	case ".":
-		return "/v1/effects/%2E"
-	case "..":
-		return "/v1/effects/%2E%2E"
-	}
-	return "/v1/effects/" + url.PathEscape(key)
-}
+// effectPath is the effect's API path: effect.Path, shared with the gateway.
+func effectPath(key string) string { return effect.Path(key) }
 
 // retryable reports whether another try with the same key can succeed.
 func retryable(status int) bool {

@@ -5,6 +5,8 @@
 // The state machine these statuses form, and who moves an effect along it, is in docs/effects.md.
 package effect
 
+import "net/url"
+
 // Status is where an effect is in its life. The values are those of the database column
 // oncegate_effects.status (its CHECK constraint lists them) and of the API's "status" field.
 type Status string
@@ -45,4 +47,17 @@ func (s Status) Valid() bool {
 		}
 	}
 	return false
+}
+
+// Path is the API path of the effect under key, as the gateway's Location spells it and the client asks for
+// it: the key path-escaped, and a key that is "." or ".." escaped whole, since a dot segment is removed from
+// a path by RFC 3986 clients and proxies (§5.2.4) and refused by the gateway.
+func Path(key string) string {
+	switch key {
+	case ".":
+		return "/v1/effects/%2E"
+	case "..":
+		return "/v1/effects/%2E%2E"
+	}
+	return "/v1/effects/" + url.PathEscape(key)
 }

@@ -292,17 +292,8 @@ func pathKey(r *http.Request) (string, error) {
 	return url.PathUnescape(mux.Vars(r)["key"])
 }
 
-// effectPath is the path of the effect under key. A key that is "." or ".." is a dot segment, which an
-// RFC 3986 client removes from a path (RFC 3986 §5.2.4) and which the gateway refuses: it is escaped whole.
-func effectPath(key string) string {
-	switch key {
-	case ".":
-		return "/v1/effects/%2E"
-	case "..":
-		return "/v1/effects/%2E%2E"
-	}
-	return "/v1/effects/" + url.PathEscape(key)
-}
+// effectPath is the effect's API path: effect.Path, shared with the Go client.
+func effectPath(key string) string { return effect.Path(key) }
 
 func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) {
 	key, err := pathKey(r)

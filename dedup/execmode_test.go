@@ -114,7 +114,7 @@ func exerciseStore(t *testing.T, s *Store, pool *pgxpool.Pool, tenant string) {
 		must("fingerprint", err)
 		batch := []*insertion{
 			{ne: NewEffect{Tenant: tenant, Key: "b1", Type: tenant, Payload: json.RawMessage(`{}`)}, fp: fp,
-				trace: json.RawMessage(`{"traceparent":"00-01000000000000000000000000000000-0200000000000000-01"}`),
+				trace:    json.RawMessage(`{"traceparent":"00-01000000000000000000000000000000-0200000000000000-01"}`),
 				stableID: effect.NewStableID(tenant, "b1")},
 			{ne: NewEffect{Tenant: tenant, Key: "k1", Type: tenant, Payload: payload}, fp: fp,
 				stableID: effect.NewStableID(tenant, "k1")},

@@ -221,31 +221,13 @@ func (b *batcher) runFinishes(batch []*finishing) {
 
 // finishMany runs finish_batch.sql and answers every Finish of the batch, or none and returns the error.
 func (b *batcher) finishMany(ctx context.Context, batch []*finishing) error {
-	n := len(batch)
-	ids, tokens, statuses := make([]int64, n), make([]string, n), make([]string, n)
-	results, lastErrors, tries, delivered := make([]*string, n), make([]*string, n), make([]int32, n), make([]bool, n)
+	leases, fs := make([]Lease, len(batch)), make([]Finish, len(batch))
 	for i, fin := range batch {
-		ids[i], tokens[i], statuses[i] = fin.lease.EffectID, uuidText(fin.lease.Token), string(fin.f.Status)
-		if r := storableJSON(fin.f.Result); len(r) > 0 {
-			s := string(r)
-			results[i] = &s
-		}
-		if e := storableText(fin.f.LastError); e != "" {
-			lastErrors[i] = &e
-		}
-		tries[i], delivered[i] = int32(attempts(fin.f.Attempted)), fin.f.Status == effect.StatusDelivered
+		leases[i], fs[i] = fin.lease, fin.f
 	}
-	rows, err := b.db.Query(ctx, finishBatchSQL, ids, tokens, statuses, results, lastErrors, tries, delivered)
+	recorded, err := finishAll(ctx, b.db, leases, fs)
 	if err != nil {
-		return translate("finish effects", err)
-	}
-	done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
-	if err != nil {
-		return translate("finish effects", err)
-	}
-	recorded := make(map[int64]bool, len(done))
-	for _, id := range done {
-		recorded[id] = true
+		return err
 	}
 	for _, fin := range batch {
 		if recorded[fin.lease.EffectID] {
@@ -255,6 +237,41 @@ func (b *batcher) finishMany(ctx context.Context, batch []*finishing) error {
 		}
 	}
 	return nil
+}
+
+// finishAll records many Finishes in one statement (finish_batch.sql) and says which were recorded: a lease
+// that was lost is left out, having changed nothing.
+func finishAll(ctx context.Context, db DBTX, leases []Lease, fs []Finish) (map[int64]bool, error) {
+	n := len(leases)
+	ids, tokens, statuses := make([]int64, n), make([]string, n), make([]string, n)
+	results, lastErrors, tries, delivered := make([]*string, n), make([]*string, n), make([]int32, n), make([]bool, n)
+	for i, f := range fs {
+		if !f.Status.Terminal() {
+			return nil, fmt.Errorf("dedup: finish with status %q, which is not terminal", f.Status)
+		}
+		ids[i], tokens[i], statuses[i] = leases[i].EffectID, uuidText(leases[i].Token), string(f.Status)
+		if r := storableJSON(f.Result); len(r) > 0 {
+			s := string(r)
+			results[i] = &s
+		}
+		if e := storableText(f.LastError); e != "" {
+			lastErrors[i] = &e
+		}
+		tries[i], delivered[i] = int32(attempts(f.Attempted)), f.Status == effect.StatusDelivered
+	}
+	rows, err := db.Query(ctx, finishBatchSQL, ids, tokens, statuses, results, lastErrors, tries, delivered)
+	if err != nil {
+		return nil, translate("finish effects", err)
+	}
+	done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, translate("finish effects", err)
+	}
+	recorded := make(map[int64]bool, len(done))
+	for _, id := range done {
+		recorded[id] = true
+	}
+	return recorded, nil
 }
 
 // uuidText writes a lease token as Postgres reads a uuid.

@@ -135,11 +135,19 @@ func exerciseStore(t *testing.T, s *Store, pool *pgxpool.Pool, tenant string) {
 	}
 	finish := Finish{Status: effect.StatusDead, Result: json.RawMessage(`{"id":1}`), LastError: "gone", Attempted: true}
 	if s.batcher != nil {
-		batch := []*finishing{{lease: rows[0].Lease, f: finish, done: make(chan error, 1)},
-			{lease: rows[1].Lease, f: finish, done: make(chan error, 1)}}
-		must("finish a batch", s.batcher.finishMany(ctx, batch))
-		must("finish in a batch", <-batch[0].done)
-		must("finish in a batch", <-batch[1].done)
+		// As a batch of TxProvider deliveries records them: leases locked, then finished, in one transaction.
+		tx, err := pool.Begin(ctx)
+		must("begin", err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		leases := []Lease{rows[0].Lease, rows[1].Lease}
+		held, err := s.WithTx(tx).LockLeases(ctx, leases)
+		must("lock leases", err)
+		recorded, err := s.WithTx(tx).FinishAll(ctx, leases, []Finish{finish, finish})
+		must("finish a batch", err)
+		if len(held) != 2 || len(recorded) != 2 {
+			t.Fatalf("locked %v, recorded %v", held, recorded)
+		}
+		must("commit", tx.Commit(ctx))
 	} else {
 		for _, r := range rows {
 			must("finish", s.Finish(ctx, r.Lease, finish))

@@ -191,6 +191,45 @@ func finishOne(ctx context.Context, db DBTX, lease Lease, f Finish) error {
 	return translate("finish effect", err)
 }
 
+// FinishAll records the terminal outcomes of many leased rows in one statement, each under its own lease,
+// and returns the IDs of the effects it recorded: a lease that was lost is left out, having changed nothing.
+// It never batches with other callers: on a store from WithTx it writes in that transaction, which is how a
+// TxProvider's effects commit with their records (LockLeases).
+func (s *Store) FinishAll(ctx context.Context, leases []Lease, fs []Finish) (map[int64]bool, error) {
+	if len(leases) != len(fs) {
+		return nil, fmt.Errorf("dedup: %d leases for %d outcomes", len(leases), len(fs))
+	}
+	if len(leases) == 0 {
+		return map[int64]bool{}, nil
+	}
+	return finishAll(ctx, s.db, leases, fs)
+}
+
+// LockLeases locks the outbox rows of the leases that are still held, for the rest of the store's
+// transaction (use it on a store from WithTx), and returns their effect IDs. A locked row cannot be claimed
+// or changed by anyone else until that transaction ends, so effects written in it for these rows, and
+// FinishAll's records of them, commit only for leases that were held throughout: a TxProvider's batch
+// fences all its rows with one statement rather than one transaction each.
+func (s *Store) LockLeases(ctx context.Context, leases []Lease) (map[int64]bool, error) {
+	ids, tokens := make([]int64, len(leases)), make([]string, len(leases))
+	for i, l := range leases {
+		ids[i], tokens[i] = l.EffectID, uuidText(l.Token)
+	}
+	rows, err := s.db.Query(ctx, lockLeasesSQL, ids, tokens)
+	if err != nil {
+		return nil, translate("lock leases", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, translate("lock leases", err)
+	}
+	out := make(map[int64]bool, len(held))
+	for _, id := range held {
+		out[id] = true
+	}
+	return out, nil
+}
+
 // Reschedule is a row going back to wait.
 type Reschedule struct {
 	// Delay is how long from now (by the database's clock) the row waits.

@@ -53,6 +53,7 @@ var (
 	releaseSQL      = query("release")
 	finishSQL       = query("finish")
 	finishBatchSQL  = query("finish_batch")
+	lockLeasesSQL   = query("lock_leases")
 	rescheduleSQL   = query("reschedule")
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")

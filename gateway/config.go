@@ -619,6 +619,9 @@ func (c *Config) WithDefaults() *Config {
 			t.OnCrash = DefaultOnCrash
 		}
 		def(&t.Timeout, DefaultTimeout)
+		if t.Provider == "postgres" {
+			defInt(&t.Concurrency, outbox.DefaultBatchTxConcurrency)
+		}
 		defInt(&t.Concurrency, DefaultConcurrency)
 		r := o.Retry
 		if t.Retry != nil {

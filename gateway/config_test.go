@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/outbox"
 )
 
 const (
@@ -194,7 +195,7 @@ func TestWithDefaults(t *testing.T) {
 		"dispatcher.drain":        {time.Duration(c.Dispatcher.DrainTimeout), DefaultDrainTimeout},
 		"type.on_crash":           {et.OnCrash, DefaultOnCrash},
 		"type.timeout":            {time.Duration(et.Timeout), DefaultTimeout},
-		"type.concurrency":        {et.Concurrency, DefaultConcurrency},
+		"type.concurrency":        {et.Concurrency, outbox.DefaultBatchTxConcurrency}, // the default type is postgres
 		"type.retry":              {*et.Retry, c.Retry},
 		"type.breaker.failures":   {et.Breaker.Failures, uint32(DefaultBreakerFailures)},
 		"type.breaker.open_for":   {time.Duration(et.Breaker.OpenFor), DefaultBreakerOpenFor},

@@ -127,6 +127,7 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 			continue
 		}
 		st.failures = 0
+		var together []dedup.Claimed
 		for _, r := range rows {
 			// A batch may bring one tenant more rows than its share: the rest go back, uncharged, and the
 			// next claims skip that tenant until one of its deliveries ends.
@@ -135,7 +136,17 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 				continue
 			}
 			t.inflight.Add(1)
+			if t.batchTx {
+				together = append(together, r)
+				continue
+			}
 			d.startDelivery(deliveries, inflight, t, r)
+		}
+		switch {
+		case len(together) == 1:
+			d.startDelivery(deliveries, inflight, t, together[0])
+		case len(together) > 1:
+			d.startBatch(deliveries, inflight, t, together)
 		}
 		st.backlog = len(rows) == n
 		if st.backlog {

@@ -59,8 +59,7 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 // the provider's transaction.
 func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectType, r dedup.Claimed,
 	stableID string) (ev event, recorded bool) {
-	del := providers.Delivery{Tenant: r.Tenant, Key: r.Key, Type: r.Type, StableID: stableID, Payload: r.Payload,
-		Attempt: r.Attempts + 1, Rescued: r.Rescued, CreatedAt: r.CreatedAt}
+	del := delivery(r)
 	b := d.breakers.get(t, r.Tenant, providers.Destination(t.Provider, r.Payload))
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)

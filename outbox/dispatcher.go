@@ -45,22 +45,25 @@ const (
 )
 
 const (
-	DefaultConcurrency     = 16
-	DefaultTimeout         = 10 * time.Second
-	DefaultMaxAttempts     = 10
-	DefaultBreakerFailures = 5
-	DefaultBreakerOpenFor  = 30 * time.Second
-	DefaultLeaseMargin     = 5 * time.Second
-	DefaultPollInterval    = time.Second
-	DefaultBatchSize       = 32
-	DefaultDrainTimeout    = 10 * time.Second
-	DefaultRetention       = 24 * time.Hour
-	DefaultPurgeInterval   = time.Minute
-	DefaultPurgeBatchSize  = 1000
-	DefaultDBTimeout       = 10 * time.Second
-	DefaultClaimTimeout    = 10 * time.Second
-	DefaultMaxBreakers     = 1000
-	DefaultBreakerIdle     = 10 * time.Minute
+	DefaultConcurrency = 16
+	// DefaultBatchTxConcurrency is a BatchTxProvider's: its slots are rows in batches, a few transactions in
+	// all, so it can have many more than a provider whose every slot is a call waiting on a destination.
+	DefaultBatchTxConcurrency = 128
+	DefaultTimeout            = 10 * time.Second
+	DefaultMaxAttempts        = 10
+	DefaultBreakerFailures    = 5
+	DefaultBreakerOpenFor     = 30 * time.Second
+	DefaultLeaseMargin        = 5 * time.Second
+	DefaultPollInterval       = time.Second
+	DefaultBatchSize          = 32
+	DefaultDrainTimeout       = 10 * time.Second
+	DefaultRetention          = 24 * time.Hour
+	DefaultPurgeInterval      = time.Minute
+	DefaultPurgeBatchSize     = 1000
+	DefaultDBTimeout          = 10 * time.Second
+	DefaultClaimTimeout       = 10 * time.Second
+	DefaultMaxBreakers        = 1000
+	DefaultBreakerIdle        = 10 * time.Minute
 )
 
 // EffectType is how the dispatcher delivers one effect type.
@@ -118,8 +121,9 @@ type Config struct {
 	// runs long. Defaults to DefaultPurgeBatchSize.
 	PurgeBatchSize int
 	// GroupCommit batches the outcomes that deliveries finish at about the same time into one statement and
-	// one commit (dedup.GroupCommit); a TxProvider's outcome commits in its own transaction regardless.
-	// Defaults to dedup.DefaultGroupCommit; MaxBatch 1 records each outcome alone.
+	// one commit (dedup.GroupCommit), and a BatchTxProvider's rows claimed together into one transaction
+	// (batchtx.go). Defaults to dedup.DefaultGroupCommit; MaxBatch 1 records each outcome alone and delivers
+	// each TxProvider row in a transaction of its own.
 	GroupCommit dedup.GroupCommit
 	// OnFinished is called with the ID of every effect this dispatcher brought to a terminal status, for the
 	// gateway's own waiters. Other gateways learn of it from a notification on notifier.TopicEffectDone.
@@ -181,6 +185,9 @@ func (c *Config) withDefaults() (Config, error) {
 		if t.Name == "" || t.Provider == nil {
 			return o, fmt.Errorf("outbox: effect type %d has no name or provider", i)
 		}
+		if _, ok := t.Provider.(providers.BatchTxProvider); ok {
+			defInt(&t.Concurrency, DefaultBatchTxConcurrency)
+		}
 		defInt(&t.Concurrency, DefaultConcurrency)
 		defInt(&t.TenantConcurrency, max(1, t.Concurrency/2))
 		t.TenantConcurrency = min(t.TenantConcurrency, t.Concurrency)
@@ -208,6 +215,7 @@ type effectType struct {
 	EffectType
 	policy   policy
 	lease    time.Duration
+	batchTx  bool // a providers.BatchTxProvider with group commit on: rows claimed together deliver together
 	inflight atomic.Int32
 
 	tenantsMu sync.Mutex
@@ -292,8 +300,10 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	d.breakers = newBreakerSet(c.MaxBreakers, c.BreakerIdle, d.metrics, d.log)
 	for _, t := range c.Types {
 		_, isTx := t.Provider.(providers.TxProvider)
+		_, isBatchTx := t.Provider.(providers.BatchTxProvider)
 		et := &effectType{EffectType: t, lease: t.Timeout + c.LeaseMargin, policy: policy{onCrash: t.OnCrash,
-			tx: isTx, maxAttempts: t.MaxAttempts, retryDelay: t.Retry.Delay}}
+			tx: isTx, maxAttempts: t.MaxAttempts, retryDelay: t.Retry.Delay},
+			batchTx: isBatchTx && c.GroupCommit.MaxBatch > 1}
 		d.metrics.BreakersOpen.WithLabelValues(t.Name).Set(0)
 		d.types = append(d.types, et)
 	}

@@ -94,6 +94,18 @@ type TxProvider interface {
 	DeliverTx(ctx context.Context, tx pgx.Tx, d Delivery) Outcome
 }
 
+// BatchTxProvider is a TxProvider that performs many effects in one statement of the transaction in which
+// the dispatcher records all their outcomes: one commit for a claim's worth of effects instead of one each
+// (issue 14). The dispatcher has locked the rows of every delivery it passes, so all of them are its to record.
+type BatchTxProvider interface {
+	TxProvider
+	// DeliverTxBatch returns an outcome per delivery, in order: delivered for each effect it performed in tx,
+	// failed for one it refused without a statement (an invalid payload). An error means the statement failed
+	// and tx is unusable: the dispatcher rolls back and delivers each row alone with DeliverTx, so that a row
+	// at fault fails by itself and never holds back the others.
+	DeliverTxBatch(ctx context.Context, tx pgx.Tx, ds []Delivery) ([]Outcome, error)
+}
+
 // Querier runs a query on the gateway's database: a pool or a transaction.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row

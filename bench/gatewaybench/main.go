@@ -102,7 +102,7 @@ func main() {
 database_url: %s
 tenants: { bench: { api_keys: [%s], rate: { requests_per_second: 1000000, request_burst: 1000000, bytes_per_second: 1000MiB, byte_burst: 1000MiB } } }
 effect_types:
-  analytics: { provider: postgres, concurrency: 32, tenant_concurrency: 32 }
+  analytics: { provider: postgres, tenant_concurrency: 128 }
   hook:
     provider: webhook
     concurrency: 64

@@ -23,6 +23,9 @@ import (
 //go:embed insert.sql
 var insertSQL string
 
+//go:embed insert_batch.sql
+var insertBatchSQL string
+
 //go:embed check.sql
 var checkSQL string
 
@@ -41,6 +44,7 @@ var identifier = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 // Provider inserts analytics events.
 type Provider struct {
 	query  string
+	batch  string
 	table  string
 	quoted string
 }
@@ -66,7 +70,8 @@ func New(c Config) (*Provider, error) {
 		}
 	}
 	table := pgx.Identifier(parts).Sanitize()
-	return &Provider{query: strings.ReplaceAll(insertSQL, "{{table}}", table), table: c.Table, quoted: table}, nil
+	return &Provider{query: strings.ReplaceAll(insertSQL, "{{table}}", table),
+		batch: strings.ReplaceAll(insertBatchSQL, "{{table}}", table), table: c.Table, quoted: table}, nil
 }
 
 // Payload is an analytics event.
@@ -154,5 +159,64 @@ func (p *Provider) DeliverTx(ctx context.Context, tx pgx.Tx, d providers.Deliver
 		}
 		return providers.Retry(fmt.Errorf("insert event: %w", err))
 	}
-	return providers.Delivered(map[string]int64{"event_id": id})
+	return delivered(id)
+}
+
+func delivered(id int64) providers.Outcome { return providers.Delivered(map[string]int64{"event_id": id}) }
+
+// DeliverTxBatch inserts the events of many effects with one statement in tx. An invalid payload fails its
+// own delivery and is left out of the statement; when the statement fails, the dispatcher delivers each row
+// alone (DeliverTx), which tells a row at fault from the others.
+func (p *Provider) DeliverTxBatch(ctx context.Context, tx pgx.Tx, ds []providers.Delivery) ([]providers.Outcome, error) {
+	out := make([]providers.Outcome, len(ds))
+	var tenants, keys, names, effectIDs []string
+	var props, occurred []*string
+	at := make(map[string]int, len(ds)) // stable id → index in ds
+	for i, d := range ds {
+		ev, err := parse(d.Payload)
+		if err != nil {
+			out[i] = providers.Failed(err, true)
+			continue
+		}
+		if _, twice := at[d.StableID]; twice {
+			return nil, fmt.Errorf("postgres: effect %s twice in one batch", d.StableID)
+		}
+		at[d.StableID] = i
+		tenants, keys, names, effectIDs = append(tenants, d.Tenant), append(keys, d.Key), append(names, ev.Name),
+			append(effectIDs, d.StableID)
+		var pr, oc *string
+		if len(ev.Properties) > 0 && string(ev.Properties) != "null" {
+			s := string(ev.Properties)
+			pr = &s
+		}
+		if ev.occurred != nil {
+			s := ev.occurred.Format(time.RFC3339Nano)
+			oc = &s
+		}
+		props, occurred = append(props, pr), append(occurred, oc)
+	}
+	if len(effectIDs) == 0 {
+		return out, nil
+	}
+	rows, err := tx.Query(ctx, p.batch, tenants, keys, names, props, occurred, effectIDs)
+	if err != nil {
+		return nil, fmt.Errorf("insert events: %w", err)
+	}
+	var effectID string
+	var id int64
+	_, err = pgx.ForEachRow(rows, []any{&effectID, &id}, func() error {
+		if i, ok := at[effectID]; ok && out[i].Kind == 0 {
+			out[i] = delivered(id)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("insert events: %w", err)
+	}
+	for i := range out {
+		if out[i].Kind == 0 {
+			return nil, fmt.Errorf("insert events: no row came back for effect %s", ds[i].StableID)
+		}
+	}
+	return out, nil
 }

@@ -184,3 +184,74 @@ func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
 		}
 	}
 }
+
+// DeliverTxBatch stores what DeliverTx stores, in every exec mode pgx has (PgBouncer needs exec or simple
+// protocol): an event per valid payload with its properties and time, the first event's id again for an
+// effect delivered before, and a failure, without a statement, for an invalid payload.
+func TestBatchStoresWhatOneByOneStores(t *testing.T) {
+	t.Parallel()
+	base := pgtest.Database(t)
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			pool := pgtest.Pool(t, base+"&default_query_exec_mode="+mode)
+			ctx := context.Background()
+			del := func(key, payload string) providers.Delivery {
+				return providers.Delivery{Tenant: mode, Key: key, Type: "clicks", StableID: effect.NewStableID(mode, key),
+					Payload: json.RawMessage(payload)}
+			}
+			early := del("early", `{"name":"first"}`)
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			first := p.DeliverTx(ctx, tx, early)
+			if err := tx.Commit(ctx); err != nil || first.Kind != providers.KindDelivered {
+				t.Fatalf("single delivery: %v %v", first, err)
+			}
+			ds := []providers.Delivery{
+				del("a", `{"name":"click","properties":{"b":"café","n":1.5},"occurred_at":"2026-11-29T12:00:00.123456+02:00"}`),
+				del("bad", `{"name":"x","properties":[1]}`),
+				early,
+				del("c", `{"name":"view","properties":null}`),
+			}
+			tx, err = pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			outs, err := p.DeliverTxBatch(ctx, tx, ds)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			kinds := fmt.Sprint(outs[0].Kind, outs[1].Kind, outs[2].Kind, outs[3].Kind)
+			if kinds != "delivered failed delivered delivered" {
+				t.Fatalf("outcomes %s", kinds)
+			}
+			if string(outs[2].Result) != string(first.Result) {
+				t.Fatalf("an effect delivered before got %s, its first event is %s", outs[2].Result, first.Result)
+			}
+			var props, occurred string
+			if err := pool.QueryRow(ctx, `SELECT properties::text, to_char(occurred_at AT TIME ZONE 'UTC',
+				'YYYY-MM-DD"T"HH24:MI:SS.US') FROM analytics_events WHERE effect_id = $1`, ds[0].StableID).
+				Scan(&props, &occurred); err != nil {
+				t.Fatal(err)
+			}
+			if props != `{"b": "café", "n": 1.5}` || occurred != "2026-11-29T10:00:00.123456" {
+				t.Fatalf("stored %s at %s", props, occurred)
+			}
+			if n := pgtest.Count(t, pool, `SELECT count(*) FROM analytics_events WHERE tenant = $1`, mode); n != 3 {
+				t.Fatalf("%d events, want 3", n)
+			}
+			if n := pgtest.Count(t, pool, `SELECT count(*) FROM analytics_events WHERE effect_id = $1 AND properties IS NULL`,
+				ds[3].StableID); n != 1 {
+				t.Fatal("null properties were not stored as NULL")
+			}
+		})
+	}
+}

@@ -162,7 +162,9 @@ func (p *Provider) DeliverTx(ctx context.Context, tx pgx.Tx, d providers.Deliver
 	return delivered(id)
 }
 
-func delivered(id int64) providers.Outcome { return providers.Delivered(map[string]int64{"event_id": id}) }
+func delivered(id int64) providers.Outcome {
+	return providers.Delivered(map[string]int64{"event_id": id})
+}
 
 // DeliverTxBatch inserts the events of many effects with one statement in tx. An invalid payload fails its
 // own delivery and is left out of the statement; when the statement fails, the dispatcher delivers each row

@@ -345,7 +345,7 @@ func (b *batcher) run(batch []*insertion) {
 // done); then it reads back, in one more statement, the effects of the keys that were taken, and answers
 // those. On an error it returns the requests it has not answered.
 func (b *batcher) record(ctx context.Context, batch []*insertion) (unanswered []*insertion, err error) {
-	created, err := b.insertMany(ctx, batch)
+	created, stored, err := b.insertMany(ctx, batch)
 	if err != nil {
 		return batch, err
 	}
@@ -353,6 +353,8 @@ func (b *batcher) record(ctx context.Context, batch []*insertion) (unanswered []
 	for _, in := range batch {
 		if e := created[in.stableID]; e != nil {
 			in.done <- insertResult{created: e}
+		} else if e := stored[[2]string{in.ne.Tenant, in.ne.Key}]; e != nil {
+			in.done <- insertResult{existing: e}
 		} else {
 			taken = append(taken, in)
 		}
@@ -370,8 +372,10 @@ func (b *batcher) record(ctx context.Context, batch []*insertion) (unanswered []
 	return nil, nil
 }
 
-// insertMany runs insert_batch.sql and returns the created effects by stable id.
-func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (map[string]*Effect, error) {
+// insertMany runs insert_batch.sql and returns the created effects by stable id, and the effects stored
+// before under the batch's other keys by tenant and key.
+func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created map[string]*Effect,
+	stored map[[2]string]*Effect, err error) {
 	n := len(batch)
 	tenants, keys, types := make([]string, n), make([]string, n), make([]string, n)
 	fps, payloads, traces, ids := make([][]byte, n), make([]string, n), make([]*string, n), make([]string, n)
@@ -385,17 +389,25 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (map[strin
 	}
 	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	effects, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Effect, error) { return scan(r) })
-	if err != nil {
-		return nil, err
+	created, stored = make(map[string]*Effect, n), map[[2]string]*Effect{}
+	for rows.Next() {
+		e, isNew, err := scanCreated(rows)
+		if err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		if isNew {
+			created[e.StableID] = e
+		} else {
+			stored[[2]string{e.Tenant, e.Key}] = e
+		}
 	}
-	created := make(map[string]*Effect, len(effects))
-	for _, e := range effects {
-		created[e.StableID] = e
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
 	}
-	return created, nil
+	return created, stored, nil
 }
 
 // getMany reads the effects stored under the batch's keys.

@@ -119,10 +119,13 @@ func exerciseStore(t *testing.T, s *Store, pool *pgxpool.Pool, tenant string) {
 			{ne: NewEffect{Tenant: tenant, Key: "k1", Type: tenant, Payload: payload}, fp: fp,
 				stableID: effect.NewStableID(tenant, "k1")},
 		}
-		created, err := s.batcher.insertMany(ctx, batch)
+		created, stored, err := s.batcher.insertMany(ctx, batch)
 		must("insert a batch", err)
 		if len(created) != 1 || created[batch[0].stableID] == nil {
 			t.Fatalf("batch created %v", created)
+		}
+		if len(stored) != 1 || stored[[2]string{tenant, "k1"}] == nil {
+			t.Fatalf("batch read back %v", stored)
 		}
 		existing, err := s.batcher.getMany(ctx, batch[1:])
 		must("read a batch", err)

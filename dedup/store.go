@@ -177,7 +177,7 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 		if s.batcher != nil {
 			defer s.batcher.creates.releaseInline()
 		}
-		return scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID))
+		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID)))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
 	switch {
@@ -289,6 +289,7 @@ func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) 
 // key existed, as for an unfenced insert.
 func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc json.RawMessage, stableID string) (*Effect, error) {
 	var e *Effect
+	var insertErr error
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var epoch int64
 		if err := tx.QueryRow(ctx, fenceSQL, ne.Tenant, ne.JobID, ne.JobEpoch).Scan(&epoch); err != nil {
@@ -297,18 +298,44 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 			}
 			return err
 		}
-		var err error
-		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID))
-		if errors.Is(err, pgx.ErrNoRows) {
-			// The key exists: keep the raised fence, answer as a replay (or a reuse) below.
-			return nil
+		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID)))
+		var taken *takenError
+		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
+			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)
 		}
-		return err
+		return insertErr
 	})
-	if err == nil && e == nil {
-		return nil, pgx.ErrNoRows
+	if err != nil {
+		return nil, err
 	}
-	return e, err
+	return e, insertErr
+}
+
+// scanCreated reads a row of insert.sql: the effect, and whether this statement created it.
+func scanCreated(row pgx.Row) (*Effect, bool, error) {
+	var e Effect
+	var stableID *string
+	var created bool
+	err := row.Scan(&created, &e.ID, &e.Tenant, &e.Key, &e.Type, &e.Fingerprint, &e.Status, &e.Attempts, &e.Result,
+		&e.LastError, &e.CreatedAt, &e.UpdatedAt, &e.DeliveredAt, &e.NextAttemptAt, &stableID)
+	if err != nil {
+		return nil, false, err
+	}
+	e.StableID = stableIDOf(e.Tenant, e.Key, stableID)
+	return &e, created, nil
+}
+
+// inserted turns what insert.sql returned into insert's answer: the created effect, a *takenError with the
+// stored one, or pgx.ErrNoRows when the key was taken by an effect the statement could not see.
+func inserted(e *Effect, created bool, err error) (*Effect, error) {
+	switch {
+	case err != nil:
+		return nil, err
+	case created:
+		return e, nil
+	default:
+		return nil, &takenError{existing: e}
+	}
 }
 
 func scan(row pgx.Row) (*Effect, error) {

@@ -1,6 +1,8 @@
 -- Records a new effect and its outbox row. One statement is one transaction: both rows commit, or neither.
--- When the tenant has used the key already, it inserts nothing and returns no row; of concurrent inserts of
--- one key, the unique constraint lets exactly one through. No NOTIFY here: it would take Postgres's
+-- When the tenant has used the key already, it inserts nothing and returns the stored effect with created
+-- false, so that a replay costs one statement and no write (issue 14); of concurrent inserts of one key, the
+-- unique constraint lets exactly one through. A key taken by a transaction that committed after this
+-- statement's snapshot was taken returns no row at all: the caller reads it then. No NOTIFY here: it would take Postgres's
 -- cluster-wide notification lock at every commit; the gateway announces new effects after the commit, batched.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id (effect.NewStableID)
@@ -13,4 +15,7 @@ WITH effect AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace)
     SELECT id, type, $6::jsonb FROM effect
 )
-SELECT {{columns}} FROM effect
+SELECT true AS created, {{columns}} FROM effect
+UNION ALL
+SELECT false, {{columns}} FROM oncegate_effects
+WHERE tenant = $1 AND key = $2 AND NOT EXISTS (SELECT FROM effect)

@@ -3,8 +3,9 @@
 -- $1 tenants, $2 keys, $3 types, $4 fingerprints, $5 payloads (JSON text), $6 trace contexts (JSON or NULL),
 -- $7 stable ids (unique per request: they tie each inserted row back to its request). No NOTIFY, as in
 -- insert.sql: the gateway announces new effects after the commit.
--- A key that exists already, or that an earlier request of the same batch takes, inserts nothing and returns
--- no row, exactly as insert.sql does for one request: the caller reads it back as a replay.
+-- A key that exists already inserts nothing and returns the stored effect with created false, as insert.sql
+-- does for one request. A key that an earlier request of the same batch takes, or that a transaction took
+-- after this statement's snapshot, returns no row for its request: the caller reads it back (get_batch.sql).
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[])
@@ -18,4 +19,8 @@ WITH input AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace)
     SELECT effect.id, effect.type, input.trace::jsonb FROM effect JOIN input USING (stable_id)
 )
-SELECT {{columns}} FROM effect
+SELECT true AS created, {{columns}} FROM effect
+UNION ALL
+SELECT false, {{columns}} FROM oncegate_effects
+WHERE (tenant, key) IN (SELECT tenant, key FROM input)
+  AND (tenant, key) NOT IN (SELECT tenant, key FROM effect)

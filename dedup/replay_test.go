@@ -1,0 +1,81 @@
+package dedup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/internal/pgtest"
+)
+
+// statementCounter counts the statements a pool sends.
+type statementCounter struct{ n atomic.Int64 }
+
+func (c *statementCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.n.Add(1)
+	return ctx
+}
+func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// Issue 14: a replay cost two statements, the insert that found the key taken and a read of the stored
+// effect. The insert now returns the stored effect itself, so a replay, fenced or not, is one statement (two
+// with the fence's) and writes nothing, and a reuse of the key is found as cheaply.
+func TestReplayIsOneStatement(t *testing.T) {
+	t.Parallel()
+	cfg, err := pgxpool.ParseConfig(pgtest.Database(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counter statementCounter
+	cfg.ConnConfig.Tracer = &counter
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		store *Store
+		job   string
+	}{
+		{"alone", NewStore(pool), ""},
+		{"group-commit", NewStore(pool).WithGroupCommit(DefaultGroupCommit), ""},
+		{"fenced", NewStore(pool), "job-1"},
+	} {
+		ne := NewEffect{Tenant: tc.name, Key: "k", Type: "t", Payload: json.RawMessage(`{"a":1}`), JobID: tc.job, JobEpoch: 1}
+		first, replayed, err := tc.store.Create(ctx, ne)
+		if err != nil || replayed {
+			t.Fatalf("%s: create: %v %v", tc.name, replayed, err)
+		}
+		want := int64(1)
+		if tc.job != "" {
+			want = 4 // begin, fence, insert, commit
+		}
+		before := counter.n.Load()
+		again, replayed, err := tc.store.Create(ctx, ne)
+		if err != nil || !replayed || again.ID != first.ID || again.StableID != first.StableID {
+			t.Fatalf("%s: replay: %+v %v %v", tc.name, again, replayed, err)
+		}
+		if n := counter.n.Load() - before; n != want {
+			t.Errorf("%s: a replay took %d statements, want %d", tc.name, n, want)
+		}
+		before = counter.n.Load()
+		ne.Payload = json.RawMessage(`{"a":2}`)
+		var reused *KeyReusedError
+		if _, _, err := tc.store.Create(ctx, ne); !errors.As(err, &reused) {
+			t.Fatalf("%s: another payload under the key: %v", tc.name, err)
+		}
+		if n := counter.n.Load() - before; n != want {
+			t.Errorf("%s: a reused key took %d statements, want %d", tc.name, n, want)
+		}
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_outbox`); n != 3 {
+		t.Fatalf("%d outbox rows for 3 effects", n)
+	}
+}

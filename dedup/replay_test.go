@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/internal/pgtest"
 )
@@ -27,17 +26,8 @@ func (c *statementCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQu
 // with the fence's) and writes nothing, and a reuse of the key is found as cheaply.
 func TestReplayIsOneStatement(t *testing.T) {
 	t.Parallel()
-	cfg, err := pgxpool.ParseConfig(pgtest.Database(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var counter statementCounter
-	cfg.ConnConfig.Tracer = &counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.TracedPool(t, pgtest.Database(t), &counter)
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name  string

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
@@ -67,17 +66,8 @@ func TestPostgresDeliveriesCommitTogether(t *testing.T) {
 	for i := range n {
 		f.createClick(fmt.Sprintf("k%03d", i), fmt.Sprintf(`{"name":"click","properties":{"i":%d}}`, i))
 	}
-	cfg, err := pgxpool.ParseConfig(f.pool.Config().ConnString())
-	if err != nil {
-		t.Fatal(err)
-	}
 	var counter txCounter
-	cfg.ConnConfig.Tracer = &counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.TracedPool(t, f.pool.Config().ConnString(), &counter)
 	d, err := New(pool, Config{PollInterval: 50 * time.Millisecond, Logger: quietLog(),
 		Types: []EffectType{{Name: "clicks", Provider: analyticsProvider(t, ""), Concurrency: 64, TenantConcurrency: 64}}})
 	if err != nil {

@@ -150,17 +150,8 @@ func TestHalfOpenProbeDoesNotSpin(t *testing.T) {
 	result := reliability.Record(t, "Isolation", "A breaker half-open for 3 s while its probe hangs on a slow destination, 20 rows waiting behind it",
 		"No busy loop: the dispatcher's statements per second stay near its idle polling rate")
 	dbURL := pgtest.Database(t)
-	cfg, err := pgxpool.ParseConfig(dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var counter commitCounter
-	cfg.ConnConfig.Tracer = &counter
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pool := pgtest.TracedPool(t, dbURL, &counter)
 	f := &fixture{t: t, pool: pool, store: dedup.NewStore(pool)}
 	observer := pgtest.Pool(t, dbURL)
 

@@ -203,6 +203,23 @@ func Pool(t testing.TB, url string) *pgxpool.Pool {
 	return pool
 }
 
+// TracedPool is Pool with tracer seeing every statement its connections send: for tests that count what
+// the code under test asks of Postgres.
+func TracedPool(t testing.TB, url string, tracer pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tracer
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
 // Count runs a count query and returns its result.
 func Count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 	t.Helper()

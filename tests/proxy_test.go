@@ -17,6 +17,7 @@ import (
 
 	"github.com/stripe/stripe-go/v82"
 
+	"github.com/oncegate/oncegate/client"
 	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/stripemocktest"
 	"github.com/oncegate/oncegate/internal/testenv"
@@ -98,16 +99,6 @@ func newDropFirstAnswer(t *testing.T, gateway string) *dropFirstAnswer {
 	return d
 }
 
-// keyTransport adds the tenant's API key in the header the gateway's proxy.api_key_header names, beside
-// the Authorization that Stripe's SDK owns.
-type keyTransport struct{ header, key string }
-
-func (k keyTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set(k.header, k.key)
-	return http.DefaultTransport.RoundTrip(r)
-}
-
 // Stripe's own Go SDK, its base URL at the gateway's proxy in front of stripe-mock: every answer's first
 // delivery is lost on the way back, the SDK retries under its own Idempotency-Key, and the retries are
 // answered from the stored answers: stripe-mock sees each charge once, and the SDK gets the charge the
@@ -132,7 +123,7 @@ proxy: { api_key_header: Oncegate-Api-Key }
 
 	backends := &stripe.Backends{API: stripe.GetBackendWithConfig(stripe.APIBackend, &stripe.BackendConfig{
 		URL:               stripe.String(fault.URL + "/v1/proxy/stripe"),
-		HTTPClient:        &http.Client{Transport: keyTransport{"Oncegate-Api-Key", apiKey}},
+		HTTPClient:        &http.Client{Transport: client.ProxyTransport(client.ProxyKeyHeader, apiKey, nil)},
 		MaxNetworkRetries: stripe.Int64(3),
 		LeveledLogger:     &stripe.LeveledLogger{Level: stripe.LevelNull},
 	})}

@@ -270,6 +270,12 @@ func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.
 	case len(res.Outcome.Result) > 0:
 		var a httpprov.Answer
 		if json.Unmarshal(res.Outcome.Result, &a) == nil && a.Status != 0 {
+			if a.BodyOverLimit {
+				w.Header().Set("Retry-After", "1")
+				writeProblem(w, probAnswerTooLarge, "", fmt.Sprintf("the upstream answered %d, a transient "+
+					"failure that was not stored, with a body over http.max_answer (%d bytes)", a.Status, a.MaxAnswer))
+				return
+			}
 			writeAnswer(w, a, false)
 			return
 		}

@@ -11,7 +11,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/oncegate/oncegate/internal/pgtest"
 	httpprov "github.com/oncegate/oncegate/providers/http"
 )
 
@@ -260,5 +262,108 @@ func TestProxyAPIKeyHeader(t *testing.T) {
 	req, _ := up.last()
 	if req.Header.Get("Authorization") != "Bearer sk_upstream_secret_1" || req.Header.Get("Oncegate-Api-Key") != "" {
 		t.Fatalf("the upstream gets the configured credential only: %v", req.Header)
+	}
+}
+
+// Through PgBouncer in transaction mode the proxy records, performs and replays: its statements run without
+// prepared statements like every other.
+func TestProxyThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, chargeAnswer)
+	h := startGatewayOn(t, pgtest.ThroughPgBouncer(t, pgtest.Database(t)), func(c *Config) {
+		c.EffectTypes["payments"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL,
+			AllowPrivateNetworks: true}}
+	})
+	for i := range 10 {
+		key := fmt.Sprintf("pb-%d", i)
+		a := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: "+key)
+		b := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: "+key)
+		if a.status != 201 || b.status != 201 || a.raw != b.raw || b.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("%s: %d %s / %d %s", key, a.status, a.raw, b.status, b.raw)
+		}
+	}
+	if n := up.calls.Load(); n != 10 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+}
+
+// The address guard holds through the proxy: a type without allow_private_networks reaches no loopback
+// upstream, and the refusal is the effect's answer for good.
+func TestProxyKeepsTheAddressGuard(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, chargeAnswer)
+	h := startGateway(t, func(c *Config) {
+		c.EffectTypes["payments"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL}}
+	})
+	for i := range 2 {
+		r := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{}`, "Idempotency-Key: ssrf")
+		if r.status != 502 || !strings.Contains(r.raw, "upstream-unreachable") || (i == 1) != (r.header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("try %d: %d %v %s", i, r.status, r.header, r.raw)
+		}
+	}
+	if g := h.req("GET", "/v1/proxy/payments/charges", acmeKey, ""); g.status != 502 {
+		t.Fatalf("a GET is guarded too: %d %s", g.status, g.raw)
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("the loopback upstream was reached %d times", n)
+	}
+}
+
+// A request under a key whose first request is still being performed waits for it, up to
+// proxy.in_flight_wait, and then gets a 409 with Retry-After and sends nothing; once the first has its
+// answer, the retry gets it. A body sent in chunks, without Content-Length, is recorded whole.
+func TestProxyInFlightAndChunkedBodies(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		<-release
+		body, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(body)
+	})
+	h := proxyGateway(t, up, func(c *Config) { c.Proxy.InFlightWait = Duration(200 * time.Millisecond) })
+	chunked := func() (int, string, http.Header) {
+		pr, pw := io.Pipe()
+		go func() {
+			for _, part := range []string{`{"chunk":`, `1,"more":`, `"yes"}`} {
+				_, _ = pw.Write([]byte(part))
+			}
+			pw.Close()
+		}()
+		req, _ := http.NewRequest("POST", h.url+"/v1/proxy/payments/orders", pr)
+		req.Header.Set("Authorization", "Bearer "+acmeKey)
+		req.Header.Set("Idempotency-Key", "inflight")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, "", nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	first := make(chan string, 1)
+	go func() {
+		code, body, _ := chunked()
+		first <- fmt.Sprint(code, " ", body)
+	}()
+	for up.calls.Load() == 0 {
+		runtime.Gosched()
+	}
+	code, body, header := chunked()
+	if code != http.StatusConflict || header.Get("Retry-After") == "" || !strings.Contains(body, "request-in-flight") {
+		t.Fatalf("while the first is in flight: %d %v %s", code, header, body)
+	}
+	close(release)
+	if got := <-first; got != `201 {"chunk":1,"more":"yes"}` {
+		t.Fatalf("first: %s", got)
+	}
+	code, body, header = chunked()
+	if code != 201 || body != `{"chunk":1,"more":"yes"}` || header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after: %d %v %s", code, header, body)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls: %d", n)
 	}
 }

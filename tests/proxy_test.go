@@ -160,7 +160,7 @@ proxy: { api_key_header: Oncegate-Api-Key }
 }
 
 // proxyExchange sends one request to the gateway's proxy, as curl would.
-func proxyExchange(t *testing.T, method, url, key, body string) (int, http.Header, string) {
+func proxyExchange(t *testing.T, method, url, key, body string, headers ...string) (int, http.Header, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
@@ -170,6 +170,10 @@ func proxyExchange(t *testing.T, method, url, key, body string) (int, http.Heade
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
+	}
+	for _, h := range headers {
+		k, v, _ := strings.Cut(h, ": ")
+		req.Header.Set(k, v)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -188,6 +192,7 @@ type recordingUpstream struct {
 	hold    chan struct{}
 	mu      sync.Mutex
 	keys    map[string]int
+	traces  []string // each call's traceparent
 }
 
 func newRecordingUpstream(t *testing.T, hold bool) *recordingUpstream {
@@ -199,6 +204,7 @@ func newRecordingUpstream(t *testing.T, hold bool) *recordingUpstream {
 		n := u.calls.Add(1)
 		u.mu.Lock()
 		u.keys[r.Header.Get("Idempotency-Key")]++
+		u.traces = append(u.traces, r.Header.Get("Traceparent"))
 		u.mu.Unlock()
 		u.arrived <- r.Header.Get("Idempotency-Key")
 		if u.hold != nil {
@@ -273,6 +279,19 @@ func TestProxyWithAPlainClient(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 2 {
 		t.Fatalf("upstream calls after 50 identical POSTs: %d, want 2 in all", n)
+	}
+
+	// The trace goes on to the upstream: the caller's trace id (this gateway exports no spans, so the parent
+	// the upstream sees is the caller's own span).
+	const trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+	if c, _, b := proxyExchange(t, "POST", url, "order-traced", `{}`, "Traceparent: 00-"+trace+"-00f067aa0ba902b7-01"); c != 201 {
+		t.Fatalf("traced: %d %s", c, b)
+	}
+	up.mu.Lock()
+	got := up.traces[len(up.traces)-1]
+	up.mu.Unlock()
+	if !strings.HasPrefix(got, "00-"+trace+"-") {
+		t.Fatalf("the upstream got traceparent %q, want trace %s", got, trace)
 	}
 }
 

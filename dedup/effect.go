@@ -10,6 +10,9 @@
 // has neither. The delivery operations' guarantee: a write under a lease happens only while the lease is the
 // row's (ErrLeaseLost otherwise), so of two dispatchers that believe they hold a row, one records an outcome.
 //
+// CreateLeased records an effect with its outbox row already leased to the caller, which performs it at
+// once (the dedup proxy); it is fenced like any claim, so a caller that dies leaves a row the outbox rescues.
+//
 // Driver errors are translated here: ErrUnavailable (try again later) and ErrUnstorable (the data is at
 // fault) wrap them, so callers never read SQLSTATE codes.
 package dedup

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.yaml.in/yaml/v3"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/backoff"
@@ -143,11 +144,26 @@ type Config struct {
 	Dispatcher Dispatcher `yaml:"dispatcher"`
 	// GroupCommit tunes how concurrent requests are recorded together.
 	GroupCommit GroupCommit `yaml:"group_commit"`
+	// Proxy tunes the dedup proxy (/v1/proxy/{type}/…).
+	Proxy Proxy `yaml:"proxy"`
 
 	// Dev is what `gateway serve --dev` sets, never the file: without a tenants block the gateway then serves
 	// DefaultTenant with DefaultAPIKey, and listen must be a loopback address, since that key is public.
 	// Defaults to false.
 	Dev bool `yaml:"-"`
+}
+
+// Proxy tunes the dedup proxy, /v1/proxy/{type}/{path…} (docs/proxy.md).
+type Proxy struct {
+	// APIKeyHeader is the request header that carries the tenant's API key on proxied requests: for an SDK
+	// that owns Authorization (it sends the upstream's credential there, which the gateway drops: the
+	// upstream's credentials are the effect type's configured headers). Its value is the key, with or
+	// without "Bearer ". Defaults to Authorization, with the Bearer scheme, as on every other route.
+	APIKeyHeader string `yaml:"api_key_header"`
+	// InFlightWait is how long a request waits for another request (or a dispatcher) that is performing the
+	// effect under its key before it answers 409 with Retry-After. Defaults to the effect type's timeout,
+	// capped at MaxWait.
+	InFlightWait Duration `yaml:"in_flight_wait"`
 }
 
 // Tenant owns API keys; its idempotency keys are its own.
@@ -679,6 +695,12 @@ func (c *Config) validate() error {
 	}
 	if c.Limits.MaxBody <= 0 {
 		return errors.New("limits.max_body must be positive")
+	}
+	if h := c.Proxy.APIKeyHeader; h != "" && !httpguts.ValidHeaderFieldName(h) {
+		return fmt.Errorf("proxy.api_key_header: %q is not a header name", h)
+	}
+	if c.Proxy.InFlightWait < 0 || time.Duration(c.Proxy.InFlightWait) > MaxWait {
+		return fmt.Errorf("proxy.in_flight_wait: from 0 to %v", MaxWait)
 	}
 	if c.Limits.PageSize < 1 || c.Limits.MaxPageSize < c.Limits.PageSize {
 		return fmt.Errorf("limits: page_size (%d) must be at least 1 and at most max_page_size (%d)",

@@ -304,11 +304,28 @@ func tenantOf(r *http.Request) string { return r.Context().Value(tenantKey{}).(s
 // constant time, so the time taken says nothing about which key came close. A refusal is answered from the
 // headers alone, before any body is read (see refuseUnread).
 func (g *Gateway) authenticate(next http.Handler) http.Handler {
+	return g.authenticateBy("Authorization", next)
+}
+
+// authenticateBy is authenticate with the key read from header: Authorization takes the Bearer scheme; any
+// other header (proxy.api_key_header, for SDKs that own Authorization) holds the key, "Bearer " optional.
+func (g *Gateway) authenticateBy(header string, next http.Handler) http.Handler {
+	bearer := http.CanonicalHeaderKey(header) == "Authorization"
+	how := "send an API key as Authorization: Bearer <key>"
+	if !bearer {
+		how = "send an API key in the " + header + " header"
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		raw := r.Header.Get(header)
+		token, ok := strings.CutPrefix(raw, "Bearer ")
+		if !bearer && !ok {
+			token, ok = raw, true
+		}
 		if !ok || strings.TrimSpace(token) == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate"`)
-			refuseUnread(w, r, probUnauthorized, "send an API key as Authorization: Bearer <key>")
+			if bearer {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate"`)
+			}
+			refuseUnread(w, r, probUnauthorized, how)
 			return
 		}
 		sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
@@ -319,7 +336,9 @@ func (g *Gateway) authenticate(next http.Handler) http.Handler {
 			}
 		}
 		if tenant == "" {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate", error="invalid_token"`)
+			if bearer {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate", error="invalid_token"`)
+			}
 			refuseUnread(w, r, probUnauthorized, "the API key is not valid")
 			return
 		}
@@ -460,6 +479,10 @@ func (g *Gateway) routes() *mux.Router {
 	r.Handle("/v1/effects", v1(g.listEffects)).Methods(get...)
 	r.Handle("/v1/effects/{key}", v1(g.getEffect)).Methods(get...)
 	r.Handle("/v1/effects/{key}/retry", v1(g.retryEffect)).Methods(http.MethodPost)
+	// The dedup proxy takes every method; its key header is its own (proxy.api_key_header).
+	proxied := g.authenticateBy(g.proxyKeyHeader(), g.limitTenant(http.HandlerFunc(g.proxy)))
+	r.Handle("/v1/proxy/{type}", proxied).Methods(proxyMethods...)
+	r.Handle("/v1/proxy/{type}/{path:.*}", proxied).Methods(proxyMethods...)
 
 	// Neither answer reads the body or asks for an API key: the path, or its method, exists for no one.
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -20,6 +20,8 @@ type metrics struct {
 	replays        *prometheus.CounterVec
 	keyReuses      *prometheus.CounterVec
 	rateLimited    *prometheus.CounterVec
+	// proxied counts the dedup proxy's requests by type and what became of them (proxy.go).
+	proxied *prometheus.CounterVec
 	// notificationsWorking is 1 while the notification self-check passes, 0 while the gateway polls instead.
 	notificationsWorking prometheus.Gauge
 	notificationChecks   *prometheus.CounterVec
@@ -41,6 +43,12 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 		rateLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "oncegate_rate_limited_total", Help: "Requests refused with 429: the tenant was over its rate of requests or of bytes.",
 		}, []string{"tenant", "bucket"}),
+		proxied: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_proxy_requests_total",
+			Help: "Requests to the dedup proxy by effect type and result: performed (sent to the upstream and " +
+				"recorded), retried (a transient failure, not stored), replayed (a stored answer), passed (a safe " +
+				"method, not recorded), in_flight (409), key_reused (422), refused (an invalid request).",
+		}, []string{"type", "result"}),
 		notificationsWorking: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "oncegate_notifications_working",
 			Help: "1 while the notification self-check passes; 0 while notifications are off and the gateway polls instead.",
@@ -50,7 +58,7 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 			Help: "Notification self-checks, by result: ok (the notification arrived) or lost.",
 		}, []string{"result"}),
 	}
-	m.registry.MustRegister(m.effectsCreated, m.replays, m.keyReuses, m.rateLimited, m.notificationsWorking,
+	m.registry.MustRegister(m.effectsCreated, m.replays, m.proxied, m.keyReuses, m.rateLimited, m.notificationsWorking,
 		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registry.MustRegister(m.dispatcher.Collectors()...)

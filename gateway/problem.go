@@ -94,10 +94,51 @@ var (
 			"or returns the one recorded."}
 )
 
+// The dedup proxy's problems (proxy.go, docs/proxy.md). Each says whether the effect under the key was
+// recorded, since that decides what the client's retry gets.
+var (
+	probInFlight = &ProblemKind{Slug: "request-in-flight", Status: 409, Title: "Request in flight",
+		Means: "Another request under this Idempotency-Key (or the gateway's dispatcher) is performing it, and " +
+			"did not finish within proxy.in_flight_wait. Nothing was sent to the upstream for this request.",
+		Do: "Retry after the seconds in Retry-After with the same key and request: it gets the answer once the " +
+			"first has one."}
+	probUpstreamUnreachable = &ProblemKind{Slug: "upstream-unreachable", Status: 502, Title: "Upstream unreachable",
+		Means: "The proxied request got no answer from the upstream: the connection was refused or broke, or the " +
+			"gateway's guard refused the address. For a transient cause the effect waits for a retry " +
+			"(pending): it was not answered, so no answer is stored.",
+		Do: "Retry with the same Idempotency-Key and request: it is performed again at once, with the same " +
+			"Idempotency-Key to the upstream. If you never retry, the gateway's dispatcher does, by the effect " +
+			"type's retry policy."}
+	probUpstreamTimeout = &ProblemKind{Slug: "upstream-timeout", Status: 504, Title: "Upstream timeout",
+		Means: "The upstream did not answer within the effect type's timeout. It may have acted; the effect " +
+			"waits for a retry (pending), and every retry carries the same Idempotency-Key to the upstream.",
+		Do: "Retry with the same Idempotency-Key and request, or read the effect at /v1/effects/{key}."}
+	probBreakerOpen = &ProblemKind{Slug: "upstream-breaker-open", Status: 503, Title: "Upstream breaker open",
+		Means: "Recent requests to this upstream failed, and its circuit breaker holds further calls for a " +
+			"while. Nothing was sent; the effect waits (pending) and is performed when the breaker lets calls through.",
+		Do: "Retry after the seconds in Retry-After with the same Idempotency-Key and request."}
+	probAnswerTooLarge = &ProblemKind{Slug: "answer-too-large", Status: 502, Title: "Answer too large to store",
+		Means: "The upstream performed the request, but its answer's body was over the effect type's " +
+			"http.max_answer, so it was not stored; the effect keeps the status and headers. Every request under " +
+			"this key gets this problem, so that no two get different answers.",
+		Do: "Raise http.max_answer for the effect type, or read the resource from the upstream (a GET through " +
+			"the proxy is not recorded). Do not retry under a new key: the upstream acted."}
+	probOutcomeUnknown = &ProblemKind{Slug: "outcome-unknown", Status: 502, Title: "Outcome unknown",
+		Means: "The gateway performing this request died before it recorded the upstream's answer, and the " +
+			"effect type's on_crash is at_most_once: the request may or may not have reached the upstream, and " +
+			"was not resent. The effect is unknown until an operator resolves it.",
+		Do: "Check the upstream; an operator retries the effect (POST /v1/effects/{key}/retry) or leaves it."}
+	probGaveUp = &ProblemKind{Slug: "upstream-gave-up", Status: 502, Title: "Upstream failed; retries used up",
+		Means: "The proxied request failed transiently on every attempt up to the effect type's max_attempts, " +
+			"and the effect is dead. The detail has the last error.",
+		Do: "Fix the upstream, then an operator retries the effect (POST /v1/effects/{key}/retry)."}
+)
+
 // problemKinds lists every problem type the gateway answers with; writeProblem takes nothing else.
 var problemKinds = []*ProblemKind{probInvalid, probUnauthorized, probTypeNotAllowed, probNotFound,
 	probMethodNotAllowed, probFenced, probNotRetryable, probBodyTooLarge, probUnsupportedMedia, probKeyReused,
-	probRateLimited, probInternal, probUnavailable}
+	probRateLimited, probInternal, probUnavailable, probInFlight, probUpstreamUnreachable, probUpstreamTimeout,
+	probBreakerOpen, probAnswerTooLarge, probOutcomeUnknown, probGaveUp}
 
 // ProblemKinds returns every problem type the gateway can answer with.
 func ProblemKinds() []ProblemKind {

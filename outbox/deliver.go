@@ -139,8 +139,9 @@ func traceOutcome(span trace.Span, out providers.Outcome) {
 }
 
 // apply records an action decided for a claimed row, under its lease. A write that fails leaves the row
-// leased: it is rescued when the lease runs out, so the failure costs time, never the effect.
-func (d *Dispatcher) apply(log *slog.Logger, t *effectType, r dedup.Claimed, act action) {
+// leased: it is rescued when the lease runs out, so the failure costs time, never the effect. It returns the
+// write's error (dedup.ErrLeaseLost when another holder owns the row), which the dispatcher only logs.
+func (d *Dispatcher) apply(log *slog.Logger, t *effectType, r dedup.Claimed, act action) error {
 	if act.msg != "" {
 		args := []any{"err", act.err}
 		if act.kind == actReschedule {
@@ -159,6 +160,7 @@ func (d *Dispatcher) apply(log *slog.Logger, t *effectType, r dedup.Claimed, act
 		default:
 			d.finishedEffect(t, act.finish.Status, r.EffectID)
 		}
+		return err
 	case actReschedule:
 		err := d.record(log, func(ctx context.Context) error { return d.store.Reschedule(ctx, r.Lease, act.reschedule) })
 		switch {
@@ -167,7 +169,9 @@ func (d *Dispatcher) apply(log *slog.Logger, t *effectType, r dedup.Claimed, act
 		case err != nil:
 			log.Error("rescheduling failed; the row will be rescued after its lease", "err", err)
 		}
+		return err
 	}
+	return nil
 }
 
 // record runs a write that records an outcome under a lease, and tries it again while the database is

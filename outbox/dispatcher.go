@@ -11,6 +11,9 @@
 // back no other, and what a crash between a provider's success and the
 // commit that records it can do is decided per effect type (OnCrash) and per provider (providers.TxProvider).
 //
+// Perform (perform.go) runs the same delivery for a row a request leased itself (the dedup proxy), in the
+// request, so that path has the same breaker, outcomes and fenced record as every other.
+//
 // What happens to a row after each attempt is decided by one pure function, decide (decide.go). Each
 // background duty runs in a loop of its own: claiming (claimer.go), delivering (deliver.go), telling other
 // gateways of finished effects (notify.go) and retention (purge.go). docs/effects.md draws the state machine.

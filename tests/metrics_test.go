@@ -114,12 +114,13 @@ effect_types:
   refused: %s
   doomed: %s
   blocked: %s
+  proxied: { provider: http, http: { base_url: "%s", allow_private_networks: true } }
 dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 `, dbURL, apiKey, slowKey,
 		hook(hanging.URL, ", timeout: 3s"),
 		hook(refusing.URL, ""),
 		hook(down.URL, ", retry: { max_attempts: 2, base_delay: 10ms, max_delay: 10ms }, breaker: { failures: 100 }"),
-		hook(down.URL+"/blocked", ", breaker: { failures: 1, open_for: 1h }")))
+		hook(down.URL+"/blocked", ", breaker: { failures: 1, open_for: 1h }"), refusing.URL))
 
 	// A gateway killed inside a delivery, for the row that the next one rescues.
 	first, firstBase := startGateway(t, config)
@@ -152,6 +153,11 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		if code != r.want && !(r.want == 202 && code == 200) {
 			t.Fatalf("%s: %d, want %d", r.key, code, r.want)
 		}
+	}
+
+	// Through the dedup proxy: the upstream's 400 comes back, stored (oncegate_proxy_requests_total).
+	if code, _, _ := exchange(t, "POST", base+"/v1/proxy/proxied/orders", apiKey, `{"n":1}`, "Idempotency-Key: p:1"); code != 400 {
+		t.Fatalf("proxied: %d, want the upstream's 400", code)
 	}
 
 	// The linter is no formality: a counter without _total and a unit that is not a base unit are caught.

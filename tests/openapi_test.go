@@ -192,6 +192,7 @@ func checkExchange(req *http.Request, reqBody []byte, resp *http.Response, respB
 	ctx := context.Background()
 	probe := req.Clone(ctx)
 	probe.Body = io.NopCloser(bytes.NewReader(reqBody))
+	proxyPathAsOneSegment(probe)
 	route, params, err := s.router.FindRoute(probe)
 	switch {
 	case errors.Is(err, routers.ErrPathNotFound):
@@ -224,6 +225,24 @@ func checkExchange(req *http.Request, reqBody []byte, resp *http.Response, respB
 		Header: resp.Header, Options: opts}
 	out.SetBodyBytes(respBody)
 	return openapi3filter.ValidateResponse(ctx, out)
+}
+
+// proxyPathAsOneSegment rewrites a request to the dedup proxy, /v1/proxy/{type}/{path…}, so that its path
+// under the type is one segment ("/" escaped): an OpenAPI path parameter takes one segment, and the
+// description's {path} stands for the rest of the path, which the gateway's router takes whole.
+func proxyPathAsOneSegment(r *http.Request) {
+	rest, ok := strings.CutPrefix(r.URL.EscapedPath(), "/v1/proxy/")
+	if !ok {
+		return
+	}
+	typ, path, ok := strings.Cut(rest, "/")
+	if !ok || path == "" {
+		return
+	}
+	u := *r.URL
+	u.RawPath = "/v1/proxy/" + typ + "/" + strings.ReplaceAll(path, "/", "%2F")
+	u.Path, _ = url.PathUnescape(u.RawPath)
+	r.URL = &u
 }
 
 // methods lists the methods the description has for req's path.

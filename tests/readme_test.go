@@ -21,8 +21,10 @@ const readmeSnippetPrelude = `package main
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stripe/stripe-go/v82"
 
 	"github.com/oncegate/oncegate/client"
 	"github.com/oncegate/oncegate/queue"
@@ -45,6 +47,8 @@ func send(context.Context, *queue.Job) error { return nil }
 var (
 	_ = json.Marshal
 	_ = client.New
+	_ = http.DefaultClient
+	_ = stripe.NewClient
 )
 
 func main() {}
@@ -80,12 +84,19 @@ func TestReadmeGoSnippetsBuildFromAnotherModule(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	gomod := fmt.Sprintf("module example.test/readme\n\ngo 1.26.0\n\nrequire github.com/oncegate/oncegate v0.0.0\n\n"+
-		"replace github.com/oncegate/oncegate => %s\n", repo)
+	// Stripe's SDK is the one module a snippet uses besides oncegate (the proxy's example): its version and
+	// sums are this test module's.
+	gomod := fmt.Sprintf("module example.test/readme\n\ngo 1.26.0\n\nrequire github.com/oncegate/oncegate v0.0.0\n"+
+		"require github.com/stripe/stripe-go/v82 %s\n\nreplace github.com/oncegate/oncegate => %s\n", stripeVersion(t), repo)
 	sum, err := os.ReadFile("../go.sum")
 	if err != nil {
 		t.Fatal(err)
 	}
+	ours, err := os.ReadFile("go.sum")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum = append(sum, ours...)
 	for name, data := range map[string][]byte{"go.mod": []byte(gomod), "go.sum": sum, "main.go": []byte(src.String())} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
 			t.Fatal(err)
@@ -100,6 +111,20 @@ func TestReadmeGoSnippetsBuildFromAnotherModule(t *testing.T) {
 		t.Fatalf("the README's Go snippets do not build from another module: %v\n%s\n%s", err, out.String(),
 			numbered(src.String()))
 	}
+}
+
+// stripeVersion is the version of Stripe's SDK that this module requires.
+func stripeVersion(t *testing.T) string {
+	t.Helper()
+	mod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`github.com/stripe/stripe-go/v82 (v\S+)`).FindSubmatch(mod)
+	if m == nil {
+		t.Fatal("tests/go.mod does not require github.com/stripe/stripe-go/v82")
+	}
+	return string(m[1])
 }
 
 // declaredAtTop lists the variables that the statements of body declare with := at their top level.

@@ -12,6 +12,10 @@
 // postgres (analytics insert) provider, and -webhooks signed webhooks to a local receiver. The gateways'
 // largest resident memory is reported for every phase.
 //
+// Then the dedup proxy (/v1/proxy/{type}) at -proxy-clients clients, against a local upstream that answers
+// at once: calls to the upstream directly (the yardstick), proxied calls under new keys (recorded, performed
+// in the request, recorded again), and replays of them; the overhead is the proxied p50/p99 less the direct.
+//
 // Run it with scripts/bench or `make bench`; it creates and drops a database of its own.
 package main
 
@@ -47,6 +51,7 @@ var (
 	duration   = flag.Duration("duration", 5*time.Second, "length of each measured phase")
 	gwBin      = flag.String("gateway", "bin/gateway", "the gateway binary")
 	hooks      = flag.Int("webhooks", 20000, "webhook effects in the webhook delivery phase")
+	proxyConc  = flag.Int("proxy-clients", 8, "concurrent clients of the dedup proxy phases; 0 skips them")
 )
 
 const apiKey = "bench-api-key-4a7c1e9f3b5d8a2c6e0f"
@@ -94,6 +99,14 @@ func main() {
 		w.WriteHeader(204)
 	}))
 	defer receiver.Close()
+	// The proxy's upstream: a local server that answers a small JSON body at once.
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		_, _ = io.WriteString(w, `{"id":"ch_1","amount":2000,"currency":"usd","status":"succeeded"}`)
+	}))
+	defer upstream.Close()
 
 	cfg := filepath.Join(dir, "gateway.yaml")
 	// The tenant's rates are far above what one machine serves: the limiter runs on every request, so its
@@ -103,12 +116,17 @@ database_url: %s
 tenants: { bench: { api_keys: [%s], rate: { requests_per_second: 1000000, request_burst: 1000000, bytes_per_second: 1000MiB, byte_burst: 1000MiB } } }
 effect_types:
   analytics: { provider: postgres, tenant_concurrency: 128 }
+  up:
+    provider: http
+    concurrency: 64
+    tenant_concurrency: 64
+    http: { base_url: "%s", allow_private_networks: true }
   hook:
     provider: webhook
     concurrency: 64
     tenant_concurrency: 64
     webhook: { url: "%s/hook", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
-`, dbURL, apiKey, receiver.URL)), 0o600))
+`, dbURL, apiKey, upstream.URL, receiver.URL)), 0o600))
 	dbconn, err := pgx.Connect(ctx, dbURL)
 	must(err)
 	defer dbconn.Close(ctx)
@@ -164,7 +182,74 @@ effect_types:
 	disp.stop()
 	fmt.Printf("| deliveries, webhooks to a local receiver (signed, one gateway) | | %.0f | | | | | %.0f MiB |\n",
 		hookRate, disp.maxRSS())
+	if *proxyConc > 0 {
+		proxyPhases(cfg, upstream.URL, *proxyConc)
+	}
 	fmt.Printf("\n%d effects accepted in all; the receiver got %d webhooks for %d effects\n", lastCreated, received.Load(), *hooks)
+}
+
+// proxyPhases measures the dedup proxy against calling the upstream directly, with c clients.
+func proxyPhases(cfg, upstream string, c int) {
+	g := startGateway(cfg)
+	defer g.stop()
+	pool := http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}
+	client := &http.Client{Transport: &pool, Timeout: 30 * time.Second}
+	const body = "amount=2000&currency=usd&source=tok_visa"
+	call := func(url, key string) {
+		req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := client.Do(req)
+		if err != nil {
+			log.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 201 {
+			log.Fatalf("proxy phase: status %d", resp.StatusCode)
+		}
+	}
+	var next atomic.Int64
+	direct := timed(g, c, func() { call(upstream+"/v1/charges", "d") })
+	proxied := timed(g, c, func() { call(g.url+"/v1/proxy/up/v1/charges", fmt.Sprintf("p%d", next.Add(1))) })
+	made := next.Load()
+	replays := timed(g, c, func() {
+		call(g.url+"/v1/proxy/up/v1/charges", fmt.Sprintf("p%d", 1+time.Now().UnixNano()%made))
+	})
+	row := func(name string, r result) {
+		fmt.Printf("| %s | %d | %.0f | %v | %v | +%v p50, +%v p99 over direct | | %.0f MiB |\n", name, c, r.rate, r.p50, r.p99,
+			(r.p50 - direct.p50).Round(10*time.Microsecond), (r.p99 - direct.p99).Round(10*time.Microsecond), r.rss)
+	}
+	fmt.Printf("| upstream called directly | %d | %.0f | %v | %v | | | |\n", c, direct.rate, direct.p50, direct.p99)
+	row("proxied calls (new keys, performed in the request)", proxied)
+	row("proxied replays (same key and request)", replays)
+}
+
+// timed runs fn from c goroutines for *duration and returns its rate and latencies.
+func timed(g *gateway, c int, fn func()) result {
+	var mu sync.Mutex
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	stop := time.Now().Add(*duration)
+	start := time.Now()
+	for range c {
+		wg.Go(func() {
+			var mine []time.Duration
+			for time.Now().Before(stop) {
+				t0 := time.Now()
+				fn()
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	slices.Sort(lat)
+	return result{rate: float64(len(lat)) / time.Since(start).Seconds(), rss: g.maxRSS(),
+		p50: lat[len(lat)/2].Round(10 * time.Microsecond), p99: lat[len(lat)*99/100].Round(10 * time.Microsecond)}
 }
 
 // backlogSQL counts the gateway's outbox rows: pgbench's rows are due tomorrow, and stay.

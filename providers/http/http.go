@@ -12,7 +12,9 @@
 package http
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +22,7 @@ import (
 	"net/textproto"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"golang.org/x/net/http/httpguts"
 
@@ -40,7 +43,14 @@ type Config struct {
 	KeepHeaders []string `yaml:"keep_headers"`
 	// AllowPrivateNetworks lets requests reach loopback, private and link-local addresses. Defaults to false.
 	AllowPrivateNetworks bool `yaml:"allow_private_networks"`
+	// MaxAnswer bounds, in bytes, the body of an answer stored for a proxied request (/v1/proxy), which is
+	// replayed byte for byte. An answer over it is recorded without its body (body_over_limit), and every
+	// request under its key gets a problem saying so. Defaults to DefaultMaxAnswer.
+	MaxAnswer int64 `yaml:"max_answer"`
 }
+
+// DefaultMaxAnswer is the default Config.MaxAnswer: 1 MiB.
+const DefaultMaxAnswer = 1 << 20
 
 // MaxBody bounds the upstream's body kept in the result.
 const MaxBody = 64 << 10
@@ -51,6 +61,8 @@ type Provider struct {
 	headers http.Header
 	keep    []string
 	client  *http.Client
+	// maxAnswer is Config.MaxAnswer.
+	maxAnswer int64
 	// folded maps each configured header's folded name (see fold) to its name, so that a payload header
 	// that a server would read as a configured one is refused.
 	folded map[string]string
@@ -115,6 +127,13 @@ func (c Config) resolve() (*Provider, error) {
 		}
 	}
 	p.redact = strings.NewReplacer(pairs...)
+	if c.MaxAnswer < 0 {
+		return nil, errors.New("http: max_answer: must not be negative")
+	}
+	p.maxAnswer = c.MaxAnswer
+	if p.maxAnswer == 0 {
+		p.maxAnswer = DefaultMaxAnswer
+	}
 	p.keep = c.KeepHeaders
 	if len(p.keep) == 0 {
 		p.keep = []string{"Content-Type", "Location", "ETag", "Retry-After"}
@@ -136,9 +155,16 @@ type Payload struct {
 	// Body is a string, sent as it is, or any other JSON value (null included), sent as JSON with
 	// Content-Type application/json. Absent, the request has no body.
 	Body json.RawMessage `json:"body,omitempty"`
+	// BodyBase64 is a body of raw bytes, standard base64: the proxy records a body that is not UTF-8 text
+	// this way. At most one of Body and BodyBase64.
+	BodyBase64 string `json:"body_base64,omitempty"`
+	// Proxied marks a request recorded by the dedup proxy (/v1/proxy): its result keeps the whole answer,
+	// every end-to-end header and up to max_answer bytes of body, to be replayed as it came (see Answer).
+	Proxied bool `json:"proxied,omitempty"`
 }
 
-var methods = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true}
+var methods = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true,
+	"HEAD": true, "OPTIONS": true}
 
 // fold spells a header name as the servers that conflate names read it: nginx (underscores_in_headers), CGI,
 // WSGI and PHP turn "-" and "_" (and some, "." too) into one, and case never counts. Two names with one fold
@@ -201,7 +227,15 @@ func (p *Provider) parse(raw json.RawMessage) (Payload, error) {
 	}
 	pl.Method = strings.ToUpper(pl.Method)
 	if !methods[pl.Method] {
-		return pl, providers.Invalid("method", "must be GET, POST, PUT, PATCH or DELETE")
+		return pl, providers.Invalid("method", "must be GET, POST, PUT, PATCH, DELETE, HEAD or OPTIONS")
+	}
+	if pl.BodyBase64 != "" {
+		if len(pl.Body) > 0 {
+			return pl, providers.Invalid("body_base64", "body and body_base64 exclude each other")
+		}
+		if _, err := base64.StdEncoding.DecodeString(pl.BodyBase64); err != nil {
+			return pl, providers.Invalid("body_base64", "must be standard base64: %v", err)
+		}
 	}
 	if !strings.HasPrefix(pl.Path, "/") || strings.HasPrefix(pl.Path, "//") || strings.ContainsAny(pl.Path, "\r\n\x00 ") {
 		return pl, providers.Invalid("path", "must start with a single / and hold no spaces or line breaks")
@@ -256,33 +290,9 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	if err != nil {
 		return providers.Failed(err, true)
 	}
-	rel, _ := url.Parse(pl.Path)
-	target := *p.base
-	target.Path = strings.TrimSuffix(p.base.Path, "/") + rel.Path
-	target.RawPath = ""
-	target.RawQuery = rel.RawQuery
-	var body []byte
-	contentType := ""
-	if len(pl.Body) > 0 { // a JSON null is a JSON value, sent as JSON; an absent body is no body
-		var s string
-		if pl.Body[0] == '"' && json.Unmarshal(pl.Body, &s) == nil { // a string; null would unmarshal as ""
-			body = []byte(s)
-		} else {
-			body, contentType = pl.Body, "application/json"
-		}
-	}
-	req, err := safehttp.NewRequest(ctx, pl.Method, &target, body)
+	req, err := p.request(ctx, pl)
 	if err != nil {
 		return providers.Failed(err, true)
-	}
-	if contentType != "" {
-		req.Header.Set("Content-Type", contentType)
-	}
-	for k, v := range pl.Headers {
-		req.Header.Set(k, v)
-	}
-	for k, v := range p.headers {
-		req.Header[k] = v
 	}
 	req.Header.Set("Idempotency-Key", d.StableID)
 	resp, err := p.client.Do(req)
@@ -290,6 +300,9 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 		return safehttp.TransportError(ctx, err)
 	}
 	defer resp.Body.Close()
+	if pl.Proxied {
+		return p.answer(resp)
+	}
 	answer, truncated, _ := safehttp.ReadBounded(resp.Body, MaxBody)
 	kept := map[string]string{}
 	for _, h := range p.keep {
@@ -305,4 +318,147 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 		result["body_truncated"] = true
 	}
 	return safehttp.Classify(resp.StatusCode, resp.Header, result)
+}
+
+// request builds the request of a payload checked by parse, with the configured headers and without an
+// Idempotency-Key.
+func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, error) {
+	rel, _ := url.Parse(pl.Path)
+	target := *p.base
+	target.Path = strings.TrimSuffix(p.base.Path, "/") + rel.Path
+	target.RawPath = ""
+	target.RawQuery = rel.RawQuery
+	var body []byte
+	contentType := ""
+	switch {
+	case pl.BodyBase64 != "":
+		body, _ = base64.StdEncoding.DecodeString(pl.BodyBase64) // checked by parse
+	case len(pl.Body) > 0: // a JSON null is a JSON value, sent as JSON; an absent body is no body
+		var s string
+		if pl.Body[0] == '"' && json.Unmarshal(pl.Body, &s) == nil { // a string; null would unmarshal as ""
+			body = []byte(s)
+		} else {
+			body, contentType = pl.Body, "application/json"
+		}
+	}
+	req, err := safehttp.NewRequest(ctx, pl.Method, &target, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	for k, v := range pl.Headers {
+		req.Header.Set(k, v)
+	}
+	for k, v := range p.headers {
+		req.Header[k] = v
+	}
+	return req, nil
+}
+
+// Answer is a proxied request's result, as stored and replayed: the upstream's status, its end-to-end
+// headers (AnswerHeaders), and its body as text (Body, when it is UTF-8 without NUL, which Postgres's jsonb
+// cannot hold) or as base64 (BodyBase64). BodyOverLimit says that the body was over max_answer and was not
+// kept.
+type Answer struct {
+	Status        int                 `json:"status"`
+	Headers       map[string][]string `json:"headers"`
+	Body          *string             `json:"body,omitempty"`
+	BodyBase64    *string             `json:"body_base64,omitempty"`
+	BodyOverLimit bool                `json:"body_over_limit,omitempty"`
+	MaxAnswer     int64               `json:"max_answer,omitempty"`
+}
+
+// Bytes returns the body as it came.
+func (a Answer) Bytes() []byte {
+	switch {
+	case a.Body != nil:
+		return []byte(*a.Body)
+	case a.BodyBase64 != nil:
+		b, _ := base64.StdEncoding.DecodeString(*a.BodyBase64)
+		return b
+	}
+	return nil
+}
+
+// answer reads a proxied request's whole answer into its result, classified as any other.
+func (p *Provider) answer(resp *http.Response) providers.Outcome {
+	body, over, err := safehttp.ReadBounded(resp.Body, p.maxAnswer)
+	if err != nil {
+		// The upstream answered and its body broke off: what it did is unknown to the gateway, as for a
+		// timeout. Retried (a resend carries the same Idempotency-Key).
+		return providers.Retry(fmt.Errorf("reading the answer (status %d): %w", resp.StatusCode, err))
+	}
+	a := Answer{Status: resp.StatusCode, Headers: map[string][]string{}}
+	for k, vs := range p.AnswerHeaders(resp.Header) {
+		a.Headers[k] = vs
+	}
+	switch {
+	case over:
+		a.BodyOverLimit, a.MaxAnswer = true, p.maxAnswer
+	case utf8.Valid(body) && bytes.IndexByte(body, 0) < 0:
+		s := p.redact.Replace(string(body))
+		a.Body = &s
+	default:
+		s := base64.StdEncoding.EncodeToString(body)
+		a.BodyBase64 = &s
+	}
+	return safehttp.Classify(resp.StatusCode, resp.Header, a)
+}
+
+// hopByHop are the headers of one connection (RFC 9110 §7.6.1), with the framing net/http sets itself.
+var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
+
+// AnswerHeaders returns the headers of an upstream's answer that go to a client: without the hop-by-hop
+// ones (and those the Connection header names), Content-Length (the gateway frames its own answer), and any
+// header that a server would read as a configured request header (a credential echoed back); values
+// holding a configured value as it was sent are masked.
+func (p *Provider) AnswerHeaders(h http.Header) http.Header {
+	out := h.Clone()
+	for _, c := range h.Values("Connection") {
+		for _, name := range strings.Split(c, ",") {
+			out.Del(strings.TrimSpace(name))
+		}
+	}
+	for _, name := range hopByHop {
+		out.Del(name)
+	}
+	for name, vs := range out {
+		if _, configured := p.folded[fold(name)]; configured {
+			delete(out, name)
+			continue
+		}
+		for i, v := range vs {
+			vs[i] = p.redact.Replace(v)
+		}
+	}
+	return out
+}
+
+// Configured reports whether a request header of this name is one of the effect type's configured headers,
+// in any spelling a server reads as the same: the gateway's, never a client's.
+func (p *Provider) Configured(name string) bool {
+	_, ok := p.folded[fold(name)]
+	return ok
+}
+
+// Pass sends a request recorded nowhere (a safe method through the proxy) and returns the upstream's answer
+// for the caller to stream and close; its headers are the upstream's, unfiltered (see AnswerHeaders). The
+// payload's rules are Validate's.
+func (p *Provider) Pass(ctx context.Context, payload json.RawMessage) (*http.Response, error) {
+	pl, err := p.parse(payload)
+	if err != nil {
+		return nil, err
+	}
+	req, err := p.request(ctx, pl)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return nil, safehttp.TransportError(ctx, err).Err
+	}
+	return resp, nil
 }

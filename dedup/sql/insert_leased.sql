@@ -1,0 +1,18 @@
+-- Records a new effect and its outbox row already leased to the caller, for a request that performs the
+-- effect at once (the dedup proxy): no dispatcher can claim the row while the request holds it, and if the
+-- request's gateway dies, the lease runs out and the row is rescued like any other. One statement, one
+-- transaction: both rows commit, or neither. The key taken, it inserts nothing and returns no row.
+-- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
+-- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status
+WITH effect AS (
+    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, status)
+    VALUES ($1, $2, $3, $4, $5, $7, $10)
+    ON CONFLICT (tenant, key) DO NOTHING
+    RETURNING {{columns}}
+), queued AS (
+    INSERT INTO oncegate_outbox (effect_id, type, trace, lease_token, lease_owner, lease_expires_at)
+    SELECT id, type, $6::jsonb, gen_random_uuid(), $8, now() + make_interval(secs => $9::double precision / 1000)
+    FROM effect
+    RETURNING effect_id, lease_token
+)
+SELECT {{columns}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id

@@ -1,0 +1,412 @@
+package gateway
+
+// The dedup proxy: /v1/proxy/{type}/{path…} for effect types whose provider is http (docs/proxy.md). A client
+// points its HTTP client's base URL here and sends ordinary requests with an Idempotency-Key. An unsafe
+// request is recorded under the key as an http effect, leased to this gateway in the same statement
+// (dedup.Store.CreateLeased), and performed at once by the dispatcher's own path (outbox.Dispatcher.Perform),
+// so the breaker, the timeout, decide and the fenced Finish are those of every other delivery; the answer
+// the client gets is rendered from the result that was stored, so that the first answer and every replay are
+// the same bytes. A crash in flight leaves a leased row, which the outbox rescues by the type's on_crash.
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gorilla/mux"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/providers"
+	httpprov "github.com/oncegate/oncegate/providers/http"
+)
+
+// proxyKeyHeader is the header that carries the tenant's API key on proxied requests.
+func (g *Gateway) proxyKeyHeader() string {
+	if g.cfg != nil && g.cfg.Proxy.APIKeyHeader != "" {
+		return g.cfg.Proxy.APIKeyHeader
+	}
+	return "Authorization"
+}
+
+// proxyMethods are the methods the proxy takes: those the http provider sends.
+var proxyMethods = []string{http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodPost, http.MethodPut,
+	http.MethodPatch, http.MethodDelete}
+
+// safeMethod reports whether a method passes through unrecorded (RFC 9110 §9.2.1).
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
+
+// proxyRecheck is how often a request waiting for another's attempt under its key looks again, besides
+// being woken when this gateway finishes one: the other may run in another gateway, or end pending.
+const proxyRecheck = 100 * time.Millisecond
+
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
+	tenant := tenantOf(r)
+	typ, err := url.PathUnescape(mux.Vars(r)["type"])
+	if err != nil {
+		refuseUnread(w, r, probNotFound, "the effect type in the path is not validly escaped")
+		return
+	}
+	if !g.allows(tenant, typ) {
+		g.typeNotAllowed(w, tenant, typ)
+		return
+	}
+	p, _ := g.providers.Get(typ)
+	hp, ok := p.(*httpprov.Provider)
+	if !ok {
+		refuseUnread(w, r, probNotFound, fmt.Sprintf("no effect type %q whose provider is http: only those "+
+			"can be proxied", typ))
+		return
+	}
+	m := g.metrics.proxied.MustCurryWith(map[string]string{"type": typ})
+	// The path under the type, as it was sent (percent-encoding kept), and the query.
+	prefix := "/v1/proxy/" + mux.Vars(r)["type"]
+	path := strings.TrimPrefix(r.URL.EscapedPath(), prefix)
+	if path == "" {
+		path = "/"
+	}
+	if r.URL.RawQuery != "" {
+		path += "?" + r.URL.RawQuery
+	}
+	unsafe := !safeMethod(r.Method)
+	var key string
+	if unsafe {
+		if len(r.Header.Values("Idempotency-Key")) > 1 {
+			m.WithLabelValues("refused").Inc()
+			refuseUnread(w, r, probInvalid, "Idempotency-Key is sent more than once; send one key")
+			return
+		}
+		if key, err = dedup.ParseKey(r.Header.Get("Idempotency-Key")); err != nil {
+			m.WithLabelValues("refused").Inc()
+			w.Header().Set("Connection", "close")
+			writeProblem(w, probInvalid, "Idempotency-Key", r.Method+" through the proxy needs an Idempotency-Key "+
+				"(GET, HEAD and OPTIONS pass through unrecorded): "+err.Error())
+			return
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(g.cfg.Limits.MaxBody)))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeProblem(w, probBodyTooLarge, "", fmt.Sprintf("the body is over the limit of %d bytes", g.cfg.Limits.MaxBody))
+			return
+		}
+		badRequest(w, "", "could not read the request body")
+		return
+	}
+	pl := httpprov.Payload{Method: r.Method, Path: path, Headers: g.forwardHeaders(r.Header, hp), Proxied: unsafe}
+	switch {
+	case len(body) == 0:
+	case utf8.Valid(body) && bytes.IndexByte(body, 0) < 0:
+		pl.Body, _ = json.Marshal(string(body))
+	default:
+		pl.BodyBase64 = base64.StdEncoding.EncodeToString(body)
+	}
+	payload, err := json.Marshal(pl)
+	if err != nil {
+		badRequest(w, "", "the request cannot be recorded: "+err.Error())
+		return
+	}
+	if err := hp.Validate(payload); err != nil {
+		m.WithLabelValues("refused").Inc()
+		field, detail := "", err.Error()
+		var fe *providers.FieldError
+		if errors.As(err, &fe) {
+			// payload.headers.X is the request's header X, payload.path its path: say it the client's way.
+			field = strings.TrimPrefix(strings.TrimPrefix(fe.Field, "payload."), "headers.")
+		}
+		badRequest(w, field, detail)
+		return
+	}
+	if !unsafe {
+		m.WithLabelValues("passed").Inc()
+		g.pass(w, r, hp, typ, payload)
+		return
+	}
+
+	span := trace.SpanFromContext(r.Context())
+	span.SetAttributes(attribute.String("idempotency.key", key), attribute.String("effect.type", typ),
+		attribute.String("tenant", tenant))
+	holder, ok := g.dispatcher.Holder(typ)
+	if !ok {
+		writeProblem(w, probInternal, "", "")
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
+	defer cancel()
+	e, claimed, replayed, err := g.store.CreateLeased(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: typ,
+		Payload: payload}, proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), holder)
+	var reused *dedup.KeyReusedError
+	var unstorable *dedup.UnstorableError
+	switch {
+	case errors.As(err, &reused):
+		m.WithLabelValues("key_reused").Inc()
+		g.metrics.keyReuses.WithLabelValues(typ).Inc()
+		writeProblem(w, probKeyReused, "Idempotency-Key", fmt.Sprintf("the key %q was used for another request "+
+			"(another method, path, query, content type or body); use a new key for a new request, or send "+
+			"exactly the same request to get its answer", key))
+		return
+	case errors.As(err, &unstorable):
+		badRequest(w, "", "the request cannot be stored: "+unstorable.Reason)
+		return
+	case err != nil:
+		g.storeError(w, r, err)
+		return
+	}
+	span.SetAttributes(attribute.Bool("idempotency.replayed", replayed))
+	if claimed != nil {
+		g.metrics.effectsCreated.WithLabelValues(typ).Inc()
+		g.perform(w, r, m, *claimed)
+		return
+	}
+	g.settle(w, r, m, e, holder)
+}
+
+// proxyFingerprint identifies a proxied request: method, path and query as sent, content type and the
+// body's bytes. Other headers are recorded and sent, but do not make a retry another request: an SDK may
+// send fresh telemetry headers on each try.
+func proxyFingerprint(typ, method, path, contentType string, body []byte) []byte {
+	sum := sha256.Sum256(body)
+	doc, _ := json.Marshal(map[string]string{"method": method, "path": path, "content_type": contentType,
+		"body_sha256": hex.EncodeToString(sum[:])})
+	fp, _ := dedup.Fingerprint(typ, doc)
+	return fp
+}
+
+// droppedHeaders are request headers never forwarded: those of one connection, the gateway's own (its
+// credential, the client's key, which the upstream gets as the effect's stable id instead, and trace context,
+// which the gateway's client span sets), those a proxy in front of the gateway adds, and Accept-Encoding, so
+// the gateway's client negotiates compression itself and stores the body decoded.
+var droppedHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true,
+	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Host": true,
+	"Expect": true, "Authorization": true, "Proxy-Authorization": true, "Idempotency-Key": true,
+	"Traceparent": true, "Tracestate": true, "Baggage": true, "Accept-Encoding": true, "Forwarded": true,
+	"Via": true, "X-Real-Ip": true}
+
+// forwardHeaders returns the request headers sent on to the upstream, each once (repeated values joined as
+// RFC 9110 §5.3 allows). A header the effect type configures is the gateway's (a credential) and is dropped,
+// never taken from a client. What is left is checked by the http provider's rules like any payload's headers.
+func (g *Gateway) forwardHeaders(h http.Header, hp *httpprov.Provider) map[string]string {
+	keyHeader := http.CanonicalHeaderKey(g.proxyKeyHeader())
+	drop := map[string]bool{keyHeader: true}
+	for _, c := range h.Values("Connection") {
+		for _, name := range strings.Split(c, ",") {
+			drop[http.CanonicalHeaderKey(strings.TrimSpace(name))] = true
+		}
+	}
+	out := map[string]string{}
+	for name, vs := range h {
+		canon := http.CanonicalHeaderKey(name)
+		if droppedHeaders[canon] || drop[canon] || strings.HasPrefix(canon, "X-Forwarded-") ||
+			strings.HasPrefix(canon, "Oncegate-") || hp.Configured(canon) {
+			continue
+		}
+		out[canon] = strings.Join(vs, ", ")
+	}
+	return out
+}
+
+// pass sends a safe request on, unrecorded, and streams the answer back.
+func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Provider, typ string, payload []byte) {
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.EffectTypes[typ].Timeout))
+	defer cancel()
+	resp, err := hp.Pass(ctx, payload)
+	if err != nil {
+		g.upstreamFailed(w, ctx.Err() != nil, err)
+		return
+	}
+	defer resp.Body.Close()
+	for k, vs := range hp.AnswerHeaders(resp.Header) {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+}
+
+// perform delivers a row this request leased, and answers with what became of it.
+func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, c dedup.Claimed) {
+	res, err := g.dispatcher.Perform(r.Context(), c)
+	g.waiters.wake(c.EffectID) // requests waiting under the key look again, whatever the outcome
+	if err != nil {
+		g.log.Error("performing a proxied request", "type", c.Type, "err", err)
+		writeProblem(w, probInternal, "", "")
+		return
+	}
+	if !res.Recorded {
+		// The lease was lost or the database was away for longer than the lease margin: the row will be
+		// rescued, and the client's retry gets what that comes to. This answer is the upstream's all the same.
+		g.log.Warn("a proxied request's outcome was not recorded; the outbox rescues it after its lease",
+			"type", c.Type, "key", c.Key, "status", res.Status)
+	}
+	if res.Status.Terminal() {
+		m.WithLabelValues("performed").Inc()
+		g.render(w, res.Status, res.Finish.Result, res.Finish.LastError, false)
+		return
+	}
+	// Pending: a transient failure (or a breaker that held the call). Its answer is the client's to see and
+	// is not stored: a retry under the key performs the request again.
+	m.WithLabelValues("retried").Inc()
+	switch {
+	case !res.Attempted:
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, probBreakerOpen, "", "the upstream's circuit breaker is open; nothing was sent")
+	case len(res.Outcome.Result) > 0:
+		var a httpprov.Answer
+		if json.Unmarshal(res.Outcome.Result, &a) == nil && a.Status != 0 {
+			if a.BodyOverLimit {
+				w.Header().Set("Retry-After", "1")
+				writeProblem(w, probAnswerTooLarge, "", fmt.Sprintf("the upstream answered %d, a transient "+
+					"failure that was not stored, with a body over http.max_answer (%d bytes)", a.Status, a.MaxAnswer))
+				return
+			}
+			writeAnswer(w, a, false)
+			return
+		}
+		g.upstreamFailed(w, false, res.Outcome.Err)
+	default:
+		timedOut := errors.Is(res.Outcome.Err, context.DeadlineExceeded) ||
+			strings.HasPrefix(errString(res.Outcome.Err), "timed out")
+		g.upstreamFailed(w, timedOut, res.Outcome.Err)
+	}
+}
+
+// settle answers a request whose key holds an effect already: the stored answer when the effect is
+// terminal; otherwise the effect is performed by this request if it can lease it (it waits for a retry, or its
+// holder died and its lease ran out), or waited for while another holds it, up to proxy.in_flight_wait.
+func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, e *dedup.Effect, h dedup.Holder) {
+	wait := time.Duration(g.cfg.Proxy.InFlightWait)
+	if wait == 0 {
+		wait = min(time.Duration(g.cfg.EffectTypes[e.Type].Timeout), MaxWait)
+	}
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	for {
+		if e.Status.Terminal() {
+			m.WithLabelValues("replayed").Inc()
+			g.metrics.replays.WithLabelValues(e.Type).Inc()
+			lastErr := ""
+			if e.LastError != nil {
+				lastErr = *e.LastError
+			}
+			g.render(w, e.Status, e.Result, lastErr, true)
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
+		c, found, err := g.store.ClaimEffect(ctx, e.ID, h)
+		cancel()
+		if err != nil {
+			g.storeError(w, r, err)
+			return
+		}
+		if found {
+			g.perform(w, r, m, c)
+			return
+		}
+		ch, forget := g.waiters.add(e.ID)
+		recheck := time.NewTimer(proxyRecheck)
+		select {
+		case <-ch:
+		case <-recheck.C:
+		case <-deadline.C:
+			forget()
+			recheck.Stop()
+			m.WithLabelValues("in_flight").Inc()
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, probInFlight, "Idempotency-Key", fmt.Sprintf("a request under the key %q is "+
+				"being performed; retry with the same key and request", e.Key))
+			return
+		case <-r.Context().Done():
+			forget()
+			recheck.Stop()
+			return
+		}
+		forget()
+		recheck.Stop()
+		next, err := g.get(r.Context(), e.Tenant, e.Key)
+		switch {
+		case errors.Is(err, dedup.ErrNotFound):
+			// Purged by retention meanwhile: the key is free, and the client's retry records it anew.
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, probInFlight, "Idempotency-Key", "the effect under the key was just purged; retry")
+			return
+		case err != nil:
+			g.storeError(w, r, err)
+			return
+		}
+		e = next
+	}
+}
+
+// render answers with a terminal effect of the proxy: the stored answer as it came, or the problem its
+// status names. replayed adds Idempotent-Replayed.
+func (g *Gateway) render(w http.ResponseWriter, status effect.Status, result json.RawMessage, lastErr string, replayed bool) {
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	var a httpprov.Answer
+	if len(result) > 0 && json.Unmarshal(result, &a) == nil && a.Status != 0 {
+		if a.BodyOverLimit {
+			writeProblem(w, probAnswerTooLarge, "", fmt.Sprintf("the upstream answered %d with a body over "+
+				"http.max_answer (%d bytes); the effect is %s, with its status and headers", a.Status, a.MaxAnswer, status))
+			return
+		}
+		writeAnswer(w, a, replayed)
+		return
+	}
+	switch status {
+	case effect.StatusUnknown:
+		writeProblem(w, probOutcomeUnknown, "", lastErr)
+	case effect.StatusDead:
+		writeProblem(w, probGaveUp, "", lastErr)
+	default: // failed without an answer: the address guard, or a request the upstream never saw
+		writeProblem(w, probUpstreamUnreachable, "", lastErr)
+	}
+}
+
+// writeAnswer writes an upstream's answer as stored.
+func writeAnswer(w http.ResponseWriter, a httpprov.Answer, replayed bool) {
+	for k, vs := range a.Headers {
+		w.Header()[k] = append([]string(nil), vs...)
+	}
+	if replayed {
+		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	body := a.Bytes()
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(a.Status)
+	_, _ = w.Write(body)
+}
+
+// upstreamFailed answers a request that got no answer from the upstream.
+func (g *Gateway) upstreamFailed(w http.ResponseWriter, timedOut bool, err error) {
+	w.Header().Set("Retry-After", "1")
+	if timedOut {
+		writeProblem(w, probUpstreamTimeout, "", errString(err))
+		return
+	}
+	writeProblem(w, probUpstreamUnreachable, "", errString(err))
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

@@ -1,0 +1,369 @@
+package gateway
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/pgtest"
+	httpprov "github.com/oncegate/oncegate/providers/http"
+)
+
+// upstream is a real HTTP server that counts what reaches it and answers as told.
+type upstream struct {
+	*httptest.Server
+	calls  atomic.Int64
+	mu     sync.Mutex
+	seen   []*http.Request
+	bodies [][]byte
+	answer func(w http.ResponseWriter, r *http.Request, n int64)
+}
+
+func newUpstream(t *testing.T, answer func(w http.ResponseWriter, r *http.Request, n int64)) *upstream {
+	u := &upstream{answer: answer}
+	u.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := u.calls.Add(1)
+		b, _ := io.ReadAll(r.Body)
+		u.mu.Lock()
+		u.seen, u.bodies = append(u.seen, r), append(u.bodies, b)
+		u.mu.Unlock()
+		r.Body = io.NopCloser(bytes.NewReader(b))
+		u.answer(w, r, n)
+	}))
+	t.Cleanup(u.Close)
+	return u
+}
+
+func (u *upstream) last() (*http.Request, []byte) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.seen[len(u.seen)-1], u.bodies[len(u.bodies)-1]
+}
+
+func chargeAnswer(w http.ResponseWriter, r *http.Request, n int64) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("X-Request-Id", fmt.Sprintf("req_%d", n))
+	w.Header().Set("Connection", "X-Hop")
+	w.Header().Set("X-Hop", "one connection only")
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"id":"ch_%d","amount":2000}`, n)
+}
+
+func proxyGateway(t *testing.T, up *upstream, mutate func(*Config)) *harness {
+	return startGateway(t, func(c *Config) {
+		c.EffectTypes["payments"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL + "/api",
+			AllowPrivateNetworks: true, Headers: map[string]string{"Authorization": "Bearer sk_upstream_secret_1"}}}
+		if mutate != nil {
+			mutate(c)
+		}
+	})
+}
+
+func TestProxyReplaysByteForByte(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, chargeAnswer)
+	h := proxyGateway(t, up, nil)
+	send := func(body string) response {
+		return h.req("POST", "/v1/proxy/payments/v1/charges?expand=x", acmeKey, body, "Idempotency-Key: ch-1",
+			"Content-Type: application/x-www-form-urlencoded", "Stripe-Version: 2024-01-01", "Cookie: a=b")
+	}
+	first := send("amount=2000&currency=usd")
+	if first.status != 400 || !strings.Contains(first.raw, "Cookie") {
+		t.Fatalf("a Cookie header is refused by the http provider's rules: %d %s", first.status, first.raw)
+	}
+	send = func(body string) response {
+		return h.req("POST", "/v1/proxy/payments/v1/charges?expand=x", acmeKey, body, "Idempotency-Key: ch-1",
+			"Content-Type: application/x-www-form-urlencoded", "Stripe-Version: 2024-01-01")
+	}
+	first = send("amount=2000&currency=usd")
+	if first.status != 201 || first.raw != `{"id":"ch_1","amount":2000}` {
+		t.Fatalf("first: %d %s", first.status, first.raw)
+	}
+	if first.header.Get("Idempotent-Replayed") != "" || first.header.Get("X-Hop") != "" {
+		t.Fatalf("first answer headers: %v", first.header)
+	}
+	req, body := up.last()
+	if req.URL.Path != "/api/v1/charges" || req.URL.RawQuery != "expand=x" || string(body) != "amount=2000&currency=usd" {
+		t.Fatalf("upstream saw %s %s %q", req.URL.Path, req.URL.RawQuery, body)
+	}
+	if req.Header.Get("Authorization") != "Bearer sk_upstream_secret_1" || req.Header.Get("Stripe-Version") != "2024-01-01" ||
+		!strings.HasPrefix(req.Header.Get("Idempotency-Key"), "eff_") {
+		t.Fatalf("upstream headers: %v", req.Header)
+	}
+	second := send("amount=2000&currency=usd")
+	if second.status != 201 || second.raw != first.raw || second.header.Get("Idempotent-Replayed") != "true" ||
+		second.header.Get("X-Request-Id") != "req_1" {
+		t.Fatalf("replay: %d %v %s", second.status, second.header, second.raw)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+	other := send("amount=3000&currency=usd")
+	if other.status != 422 || other.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("other body under the key: %d %s", other.status, other.raw)
+	}
+	// The effect is an effect like any other.
+	e := h.req("GET", "/v1/effects/ch-1", acmeKey, "")
+	if e.body["status"] != "delivered" || e.body["type"] != "payments" {
+		t.Fatalf("effect: %s", e.raw)
+	}
+	if n := h.count(`SELECT count(*) FROM oncegate_outbox`); n != 0 {
+		t.Fatalf("outbox rows left: %d", n)
+	}
+}
+
+func TestProxyConcurrentIdenticalPostsCallOnce(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		<-release
+		chargeAnswer(w, r, n)
+	})
+	h := proxyGateway(t, up, nil)
+	var wg sync.WaitGroup
+	answers := make([]response, 50)
+	for i := range answers {
+		wg.Go(func() {
+			answers[i] = h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"amount":1}`, "Idempotency-Key: c-50")
+		})
+	}
+	for up.calls.Load() == 0 {
+		runtime.Gosched()
+	}
+	close(release)
+	wg.Wait()
+	for i, a := range answers {
+		if a.status != 201 || a.raw != `{"id":"ch_1","amount":2000}` {
+			t.Fatalf("answer %d: %d %s", i, a.status, a.raw)
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+}
+
+func TestProxyTransientFailureIsNotStored(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		if n == 1 {
+			w.Header().Set("Retry-After", "0")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "try later")
+			return
+		}
+		chargeAnswer(w, r, n)
+	})
+	h := proxyGateway(t, up, nil)
+	a := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"amount":1}`, "Idempotency-Key: t-1")
+	if a.status != 503 || a.raw != "try later" {
+		t.Fatalf("first: %d %s", a.status, a.raw)
+	}
+	b := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"amount":1}`, "Idempotency-Key: t-1")
+	if b.status != 201 || b.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry: %d %s", b.status, b.raw)
+	}
+	up.mu.Lock()
+	k1, k2 := up.seen[0].Header.Get("Idempotency-Key"), up.seen[1].Header.Get("Idempotency-Key")
+	up.mu.Unlock()
+	if k1 != k2 {
+		t.Fatalf("a retry under the key carries the same stable id: %q %q", k1, k2)
+	}
+	c := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"amount":1}`, "Idempotency-Key: t-1")
+	if c.status != 201 || c.raw != b.raw || c.header.Get("Idempotent-Replayed") != "true" || up.calls.Load() != 2 {
+		t.Fatalf("replay: %d %s, %d calls", c.status, c.raw, up.calls.Load())
+	}
+}
+
+func TestProxyRules(t *testing.T) {
+	t.Parallel()
+	big := bytes.Repeat([]byte("x"), 2048)
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		switch r.URL.Path {
+		case "/api/big":
+			_, _ = w.Write(big)
+		case "/api/binary":
+			body, _ := io.ReadAll(r.Body)
+			_, _ = w.Write(append([]byte{0, 0xff}, body...))
+		default:
+			w.Header().Set("Content-Type", "text/plain")
+			fmt.Fprintf(w, "%s %s", r.Method, r.URL.RequestURI())
+		}
+	})
+	h := proxyGateway(t, up, func(c *Config) {
+		c.EffectTypes["small"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL + "/api",
+			AllowPrivateNetworks: true, MaxAnswer: 1024}}
+		c.EffectTypes["analytics"] = EffectType{Provider: "postgres"}
+	})
+	get := h.req("GET", "/v1/proxy/payments/things?a=1", acmeKey, "")
+	if get.status != 200 || get.raw != "GET /api/things?a=1" {
+		t.Fatalf("GET passes through: %d %s", get.status, get.raw)
+	}
+	if n := h.count(`SELECT count(*) FROM oncegate_effects`); n != 0 {
+		t.Fatalf("a GET is not recorded: %d effects", n)
+	}
+	if r := h.req("POST", "/v1/proxy/payments/things", acmeKey, "{}"); r.status != 400 || r.body["field"] != "Idempotency-Key" {
+		t.Fatalf("POST without a key: %d %s", r.status, r.raw)
+	}
+	if r := h.req("POST", "/v1/proxy/analytics/x", acmeKey, "{}", "Idempotency-Key: a"); r.status != 404 {
+		t.Fatalf("a type whose provider is not http: %d %s", r.status, r.raw)
+	}
+	if r := h.req("POST", "/v1/proxy/payments/x", "", "{}", "Idempotency-Key: a"); r.status != 401 {
+		t.Fatalf("no API key: %d", r.status)
+	}
+	if r := h.req("POST", "/v1/proxy/payments/a%5C..%5Cb", acmeKey, "{}", "Idempotency-Key: p"); r.status != 400 {
+		t.Fatalf("the provider's path rules hold: %d %s", r.status, r.raw)
+	}
+	for range 2 {
+		r := h.req("POST", "/v1/proxy/small/big", acmeKey, "{}", "Idempotency-Key: big")
+		if r.status != 502 || !strings.Contains(r.raw, "answer-too-large") {
+			t.Fatalf("an answer over max_answer: %d %s", r.status, r.raw)
+		}
+	}
+	bin := []byte{0xff, 0xfe, 0, 1, 2}
+	var answers []string
+	for range 2 {
+		req, _ := http.NewRequest("PUT", h.url+"/v1/proxy/payments/binary", bytes.NewReader(bin))
+		req.Header.Set("Authorization", "Bearer "+acmeKey)
+		req.Header.Set("Idempotency-Key", "bin")
+		req.Header.Set("Content-Type", "application/octet-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		answers = append(answers, string(b))
+	}
+	if want := string(append([]byte{0, 0xff}, bin...)); answers[0] != want || answers[1] != want {
+		t.Fatalf("binary bodies go and come back as bytes: %q %q", answers[0], answers[1])
+	}
+	if n := up.calls.Load(); n != 3 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+}
+
+func TestProxyAPIKeyHeader(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, chargeAnswer)
+	h := proxyGateway(t, up, func(c *Config) { c.Proxy.APIKeyHeader = "Oncegate-Api-Key" })
+	r := h.req("POST", "/v1/proxy/payments/charges", "", "{}", "Idempotency-Key: k", "Oncegate-Api-Key: "+acmeKey,
+		"Authorization: Bearer sk_client_owned")
+	if r.status != 201 {
+		t.Fatalf("%d %s", r.status, r.raw)
+	}
+	req, _ := up.last()
+	if req.Header.Get("Authorization") != "Bearer sk_upstream_secret_1" || req.Header.Get("Oncegate-Api-Key") != "" {
+		t.Fatalf("the upstream gets the configured credential only: %v", req.Header)
+	}
+}
+
+// Through PgBouncer in transaction mode the proxy records, performs and replays: its statements run without
+// prepared statements like every other.
+func TestProxyThroughPgBouncer(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, chargeAnswer)
+	h := startGatewayOn(t, pgtest.ThroughPgBouncer(t, pgtest.Database(t)), func(c *Config) {
+		c.EffectTypes["payments"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL,
+			AllowPrivateNetworks: true}}
+	})
+	for i := range 10 {
+		key := fmt.Sprintf("pb-%d", i)
+		a := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: "+key)
+		b := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: "+key)
+		if a.status != 201 || b.status != 201 || a.raw != b.raw || b.header.Get("Idempotent-Replayed") != "true" {
+			t.Fatalf("%s: %d %s / %d %s", key, a.status, a.raw, b.status, b.raw)
+		}
+	}
+	if n := up.calls.Load(); n != 10 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+}
+
+// The address guard holds through the proxy: a type without allow_private_networks reaches no loopback
+// upstream, and the refusal is the effect's answer for good.
+func TestProxyKeepsTheAddressGuard(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, chargeAnswer)
+	h := startGateway(t, func(c *Config) {
+		c.EffectTypes["payments"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL}}
+	})
+	for i := range 2 {
+		r := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{}`, "Idempotency-Key: ssrf")
+		if r.status != 502 || !strings.Contains(r.raw, "upstream-unreachable") || (i == 1) != (r.header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("try %d: %d %v %s", i, r.status, r.header, r.raw)
+		}
+	}
+	if g := h.req("GET", "/v1/proxy/payments/charges", acmeKey, ""); g.status != 502 {
+		t.Fatalf("a GET is guarded too: %d %s", g.status, g.raw)
+	}
+	if n := up.calls.Load(); n != 0 {
+		t.Fatalf("the loopback upstream was reached %d times", n)
+	}
+}
+
+// A request under a key whose first request is still being performed waits for it, up to
+// proxy.in_flight_wait, and then gets a 409 with Retry-After and sends nothing; once the first has its
+// answer, the retry gets it. A body sent in chunks, without Content-Length, is recorded whole.
+func TestProxyInFlightAndChunkedBodies(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		<-release
+		body, _ := io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(body)
+	})
+	h := proxyGateway(t, up, func(c *Config) { c.Proxy.InFlightWait = Duration(200 * time.Millisecond) })
+	chunked := func() (int, string, http.Header) {
+		pr, pw := io.Pipe()
+		go func() {
+			for _, part := range []string{`{"chunk":`, `1,"more":`, `"yes"}`} {
+				_, _ = pw.Write([]byte(part))
+			}
+			pw.Close()
+		}()
+		req, _ := http.NewRequest("POST", h.url+"/v1/proxy/payments/orders", pr)
+		req.Header.Set("Authorization", "Bearer "+acmeKey)
+		req.Header.Set("Idempotency-Key", "inflight")
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Error(err)
+			return 0, "", nil
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), resp.Header
+	}
+	first := make(chan string, 1)
+	go func() {
+		code, body, _ := chunked()
+		first <- fmt.Sprint(code, " ", body)
+	}()
+	for up.calls.Load() == 0 {
+		runtime.Gosched()
+	}
+	code, body, header := chunked()
+	if code != http.StatusConflict || header.Get("Retry-After") == "" || !strings.Contains(body, "request-in-flight") {
+		t.Fatalf("while the first is in flight: %d %v %s", code, header, body)
+	}
+	close(release)
+	if got := <-first; got != `201 {"chunk":1,"more":"yes"}` {
+		t.Fatalf("first: %s", got)
+	}
+	code, body, header = chunked()
+	if code != 201 || body != `{"chunk":1,"more":"yes"}` || header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after: %d %v %s", code, header, body)
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
@@ -53,26 +54,32 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 	for range 2 {
 		var e Effect
 		var stored *string
-		var token [16]byte
+		var created bool
+		var token pgtype.UUID
 		err := s.db.QueryRow(ctx, insertLeasedSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering).Scan(&e.ID, &e.Tenant, &e.Key, &e.Type,
+			h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering).Scan(&created, &e.ID, &e.Tenant, &e.Key, &e.Type,
 			&e.Fingerprint, &e.Status, &e.Attempts, &e.Result, &e.LastError, &e.CreatedAt, &e.UpdatedAt,
 			&e.DeliveredAt, &e.NextAttemptAt, &stored, &token)
-		if err == nil {
+		existing := &e
+		switch {
+		case err == nil && created:
 			e.StableID = stableIDOf(e.Tenant, e.Key, stored)
-			c := &Claimed{Lease: Lease{EffectID: e.ID, Token: token}, Tenant: e.Tenant, Key: e.Key, Type: e.Type,
+			c := &Claimed{Lease: Lease{EffectID: e.ID, Token: token.Bytes}, Tenant: e.Tenant, Key: e.Key, Type: e.Type,
 				Payload: ne.Payload, CreatedAt: e.CreatedAt, StableID: e.StableID}
 			return &e, c, false, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
+		case err == nil:
+			e.StableID = stableIDOf(e.Tenant, e.Key, stored)
+		case !errors.Is(err, pgx.ErrNoRows):
 			return nil, nil, false, translate("record effect", err)
-		}
-		existing, err := s.Get(ctx, ne.Tenant, ne.Key)
-		if errors.Is(err, ErrNotFound) {
-			continue // purged between the insert and the read
-		}
-		if err != nil {
-			return nil, nil, false, err
+		default:
+			// Taken by a transaction the statement's snapshot could not see.
+			existing, err = s.Get(ctx, ne.Tenant, ne.Key)
+			if errors.Is(err, ErrNotFound) {
+				continue // purged between the insert and the read
+			}
+			if err != nil {
+				return nil, nil, false, err
+			}
 		}
 		if !bytes.Equal(existing.Fingerprint, fp) {
 			return nil, nil, false, &KeyReusedError{Key: ne.Key, Existing: existing}

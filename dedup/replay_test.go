@@ -6,6 +6,7 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -65,7 +66,23 @@ func TestReplayIsOneStatement(t *testing.T) {
 			t.Errorf("%s: a reused key took %d statements, want %d", tc.name, n, want)
 		}
 	}
-	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_outbox`); n != 3 {
-		t.Fatalf("%d outbox rows for 3 effects", n)
+	// The dedup proxy's create, which leases the new row to the request, replays in one statement too.
+	s := NewStore(pool)
+	ne := NewEffect{Tenant: "proxy", Key: "k", Type: "t", Payload: json.RawMessage(`{"a":1}`)}
+	h := Holder{Owner: "me", Lease: time.Minute}
+	first, c, _, err := s.CreateLeased(ctx, ne, nil, h)
+	if err != nil || c == nil {
+		t.Fatalf("create leased: %v %v", c, err)
+	}
+	before := counter.n.Load()
+	again, c, replayed, err := s.CreateLeased(ctx, ne, nil, h)
+	if err != nil || !replayed || c != nil || again.ID != first.ID || again.StableID != first.StableID {
+		t.Fatalf("leased replay: %+v %v %v %v", again, c, replayed, err)
+	}
+	if n := counter.n.Load() - before; n != 1 {
+		t.Errorf("a leased replay took %d statements, want 1", n)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_outbox`); n != 4 {
+		t.Fatalf("%d outbox rows for 4 effects", n)
 	}
 }

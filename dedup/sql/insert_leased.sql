@@ -1,7 +1,9 @@
 -- Records a new effect and its outbox row already leased to the caller, for a request that performs the
 -- effect at once (the dedup proxy): no dispatcher can claim the row while the request holds it, and if the
 -- request's gateway dies, the lease runs out and the row is rescued like any other. One statement, one
--- transaction: both rows commit, or neither. The key taken, it inserts nothing and returns no row.
+-- transaction: both rows commit, or neither. The key taken, it inserts nothing and returns the stored effect
+-- with created false and no lease, as insert.sql does (a replay is one statement); no row at all when the
+-- key was taken after the statement's snapshot.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status
 WITH effect AS (
@@ -15,4 +17,7 @@ WITH effect AS (
     FROM effect
     RETURNING effect_id, lease_token
 )
-SELECT {{columns}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id
+SELECT true AS created, {{columns}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id
+UNION ALL
+SELECT false, {{columns}}, NULL::uuid FROM oncegate_effects
+WHERE tenant = $1 AND key = $2 AND NOT EXISTS (SELECT FROM effect)

@@ -176,7 +176,7 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 		if s.batcher != nil {
 			defer s.batcher.creates.releaseInline()
 		}
-		return scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID))
+		return scan(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID, nil, nil))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
 	switch {
@@ -297,7 +297,8 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 			return err
 		}
 		var err error
-		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID))
+		e, err = scan(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
+			ne.JobID, ne.JobEpoch))
 		if errors.Is(err, pgx.ErrNoRows) {
 			// The key exists: keep the raised fence, answer as a replay (or a reuse) below.
 			return nil

@@ -69,14 +69,14 @@ type Gateway struct {
 	// and write them in batches (dedup.ReplayLog, dedup.AttemptLog).
 	replays  *dedup.ReplayLog
 	attempts *dedup.AttemptLog
-	keys       []apiKey
-	limiter    *tenantlimit.Limiter
-	allowed    map[string]map[string]bool // tenant → the effect types it may use; none listed: all
-	waiters    *waiters
-	router     *mux.Router
-	handler    http.Handler // router, behind refuseDotSegments
-	metrics    *metrics
-	registry   *prometheus.Registry // metrics.registry: what /metrics serves
+	keys     []apiKey
+	limiter  *tenantlimit.Limiter
+	allowed  map[string]map[string]bool // tenant → the effect types it may use; none listed: all
+	waiters  *waiters
+	router   *mux.Router
+	handler  http.Handler // router, behind refuseDotSegments
+	metrics  *metrics
+	registry *prometheus.Registry // metrics.registry: what /metrics serves
 }
 
 type apiKey struct {

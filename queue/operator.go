@@ -140,4 +140,3 @@ func (q *Queue) Now(ctx context.Context) (time.Time, error) {
 	}
 	return t, nil
 }
-

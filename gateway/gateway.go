@@ -65,18 +65,19 @@ type Gateway struct {
 	heard atomic.Bool
 	// newEffects tells the other gateways' dispatchers of new effects, outside the requests' transactions.
 	newEffects *notifier.Batcher
+	keys       []apiKey
+	limiter    *tenantlimit.Limiter
+	allowed    map[string]map[string]bool // tenant → the effect types it may use; none listed: all
+	waiters    *waiters
+	router     *mux.Router
+	handler    http.Handler // router, behind refuseDotSegments
+	metrics    *metrics
+	registry   *prometheus.Registry // metrics.registry: what /metrics serves
+
 	// replays and attempts gather, for the operator, the replays absorbed and the delivery attempts made,
 	// and write them in batches (dedup.ReplayLog, dedup.AttemptLog).
 	replays  *dedup.ReplayLog
 	attempts *dedup.AttemptLog
-	keys     []apiKey
-	limiter  *tenantlimit.Limiter
-	allowed  map[string]map[string]bool // tenant → the effect types it may use; none listed: all
-	waiters  *waiters
-	router   *mux.Router
-	handler  http.Handler // router, behind refuseDotSegments
-	metrics  *metrics
-	registry *prometheus.Registry // metrics.registry: what /metrics serves
 }
 
 type apiKey struct {

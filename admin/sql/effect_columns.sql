@@ -1,0 +1,1 @@
+id, tenant, key, type, status, attempts, created_at, updated_at, delivered_at, next_attempt_at, last_error, job_id, job_epoch, trace_id, replays, last_replay_at, last_replay_epoch, resolution, resolved_by, resolved_at, resolution_reason

@@ -179,6 +179,16 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		}
 	}
 
+	// The session as an operator sees it, in tables (README's on-call section shows one).
+	session := func(args ...string) {
+		out, errOut, code := oncegateCLI(t, env, args...)
+		t.Logf("$ oncegate %s\n%s%s(exit %d)", strings.Join(args, " "), out, errOut, code)
+	}
+	session("effect", "ls", "--job", "job-1")
+	session("effect", "show", "notify:job-1")
+	session("job", "show", q.Name(), "job-1")
+	session("gateway", "ls")
+
 	// Retrying a delivered effect is a wrong state: exit 4, one line naming why.
 	if _, errOut, code := oncegateCLI(t, env, "effect", "retry", "audit:job-1", "--reason", "check"); code != 4 ||
 		strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "delivered") {
@@ -196,8 +206,13 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		Action string
 		Effect admin.Effect
 	}
-	cliJSON(t, env, &resolved, "effect", "resolve", "notify:job-1", "--as", "delivered", "--reason",
-		"the receiver's log has webhook "+notify.StableID)
+	resolveArgs := []string{"effect", "resolve", "notify:job-1", "--as", "delivered", "--reason",
+		"the receiver's log has webhook " + notify.StableID}
+	out, errOut, code := oncegateCLI(t, env, append(resolveArgs, "-o", "json")...)
+	t.Logf("$ oncegate %s -o json\n%s%s(exit %d)", strings.Join(resolveArgs, " "), out, errOut, code)
+	if err := json.Unmarshal([]byte(out), &resolved); err != nil || code != 0 {
+		t.Fatalf("resolve: exit %d, %v: %s", code, err, errOut)
+	}
 	if resolved.Effect.Status != "delivered" || resolved.Effect.Resolution == nil ||
 		resolved.Effect.Resolution.As != "delivered" || resolved.Effect.Resolution.By != "alice" {
 		t.Fatalf("resolve: %+v", resolved)
@@ -228,6 +243,8 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		!strings.Contains(log.Entries[0].Reason, notify.StableID) {
 		t.Fatalf("audit ls: %+v", log.Entries)
 	}
-	out, _, _ := oncegateCLI(t, env, "effect", "show", "notify:job-1")
-	t.Logf("oncegate effect show notify:job-1\n%s", out)
+	session("effect", "retry", "audit:job-1", "--reason", "check")
+	session("effect", "show", "notify:job-1")
+	session("queue", "ls")
+	session("audit", "ls")
 }

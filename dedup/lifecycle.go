@@ -36,6 +36,16 @@ type Claimed struct {
 	Trace     map[string]string // the creating request's W3C trace context
 	// StableID names the effect to its receiver, the same on every attempt (effect.NewStableID).
 	StableID string
+	// Interrupted is, for a rescued row, the lease it was rescued from: which gateway held it, under which
+	// token, until when. Zero when that is not known (a row handed back after its rescue).
+	Interrupted InterruptedLease
+}
+
+// InterruptedLease is a lease that ran out before its holder recorded an outcome.
+type InterruptedLease struct {
+	Owner   string
+	Token   *[16]byte
+	Expired time.Time
 }
 
 // ClaimParams says which rows to claim, for whom, and for how long.
@@ -92,10 +102,22 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 	}
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
-		var stableID *string
+		var stableID, prevOwner *string
+		var prevToken pgtype.UUID
+		var prevExpires pgtype.Timestamptz
 		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Attempts, &c.CreatedAt,
-			&c.Trace, &stableID)
+			&c.Trace, &stableID, &prevOwner, &prevToken, &prevExpires)
 		c.StableID = stableIDOf(c.Tenant, c.Key, stableID)
+		if prevOwner != nil {
+			c.Interrupted.Owner = *prevOwner
+		}
+		if prevToken.Valid {
+			tok := prevToken.Bytes
+			c.Interrupted.Token = &tok
+		}
+		if prevExpires.Valid && prevExpires.InfinityModifier == pgtype.Finite {
+			c.Interrupted.Expired = prevExpires.Time
+		}
 		return c, err
 	})
 	if err != nil {

@@ -177,7 +177,8 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 		if s.batcher != nil {
 			defer s.batcher.creates.releaseInline()
 		}
-		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID)))
+		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
+			nil, nil)))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
 	switch {
@@ -298,7 +299,8 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 			}
 			return err
 		}
-		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID)))
+		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
+			stableID, ne.JobID, ne.JobEpoch)))
 		var taken *takenError
 		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
 			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)

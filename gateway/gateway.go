@@ -73,6 +73,11 @@ type Gateway struct {
 	handler    http.Handler // router, behind refuseDotSegments
 	metrics    *metrics
 	registry   *prometheus.Registry // metrics.registry: what /metrics serves
+
+	// replays and attempts gather, for the operator, the replays absorbed and the delivery attempts made,
+	// and write them in batches (dedup.ReplayLog, dedup.AttemptLog).
+	replays  *dedup.ReplayLog
+	attempts *dedup.AttemptLog
 }
 
 type apiKey struct {
@@ -120,7 +125,9 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	store := dedup.NewStore(pool).WithGroupCommit(groupCommit)
 	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
 	w := newWaiters()
+	attempts := dedup.NewAttemptLog(pool, 0, log)
 	d, err := outbox.New(pool, outbox.Config{
+		Attempts:     attempts,
 		Types:        types,
 		Owner:        opts.DispatcherOwner,
 		Retention:    time.Duration(cfg.Retention.Keys),
@@ -138,7 +145,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		return nil, err
 	}
 	g := &Gateway{cfg: cfg, log: log, pool: pool, probe: probe, store: store, dispatcher: d, providers: reg,
-		waiters: w, metrics: m, registry: m.registry,
+		waiters: w, metrics: m, registry: m.registry, replays: dedup.NewReplayLog(pool, 0, log), attempts: attempts,
 		newEffects: notifier.NewBatcher(pool, notifier.TopicOutbox, notifyInterval, log)}
 	tenants := make([]string, 0, len(cfg.Tenants))
 	for t := range cfg.Tenants {
@@ -250,12 +257,17 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	defer stopAnnounce()
 	var wg sync.WaitGroup
 	wg.Go(func() { g.newEffects.Run(announce) })
+	wg.Go(func() { g.replays.Run(announce) })
 	wg.Go(func() { g.listen(bg) })
 	wg.Go(func() { g.poll(bg) })
+	wg.Go(func() { g.heartbeat(bg, l.Addr().String()) })
 	if g.cfg.Dispatcher.Disabled {
 		g.log.Info("dispatcher disabled: this gateway records effects, other gateways deliver them")
 	} else {
-		wg.Go(func() { _ = g.dispatcher.Run(bg) })
+		// The attempt log outlives the dispatcher, so that the attempts of its last deliveries are written.
+		attemptsCtx, stopAttempts := context.WithCancel(context.WithoutCancel(ctx))
+		wg.Go(func() { g.attempts.Run(attemptsCtx) })
+		wg.Go(func() { defer stopAttempts(); _ = g.dispatcher.Run(bg) })
 	}
 
 	served := make(chan error, 1)

@@ -127,6 +127,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 	defer func() { span.SetAttributes(attribute.String("effect.status", string(e.Status))) }()
 	if replayed {
 		g.metrics.replays.WithLabelValues(e.Type).Inc()
+		g.replays.Add(e.ID, epoch, time.Now())
 		w.Header().Set("Idempotent-Replayed", "true")
 	} else {
 		g.metrics.effectsCreated.WithLabelValues(e.Type).Inc()

@@ -68,7 +68,8 @@ func TestPostgresDeliveriesCommitTogether(t *testing.T) {
 	}
 	var counter txCounter
 	pool := pgtest.TracedPool(t, f.pool.Config().ConnString(), &counter)
-	d, err := New(pool, Config{PollInterval: 50 * time.Millisecond, Logger: quietLog(),
+	attempts := dedup.NewAttemptLog(f.pool, time.Hour, quietLog())
+	d, err := New(pool, Config{PollInterval: 50 * time.Millisecond, Logger: quietLog(), Attempts: attempts,
 		Types: []EffectType{{Name: "clicks", Provider: analyticsProvider(t, ""), Concurrency: 64, TenantConcurrency: 64}}})
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +83,12 @@ func TestPostgresDeliveriesCommitTogether(t *testing.T) {
 	cancel()
 	<-stopped
 	commits := counter.commits.Load()
+	if err := attempts.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effect_attempts WHERE outcome = 'delivered'`); got != n {
+		t.Fatalf("%d delivered attempts in the operator's log for %d deliveries", got, n)
+	}
 	if got := pgtest.Count(t, f.pool, `SELECT count(*) FROM analytics_events`); got != n {
 		t.Fatalf("%d events for %d effects", got, n)
 	}

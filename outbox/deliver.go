@@ -39,6 +39,7 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 
 	if r.Rescued {
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
+		d.recordAttempt(r, leaseStart(r, t.lease), providers.Outcome{}, false)
 	}
 	act := decide(event{stage: stageClaimed}, r, t.policy)
 	if act.kind == actDeliver {
@@ -85,6 +86,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false
 	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(time.Since(start).Seconds())
+	d.recordAttempt(r, start, out, true)
 	d.metrics.Attempts.WithLabelValues(t.Name, out.Kind.String()).Inc()
 	return event{stage: stageAttempted, outcome: out, stopping: ctx.Err() != nil}, recorded
 }

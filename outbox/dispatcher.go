@@ -139,6 +139,8 @@ type Config struct {
 	// BreakerOpenFor plus Timeout, so that a breaker is never forgotten while rows wait on it. Defaults to
 	// DefaultBreakerIdle.
 	BreakerIdle time.Duration
+	// Attempts, when set, is given every delivery attempt, for the operator (attempts.go). Nil records none.
+	Attempts *dedup.AttemptLog
 	// Metrics are the collectors the dispatcher records into. Defaults to a set of its own (NewMetrics) that
 	// no registry serves.
 	Metrics *Metrics

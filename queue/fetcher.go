@@ -98,7 +98,8 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next, call
 	w.leasing = true // until register records the answer
 	w.mu.Unlock()
 	res, err := leaseScript.Run(lctx, w.rdb,
-		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq},
+		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq,
+			k.paused},
 		w.id, n, w.leaseFor().Milliseconds(), w.seenFor().Milliseconds()).Slice()
 	if err != nil {
 		w.mu.Lock()

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -62,6 +63,10 @@ type Options struct {
 	Propagator propagation.TextMapPropagator
 	// TracerProvider makes the queue's spans. Defaults to otel's global provider.
 	TracerProvider trace.TracerProvider
+	// Registry is the Redis key of the set of queue names that operator tools list (`oncegate queue ls`). A
+	// queue adds its name at its first enqueue and when a worker starts on it. Defaults to DefaultRegistry;
+	// it is one key outside every queue's hash tag, so on Redis Cluster it lives on one node.
+	Registry string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -103,6 +108,9 @@ func (o *Options) WithDefaults() Options {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Registry == "" {
+		c.Registry = DefaultRegistry
+	}
 	return c
 }
 
@@ -123,6 +131,8 @@ type Queue struct {
 	mu      sync.Mutex
 	pending []*enqueueCall
 	sending int
+
+	registered atomic.Bool // the name is in the registry (registry.go)
 }
 
 // New returns a handle on the queue called name. Names are 1 to 200 characters without braces, which
@@ -212,6 +222,7 @@ func (q *Queue) Enqueue(ctx context.Context, nj NewJob) (*EnqueueResult, error) 
 			attribute.String("messaging.message.id", nj.ID), attribute.String("job.kind", nj.Kind)))
 	defer span.End()
 
+	q.register(ctx)
 	res, err := q.commit(ctx, q.newCall(nj, q.traceContext(ctx)))
 	if err != nil {
 		span.RecordError(err)
@@ -244,6 +255,7 @@ func (q *Queue) EnqueueMany(ctx context.Context, jobs []NewJob) ([]*EnqueueResul
 		trace.WithAttributes(attribute.Int("messaging.batch.message_count", len(jobs))))
 	defer span.End()
 
+	q.register(ctx)
 	tc := q.traceContext(ctx)
 	calls := make([]*enqueueCall, len(jobs))
 	for i, nj := range jobs {
@@ -562,7 +574,11 @@ func (q *Queue) send(ctx context.Context, calls []*enqueueCall) {
 // Destroy deletes every key of the queue: its jobs in every state, dead ones included. It is for tests and for
 // decommissioning a queue; nothing in normal operation calls it.
 func (q *Queue) Destroy(ctx context.Context) error {
-	return q.rdb.Del(ctx, q.keys.all()...).Err()
+	if err := q.rdb.Del(ctx, q.keys.all()...).Err(); err != nil {
+		return err
+	}
+	q.registered.Store(false)
+	return q.rdb.SRem(ctx, q.opts.Registry, q.name).Err()
 }
 
 func randomID() string {

@@ -35,4 +35,5 @@ var (
 	releaseScript     = script("release")
 	requeueDeadScript = script("requeue_dead")
 	purgeDeadScript   = script("purge_dead")
+	resumeScript      = script("resume")
 )

@@ -209,6 +209,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	for _, warning := range CheckRedis(ctx, w.q.rdb) {
 		w.log.Warn(warning)
 	}
+	w.q.register(ctx)
 	rdb, err := ownJobClient(w.q.rdb, 2+min(w.cfg.Concurrency, 16), w.jobReadTimeout())
 	if err != nil {
 		return err

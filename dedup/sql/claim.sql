@@ -4,10 +4,15 @@
 -- mid-delivery, and `rescued` tells the caller that the attempt may have reached the provider.
 -- Payloads are read by a statement of their own (read_payloads.sql), after these leases commit: see Claim.
 -- Rows of the tenants in $6 are left alone: they have their fair share of this type's deliveries in flight.
+-- A type an operator paused (oncegate_paused_types) is not claimed at all: its rows wait, uncharged.
+-- A rescued row brings the lease it is rescued from (prev_owner, prev_token), so that the rescue can record
+-- the interrupted attempt against the gateway that made it.
 WITH due AS (
-    SELECT effect_id, lease_expires_at IS NOT NULL AS rescued
+    SELECT effect_id, lease_expires_at IS NOT NULL AS rescued, lease_owner AS prev_owner, lease_token AS prev_token,
+        lease_expires_at AS prev_expires
     FROM oncegate_outbox
     WHERE type = $1
+      AND NOT EXISTS (SELECT 1 FROM oncegate_paused_types p WHERE p.type = $1)
       AND run_at <= now()
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
       AND (cardinality($6::text[]) = 0 OR NOT EXISTS (
@@ -22,11 +27,11 @@ WITH due AS (
         lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
     FROM due
     WHERE o.effect_id = due.effect_id
-    RETURNING o.effect_id, o.lease_token, due.rescued, o.trace
+    RETURNING o.effect_id, o.lease_token, due.rescued, o.trace, due.prev_owner, due.prev_token, due.prev_expires
 )
 UPDATE oncegate_effects e
 SET status = $5, updated_at = now()
 FROM claimed
 WHERE e.id = claimed.effect_id
 RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
-    claimed.trace, e.stable_id
+    claimed.trace, e.stable_id, claimed.prev_owner, claimed.prev_token, claimed.prev_expires

@@ -2,13 +2,15 @@
 -- When the tenant has used the key already, it inserts nothing and returns the stored effect with created
 -- false, so that a replay costs one statement and no write (issue 14); of concurrent inserts of one key, the
 -- unique constraint lets exactly one through. A key taken by a transaction that committed after this
--- statement's snapshot was taken returns no row at all: the caller reads it then. No NOTIFY here: it would take Postgres's
--- cluster-wide notification lock at every commit; the gateway announces new effects after the commit, batched.
+-- statement's snapshot was taken returns no row at all: the caller reads it then. No NOTIFY here: it would
+-- take Postgres's cluster-wide notification lock at every commit; the gateway announces new effects after the
+-- commit, batched.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
--- $7 the effect's stable id (effect.NewStableID)
+-- $7 the effect's stable id (effect.NewStableID), $8 the asking job's id or NULL, $9 its lease epoch or NULL.
+-- The trace id, for the operator, is the one of the traceparent in $6.
 WITH effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
-    VALUES ($1, $2, $3, $4, $5, $7)
+    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch, trace_id)
+    VALUES ($1, $2, $3, $4, $5, $7, $8::text, $9::bigint, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''))
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{columns}}
 ), queued AS (

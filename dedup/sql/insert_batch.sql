@@ -1,8 +1,9 @@
 -- Records the new effects of many concurrent requests, and their outbox rows, in one statement: one commit
 -- (one WAL flush) for all of them instead of one each. The arrays hold one request per index:
 -- $1 tenants, $2 keys, $3 types, $4 fingerprints, $5 payloads (JSON text), $6 trace contexts (JSON or NULL),
--- $7 stable ids (unique per request: they tie each inserted row back to its request). No NOTIFY, as in
--- insert.sql: the gateway announces new effects after the commit.
+-- $7 stable ids (unique per request: they tie each inserted row back to its request). The trace id, for the
+-- operator, is the one of each traceparent; batched requests have no job (a fenced request is not batched).
+-- No NOTIFY, as in insert.sql: the gateway announces new effects after the commit.
 -- A key that exists already inserts nothing and returns the stored effect with created false, as insert.sql
 -- does for one request. A key that an earlier request of the same batch takes, or that a transaction took
 -- after this statement's snapshot, returns no row for its request: the caller reads it back (get_batch.sql).
@@ -11,8 +12,10 @@ WITH input AS (
     FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[])
         WITH ORDINALITY AS i (tenant, key, type, fingerprint, payload, trace, stable_id, ord)
 ), effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
-    SELECT tenant, key, type, fingerprint, payload::json, stable_id FROM input ORDER BY ord
+    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, trace_id)
+    SELECT tenant, key, type, fingerprint, payload::json, stable_id,
+        NULLIF(split_part(trace::jsonb ->> 'traceparent', '-', 2), '')
+    FROM input ORDER BY ord
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{columns}}
 ), queued AS (

@@ -8,6 +8,8 @@
 -- KEYS[7] workers   zset: wid -> liveness deadline ms
 -- KEYS[8] marker
 -- KEYS[9] leaseseq  counter: numbers each lease call; the jobs it leases record it (see heartbeat.lua)
+-- KEYS[10] paused   present while an operator has paused the queue: nothing is leased, and no idle worker is
+--                   woken for the ready jobs (Queue.Resume wakes them)
 -- ARGV[1] worker id
 -- ARGV[2] how many jobs at most
 -- ARGV[3] lease TTL ms
@@ -30,7 +32,11 @@ redis.call('ZADD', KEYS[7], now + tonumber(ARGV[4]), wid)
 
 local seq = redis.call('INCR', KEYS[9])
 local out = {now, -1, seq}
-local ids = redis.call('LPOP', KEYS[3], tonumber(ARGV[2]))
+local paused = redis.call('EXISTS', KEYS[10]) == 1
+local ids = false
+if not paused then
+  ids = redis.call('LPOP', KEYS[3], tonumber(ARGV[2]))
+end
 if ids then
   local deadline = now + tonumber(ARGV[3])
   for _, id in ipairs(ids) do
@@ -50,7 +56,7 @@ if ids then
   end
 end
 
-if redis.call('LLEN', KEYS[3]) > 0 then
+if not paused and redis.call('LLEN', KEYS[3]) > 0 then
   wake(KEYS[8])
 end
 local nxt = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')

@@ -1,0 +1,382 @@
+// Package admin holds every operator operation once, over the gateway's Postgres and the queues' Redis:
+// effects (list, show, retry, resolve, bulk retry), paused effect types, queues (list, pause, jobs, dead
+// letters, workers), gateways and their breakers, and the audit log. The `oncegate` CLI is one face of it and
+// the web console another; neither does anything this package does not.
+//
+// The guarantee it keeps: every action that changes something is checked against the actor's role and
+// written to the append-only audit log (who, what, on how many, with which filter, why, how it ended); a
+// change to the database commits in the same transaction as its audit row, so there is never one without the
+// other. Reads are bounded: every listing is a keyset (or, in Redis, a range) page, never a COUNT or a scan.
+//
+// The API is plain Go types with stable JSON field names (docs/cli.md lists them), filters as structs and
+// pages with opaque cursors, so that a web console serves the same values as JSON.
+package admin
+
+import (
+	"context"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed sql/*.sql
+var sqlFiles embed.FS
+
+func query(name string) string {
+	b, err := sqlFiles.ReadFile("sql/" + name + ".sql")
+	if err != nil {
+		panic(err)
+	}
+	cols, _ := sqlFiles.ReadFile("sql/effect_columns.sql")
+	return strings.ReplaceAll(string(b), "{{columns}}", strings.TrimSpace(string(cols)))
+}
+
+var (
+	effectsListSQL       = query("effects_list")
+	effectsCountSQL      = query("effects_count")
+	effectGetSQL         = query("effect_get")
+	effectTenantsSQL     = query("effect_tenants")
+	attemptsListSQL      = query("attempts_list")
+	effectResolveSQL     = query("effect_resolve")
+	effectResendSQL      = query("effect_resend")
+	effectsRetryBatchSQL = query("effects_retry_batch")
+	auditInsertSQL       = query("audit_insert")
+	auditListSQL         = query("audit_list")
+	typePauseSQL         = query("type_pause")
+	typeResumeSQL        = query("type_resume")
+	typesPausedSQL       = query("types_paused")
+	gatewaysListSQL      = query("gateways_list")
+	jobEffectsSQL        = query("job_effects")
+)
+
+// Role is what an operator may do. Each role may do what the ones before it may.
+type Role string
+
+const (
+	// RoleViewer reads everything: effects, queues, jobs, fleet, audit.
+	RoleViewer Role = "viewer"
+	// RoleOperator also retries, resolves and requeues, and pauses and resumes queues and effect types.
+	RoleOperator Role = "operator"
+	// RoleAdmin also destroys: purges dead jobs.
+	RoleAdmin Role = "admin"
+)
+
+// Roles lists the roles, least first.
+func Roles() []Role { return []Role{RoleViewer, RoleOperator, RoleAdmin} }
+
+func (r Role) rank() int {
+	for i, v := range Roles() {
+		if r == v {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// Valid reports whether r is one of Roles.
+func (r Role) Valid() bool { return r.rank() > 0 }
+
+// Actor is who asks: an operator's name and role. A tenant's API key is never an actor.
+type Actor struct {
+	Name string `json:"name"`
+	Role Role   `json:"role"`
+}
+
+// Config is what a Service runs on. Either store may be nil: the operations that need it then fail with
+// ErrUnavailable naming what is missing.
+type Config struct {
+	// DB is the gateway's database. New sets plan_cache_mode = force_custom_plan on the pools it makes
+	// (Connect); a pool made elsewhere should do the same, so that each filter combination gets its index.
+	DB *pgxpool.Pool
+	// Redis is the queues' Redis.
+	Redis redis.UniversalClient
+	// QueueRegistry is the Redis key of the set of queue names; defaults to queue.DefaultRegistry.
+	QueueRegistry string
+	// JaegerURL, when set, makes an effect's trace id a link: JaegerURL + "/trace/" + id.
+	JaegerURL string
+	// GatewayGoneAfter is how long a gateway may go unseen before it is shown as gone. Defaults to three
+	// heartbeats (15 s).
+	GatewayGoneAfter time.Duration
+}
+
+// DefaultGatewayGoneAfter is Config.GatewayGoneAfter's default: three gateway heartbeats.
+const DefaultGatewayGoneAfter = 15 * time.Second
+
+// Service is the operator's service layer.
+type Service struct {
+	cfg Config
+	db  *pgxpool.Pool
+	rdb redis.UniversalClient
+}
+
+// New returns a service over cfg's stores.
+func New(cfg Config) *Service {
+	if cfg.GatewayGoneAfter <= 0 {
+		cfg.GatewayGoneAfter = DefaultGatewayGoneAfter
+	}
+	return &Service{cfg: cfg, db: cfg.DB, rdb: cfg.Redis}
+}
+
+// Connect opens a pool on databaseURL as the service wants it: every statement planned with its parameters.
+func Connect(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(databaseURL)
+	if err != nil {
+		return nil, &InvalidError{Field: "DATABASE_URL", Reason: err.Error()}
+	}
+	pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
+	pc.ConnConfig.RuntimeParams["application_name"] = "oncegate-admin"
+	pc.MaxConns = 4
+	return pgxpool.NewWithConfig(ctx, pc)
+}
+
+// Errors the callers branch on (the CLI's exit codes follow them).
+var (
+	// ErrNotFound: no such effect, queue, job or type.
+	ErrNotFound = errors.New("not found")
+	// ErrWrongState: the action does not apply to the target's state (retry of a delivered effect).
+	ErrWrongState = errors.New("wrong state")
+	// ErrForbidden: the actor's role may not do this.
+	ErrForbidden = errors.New("forbidden")
+	// ErrInvalid: bad input; an *InvalidError names the field.
+	ErrInvalid = errors.New("invalid")
+	// ErrPartial: a bulk action applied to some of its targets only; a *BulkError says how far it got.
+	ErrPartial = errors.New("partly applied")
+	// ErrUnavailable: a store the operation needs is not configured or not reachable.
+	ErrUnavailable = errors.New("unavailable")
+)
+
+// InvalidError is bad input to an operation, naming the field (the CLI's flag) at fault.
+type InvalidError struct {
+	Field  string
+	Reason string
+}
+
+func (e *InvalidError) Error() string        { return e.Field + ": " + e.Reason }
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+// NotFoundError names what was not found.
+type NotFoundError struct{ What string }
+
+func (e *NotFoundError) Error() string        { return e.What + " not found" }
+func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// StateError says why the target's state refuses the action.
+type StateError struct{ Msg string }
+
+func (e *StateError) Error() string        { return e.Msg }
+func (e *StateError) Is(target error) bool { return target == ErrWrongState }
+
+// ForbiddenError names the role an action needs.
+type ForbiddenError struct {
+	Action string
+	Needs  Role
+	Has    Role
+}
+
+func (e *ForbiddenError) Error() string {
+	return fmt.Sprintf("%s needs the %s role; you have %s", e.Action, e.Needs, e.Has)
+}
+func (e *ForbiddenError) Is(target error) bool { return target == ErrForbidden }
+
+// unavailable says which store an operation lacks.
+func unavailable(what string) error {
+	return fmt.Errorf("%w: %s", ErrUnavailable, what)
+}
+
+func (s *Service) needDB() error {
+	if s.db == nil {
+		return unavailable("this needs the gateway's database: set DATABASE_URL")
+	}
+	return nil
+}
+
+func (s *Service) needRedis() error {
+	if s.rdb == nil {
+		return unavailable("this needs the queues' Redis: set REDIS_URL")
+	}
+	return nil
+}
+
+// allow checks the actor's role for an action; a mutating action refused is audited as denied.
+func (s *Service) allow(ctx context.Context, a Actor, action string, needs Role, target string) error {
+	if a.Name == "" {
+		return &InvalidError{Field: "operator", Reason: "an operator name is needed (--operator, $ONCEGATE_OPERATOR or the OS user)"}
+	}
+	if !a.Role.Valid() {
+		return &InvalidError{Field: "role", Reason: fmt.Sprintf("%q is not a role: want viewer, operator or admin", a.Role)}
+	}
+	if a.Role.rank() >= needs.rank() {
+		return nil
+	}
+	err := &ForbiddenError{Action: action, Needs: needs, Has: a.Role}
+	if needs != RoleViewer && s.db != nil {
+		_, _ = s.audit(ctx, s.db, a, Audit{Action: action, Target: target, Outcome: "denied"})
+	}
+	return err
+}
+
+// requireReason refuses a mutating action without a reason.
+func requireReason(reason string) error {
+	if strings.TrimSpace(reason) == "" {
+		return &InvalidError{Field: "reason", Reason: "a reason is required for every change (it goes to the audit log)"}
+	}
+	return nil
+}
+
+// Audit is one entry of the audit log.
+type Audit struct {
+	ID      int64           `json:"id"`
+	At      time.Time       `json:"at"`
+	Actor   string          `json:"actor"`
+	Role    Role            `json:"role"`
+	Action  string          `json:"action"`
+	Target  string          `json:"target"`
+	Count   int64           `json:"count"`
+	Filter  json.RawMessage `json:"filter"`
+	Reason  string          `json:"reason"`
+	Outcome string          `json:"outcome"`
+}
+
+type execer interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// audit appends an entry, on db (the pool, or the transaction of the change it records).
+func (s *Service) audit(ctx context.Context, db execer, a Actor, e Audit) (Audit, error) {
+	e.Actor, e.Role = a.Name, a.Role
+	if e.Outcome == "" {
+		e.Outcome = "done"
+	}
+	var filter *string
+	if len(e.Filter) > 0 {
+		f := string(e.Filter)
+		filter = &f
+	}
+	err := db.QueryRow(ctx, auditInsertSQL, e.Actor, string(e.Role), e.Action, e.Target, e.Count, filter, e.Reason,
+		e.Outcome).Scan(&e.ID, &e.At)
+	if err != nil {
+		return e, fmt.Errorf("admin: write the audit log: %w", err)
+	}
+	return e, nil
+}
+
+// auditAfter records an action already done outside Postgres (in Redis): done, or failed with err.
+func (s *Service) auditAfter(ctx context.Context, a Actor, e Audit, actErr error) error {
+	if actErr != nil {
+		e.Outcome = "failed: " + actErr.Error()
+	}
+	_, err := s.audit(context.WithoutCancel(ctx), s.db, a, e)
+	if actErr != nil {
+		return actErr
+	}
+	return err
+}
+
+// AuditFilter selects audit entries.
+type AuditFilter struct {
+	Actor  string    `json:"actor,omitempty"`
+	Action string    `json:"action,omitempty"`
+	Since  time.Time `json:"since,omitzero"`
+}
+
+// AuditPage is a page of the audit log, newest first.
+type AuditPage struct {
+	Entries []Audit `json:"entries"`
+	Next    string  `json:"next_cursor"`
+}
+
+// Page asks for one page: at most Limit items after Cursor (from the previous page's next_cursor).
+type Page struct {
+	Limit  int
+	Cursor string
+}
+
+// DefaultLimit and MaxLimit bound a page.
+const (
+	DefaultLimit = 50
+	MaxLimit     = 1000
+)
+
+func (p Page) limit() (int, error) {
+	switch {
+	case p.Limit == 0:
+		return DefaultLimit, nil
+	case p.Limit < 0 || p.Limit > MaxLimit:
+		return 0, &InvalidError{Field: "limit", Reason: fmt.Sprintf("want 1 to %d", MaxLimit)}
+	}
+	return p.Limit, nil
+}
+
+// AuditLog returns a page of the audit log.
+func (s *Service) AuditLog(ctx context.Context, a Actor, f AuditFilter, p Page) (*AuditPage, error) {
+	if err := s.allow(ctx, a, "audit.list", RoleViewer, ""); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	limit, err := p.limit()
+	if err != nil {
+		return nil, err
+	}
+	below, err := decodeIDCursor(p.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, auditListSQL, nullString(f.Actor), nullString(f.Action), nullTime(f.Since), below, limit+1)
+	if err != nil {
+		return nil, dbError("list the audit log", err)
+	}
+	entries, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Audit, error) {
+		var e Audit
+		var filter *string
+		var role string
+		err := r.Scan(&e.ID, &e.At, &e.Actor, &role, &e.Action, &e.Target, &e.Count, &filter, &e.Reason, &e.Outcome)
+		e.Role = Role(role)
+		if filter != nil {
+			e.Filter = json.RawMessage(*filter)
+		}
+		return e, err
+	})
+	if err != nil {
+		return nil, dbError("list the audit log", err)
+	}
+	page := &AuditPage{Entries: entries}
+	if len(entries) > limit {
+		page.Entries = entries[:limit]
+		page.Next = encodeIDCursor(page.Entries[limit-1].ID)
+	}
+	return page, nil
+}
+
+func dbError(op string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return fmt.Errorf("admin: %s: %w", op, err)
+	}
+	var ce interface{ SafeToRetry() bool }
+	if errors.As(err, &ce) {
+		return fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
+	}
+	return fmt.Errorf("admin: %s: %w", op, err)
+}
+
+func nullString(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func nullTime(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}

@@ -1,0 +1,290 @@
+// Package cli is the `oncegate` command line, one face of package admin (the web console is the other): it
+// parses noun-then-verb commands, calls the service, and prints aligned tables or JSON. It adds no operation
+// of its own.
+//
+// Exit codes: 0 done, 1 error, 2 usage (bad input names the flag), 3 not found, 4 wrong state (a retry of a
+// delivered effect), 5 a bulk action partly applied. docs/cli.md documents every command and JSON field.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oncegate/oncegate/admin"
+)
+
+// Exit codes.
+const (
+	ExitOK       = 0
+	ExitError    = 1
+	ExitUsage    = 2
+	ExitNotFound = 3
+	ExitState    = 4
+	ExitPartial  = 5
+)
+
+// Env is what the command reads besides its arguments.
+type Env struct {
+	Stdout, Stderr io.Writer
+	// Getenv reads the environment: DATABASE_URL, REDIS_URL, ONCEGATE_OPERATOR, ONCEGATE_ROLE,
+	// ONCEGATE_QUEUE_REGISTRY, ONCEGATE_JAEGER_URL.
+	Getenv func(string) string
+	// Terminal is set when stderr is a terminal: bulk actions then show their progress there.
+	Terminal bool
+}
+
+// usageError is a command line the CLI does not understand.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{msg: fmt.Sprintf(format, args...)} }
+
+const usage = `usage: oncegate <noun> <verb> [args] [flags]
+
+  effect ls      [--tenant T] [--type T] [--status S] [--key-prefix P] [--since D] [--job ID] [--limit N] [--cursor C]
+  effect show    KEY [--tenant T]
+  effect retry   KEY [--tenant T] --reason R
+  effect retry   --all-matching [filters of effect ls] --reason R [--yes]   (without --yes: a dry run, the count)
+  effect resolve KEY [--tenant T] --as delivered|failed|resend --reason R
+  type   ls | type pause TYPE --reason R | type resume TYPE --reason R
+  queue  ls | queue pause Q --reason R | queue resume Q --reason R
+  job    ls Q --state S [--limit N] [--cursor C] | job show Q ID
+  dead   ls Q [--limit N] [--cursor C] | dead requeue Q ID... --reason R | dead purge Q ID... --reason R
+  gateway ls | worker ls Q | breaker ls
+  audit  ls [--actor A] [--action A] [--since D] [--limit N] [--cursor C]
+
+Every command: -o table|json, --operator NAME (default $ONCEGATE_OPERATOR, else the OS user),
+--role viewer|operator|admin (default $ONCEGATE_ROLE, else operator). DATABASE_URL and REDIS_URL name the stores.
+Exit codes: 0 done, 1 error, 2 usage, 3 not found, 4 wrong state, 5 bulk partly applied.`
+
+// Main runs one command and returns its exit code.
+func Main(ctx context.Context, args []string, env Env) int {
+	err := run(ctx, args, env)
+	if err == nil {
+		return ExitOK
+	}
+	code := exitCode(err)
+	msg := err.Error()
+	if code == ExitUsage {
+		var ue *usageError
+		if errors.As(err, &ue) && strings.HasPrefix(ue.msg, "usage:") {
+			fmt.Fprintln(env.Stderr, ue.msg)
+			return code
+		}
+	}
+	var ie *admin.InvalidError
+	if errors.As(err, &ie) && ie.Field == strings.ToLower(ie.Field) {
+		// The service names its fields as the CLI's flags are named: say it as a flag.
+		msg = "--" + ie.Field + ": " + ie.Reason
+	}
+	fmt.Fprintln(env.Stderr, "oncegate: "+oneLine(msg))
+	return code
+}
+
+func exitCode(err error) int {
+	var ue *usageError
+	switch {
+	case errors.As(err, &ue), errors.Is(err, admin.ErrInvalid):
+		return ExitUsage
+	case errors.Is(err, admin.ErrNotFound):
+		return ExitNotFound
+	case errors.Is(err, admin.ErrWrongState):
+		return ExitState
+	case errors.Is(err, admin.ErrPartial):
+		return ExitPartial
+	}
+	return ExitError
+}
+
+func oneLine(s string) string {
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// command is what every command gets: its flags, the actor and the service, and the output.
+type command struct {
+	ctx    context.Context
+	env    Env
+	fs     *flag.FlagSet
+	output *string
+	opName *string
+	role   *string
+	pos    []string
+	svc    *admin.Service
+	actor  admin.Actor
+	closer func()
+}
+
+func newCommand(ctx context.Context, env Env, name string) *command {
+	c := &command{ctx: ctx, env: env, fs: flag.NewFlagSet(name, flag.ContinueOnError)}
+	c.fs.SetOutput(io.Discard)
+	c.output = c.fs.String("o", "table", "output: table or json")
+	c.opName = c.fs.String("operator", "", "who you are, for the audit log")
+	c.role = c.fs.String("role", "", "viewer, operator or admin")
+	return c
+}
+
+// parse reads flags wherever they are among the positional arguments, and checks the count of these.
+func (c *command) parse(args []string, minPos, maxPos int, posName string) error {
+	for {
+		if err := c.fs.Parse(args); err != nil {
+			return flagError(c.fs.Name(), err)
+		}
+		args = c.fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		c.pos = append(c.pos, args[0])
+		args = args[1:]
+	}
+	switch {
+	case len(c.pos) < minPos:
+		return usagef("%s: %s is missing", c.fs.Name(), posName)
+	case maxPos >= 0 && len(c.pos) > maxPos:
+		return usagef("%s: unexpected argument %q", c.fs.Name(), c.pos[maxPos])
+	}
+	if *c.output != "table" && *c.output != "json" {
+		return usagef("-o: %q: want table or json", *c.output)
+	}
+	return nil
+}
+
+var (
+	flagInvalid   = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-([\w-]+): (.*)$`)
+	flagUndefined = regexp.MustCompile(`^flag provided but not defined: -([\w-]+)$`)
+	flagNoValue   = regexp.MustCompile(`^flag needs an argument: -([\w-]+)$`)
+)
+
+// flagError says what the flag package found wrong, naming the flag first, as every usage error does.
+func flagError(cmd string, err error) error {
+	msg := err.Error()
+	if m := flagInvalid.FindStringSubmatch(msg); m != nil {
+		return usagef("--%s: %q: %s", m[2], m[1], m[3])
+	}
+	if m := flagUndefined.FindStringSubmatch(msg); m != nil {
+		return usagef("--%s: %s has no such flag; run `oncegate help`", m[1], cmd)
+	}
+	if m := flagNoValue.FindStringSubmatch(msg); m != nil {
+		return usagef("--%s: needs a value", m[1])
+	}
+	return usagef("%s: %s", cmd, msg)
+}
+
+// connect makes the actor and the service, with the stores the environment names.
+func (c *command) connect(needDB, needRedis bool) error {
+	name := *c.opName
+	if name == "" {
+		name = c.env.Getenv("ONCEGATE_OPERATOR")
+	}
+	if name == "" {
+		if u, err := user.Current(); err == nil {
+			name = u.Username
+		}
+	}
+	role := *c.role
+	if role == "" {
+		role = c.env.Getenv("ONCEGATE_ROLE")
+	}
+	if role == "" {
+		role = string(admin.RoleOperator)
+	}
+	if !admin.Role(role).Valid() {
+		return usagef("--role: %q: want viewer, operator or admin", role)
+	}
+	c.actor = admin.Actor{Name: name, Role: admin.Role(role)}
+	cfg := admin.Config{QueueRegistry: c.env.Getenv("ONCEGATE_QUEUE_REGISTRY"),
+		JaegerURL: c.env.Getenv("ONCEGATE_JAEGER_URL")}
+	var closers []func()
+	c.closer = func() {
+		for _, f := range closers {
+			f()
+		}
+	}
+	if needDB {
+		url := c.env.Getenv("DATABASE_URL")
+		if url == "" {
+			return usagef("DATABASE_URL is not set: it names the gateway's database")
+		}
+		pool, err := admin.Connect(c.ctx, url)
+		if err != nil {
+			return err
+		}
+		closers = append(closers, pool.Close)
+		cfg.DB = pool
+	}
+	if needRedis {
+		url := c.env.Getenv("REDIS_URL")
+		if url == "" {
+			return usagef("REDIS_URL is not set: it names the queues' Redis")
+		}
+		opts, err := redis.ParseURL(url)
+		if err != nil {
+			return usagef("REDIS_URL: %v", err)
+		}
+		rdb := redis.NewClient(opts)
+		closers = append(closers, func() { _ = rdb.Close() })
+		cfg.Redis = rdb
+	}
+	c.svc = admin.New(cfg)
+	return nil
+}
+
+func (c *command) json() bool { return *c.output == "json" }
+
+// parseSince reads --since: a duration back from now ("1h", "30m") or an RFC 3339 time.
+func parseSince(s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil {
+		if d <= 0 {
+			return time.Time{}, usagef("--since: %q: want a positive duration or an RFC 3339 time", s)
+		}
+		return time.Now().Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	return time.Time{}, usagef("--since: %q: want a duration back from now (1h, 30m) or an RFC 3339 time", s)
+}
+
+func run(ctx context.Context, args []string, env Env) error {
+	if len(args) < 2 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) == 1 && (args[0] == "help" || args[0] == "-h" || args[0] == "--help") {
+			fmt.Fprintln(env.Stdout, usage)
+			return nil
+		}
+		return usagef("%s", usage)
+	}
+	noun, verb, rest := args[0], args[1], args[2:]
+	h, ok := commands[noun+" "+verb]
+	if !ok {
+		return usagef("oncegate: unknown command %q; run `oncegate help`", noun+" "+verb)
+	}
+	c := newCommand(ctx, env, noun+" "+verb)
+	defer func() {
+		if c.closer != nil {
+			c.closer()
+		}
+	}()
+	return h(c, rest)
+}
+
+// commands maps "noun verb" to its handler (commands.go).
+var commands map[string]func(*command, []string) error
+
+// IsTerminal reports whether f is a terminal, for Env.Terminal.
+func IsTerminal(f *os.File) bool {
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

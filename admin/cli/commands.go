@@ -1,0 +1,672 @@
+package cli
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/queue"
+)
+
+func init() {
+	commands = map[string]func(*command, []string) error{
+		"effect ls":      effectLs,
+		"effect show":    effectShow,
+		"effect retry":   effectRetry,
+		"effect resolve": effectResolve,
+		"type ls":        typeLs,
+		"type pause":     func(c *command, a []string) error { return typeAction(c, a, true) },
+		"type resume":    func(c *command, a []string) error { return typeAction(c, a, false) },
+		"queue ls":       queueLs,
+		"queue pause":    func(c *command, a []string) error { return queueAction(c, a, true) },
+		"queue resume":   func(c *command, a []string) error { return queueAction(c, a, false) },
+		"job ls":         jobLs,
+		"job show":       jobShow,
+		"dead ls":        deadLs,
+		"dead requeue":   func(c *command, a []string) error { return deadAction(c, a, false) },
+		"dead purge":     func(c *command, a []string) error { return deadAction(c, a, true) },
+		"gateway ls":     gatewayLs,
+		"worker ls":      workerLs,
+		"breaker ls":     breakerLs,
+		"audit ls":       auditLs,
+	}
+}
+
+// out prints v as JSON (one document, indented) or calls table.
+func (c *command) out(v any, table func(w *tabwriter.Writer)) error {
+	if c.json() {
+		enc := json.NewEncoder(c.env.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	}
+	w := tabwriter.NewWriter(c.env.Stdout, 0, 0, 2, ' ', 0)
+	table(w)
+	return w.Flush()
+}
+
+func row(w *tabwriter.Writer, cols ...any) {
+	s := make([]string, len(cols))
+	for i, v := range cols {
+		s[i] = cell(v)
+	}
+	fmt.Fprintln(w, strings.Join(s, "\t"))
+}
+
+func cell(v any) string {
+	switch x := v.(type) {
+	case nil:
+		return "-"
+	case string:
+		if x == "" {
+			return "-"
+		}
+		return strings.ReplaceAll(strings.ReplaceAll(x, "\t", " "), "\n", " ")
+	case *string:
+		if x == nil {
+			return "-"
+		}
+		return cell(*x)
+	case *int64:
+		if x == nil {
+			return "-"
+		}
+		return strconv.FormatInt(*x, 10)
+	case time.Time:
+		if x.IsZero() {
+			return "-"
+		}
+		return x.UTC().Format("2006-01-02T15:04:05.000Z")
+	case *time.Time:
+		if x == nil {
+			return "-"
+		}
+		return cell(*x)
+	case *float64:
+		if x == nil {
+			return "-"
+		}
+		return strconv.FormatFloat(*x, 'f', 1, 64)
+	}
+	return fmt.Sprint(v)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n-1] + "…"
+}
+
+func nextCursor(w *tabwriter.Writer, next string) {
+	if next != "" {
+		w.Flush()
+		fmt.Fprintf(w, "\nmore: --cursor %s\n", next)
+	}
+}
+
+// effectFilterFlags declares the filters of effect ls and effect retry --all-matching.
+func effectFilterFlags(c *command) func() (admin.EffectFilter, error) {
+	tenant := c.fs.String("tenant", "", "tenant")
+	typ := c.fs.String("type", "", "effect type")
+	status := c.fs.String("status", "", "status")
+	prefix := c.fs.String("key-prefix", "", "key prefix")
+	since := c.fs.String("since", "", "created within (1h) or since (RFC 3339)")
+	job := c.fs.String("job", "", "created by this job ID")
+	return func() (admin.EffectFilter, error) {
+		f := admin.EffectFilter{Tenant: *tenant, Type: *typ, Status: effect.Status(*status), KeyPrefix: *prefix,
+			JobID: *job}
+		if f.Status != "" && !f.Status.Valid() {
+			return f, usagef("--status: %q: want pending, delivering, delivered, failed, dead or unknown", *status)
+		}
+		var err error
+		f.Since, err = parseSince(*since)
+		return f, err
+	}
+}
+
+func pageFlags(c *command) func() admin.Page {
+	limit := c.fs.Int("limit", admin.DefaultLimit, "page size")
+	cursor := c.fs.String("cursor", "", "next_cursor of the previous page")
+	return func() admin.Page { return admin.Page{Limit: *limit, Cursor: *cursor} }
+}
+
+func effectLs(c *command, args []string) error {
+	filter := effectFilterFlags(c)
+	page := pageFlags(c)
+	if err := c.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	f, err := filter()
+	if err != nil {
+		return err
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	p, err := c.svc.Effects(c.ctx, c.actor, f, page())
+	if err != nil {
+		return err
+	}
+	return c.out(p, func(w *tabwriter.Writer) {
+		row(w, "TENANT", "KEY", "TYPE", "STATUS", "ATTEMPTS", "REPLAYS", "JOB", "CREATED", "LAST ERROR")
+		for _, e := range p.Effects {
+			job := "-"
+			if e.JobID != nil {
+				job = fmt.Sprintf("%s@%d", *e.JobID, *e.JobEpoch)
+			}
+			last := "-"
+			if e.LastError != nil {
+				last = truncate(*e.LastError, 60)
+			}
+			row(w, e.Tenant, e.Key, e.Type, string(e.Status), e.Attempts, e.Replays, job, e.CreatedAt, last)
+		}
+		nextCursor(w, p.NextCursor)
+	})
+}
+
+func effectShow(c *command, args []string) error {
+	tenant := c.fs.String("tenant", "", "tenant (needed when several tenants use the key)")
+	if err := c.parse(args, 1, 1, "KEY"); err != nil {
+		return err
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	d, err := c.svc.Effect(c.ctx, c.actor, *tenant, c.pos[0])
+	if err != nil {
+		return err
+	}
+	return c.out(d, func(w *tabwriter.Writer) {
+		row(w, "key", d.Key)
+		row(w, "tenant", d.Tenant)
+		row(w, "type", d.Type)
+		row(w, "status", string(d.Status))
+		row(w, "stable id", d.StableID)
+		row(w, "attempts", d.Attempts)
+		row(w, "created", d.CreatedAt)
+		row(w, "updated", d.UpdatedAt)
+		row(w, "delivered", d.DeliveredAt)
+		row(w, "next attempt", d.NextAttemptAt)
+		row(w, "last error", d.LastError)
+		if d.JobID != nil {
+			row(w, "job", fmt.Sprintf("%s (epoch %d)", *d.JobID, *d.JobEpoch))
+		} else {
+			row(w, "job", "-")
+		}
+		row(w, "trace", d.TraceID)
+		if d.TraceURL != "" {
+			row(w, "trace link", d.TraceURL)
+		}
+		replays := strconv.FormatInt(d.Replays, 10)
+		if d.LastReplayAt != nil {
+			replays += ", last " + cell(d.LastReplayAt)
+			if d.LastReplayEpoch != nil {
+				replays += fmt.Sprintf(" from epoch %d", *d.LastReplayEpoch)
+			}
+		}
+		row(w, "replays", replays)
+		if r := d.Resolution; r != nil {
+			row(w, "resolution", fmt.Sprintf("%s by %s at %s: %s", r.As, r.By, cell(r.At), r.Reason))
+		}
+		row(w, "payload", truncate(string(d.Payload), 200))
+		if d.Result != nil {
+			row(w, "result", truncate(string(d.Result), 200))
+		}
+		_ = w.Flush()
+		fmt.Fprintln(w)
+		row(w, "ATTEMPT", "STARTED", "GATEWAY", "OUTCOME", "LATENCY MS", "LEASE", "ERROR")
+		for _, a := range d.AttemptLog {
+			row(w, a.Attempt, a.StartedAt, a.Gateway, a.Outcome, a.LatencyMS, a.LeaseToken, a.Error)
+		}
+		if len(d.AttemptLog) == 0 {
+			row(w, "(none)")
+		}
+	})
+}
+
+// actionResult is what a single-target change prints in JSON.
+type actionResult struct {
+	Action string        `json:"action"`
+	Target string        `json:"target"`
+	Effect *admin.Effect `json:"effect,omitempty"`
+}
+
+func effectRetry(c *command, args []string) error {
+	reason := c.fs.String("reason", "", "why (required; goes to the audit log)")
+	all := c.fs.Bool("all-matching", false, "retry every failed, dead or unknown effect matching the filters")
+	yes := c.fs.Bool("yes", false, "with --all-matching: apply (without it, a dry run that counts)")
+	filter := effectFilterFlags(c)
+	if err := c.parse(args, 0, 1, "KEY"); err != nil {
+		return err
+	}
+	if *all {
+		if len(c.pos) > 0 {
+			return usagef("effect retry: give KEY or --all-matching, not both")
+		}
+		f, err := filter()
+		if err != nil {
+			return err
+		}
+		return retryMatching(c, f, *reason, *yes)
+	}
+	if len(c.pos) == 0 {
+		return usagef("effect retry: KEY is missing (or --all-matching)")
+	}
+	f, err := filter()
+	if err != nil {
+		return err
+	}
+	tenant := f.Tenant
+	if f.Tenant = ""; f != (admin.EffectFilter{}) {
+		return usagef("effect retry: filters (--type, --status, ...) go with --all-matching")
+	}
+	if *reason == "" {
+		return usagef("--reason: required: say why (it goes to the audit log)")
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	e, err := c.svc.RetryEffect(c.ctx, c.actor, tenant, c.pos[0], *reason)
+	if err != nil {
+		return err
+	}
+	return c.printEffectAction("effect.retry", e)
+}
+
+func (c *command) printEffectAction(action string, e *admin.Effect) error {
+	res := actionResult{Action: action, Target: e.Tenant + "/" + e.Key, Effect: e}
+	return c.out(res, func(w *tabwriter.Writer) {
+		fmt.Fprintf(w, "%s %s: now %s\n", action, res.Target, e.Status)
+	})
+}
+
+// bulkResult is what a bulk action prints in JSON.
+type bulkResult struct {
+	Action string             `json:"action"`
+	DryRun bool               `json:"dry_run"`
+	Filter admin.EffectFilter `json:"filter"`
+	admin.BulkResult
+}
+
+func retryMatching(c *command, f admin.EffectFilter, reason string, yes bool) error {
+	if f == (admin.EffectFilter{}) {
+		return usagef("effect retry --all-matching: name at least one filter (--status, --type, --tenant, ...)")
+	}
+	if reason == "" {
+		return usagef("--reason: required: say why (it goes to the audit log)")
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	if !yes {
+		n, err := c.svc.CountRetryable(c.ctx, c.actor, f)
+		if err != nil {
+			return err
+		}
+		res := bulkResult{Action: "effect.retry-matching", DryRun: true, Filter: f,
+			BulkResult: admin.BulkResult{Matched: n}}
+		return c.out(res, func(w *tabwriter.Writer) {
+			fmt.Fprintf(w, "dry run: %d effects match and would be retried; run again with --yes to apply\n", n)
+		})
+	}
+	var progress func(admin.BulkResult)
+	if c.env.Terminal {
+		progress = func(r admin.BulkResult) {
+			fmt.Fprintf(c.env.Stderr, "\rretried %d of %d", r.Applied, r.Matched)
+		}
+	}
+	r, err := c.svc.RetryEffects(c.ctx, c.actor, f, reason, progress)
+	if progress != nil {
+		fmt.Fprintln(c.env.Stderr)
+	}
+	res := bulkResult{Action: "effect.retry-matching", Filter: f, BulkResult: r}
+	if perr := c.out(res, func(w *tabwriter.Writer) {
+		fmt.Fprintf(w, "retried %d of %d matching effects in %d batches\n", r.Applied, r.Matched, r.Batches)
+	}); perr != nil {
+		return perr
+	}
+	return err
+}
+
+func effectResolve(c *command, args []string) error {
+	tenant := c.fs.String("tenant", "", "tenant")
+	as := c.fs.String("as", "", "delivered, failed or resend")
+	reason := c.fs.String("reason", "", "why (required; goes to the audit log)")
+	if err := c.parse(args, 1, 1, "KEY"); err != nil {
+		return err
+	}
+	switch *as {
+	case admin.ResolveDelivered, admin.ResolveFailed, admin.ResolveResend:
+	case "":
+		return usagef("--as: required: delivered, failed or resend")
+	default:
+		return usagef("--as: %q: want delivered, failed or resend", *as)
+	}
+	if *reason == "" {
+		return usagef("--reason: required: say why (it goes to the audit log)")
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	e, err := c.svc.ResolveEffect(c.ctx, c.actor, *tenant, c.pos[0], *as, *reason)
+	if err != nil {
+		return err
+	}
+	return c.printEffectAction("effect.resolve", e)
+}
+
+func typeLs(c *command, args []string) error {
+	if err := c.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	ts, err := c.svc.PausedTypes(c.ctx, c.actor)
+	if err != nil {
+		return err
+	}
+	return c.out(map[string]any{"paused": ts}, func(w *tabwriter.Writer) {
+		row(w, "PAUSED TYPE", "BY", "SINCE", "REASON")
+		for _, t := range ts {
+			row(w, t.Type, t.PausedBy, t.PausedAt, t.Reason)
+		}
+	})
+}
+
+func typeAction(c *command, args []string, pause bool) error {
+	reason := c.fs.String("reason", "", "why (required; goes to the audit log)")
+	if err := c.parse(args, 1, 1, "TYPE"); err != nil {
+		return err
+	}
+	if *reason == "" {
+		return usagef("--reason: required: say why (it goes to the audit log)")
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	action, do := "type.resume", c.svc.ResumeType
+	if pause {
+		action, do = "type.pause", c.svc.PauseType
+	}
+	if err := do(c.ctx, c.actor, c.pos[0], *reason); err != nil {
+		return err
+	}
+	return c.out(actionResult{Action: action, Target: c.pos[0]}, func(w *tabwriter.Writer) {
+		fmt.Fprintf(w, "%s %s: done\n", action, c.pos[0])
+	})
+}
+
+func queueLs(c *command, args []string) error {
+	if err := c.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	if err := c.connect(false, true); err != nil {
+		return err
+	}
+	qs, err := c.svc.Queues(c.ctx, c.actor)
+	if err != nil {
+		return err
+	}
+	return c.out(map[string]any{"queues": qs}, func(w *tabwriter.Writer) {
+		row(w, "QUEUE", "READY", "DELAYED", "ACTIVE", "COMPLETED", "DEAD", "OLDEST READY", "WORKERS", "PAUSED")
+		for _, q := range qs {
+			paused := "no"
+			if q.Paused {
+				paused = "yes: " + q.PausedReason
+			}
+			row(w, q.Name, q.Counts[queue.StateReady], q.Counts[queue.StateDelayed], q.Counts[queue.StateActive],
+				q.Counts[queue.StateCompleted], q.Counts[queue.StateDead],
+				(time.Duration(q.OldestReadySeconds * float64(time.Second))).Round(time.Millisecond).String(),
+				q.Workers, paused)
+		}
+	})
+}
+
+func queueAction(c *command, args []string, pause bool) error {
+	reason := c.fs.String("reason", "", "why (required; goes to the audit log)")
+	if err := c.parse(args, 1, 1, "Q"); err != nil {
+		return err
+	}
+	if *reason == "" {
+		return usagef("--reason: required: say why (it goes to the audit log)")
+	}
+	if err := c.connect(true, true); err != nil {
+		return err
+	}
+	action, do := "queue.resume", c.svc.ResumeQueue
+	if pause {
+		action, do = "queue.pause", c.svc.PauseQueue
+	}
+	if err := do(c.ctx, c.actor, c.pos[0], *reason); err != nil {
+		return err
+	}
+	return c.out(actionResult{Action: action, Target: c.pos[0]}, func(w *tabwriter.Writer) {
+		fmt.Fprintf(w, "%s %s: done\n", action, c.pos[0])
+	})
+}
+
+func jobsTable(w *tabwriter.Writer, jobs []admin.Job, next string) {
+	row(w, "ID", "KIND", "STATE", "EPOCH", "ATTEMPT", "STALLS", "OWNER", "LAST ERROR / DEAD REASON")
+	for _, j := range jobs {
+		why := j.LastError
+		if j.DeadReason != "" {
+			why = j.DeadReason
+		}
+		row(w, j.ID, j.Kind, string(j.State), j.Epoch, j.Attempt, j.Stalls, j.Owner, truncate(why, 60))
+	}
+	nextCursor(w, next)
+}
+
+func jobLs(c *command, args []string) error {
+	state := c.fs.String("state", "", "ready, delayed, active, completed or dead")
+	page := pageFlags(c)
+	if err := c.parse(args, 1, 1, "Q"); err != nil {
+		return err
+	}
+	if *state == "" {
+		return usagef("--state: required: ready, delayed, active, completed or dead")
+	}
+	if err := c.connect(false, true); err != nil {
+		return err
+	}
+	p, err := c.svc.Jobs(c.ctx, c.actor, c.pos[0], *state, page())
+	if err != nil {
+		return err
+	}
+	return c.out(p, func(w *tabwriter.Writer) { jobsTable(w, p.Jobs, p.NextCursor) })
+}
+
+func jobShow(c *command, args []string) error {
+	if err := c.parse(args, 2, 2, "Q and ID"); err != nil {
+		return err
+	}
+	// The effects come from the gateway's database when DATABASE_URL names it.
+	if err := c.connect(c.env.Getenv("DATABASE_URL") != "", true); err != nil {
+		return err
+	}
+	d, err := c.svc.Job(c.ctx, c.actor, c.pos[0], c.pos[1])
+	if err != nil {
+		return err
+	}
+	return c.out(d, func(w *tabwriter.Writer) {
+		row(w, "queue", d.Queue)
+		row(w, "id", d.ID)
+		row(w, "kind", d.Kind)
+		row(w, "state", string(d.State))
+		row(w, "epoch", d.Epoch)
+		row(w, "attempt", fmt.Sprintf("%d of %d (failures %d, stalls %d of %d)", d.Attempt, d.MaxAttempts,
+			d.Failures, d.Stalls, d.MaxStalls))
+		row(w, "created", d.CreatedAt)
+		row(w, "leased", d.LeasedAt)
+		row(w, "lease deadline", d.LeaseDeadline)
+		row(w, "owner", d.Owner)
+		row(w, "finished", d.FinishedAt)
+		row(w, "last error", d.LastError)
+		row(w, "last stall", d.LastStall)
+		row(w, "dead reason", d.DeadReason)
+		row(w, "payload", truncate(d.Payload, 200))
+		_ = w.Flush()
+		fmt.Fprintln(w)
+		row(w, "EFFECT", "TENANT", "TYPE", "STATUS", "EPOCH", "REPLAYS")
+		for _, e := range d.Effects {
+			row(w, e.Key, e.Tenant, e.Type, string(e.Status), e.JobEpoch, e.Replays)
+		}
+		if d.Effects == nil {
+			row(w, "(DATABASE_URL not set: effects not read)")
+		} else if len(d.Effects) == 0 {
+			row(w, "(none)")
+		}
+	})
+}
+
+func deadLs(c *command, args []string) error {
+	page := pageFlags(c)
+	if err := c.parse(args, 1, 1, "Q"); err != nil {
+		return err
+	}
+	if err := c.connect(false, true); err != nil {
+		return err
+	}
+	p, err := c.svc.DeadJobs(c.ctx, c.actor, c.pos[0], page())
+	if err != nil {
+		return err
+	}
+	return c.out(p, func(w *tabwriter.Writer) { jobsTable(w, p.Jobs, p.NextCursor) })
+}
+
+// deadResult is what dead requeue and purge print in JSON.
+type deadResult struct {
+	Action string   `json:"action"`
+	Queue  string   `json:"queue"`
+	IDs    []string `json:"ids"`
+	admin.BulkResult
+}
+
+func deadAction(c *command, args []string, purge bool) error {
+	reason := c.fs.String("reason", "", "why (required; goes to the audit log)")
+	if err := c.parse(args, 2, -1, "Q and at least one ID"); err != nil {
+		return err
+	}
+	if *reason == "" {
+		return usagef("--reason: required: say why (it goes to the audit log)")
+	}
+	if err := c.connect(true, true); err != nil {
+		return err
+	}
+	action, do := "dead.requeue", c.svc.RequeueDead
+	if purge {
+		action, do = "dead.purge", c.svc.PurgeDead
+	}
+	r, err := do(c.ctx, c.actor, c.pos[0], c.pos[1:], *reason)
+	if r.Batches == 0 {
+		return err
+	}
+	if perr := c.out(deadResult{Action: action, Queue: c.pos[0], IDs: c.pos[1:], BulkResult: r},
+		func(w *tabwriter.Writer) {
+			fmt.Fprintf(w, "%s %s: %d of %d\n", action, c.pos[0], r.Applied, r.Matched)
+		}); perr != nil {
+		return perr
+	}
+	return err
+}
+
+func gatewayLs(c *command, args []string) error {
+	if err := c.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	gs, err := c.svc.Gateways(c.ctx, c.actor)
+	if err != nil {
+		return err
+	}
+	return c.out(map[string]any{"gateways": gs}, func(w *tabwriter.Writer) {
+		row(w, "GATEWAY", "ADDRESS", "VERSION", "STARTED", "LAST SEEN", "ALIVE", "BREAKERS OPEN")
+		for _, g := range gs {
+			open := 0
+			for _, b := range g.Breakers {
+				if b.State != "closed" {
+					open++
+				}
+			}
+			row(w, g.ID, g.Address, g.Version, g.StartedAt, g.LastSeen, g.Alive, fmt.Sprintf("%d of %d", open, len(g.Breakers)))
+		}
+	})
+}
+
+func workerLs(c *command, args []string) error {
+	if err := c.parse(args, 1, 1, "Q"); err != nil {
+		return err
+	}
+	if err := c.connect(false, true); err != nil {
+		return err
+	}
+	ws, err := c.svc.Workers(c.ctx, c.actor, c.pos[0])
+	if err != nil {
+		return err
+	}
+	return c.out(map[string]any{"workers": ws}, func(w *tabwriter.Writer) {
+		row(w, "WORKER", "ALIVE", "SEEN UNTIL", "JOBS HELD")
+		for _, x := range ws {
+			row(w, x.ID, x.Alive, x.SeenUntil, strings.Join(x.Jobs, " "))
+		}
+	})
+}
+
+func breakerLs(c *command, args []string) error {
+	if err := c.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	bs, err := c.svc.Breakers(c.ctx, c.actor)
+	if err != nil {
+		return err
+	}
+	return c.out(map[string]any{"breakers": bs}, func(w *tabwriter.Writer) {
+		row(w, "GATEWAY", "TYPE", "TENANT", "DESTINATION", "STATE", "OPEN UNTIL", "LAST USED")
+		for _, b := range bs {
+			gw := b.Gateway
+			if !b.GatewayAlive {
+				gw += " (gone)"
+			}
+			row(w, gw, b.Type, b.Tenant, b.Destination, b.State, b.OpenUntil, b.LastUsed)
+		}
+	})
+}
+
+func auditLs(c *command, args []string) error {
+	actor := c.fs.String("actor", "", "operator")
+	action := c.fs.String("action", "", "action, such as effect.retry")
+	since := c.fs.String("since", "", "within (1h) or since (RFC 3339)")
+	page := pageFlags(c)
+	if err := c.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	t, err := parseSince(*since)
+	if err != nil {
+		return err
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	p, err := c.svc.AuditLog(c.ctx, c.actor, admin.AuditFilter{Actor: *actor, Action: *action, Since: t}, page())
+	if err != nil {
+		return err
+	}
+	return c.out(p, func(w *tabwriter.Writer) {
+		row(w, "AT", "ACTOR", "ROLE", "ACTION", "TARGET", "COUNT", "FILTER", "REASON", "OUTCOME")
+		for _, e := range p.Entries {
+			row(w, e.At, e.Actor, string(e.Role), e.Action, e.Target, e.Count, string(e.Filter), e.Reason, e.Outcome)
+		}
+		nextCursor(w, p.Next)
+	})
+}

@@ -1,0 +1,536 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/notifier"
+)
+
+// EffectFilter selects effects. Empty fields select everything.
+type EffectFilter struct {
+	Tenant    string        `json:"tenant,omitempty"`
+	Type      string        `json:"type,omitempty"`
+	Status    effect.Status `json:"status,omitempty"`
+	KeyPrefix string        `json:"key_prefix,omitempty"`
+	Since     time.Time     `json:"since,omitzero"` // created at or after
+	JobID     string        `json:"job_id,omitempty"`
+}
+
+func (f EffectFilter) check() error {
+	if f.Status != "" && !f.Status.Valid() {
+		return &InvalidError{Field: "status", Reason: fmt.Sprintf("%q is not a status: want one of %s", f.Status,
+			joinStatuses(effect.Statuses()))}
+	}
+	return nil
+}
+
+// likePattern turns a key prefix into a LIKE pattern that matches exactly the keys that start with it.
+func (f EffectFilter) likePattern() *string {
+	if f.KeyPrefix == "" {
+		return nil
+	}
+	p := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(f.KeyPrefix) + "%"
+	return &p
+}
+
+func (f EffectFilter) status() *string { return nullString(string(f.Status)) }
+
+func (f EffectFilter) json() json.RawMessage {
+	b, _ := json.Marshal(f)
+	return b
+}
+
+// Effect is an effect as an operator sees it in a listing.
+type Effect struct {
+	ID            int64         `json:"id"`
+	Tenant        string        `json:"tenant"`
+	Key           string        `json:"key"`
+	Type          string        `json:"type"`
+	Status        effect.Status `json:"status"`
+	Attempts      int           `json:"attempts"`
+	CreatedAt     time.Time     `json:"created_at"`
+	UpdatedAt     time.Time     `json:"updated_at"`
+	DeliveredAt   *time.Time    `json:"delivered_at"`
+	NextAttemptAt *time.Time    `json:"next_attempt_at"`
+	LastError     *string       `json:"last_error"`
+	// The job that created it (Oncegate-Job-Id and -Epoch of the creating request), if it named one.
+	JobID    *string `json:"job_id"`
+	JobEpoch *int64  `json:"job_epoch"`
+	// TraceID is the W3C trace id of the creating request.
+	TraceID *string `json:"trace_id"`
+	// Replays counts the requests it absorbed after the first; the last came at LastReplayAt from job epoch
+	// LastReplayEpoch (a stale worker shows up as an epoch below JobEpoch).
+	Replays         int64      `json:"replays"`
+	LastReplayAt    *time.Time `json:"last_replay_at"`
+	LastReplayEpoch *int64     `json:"last_replay_epoch"`
+	// Resolution is an operator's answer to an unknown effect: delivered, failed or resend.
+	Resolution *Resolution `json:"resolution"`
+}
+
+// Resolution is how an operator resolved an `unknown` effect.
+type Resolution struct {
+	As     string    `json:"as"`
+	By     string    `json:"by"`
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+}
+
+// Resolutions an operator can give an unknown effect.
+const (
+	ResolveDelivered = "delivered"
+	ResolveFailed    = "failed"
+	ResolveResend    = "resend"
+)
+
+func scanEffect(r pgx.Row, extra ...any) (*Effect, error) {
+	var e Effect
+	var status string
+	var as, by, reason *string
+	var at *time.Time
+	dest := []any{&e.ID, &e.Tenant, &e.Key, &e.Type, &status, &e.Attempts, &e.CreatedAt, &e.UpdatedAt,
+		&e.DeliveredAt, &e.NextAttemptAt, &e.LastError, &e.JobID, &e.JobEpoch, &e.TraceID, &e.Replays,
+		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason}
+	if err := r.Scan(append(dest, extra...)...); err != nil {
+		return nil, err
+	}
+	e.Status = effect.Status(status)
+	if as != nil {
+		e.Resolution = &Resolution{As: *as}
+		if by != nil {
+			e.Resolution.By = *by
+		}
+		if at != nil {
+			e.Resolution.At = *at
+		}
+		if reason != nil {
+			e.Resolution.Reason = *reason
+		}
+	}
+	return &e, nil
+}
+
+// EffectPage is a page of effects, newest first. NextCursor is empty on the last page.
+type EffectPage struct {
+	Effects    []*Effect `json:"effects"`
+	NextCursor string    `json:"next_cursor"`
+}
+
+// Effects returns a page of the effects that match f, newest first.
+func (s *Service) Effects(ctx context.Context, a Actor, f EffectFilter, p Page) (*EffectPage, error) {
+	if err := s.allow(ctx, a, "effect.list", RoleViewer, ""); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	if err := f.check(); err != nil {
+		return nil, err
+	}
+	limit, err := p.limit()
+	if err != nil {
+		return nil, err
+	}
+	below, err := decodeIDCursor(p.Cursor)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, effectsListSQL, nullString(f.Tenant), nullString(f.Type), f.status(),
+		f.likePattern(), nullTime(f.Since), below, nullString(f.JobID), limit+1)
+	if err != nil {
+		return nil, dbError("list effects", err)
+	}
+	effects, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (*Effect, error) { return scanEffect(r) })
+	if err != nil {
+		return nil, dbError("list effects", err)
+	}
+	page := &EffectPage{Effects: effects}
+	if page.Effects == nil {
+		page.Effects = []*Effect{}
+	}
+	if len(effects) > limit {
+		page.Effects = effects[:limit]
+		page.NextCursor = encodeIDCursor(page.Effects[limit-1].ID)
+	}
+	return page, nil
+}
+
+// Attempt is one delivery attempt of an effect.
+type Attempt struct {
+	Attempt    int       `json:"attempt"`
+	StartedAt  time.Time `json:"started_at"`
+	Gateway    string    `json:"gateway"`
+	LeaseToken *string   `json:"lease_token"`
+	// Outcome: delivered, failed, retry, in_doubt, or interrupted (the gateway died or lost its lease first).
+	Outcome   string   `json:"outcome"`
+	Error     *string  `json:"error"`
+	LatencyMS *float64 `json:"latency_ms"`
+}
+
+// EffectDetail is everything known of one effect.
+type EffectDetail struct {
+	Effect
+	StableID string          `json:"stable_id"`
+	Payload  json.RawMessage `json:"payload"`
+	Result   json.RawMessage `json:"result"`
+	// AttemptLog is every delivery attempt, oldest first (Effect.Attempts counts the failed ones since the
+	// last retry, as the API does).
+	AttemptLog []Attempt `json:"attempt_log"`
+	// TraceURL links the trace id to Jaeger, when the service knows Jaeger's address.
+	TraceURL string `json:"trace_url,omitempty"`
+}
+
+// resolveTenant finds the tenant of key when none is given: the one tenant holding it.
+func (s *Service) resolveTenant(ctx context.Context, tenant, key string) (string, error) {
+	if key == "" {
+		return "", &InvalidError{Field: "key", Reason: "an effect key is needed"}
+	}
+	if tenant != "" {
+		return tenant, nil
+	}
+	rows, err := s.db.Query(ctx, effectTenantsSQL, key)
+	if err != nil {
+		return "", dbError("find the effect's tenant", err)
+	}
+	tenants, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return "", dbError("find the effect's tenant", err)
+	}
+	switch len(tenants) {
+	case 0:
+		return "", &NotFoundError{What: fmt.Sprintf("effect %q", key)}
+	case 1:
+		return tenants[0], nil
+	}
+	return "", &InvalidError{Field: "tenant", Reason: fmt.Sprintf("the key %q is used by several tenants; name one", key)}
+}
+
+// Effect returns an effect with its attempts, payload and result. An empty tenant finds the one tenant that
+// holds key.
+func (s *Service) Effect(ctx context.Context, a Actor, tenant, key string) (*EffectDetail, error) {
+	if err := s.allow(ctx, a, "effect.show", RoleViewer, key); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	tenant, err := s.resolveTenant(ctx, tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	var d EffectDetail
+	var stable, payload, result *string
+	e, err := scanEffect(s.db.QueryRow(ctx, effectGetSQL, tenant, key), &stable, &payload, &result)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
+	}
+	if err != nil {
+		return nil, dbError("read the effect", err)
+	}
+	d.Effect = *e
+	if stable != nil {
+		d.StableID = *stable
+	}
+	if payload != nil {
+		d.Payload = json.RawMessage(*payload)
+	}
+	if result != nil {
+		d.Result = json.RawMessage(*result)
+	}
+	rows, err := s.db.Query(ctx, attemptsListSQL, e.ID)
+	if err != nil {
+		return nil, dbError("read the attempts", err)
+	}
+	d.AttemptLog, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
+		var at Attempt
+		err := r.Scan(&at.Attempt, &at.StartedAt, &at.Gateway, &at.LeaseToken, &at.Outcome, &at.Error, &at.LatencyMS)
+		return at, err
+	})
+	if err != nil {
+		return nil, dbError("read the attempts", err)
+	}
+	if d.AttemptLog == nil {
+		d.AttemptLog = []Attempt{}
+	}
+	if s.cfg.JaegerURL != "" && e.TraceID != nil {
+		d.TraceURL = strings.TrimSuffix(s.cfg.JaegerURL, "/") + "/trace/" + *e.TraceID
+	}
+	return &d, nil
+}
+
+// RetryEffect sends a failed, dead or unknown effect back to pending, audited with reason.
+func (s *Service) RetryEffect(ctx context.Context, a Actor, tenant, key, reason string) (*Effect, error) {
+	return s.resend(ctx, a, "effect.retry", tenant, key, reason, nil, effect.RetryableStatuses())
+}
+
+// ResolveEffect resolves an `unknown` effect: as delivered or failed (terminal, nothing sent), or resend (back
+// to pending, delivered again). The resolution stays on the effect, and the audit log has it.
+func (s *Service) ResolveEffect(ctx context.Context, a Actor, tenant, key, as, reason string) (*Effect, error) {
+	switch as {
+	case ResolveResend:
+		res := ResolveResend
+		return s.resend(ctx, a, "effect.resolve", tenant, key, reason, &res, []effect.Status{effect.StatusUnknown})
+	case ResolveDelivered, ResolveFailed:
+	default:
+		return nil, &InvalidError{Field: "as", Reason: fmt.Sprintf("%q: want delivered, failed or resend", as)}
+	}
+	if err := s.prepareChange(ctx, a, "effect.resolve", key, reason); err != nil {
+		return nil, err
+	}
+	tenant, err := s.resolveTenant(ctx, tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	var out *Effect
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		e, err := scanEffect(tx.QueryRow(ctx, effectResolveSQL, tenant, key, as, a.Name, reason,
+			string(notifier.TopicEffectDone)))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return s.whyNot(ctx, tx, tenant, key, "resolve", []effect.Status{effect.StatusUnknown})
+		}
+		if err != nil {
+			return dbError("resolve the effect", err)
+		}
+		out = e
+		_, err = s.audit(ctx, tx, a, Audit{Action: "effect.resolve", Target: tenant + "/" + key, Count: 1,
+			Filter: mustJSON(map[string]string{"as": as}), Reason: reason})
+		return err
+	})
+	return out, err
+}
+
+// prepareChange runs the checks every change needs: role, reason, database.
+func (s *Service) prepareChange(ctx context.Context, a Actor, action, target, reason string) error {
+	if err := s.allow(ctx, a, action, RoleOperator, target); err != nil {
+		return err
+	}
+	if err := requireReason(reason); err != nil {
+		return err
+	}
+	return s.needDB()
+}
+
+func (s *Service) resend(ctx context.Context, a Actor, action, tenant, key, reason string, resolution *string,
+	from []effect.Status) (*Effect, error) {
+	if err := s.prepareChange(ctx, a, action, key, reason); err != nil {
+		return nil, err
+	}
+	tenant, err := s.resolveTenant(ctx, tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	var out *Effect
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		e, err := scanEffect(tx.QueryRow(ctx, effectResendSQL, tenant, key, statusStrings(from), resolution, a.Name,
+			reason, string(notifier.TopicOutbox)))
+		if errors.Is(err, pgx.ErrNoRows) {
+			return s.whyNot(ctx, tx, tenant, key, strings.TrimPrefix(action, "effect."), from)
+		}
+		if err != nil {
+			return dbError(action, err)
+		}
+		out = e
+		var filter json.RawMessage
+		if resolution != nil {
+			filter = mustJSON(map[string]string{"as": *resolution})
+		}
+		_, err = s.audit(ctx, tx, a, Audit{Action: action, Target: tenant + "/" + key, Count: 1, Filter: filter,
+			Reason: reason})
+		return err
+	})
+	return out, err
+}
+
+// whyNot explains an update that matched no row: the effect is missing, or in a state the action refuses.
+func (s *Service) whyNot(ctx context.Context, tx pgx.Tx, tenant, key, verb string, from []effect.Status) error {
+	var status string
+	err := tx.QueryRow(ctx, "SELECT status FROM oncegate_effects WHERE tenant = $1 AND key = $2", tenant, key).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
+	}
+	if err != nil {
+		return dbError("read the effect", err)
+	}
+	return &StateError{Msg: fmt.Sprintf("cannot %s effect %q: it is %s, and only %s can be", verb, key, status,
+		joinStatuses(from))}
+}
+
+// CountEffects counts the effects that match f: the dry run of a bulk action. It is one COUNT, asked for on
+// purpose, never part of a listing.
+func (s *Service) CountEffects(ctx context.Context, a Actor, f EffectFilter) (int64, error) {
+	if err := s.allow(ctx, a, "effect.count", RoleViewer, ""); err != nil {
+		return 0, err
+	}
+	if err := s.needDB(); err != nil {
+		return 0, err
+	}
+	if err := f.check(); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := s.db.QueryRow(ctx, effectsCountSQL, nullString(f.Tenant), nullString(f.Type), f.status(),
+		f.likePattern(), nullTime(f.Since), nullString(f.JobID)).Scan(&n)
+	if err != nil {
+		return 0, dbError("count effects", err)
+	}
+	return n, nil
+}
+
+// CountRetryable counts the effects matching f that a retry applies to (failed, dead, unknown): the dry run
+// of RetryEffects.
+func (s *Service) CountRetryable(ctx context.Context, a Actor, f EffectFilter) (int64, error) {
+	if f.Status != "" {
+		if !f.Status.Retryable() {
+			return 0, nil
+		}
+		return s.CountEffects(ctx, a, f)
+	}
+	var total int64
+	for _, st := range effect.RetryableStatuses() {
+		f.Status = st
+		n, err := s.CountEffects(ctx, a, f)
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+}
+
+// BulkResult is what a bulk action did.
+type BulkResult struct {
+	// Matched is how many targets the dry-run count found when the action started.
+	Matched int64 `json:"matched"`
+	// Applied is how many it changed.
+	Applied int64 `json:"applied"`
+	// Batches is how many transactions it took, each audited on its own.
+	Batches int `json:"batches"`
+}
+
+// BulkError is a bulk action that stopped, or left targets unchanged, after applying to some.
+type BulkError struct {
+	Result BulkResult
+	Err    error // nil when it ran to the end but some targets had changed state or were held meanwhile
+}
+
+func (e *BulkError) Error() string {
+	if e.Err != nil {
+		return fmt.Sprintf("applied to %d of %d before an error: %v", e.Result.Applied, e.Result.Matched, e.Err)
+	}
+	return fmt.Sprintf("applied to %d of %d: the others changed state or were held by another action meanwhile",
+		e.Result.Applied, e.Result.Matched)
+}
+func (e *BulkError) Is(target error) bool { return target == ErrPartial }
+func (e *BulkError) Unwrap() error        { return e.Err }
+
+// BulkBatch is how many effects one transaction of a bulk action changes.
+const BulkBatch = 500
+
+// RetryEffects retries every failed, dead or unknown effect matching f, in batches of BulkBatch, each batch
+// one transaction with its own audit entry (so an interrupted bulk action leaves an audit entry for every
+// change it made). progress, if set, is called after each batch. An error after some batches, or fewer
+// applied than matched at the start, is a *BulkError (ErrPartial).
+func (s *Service) RetryEffects(ctx context.Context, a Actor, f EffectFilter, reason string,
+	progress func(BulkResult)) (BulkResult, error) {
+	var res BulkResult
+	if err := s.prepareChange(ctx, a, "effect.retry-matching", "", reason); err != nil {
+		return res, err
+	}
+	if err := f.check(); err != nil {
+		return res, err
+	}
+	if f.Status != "" && !f.Status.Retryable() {
+		return res, &StateError{Msg: fmt.Sprintf("effects that are %s cannot be retried; only %s can be",
+			f.Status, joinStatuses(effect.RetryableStatuses()))}
+	}
+	n, err := s.CountRetryable(ctx, a, f)
+	if err != nil {
+		return res, err
+	}
+	res.Matched = n
+	var below *int64
+	for {
+		var ids []int64
+		types := map[string]bool{}
+		err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, effectsRetryBatchSQL, nullString(f.Tenant), nullString(f.Type), f.status(),
+				f.likePattern(), nullTime(f.Since), nullString(f.JobID), below, BulkBatch,
+				statusStrings(effect.RetryableStatuses()))
+			if err != nil {
+				return err
+			}
+			ids = ids[:0]
+			for rows.Next() {
+				var id int64
+				var typ string
+				if err := rows.Scan(&id, &typ); err != nil {
+					rows.Close()
+					return err
+				}
+				ids = append(ids, id)
+				types[typ] = true
+			}
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if len(ids) == 0 {
+				return nil
+			}
+			for typ := range types {
+				if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", string(notifier.TopicOutbox), typ); err != nil {
+					return err
+				}
+			}
+			_, err = s.audit(ctx, tx, a, Audit{Action: "effect.retry-matching", Count: int64(len(ids)),
+				Filter: f.json(), Reason: reason})
+			return err
+		})
+		if err != nil {
+			if res.Applied > 0 {
+				return res, &BulkError{Result: res, Err: dbError("retry effects", err)}
+			}
+			return res, dbError("retry effects", err)
+		}
+		if len(ids) == 0 {
+			break
+		}
+		res.Applied += int64(len(ids))
+		res.Batches++
+		low := ids[0]
+		for _, id := range ids {
+			low = min(low, id)
+		}
+		below = &low
+		if progress != nil {
+			progress(res)
+		}
+	}
+	if res.Applied < res.Matched {
+		return res, &BulkError{Result: res}
+	}
+	return res, nil
+}
+
+func statusStrings(ss []effect.Status) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = string(s)
+	}
+	return out
+}
+
+func joinStatuses(ss []effect.Status) string {
+	return strings.Join(statusStrings(ss), ", ")
+}
+
+func mustJSON(v any) json.RawMessage {
+	b, _ := json.Marshal(v)
+	return b
+}

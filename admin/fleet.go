@@ -1,0 +1,160 @@
+package admin
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncegate/oncegate/internal/notifier"
+	"github.com/oncegate/oncegate/outbox"
+)
+
+// Gateway is a gateway instance, from its heartbeat row.
+type Gateway struct {
+	ID        string    `json:"id"`
+	Address   string    `json:"address"`
+	Version   string    `json:"version"`
+	StartedAt time.Time `json:"started_at"`
+	LastSeen  time.Time `json:"last_seen"`
+	// Alive is whether it was seen within Config.GatewayGoneAfter, by the database's clock.
+	Alive    bool                  `json:"alive"`
+	Breakers []outbox.BreakerState `json:"breakers"`
+}
+
+// Gateways lists the gateways seen within the last day, live ones and gone ones.
+func (s *Service) Gateways(ctx context.Context, a Actor) ([]Gateway, error) {
+	if err := s.allow(ctx, a, "gateway.list", RoleViewer, ""); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, gatewaysListSQL)
+	if err != nil {
+		return nil, dbError("list gateways", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Gateway, error) {
+		var g Gateway
+		var breakers string
+		var now time.Time
+		if err := r.Scan(&g.ID, &g.Address, &g.Version, &g.StartedAt, &g.LastSeen, &breakers, &now); err != nil {
+			return g, err
+		}
+		g.Alive = now.Sub(g.LastSeen) <= s.cfg.GatewayGoneAfter
+		if err := json.Unmarshal([]byte(breakers), &g.Breakers); err != nil {
+			return g, fmt.Errorf("gateway %s: breakers: %w", g.ID, err)
+		}
+		if g.Breakers == nil {
+			g.Breakers = []outbox.BreakerState{}
+		}
+		return g, nil
+	})
+	if err != nil {
+		return nil, dbError("list gateways", err)
+	}
+	if out == nil {
+		out = []Gateway{}
+	}
+	return out, nil
+}
+
+// Breaker is one circuit breaker of one gateway.
+type Breaker struct {
+	Gateway      string `json:"gateway"`
+	GatewayAlive bool   `json:"gateway_alive"`
+	outbox.BreakerState
+}
+
+// Breakers lists every circuit breaker of every gateway, from their heartbeats: the fleet's view of which
+// destinations are down. A gone gateway's breakers are listed as it last reported them.
+func (s *Service) Breakers(ctx context.Context, a Actor) ([]Breaker, error) {
+	gws, err := s.Gateways(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	out := []Breaker{}
+	for _, g := range gws {
+		for _, b := range g.Breakers {
+			out = append(out, Breaker{Gateway: g.ID, GatewayAlive: g.Alive, BreakerState: b})
+		}
+	}
+	return out, nil
+}
+
+// PausedType is an effect type whose delivery an operator paused.
+type PausedType struct {
+	Type     string    `json:"type"`
+	PausedBy string    `json:"paused_by"`
+	PausedAt time.Time `json:"paused_at"`
+	Reason   string    `json:"reason"`
+}
+
+// PausedTypes lists the paused effect types.
+func (s *Service) PausedTypes(ctx context.Context, a Actor) ([]PausedType, error) {
+	if err := s.allow(ctx, a, "type.list", RoleViewer, ""); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, typesPausedSQL)
+	if err != nil {
+		return nil, dbError("list paused types", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (PausedType, error) {
+		var p PausedType
+		err := r.Scan(&p.Type, &p.PausedBy, &p.PausedAt, &p.Reason)
+		return p, err
+	})
+	if err != nil {
+		return nil, dbError("list paused types", err)
+	}
+	if out == nil {
+		out = []PausedType{}
+	}
+	return out, nil
+}
+
+// PauseType stops every gateway's dispatcher from claiming rows of the effect type: they wait, uncharged
+// (no attempt counted, no breaker touched), until ResumeType. Deliveries in flight finish. Pausing a paused
+// type is a wrong state.
+func (s *Service) PauseType(ctx context.Context, a Actor, typ, reason string) error {
+	return s.typeAction(ctx, a, "type.pause", typ, reason, func(tx pgx.Tx) (bool, error) {
+		var ok bool
+		err := tx.QueryRow(ctx, typePauseSQL, typ, a.Name, reason).Scan(&ok)
+		return ok, err
+	}, "is paused already")
+}
+
+// ResumeType lets the dispatchers claim the type's rows again and wakes them.
+func (s *Service) ResumeType(ctx context.Context, a Actor, typ, reason string) error {
+	return s.typeAction(ctx, a, "type.resume", typ, reason, func(tx pgx.Tx) (bool, error) {
+		var ok bool
+		err := tx.QueryRow(ctx, typeResumeSQL, typ, string(notifier.TopicOutbox)).Scan(&ok)
+		return ok, err
+	}, "is not paused")
+}
+
+func (s *Service) typeAction(ctx context.Context, a Actor, action, typ, reason string,
+	do func(pgx.Tx) (bool, error), refusal string) error {
+	if typ == "" {
+		return &InvalidError{Field: "TYPE", Reason: "name an effect type"}
+	}
+	if err := s.prepareChange(ctx, a, action, typ, reason); err != nil {
+		return err
+	}
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		ok, err := do(tx)
+		if err != nil {
+			return dbError(action, err)
+		}
+		if !ok {
+			return &StateError{Msg: fmt.Sprintf("effect type %q %s", typ, refusal)}
+		}
+		_, err = s.audit(ctx, tx, a, Audit{Action: action, Target: typ, Count: 1, Reason: reason})
+		return err
+	})
+}

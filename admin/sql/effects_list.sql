@@ -1,0 +1,18 @@
+-- A page of effects, newest first, for `effect ls` and the console: keyset pagination on id (the cursor is the
+-- last id of the previous page), so every page costs an index range, never an OFFSET or a COUNT. Each filter
+-- is off when its parameter is NULL. The admin pool plans every statement with its parameters
+-- (plan_cache_mode = force_custom_plan), so each combination of filters gets the index that serves it:
+-- (status, id), (type, status, id), (tenant, id), (key text_pattern_ops) for a prefix, (job_id).
+-- $1 tenant, $2 type, $3 status, $4 key LIKE pattern (an escaped prefix and %), $5 created at or after,
+-- $6 id below (the cursor), $7 job id, $8 page size
+SELECT {{columns}}
+FROM oncegate_effects
+WHERE ($1::text IS NULL OR tenant = $1)
+  AND ($2::text IS NULL OR type = $2)
+  AND ($3::text IS NULL OR status = $3)
+  AND ($4::text IS NULL OR key LIKE $4)
+  AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($6::bigint IS NULL OR id < $6)
+  AND ($7::text IS NULL OR job_id = $7)
+ORDER BY id DESC
+LIMIT $8

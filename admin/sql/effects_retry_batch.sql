@@ -1,0 +1,32 @@
+-- One batch of a bulk retry: up to $8 retryable effects (failed, dead, unknown) matching the filter, below
+-- the id the previous batch ended at, back to pending with due outbox rows, newest first. SKIP LOCKED leaves
+-- rows that another operator's action holds. Returns the ids retried and their types.
+-- $1 tenant, $2 type, $3 status, $4 key LIKE pattern, $5 created at or after, $6 job id, $7 id below, $8 size,
+-- $9 the retryable statuses
+WITH picked AS (
+    SELECT id FROM oncegate_effects
+    WHERE ($1::text IS NULL OR tenant = $1)
+      AND ($2::text IS NULL OR type = $2)
+      AND ($3::text IS NULL OR status = $3)
+      AND ($4::text IS NULL OR key LIKE $4)
+      AND ($5::timestamptz IS NULL OR created_at >= $5)
+      AND ($6::text IS NULL OR job_id = $6)
+      AND ($7::bigint IS NULL OR id < $7)
+      AND status = ANY ($9::text[])
+    ORDER BY id DESC
+    LIMIT $8
+    FOR UPDATE SKIP LOCKED
+), e AS (
+    UPDATE oncegate_effects x
+    SET status = 'pending', attempts = 0, next_attempt_at = now(), finished_at = NULL, updated_at = now(),
+        resolution = NULL, resolved_by = NULL, resolved_at = NULL, resolution_reason = NULL
+    FROM picked
+    WHERE x.id = picked.id
+    RETURNING x.id, x.type
+), queued AS (
+    INSERT INTO oncegate_outbox (effect_id, type)
+    SELECT id, type FROM e
+    ON CONFLICT (effect_id) DO UPDATE
+    SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+)
+SELECT id, type FROM e

@@ -1,0 +1,21 @@
+// Command oncegate is the operator's CLI over the gateway's database (DATABASE_URL) and the queues' Redis
+// (REDIS_URL): `oncegate <noun> <verb>`, as `oncegate help` lists. Everything it does is package admin's;
+// docs/cli.md documents the commands, their JSON and their exit codes.
+package main
+
+import (
+	"context"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/oncegate/oncegate/admin/cli"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := cli.Main(ctx, os.Args[1:], cli.Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv,
+		Terminal: cli.IsTerminal(os.Stderr)})
+	stop()
+	os.Exit(code)
+}

@@ -180,7 +180,9 @@ type EffectDetail struct {
 	StableID string          `json:"stable_id"`
 	Payload  json.RawMessage `json:"payload"`
 	Result   json.RawMessage `json:"result"`
-	Attempts []Attempt       `json:"attempt_log"`
+	// AttemptLog is every delivery attempt, oldest first (Effect.Attempts counts the failed ones since the
+	// last retry, as the API does).
+	AttemptLog []Attempt `json:"attempt_log"`
 	// TraceURL links the trace id to Jaeger, when the service knows Jaeger's address.
 	TraceURL string `json:"trace_url,omitempty"`
 }
@@ -246,7 +248,7 @@ func (s *Service) Effect(ctx context.Context, a Actor, tenant, key string) (*Eff
 	if err != nil {
 		return nil, dbError("read the attempts", err)
 	}
-	d.Attempts, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
+	d.AttemptLog, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var at Attempt
 		err := r.Scan(&at.Attempt, &at.StartedAt, &at.Gateway, &at.LeaseToken, &at.Outcome, &at.Error, &at.LatencyMS)
 		return at, err
@@ -254,8 +256,8 @@ func (s *Service) Effect(ctx context.Context, a Actor, tenant, key string) (*Eff
 	if err != nil {
 		return nil, dbError("read the attempts", err)
 	}
-	if d.Attempts == nil {
-		d.Attempts = []Attempt{}
+	if d.AttemptLog == nil {
+		d.AttemptLog = []Attempt{}
 	}
 	if s.cfg.JaegerURL != "" && e.TraceID != nil {
 		d.TraceURL = strings.TrimSuffix(s.cfg.JaegerURL, "/") + "/trace/" + *e.TraceID

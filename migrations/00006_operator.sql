@@ -3,16 +3,12 @@
 -- What an operator needs to answer "what happened to this effect, and why" without reading logs (issue 15).
 
 -- The job that created an effect (Oncegate-Job-Id and -Epoch of the creating request) and the trace id of
--- that request; the replays it absorbed, with when the last came and from which job epoch (a stale worker
--- shows up as a last_replay_epoch below job_epoch); and an operator's resolution of an `unknown` effect.
--- Nullable columns and a constant default change only the catalogue: no table rewrite.
+-- that request, and an operator's resolution of an `unknown` effect. Nullable columns change only the
+-- catalogue: no table rewrite.
 ALTER TABLE oncegate_effects
     ADD COLUMN job_id            text,
     ADD COLUMN job_epoch         bigint,
     ADD COLUMN trace_id          text,
-    ADD COLUMN replays           bigint NOT NULL DEFAULT 0,
-    ADD COLUMN last_replay_at    timestamptz,
-    ADD COLUMN last_replay_epoch bigint,
     ADD COLUMN resolution        text CHECK (resolution IN ('delivered', 'failed', 'resend')),
     ADD COLUMN resolved_by       text,
     ADD COLUMN resolved_at       timestamptz,
@@ -25,6 +21,18 @@ CREATE INDEX oncegate_effects_status ON oncegate_effects (status, id DESC);
 CREATE INDEX oncegate_effects_type ON oncegate_effects (type, status, id DESC);
 CREATE INDEX oncegate_effects_key_prefix ON oncegate_effects (key text_pattern_ops);
 CREATE INDEX oncegate_effects_job ON oncegate_effects (job_id) WHERE job_id IS NOT NULL;
+
+-- The replays an effect absorbed: how many, when the last came and from which job epoch (a stale worker
+-- shows up as a last_replay_epoch below the effect's job_epoch). A narrow table of its own rather than
+-- columns of oncegate_effects: gateways add their counts in batches (dedup.ReplayLog), and an update of a
+-- wide row with seven indexes cost replays about a tenth of their rate in gatewaybench, where this one, on a
+-- row whose only index is its key and with room left in its page (fillfactor), is a HOT update.
+CREATE TABLE oncegate_effect_replays (
+    effect_id         bigint      PRIMARY KEY REFERENCES oncegate_effects (id) ON DELETE CASCADE,
+    replays           bigint      NOT NULL,
+    last_replay_at    timestamptz NOT NULL,
+    last_replay_epoch bigint
+) WITH (fillfactor = 70);
 
 -- Every delivery attempt of an effect, as the gateway that made it saw it. Deleted with its effect.
 -- outcome: delivered, failed, retry, in_doubt (the provider's answer), or interrupted (the gateway holding the

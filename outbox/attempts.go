@@ -14,21 +14,18 @@ const interruptedError = "the lease ran out before this gateway recorded an outc
 
 // recordAttempt is the dispatcher's one hook for the operator's attempt log (Config.Attempts): it writes
 // nothing itself, the log batches. It is called after each provider call, and, for a rescued row, for the
-// interrupted attempt of the gateway that held it (called is false, and out is ignored).
+// interrupted attempt of the gateway that held it (called is false, out is ignored, and start is when that
+// lease began: its expiry less the type's lease).
 func (d *Dispatcher) recordAttempt(r dedup.Claimed, start time.Time, out providers.Outcome, called bool) {
 	if d.cfg.Attempts == nil {
 		return
 	}
 	if !called {
-		at := r.Interrupted.Expired
-		if at.IsZero() {
-			at = start
-		}
 		owner := r.Interrupted.Owner
 		if owner == "" {
 			owner = "(not known)"
 		}
-		d.cfg.Attempts.Record(dedup.Attempt{EffectID: r.EffectID, Attempt: r.Attempts + 1, Start: at,
+		d.cfg.Attempts.Record(dedup.Attempt{EffectID: r.EffectID, Attempt: r.Attempts + 1, Start: start,
 			Gateway: owner, Token: r.Interrupted.Token, Outcome: "interrupted",
 			Error: fmt.Sprintf("%s; rescued by %s", interruptedError, d.cfg.Owner)})
 		return
@@ -39,4 +36,13 @@ func (d *Dispatcher) recordAttempt(r dedup.Claimed, start time.Time, out provide
 		a.Error = out.Err.Error()
 	}
 	d.cfg.Attempts.Record(a)
+}
+
+// leaseStart is when the lease a row was rescued from began, as far as the claim knows: its expiry less the
+// type's lease, or now when the expiry is not known.
+func leaseStart(r dedup.Claimed, lease time.Duration) time.Time {
+	if r.Interrupted.Expired.IsZero() {
+		return time.Now()
+	}
+	return r.Interrupted.Expired.Add(-lease)
 }

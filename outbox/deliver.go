@@ -39,7 +39,7 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 
 	if r.Rescued {
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
-		d.recordAttempt(r, time.Now(), providers.Outcome{}, false)
+		d.recordAttempt(r, leaseStart(r, t.lease), providers.Outcome{}, false)
 	}
 	act := decide(event{stage: stageClaimed}, r, t.policy)
 	if act.kind == actDeliver {

@@ -20,7 +20,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	bin = dir
-	for _, cmd := range []string{"gateway", "worker", "killtest"} {
+	for _, cmd := range []string{"gateway", "worker", "killtest", "oncegate"} {
 		// Built in the root module, with its go.mod, as they ship: not with this test module's requirements.
 		build := exec.Command("go", "build", "-C", "..", "-o", filepath.Join(dir, cmd), "./cmd/"+cmd)
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr

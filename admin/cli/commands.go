@@ -220,10 +220,10 @@ func effectShow(c *command, args []string) error {
 		_ = w.Flush()
 		fmt.Fprintln(w)
 		row(w, "ATTEMPT", "STARTED", "GATEWAY", "OUTCOME", "LATENCY MS", "LEASE", "ERROR")
-		for _, a := range d.Attempts {
+		for _, a := range d.AttemptLog {
 			row(w, a.Attempt, a.StartedAt, a.Gateway, a.Outcome, a.LatencyMS, a.LeaseToken, a.Error)
 		}
-		if len(d.Attempts) == 0 {
+		if len(d.AttemptLog) == 0 {
 			row(w, "(none)")
 		}
 	})

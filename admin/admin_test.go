@@ -1,0 +1,268 @@
+package admin_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/pgtest"
+)
+
+var (
+	alice = admin.Actor{Name: "alice", Role: admin.RoleOperator}
+	viv   = admin.Actor{Name: "viv", Role: admin.RoleViewer}
+)
+
+// newService returns a service on a database of the test's own, and that database's pool.
+func newService(t *testing.T) (*admin.Service, *pgxpool.Pool) {
+	t.Helper()
+	url := pgtest.Database(t)
+	pool, err := admin.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return admin.New(admin.Config{DB: pool}), pool
+}
+
+// seed inserts n effects of tenant acme with keys prefix0..prefix(n-1), all in status, straight in SQL.
+func seed(t *testing.T, pool *pgxpool.Pool, prefix string, n int, status effect.Status) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, finished_at)
+		SELECT 'acme', $1 || i, 'hook', '\x00', '{}'::json, $2,
+		       CASE WHEN $2 IN ('delivered', 'failed', 'dead', 'unknown') THEN now() END
+		FROM generate_series(0, $3 - 1) AS i`, prefix, string(status), n)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestPagesWalkEveryEffectOnceNewestFirst(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "k", 120, effect.StatusDead)
+	seed(t, pool, "other", 10, effect.StatusDelivered)
+	seen := map[string]bool{}
+	var last int64 = 1 << 62
+	cursor := ""
+	pages := 0
+	for {
+		p, err := svc.Effects(ctx, viv, admin.EffectFilter{Status: effect.StatusDead, KeyPrefix: "k"},
+			admin.Page{Limit: 50, Cursor: cursor})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages++
+		for _, e := range p.Effects {
+			if seen[e.Key] || e.ID >= last || e.Status != effect.StatusDead {
+				t.Fatalf("page %d: %s (id %d after %d) seen twice, out of order or not dead", pages, e.Key, e.ID, last)
+			}
+			seen[e.Key], last = true, e.ID
+		}
+		if cursor = p.NextCursor; cursor == "" {
+			break
+		}
+	}
+	if len(seen) != 120 || pages != 3 {
+		t.Fatalf("walked %d effects in %d pages", len(seen), pages)
+	}
+	// A prefix is a prefix: LIKE's wildcards in it are literal.
+	if p, err := svc.Effects(ctx, viv, admin.EffectFilter{KeyPrefix: "k_"}, admin.Page{}); err != nil || len(p.Effects) != 0 {
+		t.Fatalf("prefix k_ matched %d effects, %v", len(p.Effects), err)
+	}
+	if _, err := svc.Effects(ctx, viv, admin.EffectFilter{}, admin.Page{Cursor: "bogus"}); !errors.Is(err, admin.ErrInvalid) {
+		t.Fatalf("bad cursor: %v", err)
+	}
+}
+
+func TestRetryResolveAndTheirRefusals(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "u", 3, effect.StatusUnknown)
+	seed(t, pool, "d", 1, effect.StatusDelivered)
+
+	if _, err := svc.RetryEffect(ctx, alice, "acme", "d0", "why not"); !errors.Is(err, admin.ErrWrongState) {
+		t.Fatalf("retry of a delivered effect: %v", err)
+	}
+	if _, err := svc.RetryEffect(ctx, alice, "acme", "nope", "x"); !errors.Is(err, admin.ErrNotFound) {
+		t.Fatalf("retry of a missing effect: %v", err)
+	}
+	if _, err := svc.RetryEffect(ctx, alice, "acme", "u0", ""); !errors.Is(err, admin.ErrInvalid) {
+		t.Fatalf("retry without a reason: %v", err)
+	}
+	if _, err := svc.ResolveEffect(ctx, viv, "acme", "u0", "failed", "x"); !errors.Is(err, admin.ErrForbidden) {
+		t.Fatalf("a viewer resolving: %v", err)
+	}
+	e, err := svc.ResolveEffect(ctx, alice, "", "u0", admin.ResolveFailed, "the receiver has no record of it")
+	if err != nil || e.Status != effect.StatusFailed || e.Resolution.As != "failed" || e.Resolution.By != "alice" {
+		t.Fatalf("resolve failed: %+v %v", e, err)
+	}
+	e, err = svc.ResolveEffect(ctx, alice, "acme", "u1", admin.ResolveResend, "send it again")
+	if err != nil || e.Status != effect.StatusPending || e.Resolution.As != "resend" {
+		t.Fatalf("resolve resend: %+v %v", e, err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox WHERE effect_id = $1", e.ID); n != 1 {
+		t.Fatalf("a resend left %d outbox rows", n)
+	}
+	if _, err := svc.ResolveEffect(ctx, alice, "acme", "u1", admin.ResolveDelivered, "again"); !errors.Is(err, admin.ErrWrongState) {
+		t.Fatalf("resolving a pending effect: %v", err)
+	}
+	log, err := svc.AuditLog(ctx, viv, admin.AuditFilter{}, admin.Page{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range log.Entries {
+		got = append(got, fmt.Sprintf("%s %s %s %s", a.Actor, a.Action, a.Target, a.Outcome))
+	}
+	want := []string{"alice effect.resolve acme/u1 done", "alice effect.resolve acme/u0 done", "viv effect.resolve u0 denied"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("audit log:\n got %q\nwant %q", got, want)
+	}
+}
+
+func TestAuditLogIsAppendOnly(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	if err := svc.PauseType(ctx, alice, "hook", "maintenance"); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"UPDATE oncegate_audit SET reason = 'nothing'", "DELETE FROM oncegate_audit",
+		"TRUNCATE oncegate_audit"} {
+		if _, err := pool.Exec(ctx, q); err == nil {
+			t.Fatalf("%s went through", q)
+		}
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_audit WHERE reason = 'maintenance'"); n != 1 {
+		t.Fatalf("audit entries: %d", n)
+	}
+}
+
+// A paused type's rows are not claimed by any dispatcher, and wait uncharged; resumed, they are.
+func TestPausedTypeIsNotClaimed(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	store := dedup.NewStore(pool)
+	if _, _, err := store.Create(ctx, dedup.NewEffect{Tenant: "acme", Key: "k1", Type: "hook",
+		Payload: json.RawMessage(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.PauseType(ctx, alice, "hook", "receiver is migrating"); err != nil {
+		t.Fatal(err)
+	}
+	if err := svc.PauseType(ctx, alice, "hook", "twice"); !errors.Is(err, admin.ErrWrongState) {
+		t.Fatalf("pausing twice: %v", err)
+	}
+	claim := dedup.ClaimParams{Type: "hook", Limit: 10, Owner: "gw", Lease: time.Minute}
+	if rows, err := store.ClaimLeases(ctx, claim); err != nil || len(rows) != 0 {
+		t.Fatalf("claimed %d rows of a paused type, %v", len(rows), err)
+	}
+	if err := svc.ResumeType(ctx, alice, "hook", "done"); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := store.ClaimLeases(ctx, claim)
+	if err != nil || len(rows) != 1 || rows[0].Attempts != 0 {
+		t.Fatalf("after resume claimed %+v, %v", rows, err)
+	}
+}
+
+// A bulk retry goes in audited batches, and counts first.
+func TestBulkRetryInAuditedBatches(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "dead", admin.BulkBatch*2+7, effect.StatusDead)
+	seed(t, pool, "ok", 5, effect.StatusDelivered)
+	f := admin.EffectFilter{Status: effect.StatusDead, Type: "hook"}
+	if n, err := svc.CountRetryable(ctx, viv, f); err != nil || n != admin.BulkBatch*2+7 {
+		t.Fatalf("dry run: %d %v", n, err)
+	}
+	var calls int
+	res, err := svc.RetryEffects(ctx, alice, f, "receiver fixed", func(admin.BulkResult) { calls++ })
+	if err != nil || res.Applied != admin.BulkBatch*2+7 || res.Batches != 3 || calls != 3 {
+		t.Fatalf("bulk retry: %+v %v (%d progress calls)", res, err, calls)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox"); n != admin.BulkBatch*2+7 {
+		t.Fatalf("outbox rows: %d", n)
+	}
+	if n := pgtest.Count(t, pool, "SELECT sum(count) FROM oncegate_audit WHERE action = 'effect.retry-matching' "+
+		"AND filter = '{\"type\": \"hook\", \"status\": \"dead\"}'::jsonb"); n != admin.BulkBatch*2+7 {
+		t.Fatalf("audited: %d", n)
+	}
+	if _, err := svc.RetryEffects(ctx, alice, admin.EffectFilter{Status: effect.StatusDelivered}, "x", nil); !errors.Is(err, admin.ErrWrongState) {
+		t.Fatalf("bulk retry of delivered effects: %v", err)
+	}
+}
+
+// Replays gathered by a gateway's ReplayLog show on the effect, with the epoch of the last.
+func TestReplaysAreCountedInBatches(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	store := dedup.NewStore(pool)
+	e, _, err := store.Create(ctx, dedup.NewEffect{Tenant: "acme", Key: "k", Type: "hook", Payload: json.RawMessage(`{}`),
+		JobID: "job-9", JobEpoch: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := dedup.NewReplayLog(pool, time.Hour, nil)
+	t0 := time.Now()
+	log.Add(e.ID, 3, t0)
+	log.Add(e.ID, 5, t0.Add(time.Millisecond))
+	log.Add(e.ID, 4, t0) // arrived out of order: counted, but not the last
+	if err := log.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	log.Add(e.ID, 0, t0.Add(time.Second)) // no job named
+	if err := log.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d, err := svc.Effect(ctx, viv, "acme", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Replays != 4 || d.LastReplayEpoch != nil || *d.JobID != "job-9" || *d.JobEpoch != 3 {
+		t.Fatalf("replays %d, last epoch %v, job %v@%v", d.Replays, d.LastReplayEpoch, *d.JobID, *d.JobEpoch)
+	}
+	p, err := svc.Effects(ctx, viv, admin.EffectFilter{JobID: "job-9"}, admin.Page{})
+	if err != nil || len(p.Effects) != 1 {
+		t.Fatalf("effects of job-9: %v %v", p, err)
+	}
+}
+
+// The trace id of the creating request is kept on the effect, unbatched and batched, and links to Jaeger.
+func TestTraceIDOfTheCreatingRequest(t *testing.T) {
+	t.Parallel()
+	_, pool := newService(t)
+	svc := admin.New(admin.Config{DB: pool, JaegerURL: "http://jaeger:16686/"})
+	ctx := context.Background()
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	tctx := trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid,
+		TraceFlags: trace.FlagsSampled}))
+	for i, store := range []*dedup.Store{dedup.NewStore(pool), dedup.NewStore(pool).WithGroupCommit(dedup.DefaultGroupCommit)} {
+		key := fmt.Sprintf("t%d", i)
+		if _, _, err := store.Create(tctx, dedup.NewEffect{Tenant: "acme", Key: key, Type: "hook",
+			Payload: json.RawMessage(`{}`)}); err != nil {
+			t.Fatal(err)
+		}
+		d, err := svc.Effect(ctx, viv, "acme", key)
+		if err != nil || d.TraceID == nil || *d.TraceID != tid.String() || d.TraceURL != "http://jaeger:16686/trace/"+tid.String() {
+			t.Fatalf("%s: trace %v, url %q, %v", key, d.TraceID, d.TraceURL, err)
+		}
+	}
+}

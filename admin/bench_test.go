@@ -1,0 +1,155 @@
+package admin_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/queue"
+)
+
+// BenchmarkOperatorListings seeds 1,000,000 effects (20 tenants, 4 types, statuses as a busy production
+// table has them: mostly delivered, a few percent failed, dead, unknown or pending) and 1,000,000 jobs in
+// Redis (one queue of a million ready jobs beside nine small ones), then times what an operator runs: pages
+// of `effect ls` under each filter, a page deep into the table (by cursor), and `queue ls`. Each op is one
+// call of the service, as the CLI and the console make it. The target is under 200 ms an op.
+//
+//	go test ./admin -run '^$' -bench OperatorListings -benchtime 20x
+func BenchmarkOperatorListings(b *testing.B) {
+	ctx := context.Background()
+	url := pgtest.Database(b)
+	pool, err := admin.Connect(ctx, url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer pool.Close()
+	rdb := testenv.Redis(b)
+	registry := testenv.Name(b, "registry")
+	defer rdb.Del(context.Background(), registry)
+	svc := admin.New(admin.Config{DB: pool, Redis: rdb, QueueRegistry: registry})
+	viewer := admin.Actor{Name: "bench", Role: admin.RoleViewer}
+
+	start := time.Now()
+	const effects = 1_000_000
+	// Statuses by i % 100: 0 unknown, 1-2 dead, 3-5 failed, 6 pending, the rest delivered. Created one a second
+	// back from now, so --since 1h is the newest 3,600.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, created_at,
+			updated_at, finished_at, stable_id, job_id, job_epoch, last_error)
+		SELECT 'tenant' || (i % 20), 'order:' || i, (ARRAY['welcome-email', 'order-webhook', 'clicks', 'payments'])[1 + i % 4],
+			'\x00', '{}'::json, s.status, CASE WHEN s.status IN ('dead', 'failed') THEN 3 ELSE 0 END,
+			now() - make_interval(secs => $1 - i), now() - make_interval(secs => $1 - i),
+			CASE WHEN s.status <> 'pending' THEN now() END, 'eff_' || i, 'job-' || (i / 2), 1,
+			CASE WHEN s.status IN ('dead', 'failed', 'unknown') THEN 'destination said no' END
+		FROM generate_series(1, $1) AS i,
+		LATERAL (SELECT CASE WHEN i % 100 = 0 THEN 'unknown' WHEN i % 100 <= 2 THEN 'dead'
+		                     WHEN i % 100 <= 5 THEN 'failed' WHEN i % 100 = 6 THEN 'pending'
+		                     ELSE 'delivered' END AS status) s`, effects); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE oncegate_effects"); err != nil {
+		b.Fatal(err)
+	}
+	seeded := time.Since(start)
+
+	start = time.Now()
+	big, err := queue.New(rdb, testenv.Name(b, "big"), &queue.Options{Registry: registry})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer big.Destroy(context.Background()) //nolint:errcheck
+	const jobs = 1_000_000
+	batch := make([]queue.NewJob, 0, 10_000)
+	for i := range jobs - 9*100 {
+		batch = append(batch, queue.NewJob{ID: fmt.Sprintf("job-%d", i), Kind: "order", Payload: []byte(`{"order_id":"o1"}`)})
+		if len(batch) == cap(batch) {
+			if _, err := big.EnqueueMany(ctx, batch); err != nil {
+				b.Fatal(err)
+			}
+			batch = batch[:0]
+		}
+	}
+	if _, err := big.EnqueueMany(ctx, batch); err != nil {
+		b.Fatal(err)
+	}
+	for n := range 9 {
+		q, _ := queue.New(rdb, testenv.Name(b, fmt.Sprintf("small%d", n)), &queue.Options{Registry: registry})
+		defer q.Destroy(context.Background()) //nolint:errcheck
+		jb := make([]queue.NewJob, 100)
+		if _, err := q.EnqueueMany(ctx, jb); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Logf("seeded %d effects in %v and %d jobs in %v", effects, seeded.Round(time.Millisecond), jobs,
+		time.Since(start).Round(time.Millisecond))
+
+	// A cursor half-way down the table: a page there is as cheap as the first.
+	deep := admin.Page{Limit: 50}
+	for range 3 {
+		p, err := svc.Effects(ctx, viewer, admin.EffectFilter{Status: effect.StatusDead}, deep)
+		if err != nil {
+			b.Fatal(err)
+		}
+		deep.Cursor = p.NextCursor
+	}
+	hourAgo := time.Now().Add(-time.Hour)
+	cases := []struct {
+		name string
+		f    admin.EffectFilter
+		p    admin.Page
+	}{
+		{"effect_ls/all", admin.EffectFilter{}, admin.Page{}},
+		{"effect_ls/status=dead", admin.EffectFilter{Status: effect.StatusDead}, admin.Page{}},
+		{"effect_ls/status=unknown", admin.EffectFilter{Status: effect.StatusUnknown}, admin.Page{}},
+		{"effect_ls/status=dead,page=4", admin.EffectFilter{Status: effect.StatusDead}, deep},
+		{"effect_ls/type=order-webhook,status=dead", admin.EffectFilter{Type: "order-webhook", Status: effect.StatusDead}, admin.Page{}},
+		{"effect_ls/tenant=tenant7,status=failed", admin.EffectFilter{Tenant: "tenant7", Status: effect.StatusFailed}, admin.Page{}},
+		{"effect_ls/tenant=tenant7,type=clicks", admin.EffectFilter{Tenant: "tenant7", Type: "clicks"}, admin.Page{}},
+		{"effect_ls/key-prefix=order:4242", admin.EffectFilter{KeyPrefix: "order:4242"}, admin.Page{}},
+		{"effect_ls/since=1h,status=unknown", admin.EffectFilter{Since: hourAgo, Status: effect.StatusUnknown}, admin.Page{}},
+		{"effect_ls/job=job-123456", admin.EffectFilter{JobID: "job-123456"}, admin.Page{}},
+		{"effect_ls/status=dead,limit=1000", admin.EffectFilter{Status: effect.StatusDead}, admin.Page{Limit: 1000}},
+	}
+	for _, c := range cases {
+		b.Run(c.name, func(b *testing.B) {
+			var n int
+			for b.Loop() {
+				p, err := svc.Effects(ctx, viewer, c.f, c.p)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n = len(p.Effects)
+			}
+			b.ReportMetric(float64(n), "effects/op")
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/op")
+		})
+	}
+	b.Run("effect_show", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := svc.Effect(ctx, viewer, "", "order:777777"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/op")
+	})
+	b.Run("queue_ls", func(b *testing.B) {
+		var qs []admin.Queue
+		for b.Loop() {
+			if qs, err = svc.Queues(ctx, viewer); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var total int64
+		for _, q := range qs {
+			total += q.Counts[queue.StateReady]
+		}
+		b.ReportMetric(float64(len(qs)), "queues/op")
+		b.ReportMetric(float64(total), "jobs")
+		b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/op")
+	})
+}

@@ -4,8 +4,7 @@
 -- trace id, some replays, and its delivery attempts. $1 count, $2 span in seconds, $3 key prefix, $4 end in seconds
 WITH e AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, result, last_error,
-        created_at, updated_at, delivered_at, finished_at, next_attempt_at, job_id, job_epoch, trace_id, replays,
-        last_replay_at, last_replay_epoch, stable_id)
+        created_at, updated_at, delivered_at, finished_at, next_attempt_at, job_id, job_epoch, trace_id, stable_id)
     SELECT CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END,
            $3 || i,
            (ARRAY['email', 'webhook', 'analytics'])[1 + i % 3],
@@ -22,9 +21,7 @@ WITH e AS (
            CASE WHEN st = 'delivered' THEN c + interval '2 seconds' END,
            CASE WHEN st <> 'pending' THEN c + interval '2 seconds' END,
            CASE WHEN st = 'pending' THEN c END,
-           'job-' || (i / 2), 1 + i % 3, md5($3 || i), i % 4,
-           CASE WHEN i % 4 > 0 THEN c + interval '5 seconds' END,
-           CASE WHEN i % 4 > 0 THEN i % 3 END,
+           'job-' || (i / 2), 1 + i % 3, md5($3 || i),
            'eff_' || md5('stable' || $3 || i)
     FROM generate_series(1, $1::int) i,
          LATERAL (SELECT now() - make_interval(secs => $4::float8 + ($1 - i) * $2::float8 / $1) AS c,
@@ -32,7 +29,12 @@ WITH e AS (
                               WHEN i % 200 = 3 THEN 'failed' WHEN i % 500 = 11 THEN 'pending'
                               ELSE 'delivered' END AS st) x
     ORDER BY i
-    RETURNING id, type, status, attempts, created_at
+    RETURNING id, type, status, attempts, created_at, job_epoch
+), r AS (
+    -- Three in four absorbed replays; one in eight of those last came from an older epoch (a stale worker).
+    INSERT INTO oncegate_effect_replays (effect_id, replays, last_replay_at, last_replay_epoch)
+    SELECT id, id % 4, created_at + interval '5 seconds', CASE WHEN id % 8 = 1 THEN job_epoch - 1 ELSE job_epoch END
+    FROM e WHERE id % 4 > 0
 ), o AS (
     INSERT INTO oncegate_outbox (effect_id, type, run_at)
     SELECT id, type, created_at FROM e WHERE status = 'pending'

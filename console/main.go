@@ -25,8 +25,6 @@ type Env struct {
 	// Getenv reads DATABASE_URL, REDIS_URL, ONCEGATE_QUEUE_REGISTRY, ONCEGATE_JAEGER_URL and
 	// ONCEGATE_OPERATOR.
 	Getenv func(string) string
-	// Listening, if set, is told the console's address once it listens (tests listen on port 0).
-	Listening func(addr string)
 }
 
 // Commands are the CLI nouns this package answers: cmd/oncegate hands them to Main.
@@ -135,9 +133,8 @@ func serve(ctx context.Context, args []string, env Env) error {
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("console: serving", "addr", ln.Addr().String(), "read_only", *readOnly)
-	if env.Listening != nil {
-		env.Listening(ln.Addr().String())
-	}
+	// As the gateway does: one line on stdout with the address, for scripts and tests (port 0 picks one).
+	fmt.Fprintln(env.Stdout, "listening "+ln.Addr().String())
 	done := make(chan error, 1)
 	go func() { done <- hs.Serve(ln) }()
 	select {

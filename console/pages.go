@@ -21,6 +21,14 @@ type queueView struct {
 	Workers []admin.Worker
 }
 
+func liveWorkers(qs []queueView) int {
+	n := 0
+	for _, q := range qs {
+		n += len(q.Workers)
+	}
+	return n
+}
+
 type homeData struct {
 	Queues      []queueView
 	QueuesError string

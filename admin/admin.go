@@ -207,7 +207,7 @@ func (s *Service) needRedis() error {
 // allow checks the actor's role for an action; a mutating action refused is audited as denied.
 func (s *Service) allow(ctx context.Context, a Actor, action string, needs Role, target string) error {
 	if a.Name == "" {
-		return &InvalidError{Field: "as", Reason: "an operator name is needed (--as, $ONCEGATE_OPERATOR or the OS user)"}
+		return &InvalidError{Field: "operator", Reason: "an operator name is needed (--operator, $ONCEGATE_OPERATOR or the OS user)"}
 	}
 	if !a.Role.Valid() {
 		return &InvalidError{Field: "role", Reason: fmt.Sprintf("%q is not a role: want viewer, operator or admin", a.Role)}

@@ -179,6 +179,16 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		}
 	}
 
+	// The session as an operator sees it, in tables (README's on-call section shows one).
+	session := func(args ...string) {
+		out, errOut, code := oncegateCLI(t, env, args...)
+		t.Logf("$ oncegate %s\n%s%s(exit %d)", strings.Join(args, " "), out, errOut, code)
+	}
+	session("effect", "ls", "--job", "job-1")
+	session("effect", "show", "notify:job-1")
+	session("job", "show", q.Name(), "job-1")
+	session("gateway", "ls")
+
 	// Retrying a delivered effect is a wrong state: exit 4, one line naming why.
 	if _, errOut, code := oncegateCLI(t, env, "effect", "retry", "audit:job-1", "--reason", "check"); code != 4 ||
 		strings.Count(strings.TrimSpace(errOut), "\n") != 0 || !strings.Contains(errOut, "delivered") {
@@ -196,8 +206,13 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		Action string
 		Effect admin.Effect
 	}
-	cliJSON(t, env, &resolved, "effect", "resolve", "notify:job-1", "--as", "delivered", "--reason",
-		"the receiver's log has webhook "+notify.StableID)
+	resolveArgs := []string{"effect", "resolve", "notify:job-1", "--as", "delivered", "--reason",
+		"the receiver's log has webhook " + notify.StableID}
+	out, errOut, code := oncegateCLI(t, env, append(resolveArgs, "-o", "json")...)
+	t.Logf("$ oncegate %s -o json\n%s%s(exit %d)", strings.Join(resolveArgs, " "), out, errOut, code)
+	if err := json.Unmarshal([]byte(out), &resolved); err != nil || code != 0 {
+		t.Fatalf("resolve: exit %d, %v: %s", code, err, errOut)
+	}
 	if resolved.Effect.Status != "delivered" || resolved.Effect.Resolution == nil ||
 		resolved.Effect.Resolution.As != "delivered" || resolved.Effect.Resolution.By != "alice" {
 		t.Fatalf("resolve: %+v", resolved)
@@ -228,6 +243,100 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		!strings.Contains(log.Entries[0].Reason, notify.StableID) {
 		t.Fatalf("audit ls: %+v", log.Entries)
 	}
-	out, _, _ := oncegateCLI(t, env, "effect", "show", "notify:job-1")
-	t.Logf("oncegate effect show notify:job-1\n%s", out)
+	session("effect", "retry", "audit:job-1", "--reason", "check")
+	session("effect", "show", "notify:job-1")
+	session("queue", "ls")
+	session("audit", "ls")
+}
+
+// The queue commands through the binary: a queue paused leases nothing to a running worker until resumed;
+// dead letters are listed, requeued (they die again) and purged by an admin only; workers show with the
+// jobs they hold.
+func TestOncegateQueueCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := pgtest.Database(t)
+	rdb := testenv.Redis(t)
+	registry := testenv.Name(t, "registry")
+	t.Cleanup(func() { rdb.Del(context.Background(), registry) })
+	q, err := queue.New(rdb, testenv.Name(t, "q"), &queue.Options{Registry: registry})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Destroy(context.Background()) //nolint:errcheck
+	env := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testenv.RedisURL(), "ONCEGATE_QUEUE_REGISTRY=" + registry,
+		"ONCEGATE_OPERATOR=bob"}
+	// A signup job without an email fails for good: dead at its first run.
+	if _, err := q.Enqueue(ctx, queue.NewJob{ID: "bad-1", Kind: jobs.KindSignup, Payload: []byte(`{"user":"u"}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, code := oncegateCLI(t, env, "queue", "pause", q.Name()); code != 2 {
+		t.Fatalf("pause without a reason: exit %d", code)
+	}
+	var paused struct{ Action, Target string }
+	cliJSON(t, env, &paused, "queue", "pause", q.Name(), "--reason", "deploying the new receiver")
+	w := proctest.Start(t, exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(),
+		"--gateway", "http://127.0.0.1:1", "--api-key", apiKey, "--redis", testenv.RedisURL()))
+	w.WaitLine("worker ", 30*time.Second)
+	defer w.Signal(syscall.SIGTERM)
+	var ws struct{ Workers []admin.Worker }
+	testenv.Eventually(t, 10*time.Second, "worker ls shows the running worker", func() bool {
+		cliJSON(t, env, &ws, "worker", "ls", q.Name())
+		return len(ws.Workers) == 1 && ws.Workers[0].Alive
+	})
+	var qs struct{ Queues []admin.Queue }
+	cliJSON(t, env, &qs, "queue", "ls")
+	if len(qs.Queues) != 1 || !qs.Queues[0].Paused || qs.Queues[0].Counts[queue.StateReady] != 1 ||
+		!strings.Contains(qs.Queues[0].PausedReason, "deploying the new receiver") {
+		t.Fatalf("queue ls while paused: %+v", qs.Queues)
+	}
+	// The worker is running and idle; a lease script that honours the flag leaves the job ready.
+	var job admin.JobDetail
+	cliJSON(t, env, &job, "job", "show", q.Name(), "bad-1")
+	if job.State != queue.StateReady || job.Epoch != 0 {
+		t.Fatalf("paused queue's job: %+v", job.Job)
+	}
+	cliJSON(t, env, &paused, "queue", "resume", q.Name(), "--reason", "receiver is up")
+	if _, _, code := oncegateCLI(t, env, "queue", "resume", q.Name(), "--reason", "again"); code != 4 {
+		t.Fatalf("resume of a running queue: exit %d", code)
+	}
+	var dead admin.JobPage
+	testenv.Eventually(t, 10*time.Second, "the job runs once resumed, and dies", func() bool {
+		cliJSON(t, env, &dead, "dead", "ls", q.Name())
+		return len(dead.Jobs) == 1 && dead.Jobs[0].ID == "bad-1"
+	})
+	var res struct{ Applied, Matched int64 }
+	cliJSON(t, env, &res, "dead", "requeue", q.Name(), "bad-1", "--reason", "one more try")
+	if res.Applied != 1 {
+		t.Fatalf("requeue: %+v", res)
+	}
+	testenv.Eventually(t, 10*time.Second, "the requeued job dies again", func() bool {
+		cliJSON(t, env, &job, "job", "show", q.Name(), "bad-1")
+		return job.State == queue.StateDead && job.Epoch == 2
+	})
+	if _, errOut, code := oncegateCLI(t, env, "dead", "purge", q.Name(), "bad-1", "--reason", "spam"); code != 1 ||
+		!strings.Contains(errOut, "admin") {
+		t.Fatalf("purge as operator: exit %d, %s", code, errOut)
+	}
+	if _, _, code := oncegateCLI(t, env, "dead", "purge", q.Name(), "bad-1", "nope", "--reason", "spam",
+		"--role", "admin"); code != 5 {
+		t.Fatalf("purge of one dead job and one unknown id: exit %d, want 5 (partly applied)", code)
+	}
+	if _, _, code := oncegateCLI(t, env, "job", "show", q.Name(), "bad-1"); code != 3 {
+		t.Fatalf("show of a purged job: exit %d", code)
+	}
+	if _, _, code := oncegateCLI(t, env, "job", "ls", "no-such-queue", "--state", "ready"); code != 3 {
+		t.Fatalf("a queue not in the registry: exit %d", code)
+	}
+	var log admin.AuditPage
+	cliJSON(t, env, &log, "audit", "ls")
+	var got []string
+	for _, e := range log.Entries {
+		got = append(got, e.Action+" "+e.Outcome)
+	}
+	want := []string{"dead.purge done", "dead.purge denied", "dead.requeue done", "queue.resume failed: queue \"" +
+		q.Name() + "\" is not paused", "queue.resume done", "queue.pause done"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("audit:\n got %q\nwant %q", got, want)
+	}
 }

@@ -28,6 +28,7 @@ var (
 	sessionEndSQL         = query("session_end")
 	effectsByTraceSQL     = query("effects_by_trace")
 	overviewTypesSQL      = query("overview_types")
+	overviewWindowSQL     = query("overview_window_start")
 	overviewCreatedSQL    = query("overview_created")
 	overviewFinishedSQL   = query("overview_finished")
 	overviewBacklogSQL    = query("overview_backlog")
@@ -316,7 +317,11 @@ func (s *Service) EffectsOverview(ctx context.Context, a Actor) (*Overview, erro
 	var typ, status string
 	var minute int
 	var n int64
-	rows, _ = s.db.Query(ctx, overviewCreatedSQL, since)
+	var from int64
+	if err := s.db.QueryRow(ctx, overviewWindowSQL, since).Scan(&from); err != nil {
+		return nil, dbError("find the last hour's effects", err)
+	}
+	rows, _ = s.db.Query(ctx, overviewCreatedSQL, since, from)
 	if _, err := pgx.ForEachRow(rows, []any{&typ, &minute, &n}, func() error {
 		if minute >= 0 && minute < Minutes {
 			get(typ).Created[minute] += int(n)

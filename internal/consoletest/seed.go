@@ -28,10 +28,10 @@ func Effects(ctx context.Context, db *pgxpool.Pool, n int, span time.Duration, p
 	const batch = 100_000
 	for from := 0; from < n; from += batch {
 		k := min(batch, n-from)
-		slice := span * time.Duration(k) / time.Duration(n)
-		end := span * time.Duration(n-from-k) / time.Duration(n)
-		if _, err := db.Exec(ctx, seedEffectsSQL, k, slice.Seconds(), fmt.Sprintf("%s%d-", prefix, from/batch),
-			end.Seconds()); err != nil {
+		// In float seconds: a Duration times a count overflows int64 for a month of a million effects.
+		slice := span.Seconds() * float64(k) / float64(n)
+		end := span.Seconds() * float64(n-from-k) / float64(n)
+		if _, err := db.Exec(ctx, seedEffectsSQL, k, slice, fmt.Sprintf("%s%d-", prefix, from/batch), end); err != nil {
 			return fmt.Errorf("consoletest: seed effects: %w", err)
 		}
 	}
@@ -95,9 +95,9 @@ func DeadJobs(ctx context.Context, q *queue.Queue, n int, prefix string) ([]stri
 	return ids, nil
 }
 
-// ReadyJobs enqueues n ready jobs on q in batches of 1,000, IDs prefix+i.
+// ReadyJobs enqueues n ready jobs on q in batches of 10,000, IDs prefix+i.
 func ReadyJobs(ctx context.Context, q *queue.Queue, n int, prefix string) error {
-	const batch = 1000
+	const batch = 10_000
 	for from := 0; from < n; from += batch {
 		jobs := make([]queue.NewJob, 0, batch)
 		for i := from; i < min(from+batch, n); i++ {

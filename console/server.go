@@ -34,9 +34,13 @@ var assetFiles embed.FS
 const (
 	// DefaultRefresh is how often a list refreshes itself.
 	DefaultRefresh = 5 * time.Second
-	// MinRefresh is the least interval between two refreshes of one fragment for one session: faster polls
-	// (a too-small --refresh, a script) are answered 204 and cost the stores nothing.
+	// MinRefresh is the least --refresh.
 	MinRefresh = 2 * time.Second
+	// PollFloor is the least interval between two refreshes of one fragment for one session that the server
+	// answers: a faster poll (a script, a page open twice) is answered 204, which htmx leaves unswapped, and
+	// costs the stores nothing. Below MinRefresh, so that a browser's timer jitter at the least --refresh
+	// never trips it.
+	PollFloor = 1500 * time.Millisecond
 	// DefaultSessionTTL is how long a console session lasts after login.
 	DefaultSessionTTL = 12 * time.Hour
 	// CookieName is the session cookie's name.
@@ -185,7 +189,7 @@ func cacheAssets(next http.Handler) http.Handler {
 	})
 }
 
-// poll answers a fragment refresh, unless this session asked for the same fragment less than MinRefresh
+// poll answers a fragment refresh, unless this session asked for the same fragment less than PollFloor
 // ago: then 204, which htmx leaves unswapped.
 func (s *Server) poll(h func(http.ResponseWriter, *http.Request, admin.Actor)) func(http.ResponseWriter, *http.Request, admin.Actor) {
 	return func(w http.ResponseWriter, r *http.Request, a admin.Actor) {
@@ -194,7 +198,7 @@ func (s *Server) poll(h func(http.ResponseWriter, *http.Request, admin.Actor)) f
 			now := time.Now()
 			s.mu.Lock()
 			last, seen := s.lastPoll[key]
-			early := seen && now.Sub(last) < MinRefresh
+			early := seen && now.Sub(last) < PollFloor
 			if !early {
 				s.lastPoll[key] = now
 				if len(s.lastPoll) > 10_000 {

@@ -117,6 +117,20 @@ func (b *browser) count(sel string) int {
 	return n
 }
 
+// nextPollSkipped waits for the next refresh of the element sel and reports whether it was cancelled. The
+// listener is on window, which an event reaches after document, where console.js decides.
+func (b *browser) nextPollSkipped(sel string) bool {
+	b.t.Helper()
+	skipped, err := chromedp.Run(b.ctx, chromedp.Evaluate[bool](fmt.Sprintf(`new Promise(resolve => {
+		const seen = e => { if (e.detail.elt.matches(%q)) { window.removeEventListener("htmx:beforeRequest", seen); resolve(e.defaultPrevented); } };
+		window.addEventListener("htmx:beforeRequest", seen);
+	})`, sel), chromedp.EvalAwaitPromise))
+	if err != nil {
+		b.t.Fatalf("wait for a refresh of %s: %v", sel, err)
+	}
+	return skipped
+}
+
 // screenshot saves the page as a PNG in $CONSOLE_SCREENSHOTS (the README's images: docs/img), when set.
 func (b *browser) screenshot(name string) {
 	b.t.Helper()
@@ -206,7 +220,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("the token is not stored as its SHA-256 (%d rows)", n)
 	}
 	cmd := exec.Command(filepath.Join(bin, "oncegate"), "console", "--listen", "127.0.0.1:0",
-		"--jaeger-url", "http://jaeger.example:16686")
+		"--jaeger-url", "http://jaeger.example:16686", "--refresh", "2s")
 	cmd.Env = env
 	p := proctest.Start(t, cmd)
 	base := "http://" + strings.TrimPrefix(p.WaitLine("listening ", 30*time.Second), "listening ")
@@ -258,6 +272,26 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatalf("the retried effect has %d outbox rows", n)
 	}
 	b.noProblems("retry")
+
+	// The list refreshes itself, and skips refreshes while anything is ticked (a refresh would drop the
+	// selection). Each check waits for the list's next poll and reads whether console.js cancelled it.
+	b.do("effects list", chromedp.Navigate(base+"/effects?status=dead"),
+		chromedp.WaitVisible(chromedp.CSS("#effect-rows input.sel")))
+	if b.nextPollSkipped("#effect-rows") {
+		t.Fatal("a refresh was skipped with nothing ticked")
+	}
+	b.do("tick", chromedp.Click(chromedp.CSS("#effect-rows input.sel")))
+	if !b.nextPollSkipped("#effect-rows") {
+		t.Fatal("a refresh ran while an effect was ticked")
+	}
+	if b.count("#effect-rows input.sel:checked") != 1 {
+		t.Fatal("the tick was lost")
+	}
+	b.do("untick", chromedp.Click(chromedp.CSS("#effect-rows input.sel")))
+	if b.nextPollSkipped("#effect-rows") {
+		t.Fatal("refreshes stay off after the selection was cleared")
+	}
+	b.noProblems("refresh")
 
 	// Resolve an unknown effect: it was delivered after all.
 	unknown := keyWith(t, db, "unknown", 0)

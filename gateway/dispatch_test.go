@@ -153,6 +153,14 @@ func TestRetentionPurgesOnlyExpiredTerminalEffects(t *testing.T) {
 	}
 	h.post("pending-old", `{"type":"stuck","payload":{"name":"a"}}`)
 	ctx := context.Background()
+	// The attempt log writes in batches; its insert holds a key-share lock on the effect row, which the purge's
+	// SKIP LOCKED passes over (until the next purge). Wait until it has written, so one purge is the test.
+	testenv.Eventually(t, 10*time.Second, "the delivered effects' attempts are logged", func() bool {
+		var n int
+		_ = h.pool.QueryRow(ctx, `SELECT count(*) FROM oncegate_effect_attempts a JOIN oncegate_effects e
+			ON e.id = a.effect_id WHERE e.key IN ('old', 'recent')`).Scan(&n)
+		return n == 2
+	})
 	if _, err := h.pool.Exec(ctx, `UPDATE oncegate_effects SET finished_at = now() - interval '2 hours',
 		created_at = now() - interval '3 hours' WHERE key = 'old'`); err != nil {
 		t.Fatal(err)

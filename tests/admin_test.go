@@ -132,7 +132,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	hk.hold = nil
 	hk.mu.Unlock()
 	// Gateway c rescues the webhook whose gateway died: at_most_once, so it is not resent but left unknown.
-	c, _ := startGateway(t, config)
+	c, cBase := startGateway(t, config)
 	defer c.Signal(syscall.SIGTERM)
 	var notify admin.EffectDetail
 	testenv.Eventually(t, 30*time.Second, "the rescued webhook is unknown and both replays are counted", func() bool {
@@ -243,6 +243,22 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		!strings.Contains(log.Entries[0].Reason, notify.StableID) {
 		t.Fatalf("audit ls: %+v", log.Entries)
 	}
+	// Gateway c delivers an effect of its own; its heartbeat then carries that destination's breaker.
+	if code, _, _ := postJSON(t, cBase, "later:1", `{"type":"clicks","payload":{"name":"later"}}`); code != 202 {
+		t.Fatalf("POST to gateway c: %d", code)
+	}
+	var bs struct{ Breakers []admin.Breaker }
+	testenv.Eventually(t, 20*time.Second, "breaker ls shows gateway c's breaker for clicks", func() bool {
+		cliJSON(t, env, &bs, "breaker", "ls")
+		for _, b := range bs.Breakers {
+			if b.Type == "clicks" && b.Tenant == "acme" && b.State == "closed" && b.GatewayAlive {
+				return b.Gateway != killed
+			}
+		}
+		return false
+	})
+	session("breaker", "ls")
+
 	session("effect", "retry", "audit:job-1", "--reason", "check")
 	session("effect", "show", "notify:job-1")
 	session("queue", "ls")

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/user"
+	"regexp"
 	"strings"
 	"time"
 
@@ -82,6 +83,11 @@ func Main(ctx context.Context, args []string, env Env) int {
 			return code
 		}
 	}
+	var ie *admin.InvalidError
+	if errors.As(err, &ie) && ie.Field == strings.ToLower(ie.Field) {
+		// The service names its fields as the CLI's flags are named: say it as a flag.
+		msg = "--" + ie.Field + ": " + ie.Reason
+	}
 	fmt.Fprintln(env.Stderr, "oncegate: "+oneLine(msg))
 	return code
 }
@@ -132,7 +138,7 @@ func newCommand(ctx context.Context, env Env, name string) *command {
 func (c *command) parse(args []string, minPos, maxPos int, posName string) error {
 	for {
 		if err := c.fs.Parse(args); err != nil {
-			return usagef("%s: %s", c.fs.Name(), strings.TrimPrefix(err.Error(), "flag: "))
+			return flagError(c.fs.Name(), err)
 		}
 		args = c.fs.Args()
 		if len(args) == 0 {
@@ -151,6 +157,27 @@ func (c *command) parse(args []string, minPos, maxPos int, posName string) error
 		return usagef("-o: %q: want table or json", *c.output)
 	}
 	return nil
+}
+
+var (
+	flagInvalid   = regexp.MustCompile(`^invalid (?:boolean )?value "(.*)" for (?:flag )?-([\w-]+): (.*)$`)
+	flagUndefined = regexp.MustCompile(`^flag provided but not defined: -([\w-]+)$`)
+	flagNoValue   = regexp.MustCompile(`^flag needs an argument: -([\w-]+)$`)
+)
+
+// flagError says what the flag package found wrong, naming the flag first, as every usage error does.
+func flagError(cmd string, err error) error {
+	msg := err.Error()
+	if m := flagInvalid.FindStringSubmatch(msg); m != nil {
+		return usagef("--%s: %q: %s", m[2], m[1], m[3])
+	}
+	if m := flagUndefined.FindStringSubmatch(msg); m != nil {
+		return usagef("--%s: %s has no such flag; run `oncegate help`", m[1], cmd)
+	}
+	if m := flagNoValue.FindStringSubmatch(msg); m != nil {
+		return usagef("--%s: needs a value", m[1])
+	}
+	return usagef("%s: %s", cmd, msg)
 }
 
 // connect makes the actor and the service, with the stores the environment names.

@@ -616,3 +616,113 @@ func TestRetryAllMatching(t *testing.T) {
 		t.Fatalf("selected effect is %s", s)
 	}
 }
+
+// Pausing a queue and an effect type through their forms shows them paused, with a resume form, on every page
+// that lists them; the bulk-progress page renders; and both are resumed again.
+func TestPausedStatesAndBulkPageRender(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 2000})
+	c := e.client(admin.RoleOperator)
+	for path, form := range map[string]url.Values{
+		"/queues/pause": {"queue": {e.queue}, "reason": {"incident 7"}},
+		"/types/pause":  {"type": {"webhook"}, "reason": {"provider down"}},
+	} {
+		if code, _, body := e.post(c, path, form); code != http.StatusSeeOther {
+			t.Fatalf("POST %s: %d %s", path, code, body)
+		}
+	}
+	for path, wants := range map[string][]string{
+		"/":                      {`badge paused`, `action="/types/resume"`},
+		"/queues":                {"incident 7", `action="/queues/resume"`},
+		"/queue?name=" + e.queue: {`badge paused`, `dead <small>5</small>`, `ready <small>20</small>`},
+	} {
+		code, hdr, body := e.get(c, path)
+		if code != 200 {
+			t.Fatalf("GET %s: %d", path, code)
+		}
+		checkPage(t, path, hdr, body)
+		for _, w := range wants {
+			if !strings.Contains(body, w) {
+				t.Errorf("GET %s: no %q", path, w)
+			}
+		}
+	}
+	for path, form := range map[string]url.Values{
+		"/queues/resume": {"queue": {e.queue}, "reason": {"over"}},
+		"/types/resume":  {"type": {"webhook"}, "reason": {"back"}},
+	} {
+		if code, _, body := e.post(c, path, form); code != http.StatusSeeOther {
+			t.Fatalf("POST %s: %d %s", path, code, body)
+		}
+	}
+	if n := pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_paused_types"); n != 0 {
+		t.Fatalf("%d types still paused", n)
+	}
+	// Resuming what is not paused is a wrong state, shown as a page.
+	code, hdr, body := e.post(c, "/queues/resume", url.Values{"queue": {e.queue}, "reason": {"again"}})
+	if code != http.StatusConflict || !strings.Contains(body, "not paused") {
+		t.Fatalf("resume twice: %d", code)
+	}
+	checkPage(t, "/queues/resume", hdr, body)
+
+	code, hdr, _ = e.post(c, "/effects/retry-matching", url.Values{"status": {"dead"}, "reason": {"all"}})
+	if code != http.StatusSeeOther {
+		t.Fatalf("retry matching: %d", code)
+	}
+	bulk := hdr.Get("Location")
+	testenv.Eventually(t, 30*time.Second, "the bulk retry ends", func() bool {
+		_, _, body := e.get(c, "/fragment/bulk/"+strings.TrimPrefix(bulk, "/bulk/"))
+		return strings.Contains(body, "bulk-done")
+	})
+	code, hdr, body = e.get(c, bulk)
+	if code != 200 || !strings.Contains(body, `id="bulk-applied">2<`) {
+		t.Fatalf("bulk page: %d", code)
+	}
+	checkPage(t, bulk, hdr, body)
+	if code, _, _ := e.get(c, "/bulk/nope"); code != 404 {
+		t.Fatalf("unknown bulk run: %d", code)
+	}
+}
+
+// `oncegate token create | ls | revoke`, as cmd/oncegate runs them.
+func TestTokenCommands(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Database(t)
+	run := func(args ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := console.Main(context.Background(), args, console.Env{Stdout: &out, Stderr: &errOut,
+			Getenv: func(k string) string {
+				return map[string]string{"DATABASE_URL": dbURL, "ONCEGATE_OPERATOR": "lead"}[k]
+			}})
+		return code, out.String(), errOut.String()
+	}
+	code, out, _ := run("token", "create", "ann", "--role", "operator")
+	if code != 0 || !strings.HasPrefix(out, admin.TokenPrefix) || len(strings.TrimSpace(out)) != len(admin.TokenPrefix)+43 {
+		t.Fatalf("create: %d %q", code, out)
+	}
+	if code, _, errOut := run("token", "create", "bob"); code != 2 || !strings.Contains(errOut, "--role") {
+		t.Fatalf("create without a role: %d %s", code, errOut)
+	}
+	if code, _, errOut := run("token", "create", "bob", "--role", "root"); code != 2 || !strings.Contains(errOut, "root") {
+		t.Fatalf("create with a bad role: %d %s", code, errOut)
+	}
+	code, out, _ = run("token", "ls")
+	if code != 0 || !strings.Contains(out, "ann") || !strings.Contains(out, "operator") || !strings.Contains(out, "lead") {
+		t.Fatalf("ls: %d %s", code, out)
+	}
+	if code, _, errOut := run("token", "revoke", "ann"); code != 2 || !strings.Contains(errOut, "reason") {
+		t.Fatalf("revoke without a reason: %d %s", code, errOut)
+	}
+	if code, _, _ := run("token", "revoke", "ann", "--reason", "left"); code != 0 {
+		t.Fatalf("revoke: %d", code)
+	}
+	if code, _, _ := run("token", "revoke", "ann", "--reason", "left"); code != 3 {
+		t.Fatalf("revoke twice: %d, want 3 (not found)", code)
+	}
+	if code, _, _ := run("console", "--listen"); code != 2 {
+		t.Fatalf("console with a bad flag: %d", code)
+	}
+	if code, _, _ := run("token"); code != 2 {
+		t.Fatalf("token alone: %d", code)
+	}
+}

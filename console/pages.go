@@ -449,6 +449,8 @@ type queueData struct {
 	States []queue.JobState
 	Cursor string
 	Page   *admin.JobPage
+	// Queue is the queue's summary (counts per state, pause), for the tabs and the header.
+	Queue admin.Queue
 }
 
 func (s *Server) queueData(r *http.Request, a admin.Actor) (queueData, error) {
@@ -459,6 +461,16 @@ func (s *Server) queueData(r *http.Request, a admin.Actor) (queueData, error) {
 	}
 	var err error
 	d.Page, err = s.adm.Jobs(r.Context(), a, d.Name, d.State, admin.Page{Limit: admin.DefaultLimit, Cursor: d.Cursor})
+	if err != nil {
+		return d, err
+	}
+	// Every queue's summary is a few O(1) commands each: reading them all to show this one is cheap.
+	qs, err := s.adm.Queues(r.Context(), a)
+	for _, q := range qs {
+		if q.Name == d.Name {
+			d.Queue = q
+		}
+	}
 	return d, err
 }
 

@@ -163,7 +163,7 @@ func (s *Server) Handler() http.Handler {
 
 // csp allows the console's own script, styles and images and nothing else: no inline script, no inline
 // style, no eval (htmx is configured not to need it), no framing, forms posted only to the console.
-const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; " +
+const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; " +
 	"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
 func securityHeaders(next http.Handler) http.Handler {

@@ -25,11 +25,17 @@
     if (t.classList.contains("sel") || t.classList.contains("sel-all")) showCount(form);
   });
 
+  function isPoll(e) {
+    var elt = e.detail && e.detail.elt;
+    return elt && elt.classList && elt.classList.contains("poll");
+  }
+
   // A refresh replaces the rows: skip it while anything is ticked.
   document.addEventListener("htmx:beforeRequest", function (e) {
-    var elt = e.detail && e.detail.elt;
-    if (elt && elt.classList && elt.classList.contains("poll") && selectedIn(document) > 0) {
-      e.preventDefault();
-    }
+    if (isPoll(e) && selectedIn(document) > 0) e.preventDefault();
+  });
+  // And drop the answer of one already on its way when the operator ticked meanwhile.
+  document.addEventListener("htmx:beforeSwap", function (e) {
+    if (isPoll(e) && selectedIn(document) > 0) e.detail.shouldSwap = false;
   });
 })();

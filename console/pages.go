@@ -99,14 +99,14 @@ func (s *Server) homeFragment(w http.ResponseWriter, r *http.Request, a admin.Ac
 // ---- effects
 
 type effectsData struct {
-	Filter  admin.EffectFilter
-	Since   string
-	Search  string
-	Cursor  string
-	Page    *admin.EffectPage
-	Found   string // what the search box matched: "job", "trace", "key prefix"
+	Filter admin.EffectFilter
+	Since  string
+	Search string
+	Cursor string
+	Page   *admin.EffectPage
+	Found  string // what the search box matched: "job", "trace", "key prefix"
 	// Jobs are the queue jobs whose ID is the search, one per queue that holds one.
-	Jobs []jobRef
+	Jobs    []jobRef
 	Query   string // the filters as a query string, for the fragment, the next page and bulk actions
 	Status  []effect.Status
 	Limit   int

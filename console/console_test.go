@@ -255,7 +255,7 @@ func TestEveryPageRenders(t *testing.T) {
 		{"/effects", []string{"order-", "Next page"}, nil},
 		{"/effects?status=dead&type=webhook&since=3h", []string{"dead"}, nil},
 		{"/effects?tenant=acme&key_prefix=order-0-1", []string{"order-0-1"}, nil},
-		{"/effects?q=" + url.QueryEscape(jobID), []string{"job " + jobID}, nil},
+		{"/effects?q=" + url.QueryEscape(jobID), []string{"job " + jobID, "/fragment/effects?job=" + jobID}, nil},
 		{"/effects?q=" + traceID, []string{"trace " + traceID, dKey}, nil},
 		{"/effects?q=order-0-", []string{"keys starting with"}, nil},
 		{"/effects?q=receipt-1", []string{`class="found-job"`, "/job?queue=" + e.queue + "&amp;id=receipt-1"}, nil},

@@ -184,6 +184,14 @@ func (s *Server) effectsData(r *http.Request, a admin.Actor) (effectsData, strin
 			}
 			if len(p.Effects) > 0 {
 				d.Filter, d.Page, d.Found = jf, p, "job "+d.Search
+				// The next pages are the job's effects, not a search again.
+				nv := url.Values{}
+				for k, vs := range v {
+					nv[k] = vs
+				}
+				nv.Del("q")
+				nv.Set("job", d.Search)
+				d.Query = filterQuery(nv)
 				return d, "", nil
 			}
 			byTrace, err := s.adm.EffectsByTrace(r.Context(), a, d.Search, admin.DefaultLimit)

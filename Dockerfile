@@ -4,7 +4,7 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/gateway ./cmd/worker
+RUN CGO_ENABLED=0 go build -trimpath -o /out/ ./cmd/gateway ./cmd/worker ./cmd/oncegate
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/ /usr/local/bin/

@@ -7,13 +7,20 @@ import (
 	"context"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"github.com/oncegate/oncegate/admin/cli"
+	"github.com/oncegate/oncegate/console"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	if len(os.Args) > 1 && slices.Contains(console.Commands, os.Args[1]) { // the web console and its tokens
+		code := console.Main(ctx, os.Args[1:], console.Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv})
+		stop()
+		os.Exit(code)
+	}
 	code := cli.Main(ctx, os.Args[1:], cli.Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv,
 		Terminal: cli.IsTerminal(os.Stderr)})
 	stop()

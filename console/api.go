@@ -1,0 +1,230 @@
+package console
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+
+	"github.com/oncegate/oncegate/admin"
+)
+
+// The JSON admin API beside the pages: the same service calls, the same JSON as `oncegate … -o json`
+// (docs/console.md lists the routes). A script sends an operator token as "Authorization: Bearer …"; a
+// browser's session cookie works too. Errors are RFC 9457 problem details.
+
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+	Field  string `json:"field,omitempty"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+func (s *Server) apiFail(w http.ResponseWriter, r *http.Request, err error) {
+	st := statusOf(err)
+	if st == http.StatusInternalServerError {
+		s.log.Error("console api: request failed", "path", r.URL.Path, "err", err)
+	}
+	p := problem{Type: "about:blank", Title: http.StatusText(st), Status: st, Detail: err.Error()}
+	var ie *admin.InvalidError
+	if errors.As(err, &ie) {
+		p.Field = ie.Field
+	}
+	if st == http.StatusUnauthorized {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate console"`)
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(st)
+	_ = json.NewEncoder(w).Encode(p)
+}
+
+// api runs h for an authenticated operator and writes its value as JSON, or its error as a problem.
+func (s *Server) api(mutates bool, h func(r *http.Request, a admin.Actor) (any, error)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a, err := s.actor(r)
+		if err != nil {
+			s.apiFail(w, r, err)
+			return
+		}
+		if mutates && s.cfg.ReadOnly {
+			s.apiFail(w, r, errReadOnly)
+			return
+		}
+		v, err := h(r, a)
+		if err != nil {
+			var be *admin.BulkError
+			if errors.As(err, &be) {
+				writeJSON(w, http.StatusMultiStatus, map[string]any{"result": be.Result, "error": be.Error()})
+				return
+			}
+			s.apiFail(w, r, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, v)
+	})
+}
+
+var errReadOnly = &readOnlyError{}
+
+type readOnlyError struct{}
+
+func (*readOnlyError) Error() string {
+	return "the console runs read-only (--read-only): nothing can be changed through it"
+}
+func (*readOnlyError) Is(target error) bool { return target == admin.ErrForbidden }
+
+// actionBody is the JSON body of a change.
+type actionBody struct {
+	Tenant string   `json:"tenant"`
+	Key    string   `json:"key"`
+	As     string   `json:"as"`
+	Reason string   `json:"reason"`
+	Queue  string   `json:"queue"`
+	Type   string   `json:"type"`
+	IDs    []string `json:"ids"`
+	// Filter and DryRun are for retry-matching: without dry_run false, nothing changes.
+	Filter *admin.EffectFilter `json:"filter"`
+	DryRun *bool               `json:"dry_run"`
+}
+
+func readBody(r *http.Request) (actionBody, error) {
+	var b actionBody
+	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + err.Error()}
+	}
+	return b, nil
+}
+
+func pageOf(r *http.Request) (admin.Page, error) {
+	p := admin.Page{Cursor: r.URL.Query().Get("cursor")}
+	if l := r.URL.Query().Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil {
+			return p, &admin.InvalidError{Field: "limit", Reason: "want a number"}
+		}
+		p.Limit = n
+	}
+	return p, nil
+}
+
+func (s *Server) apiRoutes(mux *http.ServeMux) {
+	get := func(pattern string, h func(r *http.Request, a admin.Actor) (any, error)) {
+		mux.Handle("GET /api/v1/"+pattern, s.api(false, h))
+	}
+	post := func(pattern string, h func(r *http.Request, a admin.Actor, b actionBody) (any, error)) {
+		mux.Handle("POST /api/v1/"+pattern, s.api(true, func(r *http.Request, a admin.Actor) (any, error) {
+			b, err := readBody(r)
+			if err != nil {
+				return nil, err
+			}
+			return h(r, a, b)
+		}))
+	}
+	get("whoami", func(r *http.Request, a admin.Actor) (any, error) { return a, nil })
+	get("overview", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.EffectsOverview(r.Context(), a) })
+	get("effects", func(r *http.Request, a admin.Actor) (any, error) {
+		f, err := effectFilter(r.URL.Query())
+		if err != nil {
+			return nil, err
+		}
+		p, err := pageOf(r)
+		if err != nil {
+			return nil, err
+		}
+		if t := r.URL.Query().Get("trace_id"); t != "" {
+			es, err := s.adm.EffectsByTrace(r.Context(), a, t, admin.MaxLimit)
+			return &admin.EffectPage{Effects: es}, err
+		}
+		return s.adm.Effects(r.Context(), a, f, p)
+	})
+	get("effect", func(r *http.Request, a admin.Actor) (any, error) {
+		d, err := s.adm.Effect(r.Context(), a, r.URL.Query().Get("tenant"), r.URL.Query().Get("key"))
+		if err != nil {
+			return nil, err
+		}
+		if r.URL.Query().Get("reveal") != "true" {
+			d.Payload = json.RawMessage(redactJSON(d.Payload))
+			return d, nil
+		}
+		d.Payload, err = s.adm.RevealPayload(r.Context(), a, d.Tenant, d.Key)
+		return d, err
+	})
+	post("effect/retry", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return s.adm.RetryEffect(r.Context(), a, b.Tenant, b.Key, b.Reason)
+	})
+	post("effect/resolve", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return s.adm.ResolveEffect(r.Context(), a, b.Tenant, b.Key, b.As, b.Reason)
+	})
+	post("effects/retry-matching", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		var f admin.EffectFilter
+		if b.Filter != nil {
+			f = *b.Filter
+		}
+		if b.DryRun == nil || *b.DryRun {
+			n, err := s.adm.CountRetryable(r.Context(), a, f)
+			return map[string]any{"dry_run": true, "matched": n}, err
+		}
+		return s.adm.RetryEffects(r.Context(), a, f, b.Reason, nil)
+	})
+	get("types", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.PausedTypes(r.Context(), a) })
+	post("types/pause", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return map[string]string{"paused": b.Type}, s.adm.PauseType(r.Context(), a, b.Type, b.Reason)
+	})
+	post("types/resume", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return map[string]string{"resumed": b.Type}, s.adm.ResumeType(r.Context(), a, b.Type, b.Reason)
+	})
+	get("queues", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Queues(r.Context(), a) })
+	post("queues/pause", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return map[string]string{"paused": b.Queue}, s.adm.PauseQueue(r.Context(), a, b.Queue, b.Reason)
+	})
+	post("queues/resume", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return map[string]string{"resumed": b.Queue}, s.adm.ResumeQueue(r.Context(), a, b.Queue, b.Reason)
+	})
+	get("jobs", func(r *http.Request, a admin.Actor) (any, error) {
+		p, err := pageOf(r)
+		if err != nil {
+			return nil, err
+		}
+		return s.adm.Jobs(r.Context(), a, r.URL.Query().Get("queue"), r.URL.Query().Get("state"), p)
+	})
+	get("job", func(r *http.Request, a admin.Actor) (any, error) {
+		return s.adm.Job(r.Context(), a, r.URL.Query().Get("queue"), r.URL.Query().Get("id"))
+	})
+	post("dead/requeue", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return s.adm.RequeueDead(r.Context(), a, b.Queue, b.IDs, b.Reason)
+	})
+	post("dead/purge", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return s.adm.PurgeDead(r.Context(), a, b.Queue, b.IDs, b.Reason)
+	})
+	get("workers", func(r *http.Request, a admin.Actor) (any, error) {
+		return s.adm.Workers(r.Context(), a, r.URL.Query().Get("queue"))
+	})
+	get("gateways", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Gateways(r.Context(), a) })
+	get("breakers", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Breakers(r.Context(), a) })
+	get("audit", func(r *http.Request, a admin.Actor) (any, error) {
+		p, err := pageOf(r)
+		if err != nil {
+			return nil, err
+		}
+		since, err := parseSince(r.URL.Query().Get("since"))
+		if err != nil {
+			return nil, err
+		}
+		return s.adm.AuditLog(r.Context(), a, admin.AuditFilter{Actor: r.URL.Query().Get("actor"),
+			Action: r.URL.Query().Get("action"), Since: since}, p)
+	})
+	mux.Handle("/api/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.apiFail(w, r, &admin.NotFoundError{What: "API route " + r.Method + " " + r.URL.Path})
+	}))
+}

@@ -1,0 +1,117 @@
+package console
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/oncegate/oncegate/admin"
+)
+
+// sessionKey identifies the request's session for the poll limiter, without keeping the secret itself.
+func sessionKey(r *http.Request) string {
+	c, err := r.Cookie(CookieName)
+	v := ""
+	if err == nil {
+		v = c.Value
+	} else {
+		v = r.Header.Get("Authorization")
+	}
+	h := sha256.Sum256([]byte(v))
+	return hex.EncodeToString(h[:8])
+}
+
+// actor finds who sends the request: a console session cookie, or an operator token as a bearer token (the
+// JSON API's scripts).
+func (s *Server) actor(r *http.Request) (admin.Actor, error) {
+	if auth := r.Header.Get("Authorization"); auth != "" {
+		tok, ok := strings.CutPrefix(auth, "Bearer ")
+		if !ok {
+			return admin.Actor{}, admin.ErrUnauthenticated
+		}
+		return s.adm.TokenActor(r.Context(), strings.TrimSpace(tok))
+	}
+	c, err := r.Cookie(CookieName)
+	if err != nil {
+		return admin.Actor{}, admin.ErrUnauthenticated
+	}
+	return s.adm.Session(r.Context(), c.Value)
+}
+
+// authPage runs h for a logged-in operator; anyone else goes to the login page (an htmx refresh is told to
+// send the whole page there).
+func (s *Server) authPage(h func(http.ResponseWriter, *http.Request, admin.Actor)) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a, err := s.actor(r)
+		if err != nil {
+			if !errors.Is(err, admin.ErrUnauthenticated) {
+				s.fail(w, r, admin.Actor{}, err)
+				return
+			}
+			next := "/"
+			if r.Method == http.MethodGet {
+				next = r.URL.RequestURI()
+			}
+			to := "/login?next=" + url.QueryEscape(next)
+			if r.Header.Get("HX-Request") == "true" {
+				w.Header().Set("HX-Redirect", to)
+				w.WriteHeader(http.StatusUnauthorized)
+				return
+			}
+			http.Redirect(w, r, to, http.StatusSeeOther)
+			return
+		}
+		h(w, r, a)
+	})
+}
+
+type loginData struct {
+	Next  string
+	Error string
+}
+
+func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
+	s.render(w, r, http.StatusOK, "login", page{Title: "Log in", Data: loginData{Next: safeNext(r.URL.Query().Get("next"))}})
+}
+
+// safeNext keeps a post-login redirect on the console: a path, never another host.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+		return "/"
+	}
+	return next
+}
+
+func (s *Server) login(w http.ResponseWriter, r *http.Request) {
+	next := safeNext(r.PostFormValue("next"))
+	sess, a, err := s.adm.Login(r.Context(), r.PostFormValue("token"), s.cfg.SessionTTL)
+	if errors.Is(err, admin.ErrUnauthenticated) {
+		s.render(w, r, http.StatusUnauthorized, "login", page{Title: "Log in",
+			Data: loginData{Next: next, Error: "That token is not a live operator token."}})
+		return
+	}
+	if err != nil {
+		s.fail(w, r, admin.Actor{}, err)
+		return
+	}
+	s.log.Info("console: login", "operator", a.Name, "role", a.Role)
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: sess, Path: "/", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookie, Expires: time.Now().Add(s.cfg.SessionTTL)})
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(CookieName); err == nil {
+		if err := s.adm.Logout(r.Context(), c.Value); err != nil {
+			s.fail(w, r, admin.Actor{}, err)
+			return
+		}
+	}
+	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookie, MaxAge: -1})
+	http.Redirect(w, r, "/login", http.StatusSeeOther)
+}

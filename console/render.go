@@ -1,0 +1,293 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"net/http"
+	"net/url"
+	"path"
+	"strings"
+	"time"
+
+	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/queue"
+)
+
+// page is what every template gets.
+type page struct {
+	Title string
+	Nav   string // which nav entry is current
+	Actor admin.Actor
+	// CanAct: the operator may change things (operator role or more) and the console is not read-only.
+	CanAct bool
+	// IsAdmin: CanAct, with the admin role (purge).
+	IsAdmin  bool
+	ReadOnly bool
+	// Refresh is the poll interval in seconds, for hx-trigger.
+	Refresh int
+	Notice  string
+	Data    any
+}
+
+// pages holds one template set per page: the layout, the shared partials and the page's own file.
+type pages struct{ byName map[string]*template.Template }
+
+var funcs = template.FuncMap{
+	"ago":         ago,
+	"when":        when,
+	"whenp":       func(t *time.Time) string { return whenPtr(t) },
+	"str":         func(s *string) string { return deref(s) },
+	"i64":         func(n *int64) string { return derefInt(n) },
+	"ms":          func(f *float64) string { return msString(f) },
+	"prettyjs":    prettyJSON,
+	"redact":      redactJSON,
+	"chart":       chart,
+	"q":           url.QueryEscape,
+	"effectURL":   effectURL,
+	"selValue":    selValue,
+	"dur":         func(sec float64) string { return seconds(sec) },
+	"add":         func(a, b int) int { return a + b },
+	"capped":      capped,
+	"jobState":    func(s any) string { return fmt.Sprint(s) },
+	"countOf":     countOf,
+	"sumOf":       sum,
+	"liveWorkers": liveWorkers,
+	// staleReplay: the last replay came from an older job epoch than the one that created the effect.
+	"staleReplay": func(e admin.Effect) bool {
+		return e.LastReplayEpoch != nil && e.JobEpoch != nil && *e.LastReplayEpoch < *e.JobEpoch
+	},
+	"tableOf": func(p page, effects []*admin.Effect) effectTable {
+		return effectTable{CanAct: p.CanAct, Effects: effects}
+	},
+	// canReveal: operators and admins may see a payload unredacted (audited), read-only console or not.
+	"canReveal": func(p page) bool { return p.Actor.Role == admin.RoleOperator || p.Actor.Role == admin.RoleAdmin },
+}
+
+// effectTable is what the shared effect-table template gets.
+type effectTable struct {
+	CanAct  bool
+	Effects []*admin.Effect
+}
+
+func parsePages() (*pages, error) {
+	base, err := template.New("layout").Funcs(funcs).ParseFS(templateFiles, "templates/_*.html")
+	if err != nil {
+		return nil, fmt.Errorf("console: templates: %w", err)
+	}
+	names, err := fs.Glob(templateFiles, "templates/[a-z]*.html")
+	if err != nil {
+		return nil, err
+	}
+	p := &pages{byName: map[string]*template.Template{}}
+	for _, n := range names {
+		t, err := template.Must(base.Clone()).ParseFS(templateFiles, n)
+		if err != nil {
+			return nil, fmt.Errorf("console: template %s: %w", n, err)
+		}
+		p.byName[strings.TrimSuffix(path.Base(n), ".html")] = t
+	}
+	return p, nil
+}
+
+// frame fills a page's common fields for actor a.
+func (s *Server) frame(a admin.Actor, title, nav string, data any) page {
+	rank := map[admin.Role]int{admin.RoleViewer: 1, admin.RoleOperator: 2, admin.RoleAdmin: 3}[a.Role]
+	return page{Title: title, Nav: nav, Actor: a, ReadOnly: s.cfg.ReadOnly,
+		CanAct: !s.cfg.ReadOnly && rank >= 2, IsAdmin: !s.cfg.ReadOnly && rank >= 3,
+		Refresh: int(s.cfg.Refresh / time.Second), Data: data}
+}
+
+// render executes a page's "page" template (or, for a fragment, the named block) into a buffer first, so that
+// a template error is a 500 with a message, never half a page.
+func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, name string, p page) {
+	s.renderBlock(w, r, status, name, "page", p)
+}
+
+func (s *Server) renderBlock(w http.ResponseWriter, r *http.Request, status int, name, block string, p page) {
+	t, ok := s.pages.byName[name]
+	if !ok {
+		http.Error(w, "console: no page "+name, http.StatusInternalServerError)
+		return
+	}
+	var buf bytes.Buffer
+	if err := t.ExecuteTemplate(&buf, block, p); err != nil {
+		s.log.Error("console: render", "page", name, "block", block, "err", err)
+		http.Error(w, "console: rendering "+name+": "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = buf.WriteTo(w)
+}
+
+// statusOf maps the service's errors to HTTP statuses.
+func statusOf(err error) int {
+	switch {
+	case errors.Is(err, admin.ErrUnauthenticated):
+		return http.StatusUnauthorized
+	case errors.Is(err, admin.ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, admin.ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, admin.ErrForbidden):
+		return http.StatusForbidden
+	case errors.Is(err, admin.ErrWrongState):
+		return http.StatusConflict
+	case errors.Is(err, admin.ErrPartial):
+		return http.StatusMultiStatus
+	case errors.Is(err, admin.ErrUnavailable):
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+type errorData struct {
+	Status  int
+	Message string
+	Back    string
+}
+
+// fail shows the service's error as a page, saying what to do where it can.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, a admin.Actor, err error) {
+	st := statusOf(err)
+	if st == http.StatusInternalServerError {
+		s.log.Error("console: request failed", "path", r.URL.Path, "err", err)
+	}
+	back := r.Referer()
+	if back == "" {
+		back = "/"
+	}
+	s.render(w, r, st, "error", s.frame(a, http.StatusText(st), "", errorData{Status: st, Message: err.Error(),
+		Back: safeNext(strings.TrimPrefix(back, "http://"+r.Host))}))
+}
+
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return seconds(time.Since(t).Seconds()) + " ago"
+}
+
+func seconds(sec float64) string {
+	d := time.Duration(sec * float64(time.Second))
+	switch {
+	case d < time.Second:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd", int(d.Hours()/24))
+}
+
+func when(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func whenPtr(t *time.Time) string {
+	if t == nil {
+		return ""
+	}
+	return when(*t)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+func derefInt(n *int64) string {
+	if n == nil {
+		return ""
+	}
+	return fmt.Sprint(*n)
+}
+
+func msString(f *float64) string {
+	if f == nil {
+		return ""
+	}
+	return fmt.Sprintf("%.0f ms", *f)
+}
+
+func capped(n int64) string {
+	if n >= admin.NeedsHumanCap {
+		return fmt.Sprintf("%d+", admin.NeedsHumanCap)
+	}
+	return fmt.Sprint(n)
+}
+
+func prettyJSON(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, raw, "", "  "); err != nil {
+		return string(raw)
+	}
+	return buf.String()
+}
+
+// redactJSON keeps a payload's shape (its keys, the kinds and lengths of its values) and hides every value:
+// enough to see which fields a request had, nothing of an address or a message.
+func redactJSON(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return ""
+	}
+	var v any
+	if err := json.Unmarshal(raw, &v); err != nil {
+		return `"‹not JSON: hidden›"`
+	}
+	b, _ := json.MarshalIndent(redact(v), "", "  ")
+	return string(b)
+}
+
+func redact(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			out[k] = redact(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = redact(e)
+		}
+		return out
+	case string:
+		return fmt.Sprintf("‹string, %d chars›", len([]rune(x)))
+	case float64:
+		return "‹number›"
+	case bool:
+		return "‹bool›"
+	}
+	return v
+}
+
+func effectURL(tenant, key string) string {
+	return "/effect?" + url.Values{"tenant": {tenant}, "key": {key}}.Encode()
+}
+
+// selValue is a checkbox's value naming one effect: its tenant and key as a query string, so that any
+// character in either survives.
+func selValue(tenant, key string) string {
+	return url.Values{"tenant": {tenant}, "key": {key}}.Encode()
+}
+
+func countOf(counts map[queue.JobState]int64, state string) int64 {
+	return counts[queue.JobState(state)]
+}

@@ -63,6 +63,8 @@ const usage = `usage: oncegate <noun> <verb> [args] [flags]
   dead   ls Q [--limit N] [--cursor C] | dead requeue Q ID... --reason R | dead purge Q ID... --reason R
   gateway ls | worker ls Q | breaker ls
   audit  ls [--actor A] [--action A] [--since D] [--limit N] [--cursor C]
+  console --listen ADDR [--jaeger-url U] [--read-only]     the web console (docs/console.md)
+  token  create|ls|revoke                                  the console's operator tokens (docs/console.md)
 
 Every command: -o table|json, --operator NAME (default $ONCEGATE_OPERATOR, else the OS user),
 --role viewer|operator|admin (default $ONCEGATE_ROLE, else operator). DATABASE_URL and REDIS_URL name the stores.

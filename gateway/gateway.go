@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -493,8 +494,9 @@ func (g *Gateway) routes() *mux.Router {
 	r.Handle("/v1/effects/{key}/retry", v1(g.retryEffect)).Methods(http.MethodPost)
 	// The dedup proxy takes every method; its key header is its own (proxy.api_key_header).
 	proxied := g.authenticateBy(g.proxyKeyHeader(), g.limitTenant(http.HandlerFunc(g.proxy)))
-	r.Handle("/v1/proxy/{type}", proxied).Methods(proxyMethods...)
-	r.Handle("/v1/proxy/{type}/{path:.*}", proxied).Methods(proxyMethods...)
+	// Methods upper-cases the slice it is given in place: each route gets a copy, or gateways built at once race.
+	r.Handle("/v1/proxy/{type}", proxied).Methods(slices.Clone(proxyMethods)...)
+	r.Handle("/v1/proxy/{type}/{path:.*}", proxied).Methods(slices.Clone(proxyMethods)...)
 
 	// Neither answer reads the body or asks for an API key: the path, or its method, exists for no one.
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -205,10 +205,11 @@ func newRecordingUpstream(t *testing.T, hold bool) *recordingUpstream {
 		u.mu.Lock()
 		u.keys[r.Header.Get("Idempotency-Key")]++
 		u.traces = append(u.traces, r.Header.Get("Traceparent"))
+		hold := u.hold
 		u.mu.Unlock()
 		u.arrived <- r.Header.Get("Idempotency-Key")
-		if u.hold != nil {
-			<-u.hold
+		if hold != nil {
+			<-hold
 		}
 		body, _ := io.ReadAll(r.Body)
 		w.Header().Set("Content-Type", "application/json")
@@ -216,6 +217,8 @@ func newRecordingUpstream(t *testing.T, hold bool) *recordingUpstream {
 		fmt.Fprintf(w, `{"call":%d,"got":%q}`, n, body)
 	}))
 	t.Cleanup(func() {
+		u.mu.Lock()
+		defer u.mu.Unlock()
 		if u.hold != nil {
 			select {
 			case <-u.hold:

@@ -223,7 +223,10 @@ func (g *Gateway) forwardHeaders(h http.Header, hp *httpprov.Provider) map[strin
 	return out
 }
 
-// pass sends a safe request on, unrecorded, and streams the answer back.
+// pass sends a safe request on, unrecorded, and streams the answer back, masking the configured header
+// values as a stored answer is masked. The upstream's Content-Length is kept when masking cannot change the
+// length (and always for HEAD, which has no body); a body that breaks off, by a reset or the type's
+// timeout, aborts the client's connection, so that a cut-short answer never looks complete.
 func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Provider, typ string, payload []byte) {
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.EffectTypes[typ].Timeout))
 	defer cancel()
@@ -233,11 +236,30 @@ func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Prov
 		return
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode < 200 {
+		// A 1xx final answer (101 above all) would leave the client's connection in another protocol.
+		writeProblem(w, probUpstreamUnreachable, "", fmt.Sprintf("the upstream answered %d, an interim "+
+			"status, as its final answer: not forwarded", resp.StatusCode))
+		return
+	}
 	for k, vs := range hp.AnswerHeaders(resp.Header) {
 		w.Header()[k] = vs
 	}
+	switch {
+	case r.Method == http.MethodHead:
+		if cl := resp.Header.Get("Content-Length"); cl != "" {
+			w.Header().Set("Content-Length", cl)
+		}
+	case resp.ContentLength >= 0 && !hp.Masks():
+		w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
 	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	n, err := io.Copy(w, hp.MaskStream(resp.Body))
+	if err != nil || (resp.ContentLength >= 0 && !hp.Masks() && n < resp.ContentLength && r.Method != http.MethodHead) {
+		g.log.Warn("a passed-through answer broke off; the client's connection is aborted", "type", typ,
+			"bytes", n, "err", err)
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // perform delivers a row this request leased, and answers with what became of it.

@@ -49,6 +49,9 @@ type Config struct {
 	MaxAnswer int64 `yaml:"max_answer"`
 }
 
+// redacted replaces a configured header's value wherever an answer echoes it.
+const redacted = "[redacted]"
+
 // DefaultMaxAnswer is the default Config.MaxAnswer: 1 MiB.
 const DefaultMaxAnswer = 1 << 20
 
@@ -71,6 +74,8 @@ type Provider struct {
 	// split) passes it. What holds by structure is that a configured header is never kept from a response,
 	// errors never quote an answer, and the docs say that a body is the upstream's, stored as it was sent.
 	redact *strings.Replacer
+	// secrets are the values redact masks, for the streamed form of the same masking (MaskStream).
+	secrets []string
 }
 
 // Validate reports the first setting that New would refuse, without building a provider.
@@ -120,10 +125,12 @@ func (c Config) resolve() (*Provider, error) {
 		p.headers.Set(k, v)
 		p.folded[fold(k)] = k
 		if len(v) >= 8 {
-			pairs = append(pairs, v, "[redacted]")
+			pairs = append(pairs, v, redacted)
+			p.secrets = append(p.secrets, v)
 		}
 		if _, token, ok := strings.Cut(v, " "); ok && len(token) >= 8 {
-			pairs = append(pairs, token, "[redacted]")
+			pairs = append(pairs, token, redacted)
+			p.secrets = append(p.secrets, token)
 		}
 	}
 	p.redact = strings.NewReplacer(pairs...)

@@ -78,10 +78,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	m := g.metrics.proxied.MustCurryWith(map[string]string{"type": typ})
 	// The path under the type, as it was sent (percent-encoding kept), and the query.
 	prefix := "/v1/proxy/" + mux.Vars(r)["type"]
+	// Nothing after the type is base_url as written (not base_url + "/").
 	path := strings.TrimPrefix(r.URL.EscapedPath(), prefix)
-	if path == "" {
-		path = "/"
-	}
 	if r.URL.RawQuery != "" {
 		path += "?" + r.URL.RawQuery
 	}
@@ -111,7 +109,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "", "could not read the request body")
 		return
 	}
-	pl := httpprov.Payload{Method: r.Method, Path: path, Headers: g.forwardHeaders(r.Header, hp), Proxied: unsafe}
+	pl := httpprov.Payload{Method: r.Method, Path: path, Headers: g.forwardHeaders(r.Header, hp), Proxied: true}
 	switch {
 	case len(body) == 0:
 	case utf8.Valid(body) && bytes.IndexByte(body, 0) < 0:

@@ -108,3 +108,65 @@ func TestProxyPassThroughMasksCredentials(t *testing.T) {
 		t.Fatalf("a GET and a POST mask alike: %q / %q", body, post.raw)
 	}
 }
+
+// M1: the path's percent-encoding reaches the upstream as sent, and a path that decodes to a leading "//"
+// (an authority, to an upstream that reads the request line as a URL) is refused as the literal one is.
+// L7: a request without a path after the type goes to base_url as written.
+func TestProxyKeepsPercentEncoding(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		_, _ = io.WriteString(w, r.RequestURI)
+	})
+	h := proxyGateway(t, up, func(c *Config) {
+		c.EffectTypes["root"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL,
+			AllowPrivateNetworks: true}}
+	})
+	for i, tc := range []struct{ path, want string }{
+		{"/v1/proxy/payments/files/a%2Fb", "/api/files/a%2Fb"},
+		{"/v1/proxy/payments/x%3By", "/api/x%3By"},
+		{"/v1/proxy/payments/%41?q=%2F", "/api/%41?q=%2F"},
+		{"/v1/proxy/payments", "/api"},
+		{"/v1/proxy/payments?q=1", "/api?q=1"},
+		{"/v1/proxy/payments/", "/api/"},
+	} {
+		if g := h.req("GET", tc.path, acmeKey, ""); g.status != 200 || g.raw != tc.want {
+			t.Errorf("GET %s: %d %q, want %q", tc.path, g.status, g.raw, tc.want)
+		}
+		p := h.req("POST", tc.path, acmeKey, "{}", fmt.Sprintf("Idempotency-Key: enc-%d", i))
+		if p.status != 200 || p.raw != tc.want {
+			t.Errorf("POST %s: %d %q, want %q", tc.path, p.status, p.raw, tc.want)
+		}
+	}
+	for _, path := range []string{"/v1/proxy/root//evil.example/x", "/v1/proxy/root/%2F%2Fevil.example/x",
+		"/v1/proxy/root/%2f/evil.example/x"} {
+		if p := h.req("POST", path, acmeKey, "{}", "Idempotency-Key: evil"+path); p.status != 400 {
+			t.Errorf("POST %s: %d %q", path, p.status, p.raw)
+		}
+	}
+	if n := up.calls.Load(); n != 12 {
+		t.Errorf("upstream calls: %d", n)
+	}
+}
+
+// M4: an upstream's 1xx final answer (101 Switching Protocols) is never forwarded: the client gets a 502
+// problem, and its connection stays HTTP.
+func TestProxyInterimFinalStatusIsBadGateway(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		conn, buf, _ := w.(http.Hijacker).Hijack()
+		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: evil\r\nConnection: Upgrade\r\n\r\nraw bytes")
+		_ = buf.Flush()
+		conn.Close()
+	})
+	h := proxyGateway(t, up, nil)
+	for i := range 2 {
+		p := h.req("POST", "/v1/proxy/payments/ws", acmeKey, "{}", "Idempotency-Key: ws")
+		if p.status != 502 || p.header.Get("Content-Type") != "application/problem+json" || p.header.Get("Upgrade") != "" ||
+			(i == 1) != (p.header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("POST %d: %d %v %s", i, p.status, p.header, p.raw)
+		}
+	}
+	if g := h.req("GET", "/v1/proxy/payments/ws", acmeKey, ""); g.status != 502 || g.header.Get("Upgrade") != "" {
+		t.Fatalf("GET: %d %v %s", g.status, g.header, g.raw)
+	}
+}

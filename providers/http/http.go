@@ -244,12 +244,20 @@ func (p *Provider) parse(raw json.RawMessage) (Payload, error) {
 			return pl, providers.Invalid("body_base64", "must be standard base64: %v", err)
 		}
 	}
-	if !strings.HasPrefix(pl.Path, "/") || strings.HasPrefix(pl.Path, "//") || strings.ContainsAny(pl.Path, "\r\n\x00 ") {
+	// A proxied request sent to /v1/proxy/{type} itself, with no path after it, goes to base_url as written.
+	bare := pl.Proxied && (pl.Path == "" || strings.HasPrefix(pl.Path, "?"))
+	if (!bare && (!strings.HasPrefix(pl.Path, "/") || strings.HasPrefix(pl.Path, "//"))) ||
+		strings.ContainsAny(pl.Path, "\r\n\x00 ") {
 		return pl, providers.Invalid("path", "must start with a single / and hold no spaces or line breaks")
 	}
 	rel, err := url.Parse(pl.Path)
 	if err != nil {
 		return pl, providers.Invalid("path", "%v", err)
+	}
+	if strings.HasPrefix(rel.Path, "//") {
+		// %2F%2F decodes to the same "//" that is refused raw: an upstream that decodes before routing, or a
+		// base_url without a path, would read an authority there.
+		return pl, providers.Invalid("path", "must not start with // once decoded (%%2F%%2F too)")
 	}
 	// Decoded, so %2e%2e and %5c count too: an upstream that normalises paths would leave base_url's prefix.
 	if strings.Contains(rel.Path, `\`) {
@@ -307,6 +315,13 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 		return safehttp.TransportError(ctx, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode < 200 {
+		// A 1xx as the final answer (net/http hands back only 101) is no answer to this request: forwarded,
+		// it would switch a client's connection to another protocol. Failed: the upstream would answer a
+		// resend the same way.
+		return providers.Failed(fmt.Errorf("destination answered %d, an interim status, as its final answer",
+			resp.StatusCode), true)
+	}
 	if pl.Proxied {
 		return p.answer(resp)
 	}
@@ -332,8 +347,12 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, error) {
 	rel, _ := url.Parse(pl.Path)
 	target := *p.base
-	target.Path = strings.TrimSuffix(p.base.Path, "/") + rel.Path
-	target.RawPath = ""
+	if rel.Path != "" {
+		// Encoded as the client sent it (a%2Fb stays one segment, %41 stays %41): RawPath is kept by net/http
+		// when it is a valid encoding of Path, which an escaped form joined to an escaped form is.
+		target.Path = strings.TrimSuffix(p.base.Path, "/") + rel.Path
+		target.RawPath = strings.TrimSuffix(p.base.EscapedPath(), "/") + rel.EscapedPath()
+	}
 	target.RawQuery = rel.RawQuery
 	var body []byte
 	contentType := ""

@@ -375,10 +375,16 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 }
 
 // render answers with a terminal effect of the proxy: the stored answer as it came, or the problem its
-// status names. replayed adds Idempotent-Replayed.
+// status names. replayed adds Idempotent-Replayed. A dead effect is the gateway's answer, not the upstream's:
+// its result holds the last transient answer (a 5xx, a 429) for GET /v1/effects, but that answer said "try
+// again", and no request under the key will.
 func (g *Gateway) render(w http.ResponseWriter, status effect.Status, result json.RawMessage, lastErr string, replayed bool) {
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	if status == effect.StatusDead {
+		writeProblem(w, probGaveUp, "", lastErr)
+		return
 	}
 	var a httpprov.Answer
 	if len(result) > 0 && json.Unmarshal(result, &a) == nil && a.Status != 0 {

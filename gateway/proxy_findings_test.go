@@ -170,3 +170,36 @@ func TestProxyInterimFinalStatusIsBadGateway(t *testing.T) {
 		t.Fatalf("GET: %d %v %s", g.status, g.header, g.raw)
 	}
 }
+
+// M2: an effect whose retries are used up answers 502 /problems/upstream-gave-up, on the attempt that made
+// it dead and on every request after, never the last 5xx it got.
+func TestProxyDeadEffectGaveUp(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, "upstream broke")
+	})
+	h := proxyGateway(t, up, func(c *Config) {
+		et := c.EffectTypes["payments"]
+		et.Retry = &Retry{MaxAttempts: 2}
+		c.EffectTypes["payments"] = et
+	})
+	first := h.req("POST", "/v1/proxy/payments/status/500", acmeKey, "{}", "Idempotency-Key: fd-1")
+	if first.status != 500 || first.raw != "upstream broke" {
+		t.Fatalf("first attempt: %d %s", first.status, first.raw)
+	}
+	for i := range 2 {
+		r := h.req("POST", "/v1/proxy/payments/status/500", acmeKey, "{}", "Idempotency-Key: fd-1")
+		if r.status != 502 || !strings.Contains(r.raw, "/problems/upstream-gave-up") ||
+			(i == 1) != (r.header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("request %d after the last attempt: %d %v %s", i, r.status, r.header, r.raw)
+		}
+	}
+	if e := h.req("GET", "/v1/effects/fd-1", acmeKey, ""); e.body["status"] != "dead" {
+		t.Fatalf("effect: %s", e.raw)
+	}
+	if n := up.calls.Load(); n != 2 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+}

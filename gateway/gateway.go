@@ -69,6 +69,7 @@ type Gateway struct {
 	limiter    *tenantlimit.Limiter
 	allowed    map[string]map[string]bool // tenant → the effect types it may use; none listed: all
 	waiters    *waiters
+	attempts   attempts // the answers of proxied attempts that ended transiently, for their waiters
 	router     *mux.Router
 	handler    http.Handler // router, behind refuseDotSegments
 	metrics    *metrics

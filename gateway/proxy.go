@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -263,8 +264,8 @@ func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Prov
 // perform delivers a row this request leased, and answers with what became of it.
 func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, c dedup.Claimed) {
 	res, err := g.dispatcher.Perform(r.Context(), c)
-	g.waiters.wake(c.EffectID) // requests waiting under the key look again, whatever the outcome
 	if err != nil {
+		g.waiters.wake(c.EffectID)
 		g.log.Error("performing a proxied request", "type", c.Type, "err", err)
 		writeProblem(w, probInternal, "", "")
 		return
@@ -276,35 +277,92 @@ func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.
 			"type", c.Type, "key", c.Key, "status", res.Status)
 	}
 	if res.Status.Terminal() {
+		g.waiters.wake(c.EffectID) // they read the stored answer
 		m.WithLabelValues("performed").Inc()
 		g.render(w, res.Status, res.Finish.Result, res.Finish.LastError, false)
 		return
 	}
 	// Pending: a transient failure (or a breaker that held the call). Its answer is the client's to see and
-	// is not stored: a retry under the key performs the request again.
+	// is not stored: a retry under the key performs the request again. The requests that waited for this
+	// attempt get its answer too, rather than each performing the request again the moment it ended.
 	m.WithLabelValues("retried").Inc()
-	switch {
-	case !res.Attempted:
-		w.Header().Set("Retry-After", "1")
-		writeProblem(w, probBreakerOpen, "", "the upstream's circuit breaker is open; nothing was sent")
-	case len(res.Outcome.Result) > 0:
-		var a httpprov.Answer
-		if json.Unmarshal(res.Outcome.Result, &a) == nil && a.Status != 0 {
-			if a.BodyOverLimit {
-				w.Header().Set("Retry-After", "1")
-				writeProblem(w, probAnswerTooLarge, "", fmt.Sprintf("the upstream answered %d, a transient "+
-					"failure that was not stored, with a body over http.max_answer (%d bytes)", a.Status, a.MaxAnswer))
+	answer := transientAnswer(res.Attempted, res.Outcome.Result, res.Outcome.Err)
+	g.attempts.share(c.EffectID, answer)
+	g.waiters.wake(c.EffectID)
+	answer(w, false)
+}
+
+// transientAnswer writes the answer to an attempt that left its effect pending; replayed marks it as
+// another request's answer.
+func transientAnswer(attempted bool, result json.RawMessage, err error) func(w http.ResponseWriter, replayed bool) {
+	return func(w http.ResponseWriter, replayed bool) {
+		if replayed {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		switch {
+		case !attempted:
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, probBreakerOpen, "", "the upstream's circuit breaker is open; nothing was sent")
+			return
+		case len(result) > 0:
+			var a httpprov.Answer
+			if json.Unmarshal(result, &a) == nil && a.Status != 0 {
+				if a.BodyOverLimit {
+					w.Header().Set("Retry-After", "1")
+					writeProblem(w, probAnswerTooLarge, "", fmt.Sprintf("the upstream answered %d, a transient "+
+						"failure that was not stored, with a body over http.max_answer (%d bytes)", a.Status, a.MaxAnswer))
+					return
+				}
+				writeAnswer(w, a, replayed)
 				return
 			}
-			writeAnswer(w, a, false)
+		}
+		timedOut := errors.Is(err, context.DeadlineExceeded) || strings.HasPrefix(errString(err), "timed out")
+		w.Header().Set("Retry-After", "1")
+		if timedOut {
+			writeProblem(w, probUpstreamTimeout, "", errString(err))
 			return
 		}
-		g.upstreamFailed(w, false, res.Outcome.Err)
-	default:
-		timedOut := errors.Is(res.Outcome.Err, context.DeadlineExceeded) ||
-			strings.HasPrefix(errString(res.Outcome.Err), "timed out")
-		g.upstreamFailed(w, timedOut, res.Outcome.Err)
+		writeProblem(w, probUpstreamUnreachable, "", errString(err))
 	}
+}
+
+// attempts keeps, for a short while, the answer of each proxied attempt that left its effect pending, for
+// the requests that waited for that attempt in this gateway.
+type attempts struct {
+	mu sync.Mutex
+	m  map[int64]sharedAttempt
+}
+
+type sharedAttempt struct {
+	ended  time.Time
+	answer func(http.ResponseWriter, bool)
+}
+
+func (a *attempts) share(id int64, answer func(http.ResponseWriter, bool)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[int64]sharedAttempt{}
+	}
+	now := time.Now()
+	for k, v := range a.m { // the waiters of an attempt read its answer at once: older ones are nobody's
+		if now.Sub(v.ended) > time.Minute {
+			delete(a.m, k)
+		}
+	}
+	a.m[id] = sharedAttempt{ended: now, answer: answer}
+}
+
+// since returns the answer of effect id's attempt that ended after t, if this gateway performed it.
+func (a *attempts) since(id int64, t time.Time) (func(http.ResponseWriter, bool), bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.m[id]
+	if !ok || s.ended.Before(t) {
+		return nil, false
+	}
+	return s.answer, true
 }
 
 // settle answers a request whose key holds an effect already: the stored answer when the effect is
@@ -317,7 +375,29 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 	}
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
+	var waitedSince time.Time // when this request first found another attempt in flight
 	for {
+		if !waitedSince.IsZero() && e.Status == effect.StatusPending {
+			// The attempt it waited for ended, transiently: its answer is this request's too.
+			m.WithLabelValues("replayed").Inc()
+			if answer, ok := g.attempts.since(e.ID, waitedSince); ok {
+				answer(w, true)
+				return
+			}
+			// Performed by another gateway, whose answer was not stored: say when to come back.
+			retry := 1
+			if e.NextAttemptAt != nil {
+				retry = max(1, int(time.Until(*e.NextAttemptAt).Seconds()+0.999))
+			}
+			w.Header().Set("Retry-After", strconv.Itoa(retry))
+			lastErr := ""
+			if e.LastError != nil {
+				lastErr = *e.LastError
+			}
+			writeProblem(w, probUpstreamUnreachable, "", "the attempt this request waited for failed "+
+				"transiently and was not stored: "+lastErr)
+			return
+		}
 		if e.Status.Terminal() {
 			m.WithLabelValues("replayed").Inc()
 			g.metrics.replays.WithLabelValues(e.Type).Inc()
@@ -338,6 +418,9 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 		if found {
 			g.perform(w, r, m, c)
 			return
+		}
+		if waitedSince.IsZero() {
+			waitedSince = time.Now()
 		}
 		ch, forget := g.waiters.add(e.ID)
 		recheck := time.NewTimer(proxyRecheck)

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -201,5 +203,59 @@ func TestProxyDeadEffectGaveUp(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 2 {
 		t.Fatalf("upstream calls: %d", n)
+	}
+}
+
+// M3: requests that wait for another's attempt under their key get that attempt's answer when it fails
+// transiently, instead of each performing the request again as soon as it ends: twenty identical requests
+// against a failing upstream make one call.
+func TestProxyWaitersShareATransientFailure(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		<-release
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "overloaded")
+	})
+	h := proxyGateway(t, up, nil)
+	answers := make([]response, 20)
+	var wg sync.WaitGroup
+	send := func(i int) {
+		answers[i] = h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: fail-20")
+	}
+	wg.Go(func() { send(0) })
+	for up.calls.Load() == 0 {
+		runtime.Gosched()
+	}
+	for i := 1; i < len(answers); i++ {
+		wg.Go(func() { send(i) })
+	}
+	waiting := func() int {
+		h.g.waiters.mu.Lock()
+		defer h.g.waiters.mu.Unlock()
+		n := 0
+		for _, list := range h.g.waiters.m {
+			n += len(list)
+		}
+		return n
+	}
+	for waiting() < len(answers)-1 {
+		runtime.Gosched()
+	}
+	close(release)
+	wg.Wait()
+	for i, a := range answers {
+		if a.status != 503 || a.raw != "overloaded" || (i > 0) != (a.header.Get("Idempotent-Replayed") == "true") {
+			t.Errorf("request %d: %d %v %s", i, a.status, a.header, a.raw)
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+	// The next request under the key performs it again: it waited for no attempt.
+	if a := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: fail-20"); a.status != 503 ||
+		up.calls.Load() != 2 {
+		t.Fatalf("a later retry: %d %s, %d calls", a.status, a.raw, up.calls.Load())
 	}
 }

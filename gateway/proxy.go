@@ -491,8 +491,8 @@ func (g *Gateway) render(w http.ResponseWriter, status effect.Status, result jso
 
 // writeAnswer writes an upstream's answer as stored.
 func writeAnswer(w http.ResponseWriter, a httpprov.Answer, replayed bool) {
-	for k, vs := range a.Headers {
-		w.Header()[k] = append([]string(nil), vs...)
+	for k, vs := range a.Header() {
+		w.Header()[k] = vs
 	}
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")

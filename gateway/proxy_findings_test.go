@@ -259,3 +259,22 @@ func TestProxyWaitersShareATransientFailure(t *testing.T) {
 		t.Fatalf("a later retry: %d %s, %d calls", a.status, a.raw, up.calls.Load())
 	}
 }
+
+// M6: a header value that is not UTF-8 (Latin-1, as RFC 9110 still allows as obs-text) comes back byte for
+// byte, on the first answer and on replays.
+func TestProxyKeepsObsTextHeaderValues(t *testing.T) {
+	t.Parallel()
+	const latin = "caf\xe9 \xff"
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		w.Header().Set("X-Latin", latin)
+		w.Header().Set("X-Plain", "plain")
+		w.WriteHeader(http.StatusCreated)
+	})
+	h := proxyGateway(t, up, nil)
+	for i := range 2 {
+		r := h.req("POST", "/v1/proxy/payments/latin", acmeKey, "{}", "Idempotency-Key: latin")
+		if r.status != 201 || r.header.Get("X-Latin") != latin || r.header.Get("X-Plain") != "plain" {
+			t.Fatalf("answer %d: %d %q", i, r.status, r.header)
+		}
+	}
+}

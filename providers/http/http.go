@@ -390,10 +390,28 @@ func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, erro
 type Answer struct {
 	Status        int                 `json:"status"`
 	Headers       map[string][]string `json:"headers"`
+	// HeadersBase64 holds the headers with a value that is not UTF-8 (obs-text, Latin-1 most often), each
+	// value standard base64: JSON would turn its bytes into U+FFFD.
+	HeadersBase64 map[string][]string `json:"headers_base64,omitempty"`
 	Body          *string             `json:"body,omitempty"`
 	BodyBase64    *string             `json:"body_base64,omitempty"`
 	BodyOverLimit bool                `json:"body_over_limit,omitempty"`
 	MaxAnswer     int64               `json:"max_answer,omitempty"`
+}
+
+// Header returns the headers as they came.
+func (a Answer) Header() http.Header {
+	h := http.Header{}
+	for k, vs := range a.Headers {
+		h[k] = append([]string(nil), vs...)
+	}
+	for k, vs := range a.HeadersBase64 {
+		for _, v := range vs {
+			b, _ := base64.StdEncoding.DecodeString(v)
+			h[k] = append(h[k], string(b))
+		}
+	}
+	return h
 }
 
 // Bytes returns the body as it came.
@@ -418,7 +436,16 @@ func (p *Provider) answer(resp *http.Response) providers.Outcome {
 	}
 	a := Answer{Status: resp.StatusCode, Headers: map[string][]string{}}
 	for k, vs := range p.AnswerHeaders(resp.Header) {
-		a.Headers[k] = vs
+		if utf8.ValidString(strings.Join(vs, "")) {
+			a.Headers[k] = vs
+			continue
+		}
+		if a.HeadersBase64 == nil {
+			a.HeadersBase64 = map[string][]string{}
+		}
+		for _, v := range vs {
+			a.HeadersBase64[k] = append(a.HeadersBase64[k], base64.StdEncoding.EncodeToString([]byte(v)))
+		}
 	}
 	switch {
 	case over:

@@ -388,8 +388,8 @@ func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, erro
 // cannot hold) or as base64 (BodyBase64). BodyOverLimit says that the body was over max_answer and was not
 // kept.
 type Answer struct {
-	Status        int                 `json:"status"`
-	Headers       map[string][]string `json:"headers"`
+	Status  int                 `json:"status"`
+	Headers map[string][]string `json:"headers"`
 	// HeadersBase64 holds the headers with a value that is not UTF-8 (obs-text, Latin-1 most often), each
 	// value standard base64: JSON would turn its bytes into U+FFFD.
 	HeadersBase64 map[string][]string `json:"headers_base64,omitempty"`

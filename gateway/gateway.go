@@ -317,8 +317,20 @@ func (g *Gateway) authenticateBy(header string, next http.Handler) http.Handler 
 		how = "send an API key in the " + header + " header"
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Header.Values(header)) > 1 {
+			// Two keys: reading either would be a guess at which tenant speaks.
+			if bearer {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate", error="invalid_request"`)
+			}
+			refuseUnread(w, r, probUnauthorized, "the API key is sent more than once ("+header+"); send one")
+			return
+		}
 		raw := r.Header.Get(header)
-		token, ok := strings.CutPrefix(raw, "Bearer ")
+		// The scheme's name is case-insensitive (RFC 9110 §11.1): "bearer" is Bearer.
+		token, ok := raw, false
+		if len(raw) > len("Bearer ") && strings.EqualFold(raw[:len("Bearer ")], "Bearer ") {
+			token, ok = raw[len("Bearer "):], true
+		}
 		if !bearer && !ok {
 			token, ok = raw, true
 		}

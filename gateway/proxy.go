@@ -203,8 +203,8 @@ var droppedHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Pr
 // RFC 9110 §5.3 allows). A header the effect type configures is the gateway's (a credential) and is dropped,
 // never taken from a client. What is left is checked by the http provider's rules like any payload's headers.
 func (g *Gateway) forwardHeaders(h http.Header, hp *httpprov.Provider) map[string]string {
-	keyHeader := http.CanonicalHeaderKey(g.proxyKeyHeader())
-	drop := map[string]bool{keyHeader: true}
+	keyHeader := foldName(g.proxyKeyHeader())
+	drop := map[string]bool{}
 	for _, c := range h.Values("Connection") {
 		for _, name := range strings.Split(c, ",") {
 			drop[http.CanonicalHeaderKey(strings.TrimSpace(name))] = true
@@ -213,13 +213,41 @@ func (g *Gateway) forwardHeaders(h http.Header, hp *httpprov.Provider) map[strin
 	out := map[string]string{}
 	for name, vs := range h {
 		canon := http.CanonicalHeaderKey(name)
-		if droppedHeaders[canon] || drop[canon] || strings.HasPrefix(canon, "X-Forwarded-") ||
-			strings.HasPrefix(canon, "Oncegate-") || hp.Configured(canon) {
+		folded := foldName(canon)
+		if droppedHeaders[canon] || drop[canon] || strings.HasPrefix(canon, "X-Forwarded-") || folded == keyHeader ||
+			strings.HasPrefix(folded, "oncegate-") || hp.Configured(canon) {
 			continue
 		}
 		out[canon] = strings.Join(vs, ", ")
 	}
 	return out
+}
+
+// foldName spells a header name as servers that conflate names read it (nginx, CGI, WSGI, PHP: "_" and "."
+// are "-", case never counts), so that Oncegate_Api_Key is the gateway's own header as Oncegate-Api-Key is.
+func foldName(name string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '_' || r == '.':
+			return '-'
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return r
+	}, name)
+}
+
+// answerHeaders copies an upstream's answer headers to w: without Idempotent-Replayed, which is the
+// gateway's to say (an upstream's would pass a first answer off as a replay), and with no Content-Type when
+// the upstream sent none, where net/http would sniff one.
+func answerHeaders(w http.ResponseWriter, h http.Header) {
+	for k, vs := range h {
+		w.Header()[k] = vs
+	}
+	w.Header().Del("Idempotent-Replayed")
+	if _, ok := h["Content-Type"]; !ok {
+		w.Header()["Content-Type"] = nil
+	}
 }
 
 // pass sends a safe request on, unrecorded, and streams the answer back, masking the configured header
@@ -241,9 +269,7 @@ func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Prov
 			"status, as its final answer: not forwarded", resp.StatusCode))
 		return
 	}
-	for k, vs := range hp.AnswerHeaders(resp.Header) {
-		w.Header()[k] = vs
-	}
+	answerHeaders(w, hp.AnswerHeaders(resp.Header))
 	switch {
 	case r.Method == http.MethodHead:
 		if cl := resp.Header.Get("Content-Length"); cl != "" {
@@ -491,9 +517,7 @@ func (g *Gateway) render(w http.ResponseWriter, status effect.Status, result jso
 
 // writeAnswer writes an upstream's answer as stored.
 func writeAnswer(w http.ResponseWriter, a httpprov.Answer, replayed bool) {
-	for k, vs := range a.Header() {
-		w.Header()[k] = vs
-	}
+	answerHeaders(w, a.Header())
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}

@@ -278,3 +278,78 @@ func TestProxyKeepsObsTextHeaderValues(t *testing.T) {
 		}
 	}
 }
+
+// L2: the Bearer scheme is case-insensitive (RFC 9110 §11.1). L3: an API key sent twice is refused, not
+// read first-wins. L4: the gateway's own Oncegate-* headers are dropped in any spelling a server reads as the
+// same (Oncegate_Api_Key). L9: a 405 names the methods in Allow.
+func TestProxyAuthenticationHeaders(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, chargeAnswer)
+	h := proxyGateway(t, up, nil)
+	for _, scheme := range []string{"bearer", "BEARER", "Bearer"} {
+		if r := h.req("GET", "/v1/proxy/payments/x", "", "", "Authorization: "+scheme+" "+acmeKey); r.status != 201 {
+			t.Errorf("L2: scheme %q: %d %s", scheme, r.status, r.raw)
+		}
+		if r := h.req("GET", "/v1/effects", "", "", "Authorization: "+scheme+" "+acmeKey); r.status != 200 {
+			t.Errorf("L2: scheme %q on /v1/effects: %d %s", scheme, r.status, r.raw)
+		}
+	}
+	if r := h.req("GET", "/v1/proxy/payments/x", "", "", "Authorization: Bearer "+acmeKey,
+		"Authorization: Bearer og_someone_else"); r.status != 401 {
+		t.Errorf("L3: two Authorization headers: %d %s", r.status, r.raw)
+	}
+	calls := up.calls.Load()
+	r := h.req("POST", "/v1/proxy/payments/x", acmeKey, "{}", "Idempotency-Key: u", "Oncegate_Api_Key: leaked",
+		"Oncegate.Trace: leaked")
+	if r.status != 201 {
+		t.Fatalf("%d %s", r.status, r.raw)
+	}
+	req, _ := up.last()
+	for name := range req.Header {
+		if strings.HasPrefix(strings.ToLower(name), "oncegate") {
+			t.Errorf("L4: %s reached the upstream", name)
+		}
+	}
+	for _, m := range []string{"TRACE", "PROPFIND", "CONNECT"} {
+		for _, path := range []string{"/v1/proxy/payments/x", "/v1/proxy/payments", "/v1/proxy/payments/"} {
+			r := h.req(m, path, acmeKey, "")
+			if r.status != 405 || r.header.Get("Allow") == "" {
+				t.Errorf("L9: %s %s: %d, Allow %q", m, path, r.status, r.header.Get("Allow"))
+			}
+		}
+	}
+	if up.calls.Load() != calls+1 {
+		t.Errorf("upstream calls: %d", up.calls.Load()-calls)
+	}
+
+	two := proxyGateway(t, up, func(c *Config) { c.Proxy.APIKeyHeader = "Oncegate-Api-Key" })
+	if r := two.req("GET", "/v1/proxy/payments/x", "", "", "Oncegate-Api-Key: "+acmeKey,
+		"Oncegate-Api-Key: og_someone_else"); r.status != 401 {
+		t.Errorf("L3: the key header twice: %d %s", r.status, r.raw)
+	}
+	if r := two.req("GET", "/v1/proxy/payments/x", "", "", "Oncegate-Api-Key: bearer "+acmeKey); r.status != 201 {
+		t.Errorf("L2: bearer in the key header: %d %s", r.status, r.raw)
+	}
+}
+
+// L5: an answer without Content-Type gets none (no sniffing). L6: an upstream's Idempotent-Replayed is not
+// passed on: the flag is the gateway's to set.
+func TestProxyAnswerHeadersAreTheUpstreams(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		w.Header().Set("Idempotent-Replayed", "true")
+		w.Header()["Content-Type"] = nil
+		_, _ = io.WriteString(w, "<html>plain bytes</html>")
+	})
+	h := proxyGateway(t, up, nil)
+	for i := range 2 {
+		r := h.req("POST", "/v1/proxy/payments/x", acmeKey, "{}", "Idempotency-Key: ct")
+		if r.status != 200 || r.header.Get("Content-Type") != "" || (i == 1) != (r.header.Get("Idempotent-Replayed") == "true") {
+			t.Errorf("POST %d: %d %v", i, r.status, r.header)
+		}
+	}
+	r := h.req("GET", "/v1/proxy/payments/x", acmeKey, "")
+	if r.status != 200 || r.header.Get("Content-Type") != "" || r.header.Get("Idempotent-Replayed") != "" {
+		t.Errorf("GET: %d %v", r.status, r.header)
+	}
+}

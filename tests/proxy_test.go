@@ -376,6 +376,11 @@ func TestKilledGatewayMidProxyFollowsOnCrash(t *testing.T) {
 				if n := up.calls.Load(); n != 1 {
 					t.Fatalf("upstream: %d calls, want 1 (not resent)", n)
 				}
+				// L8: the interrupted attempt reached the upstream, and counts.
+				if c, _, e := proxyExchange(t, "GET", baseB+"/v1/effects/order-7", "", ""); c != 200 ||
+					!strings.Contains(e, `"status":"unknown"`) || !strings.Contains(e, `"attempts":1,`) {
+					t.Fatalf("the effect: %d %s", c, e)
+				}
 			}
 			if again != code || body2 != body {
 				t.Fatalf("the answer is not stable: %d %s, then %d %s", code, body, again, body2)

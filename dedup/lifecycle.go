@@ -186,7 +186,8 @@ type Finish struct {
 	Result json.RawMessage
 	// LastError replaces the stored error; empty clears it.
 	LastError string
-	// Attempted counts an attempt: false when no provider was called (an at-most-once rescue).
+	// Attempted counts an attempt: false when no provider was called (a breaker's refusal, an unreadable
+	// payload). An at-most-once rescue counts the attempt that was interrupted.
 	Attempted bool
 }
 

@@ -65,15 +65,16 @@ type Gateway struct {
 	// heard is set while the notification self-check passes (notify.go); until then, the gateway polls fast.
 	heard atomic.Bool
 	// newEffects tells the other gateways' dispatchers of new effects, outside the requests' transactions.
-	newEffects *notifier.Batcher
-	keys       []apiKey
-	limiter    *tenantlimit.Limiter
-	allowed    map[string]map[string]bool // tenant → the effect types it may use; none listed: all
-	waiters    *waiters
-	router     *mux.Router
-	handler    http.Handler // router, behind refuseDotSegments
-	metrics    *metrics
-	registry   *prometheus.Registry // metrics.registry: what /metrics serves
+	newEffects   *notifier.Batcher
+	keys         []apiKey
+	limiter      *tenantlimit.Limiter
+	allowed      map[string]map[string]bool // tenant → the effect types it may use; none listed: all
+	waiters      *waiters
+	proxyAnswers attempts // the answers of proxied attempts that ended transiently, for their waiters
+	router       *mux.Router
+	handler      http.Handler // router, behind refuseDotSegments
+	metrics      *metrics
+	registry     *prometheus.Registry // metrics.registry: what /metrics serves
 
 	// replays and attempts gather, for the operator, the replays absorbed and the delivery attempts made,
 	// and write them in batches (dedup.ReplayLog, dedup.AttemptLog).
@@ -329,8 +330,20 @@ func (g *Gateway) authenticateBy(header string, next http.Handler) http.Handler 
 		how = "send an API key in the " + header + " header"
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Header.Values(header)) > 1 {
+			// Two keys: reading either would be a guess at which tenant speaks.
+			if bearer {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate", error="invalid_request"`)
+			}
+			refuseUnread(w, r, probUnauthorized, "the API key is sent more than once ("+header+"); send one")
+			return
+		}
 		raw := r.Header.Get(header)
-		token, ok := strings.CutPrefix(raw, "Bearer ")
+		// The scheme's name is case-insensitive (RFC 9110 §11.1): "bearer" is Bearer.
+		token, ok := raw, false
+		if len(raw) > len("Bearer ") && strings.EqualFold(raw[:len("Bearer ")], "Bearer ") {
+			token, ok = raw[len("Bearer "):], true
+		}
 		if !bearer && !ok {
 			token, ok = raw, true
 		}

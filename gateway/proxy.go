@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -78,10 +79,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	m := g.metrics.proxied.MustCurryWith(map[string]string{"type": typ})
 	// The path under the type, as it was sent (percent-encoding kept), and the query.
 	prefix := "/v1/proxy/" + mux.Vars(r)["type"]
+	// Nothing after the type is base_url as written (not base_url + "/").
 	path := strings.TrimPrefix(r.URL.EscapedPath(), prefix)
-	if path == "" {
-		path = "/"
-	}
 	if r.URL.RawQuery != "" {
 		path += "?" + r.URL.RawQuery
 	}
@@ -111,7 +110,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "", "could not read the request body")
 		return
 	}
-	pl := httpprov.Payload{Method: r.Method, Path: path, Headers: g.forwardHeaders(r.Header, hp), Proxied: unsafe}
+	pl := httpprov.Payload{Method: r.Method, Path: path, Headers: g.forwardHeaders(r.Header, hp), Proxied: true}
 	switch {
 	case len(body) == 0:
 	case utf8.Valid(body) && bytes.IndexByte(body, 0) < 0:
@@ -204,8 +203,8 @@ var droppedHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Pr
 // RFC 9110 §5.3 allows). A header the effect type configures is the gateway's (a credential) and is dropped,
 // never taken from a client. What is left is checked by the http provider's rules like any payload's headers.
 func (g *Gateway) forwardHeaders(h http.Header, hp *httpprov.Provider) map[string]string {
-	keyHeader := http.CanonicalHeaderKey(g.proxyKeyHeader())
-	drop := map[string]bool{keyHeader: true}
+	keyHeader := foldName(g.proxyKeyHeader())
+	drop := map[string]bool{}
 	for _, c := range h.Values("Connection") {
 		for _, name := range strings.Split(c, ",") {
 			drop[http.CanonicalHeaderKey(strings.TrimSpace(name))] = true
@@ -214,8 +213,9 @@ func (g *Gateway) forwardHeaders(h http.Header, hp *httpprov.Provider) map[strin
 	out := map[string]string{}
 	for name, vs := range h {
 		canon := http.CanonicalHeaderKey(name)
-		if droppedHeaders[canon] || drop[canon] || strings.HasPrefix(canon, "X-Forwarded-") ||
-			strings.HasPrefix(canon, "Oncegate-") || hp.Configured(canon) {
+		folded := foldName(canon)
+		if droppedHeaders[canon] || drop[canon] || strings.HasPrefix(canon, "X-Forwarded-") || folded == keyHeader ||
+			strings.HasPrefix(folded, "oncegate-") || hp.Configured(canon) {
 			continue
 		}
 		out[canon] = strings.Join(vs, ", ")
@@ -223,7 +223,37 @@ func (g *Gateway) forwardHeaders(h http.Header, hp *httpprov.Provider) map[strin
 	return out
 }
 
-// pass sends a safe request on, unrecorded, and streams the answer back.
+// foldName spells a header name as servers that conflate names read it (nginx, CGI, WSGI, PHP: "_" and "."
+// are "-", case never counts), so that Oncegate_Api_Key is the gateway's own header as Oncegate-Api-Key is.
+func foldName(name string) string {
+	return strings.Map(func(r rune) rune {
+		switch {
+		case r == '_' || r == '.':
+			return '-'
+		case r >= 'A' && r <= 'Z':
+			return r + 'a' - 'A'
+		}
+		return r
+	}, name)
+}
+
+// answerHeaders copies an upstream's answer headers to w: without Idempotent-Replayed, which is the
+// gateway's to say (an upstream's would pass a first answer off as a replay), and with no Content-Type when
+// the upstream sent none, where net/http would sniff one.
+func answerHeaders(w http.ResponseWriter, h http.Header) {
+	for k, vs := range h {
+		w.Header()[k] = vs
+	}
+	w.Header().Del("Idempotent-Replayed")
+	if _, ok := h["Content-Type"]; !ok {
+		w.Header()["Content-Type"] = nil
+	}
+}
+
+// pass sends a safe request on, unrecorded, and streams the answer back, masking the configured header
+// values as a stored answer is masked. The upstream's Content-Length is kept when masking cannot change the
+// length (and always for HEAD, which has no body); a body that breaks off, by a reset or the type's
+// timeout, aborts the client's connection, so that a cut-short answer never looks complete.
 func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Provider, typ string, payload []byte) {
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.EffectTypes[typ].Timeout))
 	defer cancel()
@@ -233,18 +263,35 @@ func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Prov
 		return
 	}
 	defer resp.Body.Close()
-	for k, vs := range hp.AnswerHeaders(resp.Header) {
-		w.Header()[k] = vs
+	if resp.StatusCode < 200 {
+		// A 1xx final answer (101 above all) would leave the client's connection in another protocol.
+		writeProblem(w, probUpstreamUnreachable, "", fmt.Sprintf("the upstream answered %d, an interim "+
+			"status, as its final answer: not forwarded", resp.StatusCode))
+		return
+	}
+	answerHeaders(w, hp.AnswerHeaders(resp.Header))
+	switch {
+	case r.Method == http.MethodHead:
+		if cl := resp.Header.Get("Content-Length"); cl != "" {
+			w.Header().Set("Content-Length", cl)
+		}
+	case resp.ContentLength >= 0 && !hp.Masks():
+		w.Header().Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
 	w.WriteHeader(resp.StatusCode)
-	_, _ = io.Copy(w, resp.Body)
+	n, err := io.Copy(w, hp.MaskStream(resp.Body))
+	if err != nil || (resp.ContentLength >= 0 && !hp.Masks() && n < resp.ContentLength && r.Method != http.MethodHead) {
+		g.log.Warn("a passed-through answer broke off; the client's connection is aborted", "type", typ,
+			"bytes", n, "err", err)
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // perform delivers a row this request leased, and answers with what became of it.
 func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, c dedup.Claimed) {
 	res, err := g.dispatcher.Perform(r.Context(), c)
-	g.waiters.wake(c.EffectID) // requests waiting under the key look again, whatever the outcome
 	if err != nil {
+		g.waiters.wake(c.EffectID)
 		g.log.Error("performing a proxied request", "type", c.Type, "err", err)
 		writeProblem(w, probInternal, "", "")
 		return
@@ -256,35 +303,92 @@ func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.
 			"type", c.Type, "key", c.Key, "status", res.Status)
 	}
 	if res.Status.Terminal() {
+		g.waiters.wake(c.EffectID) // they read the stored answer
 		m.WithLabelValues("performed").Inc()
 		g.render(w, res.Status, res.Finish.Result, res.Finish.LastError, false)
 		return
 	}
 	// Pending: a transient failure (or a breaker that held the call). Its answer is the client's to see and
-	// is not stored: a retry under the key performs the request again.
+	// is not stored: a retry under the key performs the request again. The requests that waited for this
+	// attempt get its answer too, rather than each performing the request again the moment it ended.
 	m.WithLabelValues("retried").Inc()
-	switch {
-	case !res.Attempted:
-		w.Header().Set("Retry-After", "1")
-		writeProblem(w, probBreakerOpen, "", "the upstream's circuit breaker is open; nothing was sent")
-	case len(res.Outcome.Result) > 0:
-		var a httpprov.Answer
-		if json.Unmarshal(res.Outcome.Result, &a) == nil && a.Status != 0 {
-			if a.BodyOverLimit {
-				w.Header().Set("Retry-After", "1")
-				writeProblem(w, probAnswerTooLarge, "", fmt.Sprintf("the upstream answered %d, a transient "+
-					"failure that was not stored, with a body over http.max_answer (%d bytes)", a.Status, a.MaxAnswer))
+	answer := transientAnswer(res.Attempted, res.Outcome.Result, res.Outcome.Err)
+	g.proxyAnswers.share(c.EffectID, answer)
+	g.waiters.wake(c.EffectID)
+	answer(w, false)
+}
+
+// transientAnswer writes the answer to an attempt that left its effect pending; replayed marks it as
+// another request's answer.
+func transientAnswer(attempted bool, result json.RawMessage, err error) func(w http.ResponseWriter, replayed bool) {
+	return func(w http.ResponseWriter, replayed bool) {
+		if replayed {
+			w.Header().Set("Idempotent-Replayed", "true")
+		}
+		switch {
+		case !attempted:
+			w.Header().Set("Retry-After", "1")
+			writeProblem(w, probBreakerOpen, "", "the upstream's circuit breaker is open; nothing was sent")
+			return
+		case len(result) > 0:
+			var a httpprov.Answer
+			if json.Unmarshal(result, &a) == nil && a.Status != 0 {
+				if a.BodyOverLimit {
+					w.Header().Set("Retry-After", "1")
+					writeProblem(w, probAnswerTooLarge, "", fmt.Sprintf("the upstream answered %d, a transient "+
+						"failure that was not stored, with a body over http.max_answer (%d bytes)", a.Status, a.MaxAnswer))
+					return
+				}
+				writeAnswer(w, a, replayed)
 				return
 			}
-			writeAnswer(w, a, false)
+		}
+		timedOut := errors.Is(err, context.DeadlineExceeded) || strings.HasPrefix(errString(err), "timed out")
+		w.Header().Set("Retry-After", "1")
+		if timedOut {
+			writeProblem(w, probUpstreamTimeout, "", errString(err))
 			return
 		}
-		g.upstreamFailed(w, false, res.Outcome.Err)
-	default:
-		timedOut := errors.Is(res.Outcome.Err, context.DeadlineExceeded) ||
-			strings.HasPrefix(errString(res.Outcome.Err), "timed out")
-		g.upstreamFailed(w, timedOut, res.Outcome.Err)
+		writeProblem(w, probUpstreamUnreachable, "", errString(err))
 	}
+}
+
+// attempts keeps, for a short while, the answer of each proxied attempt that left its effect pending, for
+// the requests that waited for that attempt in this gateway.
+type attempts struct {
+	mu sync.Mutex
+	m  map[int64]sharedAttempt
+}
+
+type sharedAttempt struct {
+	ended  time.Time
+	answer func(http.ResponseWriter, bool)
+}
+
+func (a *attempts) share(id int64, answer func(http.ResponseWriter, bool)) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[int64]sharedAttempt{}
+	}
+	now := time.Now()
+	for k, v := range a.m { // the waiters of an attempt read its answer at once: older ones are nobody's
+		if now.Sub(v.ended) > time.Minute {
+			delete(a.m, k)
+		}
+	}
+	a.m[id] = sharedAttempt{ended: now, answer: answer}
+}
+
+// since returns the answer of effect id's attempt that ended after t, if this gateway performed it.
+func (a *attempts) since(id int64, t time.Time) (func(http.ResponseWriter, bool), bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.m[id]
+	if !ok || s.ended.Before(t) {
+		return nil, false
+	}
+	return s.answer, true
 }
 
 // settle answers a request whose key holds an effect already: the stored answer when the effect is
@@ -297,7 +401,29 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 	}
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
+	var waitedSince time.Time // when this request first found another attempt in flight
 	for {
+		if !waitedSince.IsZero() && e.Status == effect.StatusPending {
+			// The attempt it waited for ended, transiently: its answer is this request's too.
+			m.WithLabelValues("replayed").Inc()
+			if answer, ok := g.proxyAnswers.since(e.ID, waitedSince); ok {
+				answer(w, true)
+				return
+			}
+			// Performed by another gateway, whose answer was not stored: say when to come back.
+			retry := 1
+			if e.NextAttemptAt != nil {
+				retry = max(1, int(time.Until(*e.NextAttemptAt).Seconds()+0.999))
+			}
+			w.Header().Set("Retry-After", strconv.Itoa(retry))
+			lastErr := ""
+			if e.LastError != nil {
+				lastErr = *e.LastError
+			}
+			writeProblem(w, probUpstreamUnreachable, "", "the attempt this request waited for failed "+
+				"transiently and was not stored: "+lastErr)
+			return
+		}
 		if e.Status.Terminal() {
 			m.WithLabelValues("replayed").Inc()
 			g.metrics.replays.WithLabelValues(e.Type).Inc()
@@ -318,6 +444,9 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 		if found {
 			g.perform(w, r, m, c)
 			return
+		}
+		if waitedSince.IsZero() {
+			waitedSince = time.Now()
 		}
 		ch, forget := g.waiters.add(e.ID)
 		recheck := time.NewTimer(proxyRecheck)
@@ -355,10 +484,16 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 }
 
 // render answers with a terminal effect of the proxy: the stored answer as it came, or the problem its
-// status names. replayed adds Idempotent-Replayed.
+// status names. replayed adds Idempotent-Replayed. A dead effect is the gateway's answer, not the upstream's:
+// its result holds the last transient answer (a 5xx, a 429) for GET /v1/effects, but that answer said "try
+// again", and no request under the key will.
 func (g *Gateway) render(w http.ResponseWriter, status effect.Status, result json.RawMessage, lastErr string, replayed bool) {
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
+	}
+	if status == effect.StatusDead {
+		writeProblem(w, probGaveUp, "", lastErr)
+		return
 	}
 	var a httpprov.Answer
 	if len(result) > 0 && json.Unmarshal(result, &a) == nil && a.Status != 0 {
@@ -382,9 +517,7 @@ func (g *Gateway) render(w http.ResponseWriter, status effect.Status, result jso
 
 // writeAnswer writes an upstream's answer as stored.
 func writeAnswer(w http.ResponseWriter, a httpprov.Answer, replayed bool) {
-	for k, vs := range a.Headers {
-		w.Header()[k] = append([]string(nil), vs...)
-	}
+	answerHeaders(w, a.Header())
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")
 	}

@@ -82,7 +82,8 @@ const rescueUnknown = "the lease of the gateway delivering this effect ran out b
 //     reason: trying again would fail again, and hold a lease and a claim each time.
 //   - A row whose delivery panicked is finished dead, charged: trying again would panic again.
 //   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
-//     finished unknown, uncharged, rather than risk a second delivery; a TxProvider has no crash window, so
+//     finished unknown rather than risk a second delivery, with the interrupted attempt counted: it may have
+//     reached the destination, and attempts: 0 would say that nothing was sent; a TxProvider has no crash window, so
 //     its rows are always delivered. Every other row is delivered.
 //   - The breaker refused the call: the row waits, uncharged, until the breaker can let a call through.
 //   - Shutdown cancelled a transient attempt: the row is handed back at once, uncharged, for any gateway.
@@ -94,7 +95,7 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 	case stageClaimed:
 		if r.Rescued && p.onCrash == AtMostOnce && !p.tx {
 			return action{kind: actFinish,
-				finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown},
+				finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown, Attempted: true},
 				msg:    "rescued a delivery interrupted by a crash; on_crash is at_most_once, so it is not resent",
 				level:  slog.LevelWarn}
 		}

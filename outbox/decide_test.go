@@ -36,7 +36,7 @@ func TestDecide(t *testing.T) {
 		{"a fresh row is delivered", event{stage: stageClaimed}, fresh, most, action{kind: actDeliver}},
 		{"at_least_once resends a rescued row", event{stage: stageClaimed}, rescued, least, action{kind: actDeliver}},
 		{"at_most_once marks a rescued row unknown, uncharged", event{stage: stageClaimed}, rescued, most,
-			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown}}},
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown, Attempted: true}}},
 		{"a TxProvider has no crash window: its rescued row is resent", event{stage: stageClaimed}, rescued, mostTx,
 			action{kind: actDeliver}},
 		{"a row refused by its breaker waits until the breaker can let a call through, uncharged",

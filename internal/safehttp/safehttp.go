@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/oncegate/oncegate/providers"
 )
@@ -125,7 +126,10 @@ func client(allowPrivate bool, then func(network, address string, c syscall.RawC
 			IdleConnTimeout:       90 * time.Second,
 			TLSHandshakeTimeout:   10 * time.Second,
 			ResponseHeaderTimeout: 0, // the request's context carries the effect type's timeout
-		}),
+		},
+			// The trace context only: W3C baggage in a request's context is what its client sent (the proxy
+			// passes a tenant's request on), and is not the gateway's to hand a destination.
+			otelhttp.WithPropagators(propagation.TraceContext{})),
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 }

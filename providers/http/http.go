@@ -49,6 +49,9 @@ type Config struct {
 	MaxAnswer int64 `yaml:"max_answer"`
 }
 
+// redacted replaces a configured header's value wherever an answer echoes it.
+const redacted = "[redacted]"
+
 // DefaultMaxAnswer is the default Config.MaxAnswer: 1 MiB.
 const DefaultMaxAnswer = 1 << 20
 
@@ -71,6 +74,8 @@ type Provider struct {
 	// split) passes it. What holds by structure is that a configured header is never kept from a response,
 	// errors never quote an answer, and the docs say that a body is the upstream's, stored as it was sent.
 	redact *strings.Replacer
+	// secrets are the values redact masks, for the streamed form of the same masking (MaskStream).
+	secrets []string
 }
 
 // Validate reports the first setting that New would refuse, without building a provider.
@@ -120,10 +125,12 @@ func (c Config) resolve() (*Provider, error) {
 		p.headers.Set(k, v)
 		p.folded[fold(k)] = k
 		if len(v) >= 8 {
-			pairs = append(pairs, v, "[redacted]")
+			pairs = append(pairs, v, redacted)
+			p.secrets = append(p.secrets, v)
 		}
 		if _, token, ok := strings.Cut(v, " "); ok && len(token) >= 8 {
-			pairs = append(pairs, token, "[redacted]")
+			pairs = append(pairs, token, redacted)
+			p.secrets = append(p.secrets, token)
 		}
 	}
 	p.redact = strings.NewReplacer(pairs...)
@@ -237,12 +244,20 @@ func (p *Provider) parse(raw json.RawMessage) (Payload, error) {
 			return pl, providers.Invalid("body_base64", "must be standard base64: %v", err)
 		}
 	}
-	if !strings.HasPrefix(pl.Path, "/") || strings.HasPrefix(pl.Path, "//") || strings.ContainsAny(pl.Path, "\r\n\x00 ") {
+	// A proxied request sent to /v1/proxy/{type} itself, with no path after it, goes to base_url as written.
+	bare := pl.Proxied && (pl.Path == "" || strings.HasPrefix(pl.Path, "?"))
+	if (!bare && (!strings.HasPrefix(pl.Path, "/") || strings.HasPrefix(pl.Path, "//"))) ||
+		strings.ContainsAny(pl.Path, "\r\n\x00 ") {
 		return pl, providers.Invalid("path", "must start with a single / and hold no spaces or line breaks")
 	}
 	rel, err := url.Parse(pl.Path)
 	if err != nil {
 		return pl, providers.Invalid("path", "%v", err)
+	}
+	if strings.HasPrefix(rel.Path, "//") {
+		// %2F%2F decodes to the same "//" that is refused raw: an upstream that decodes before routing, or a
+		// base_url without a path, would read an authority there.
+		return pl, providers.Invalid("path", "must not start with // once decoded (%%2F%%2F too)")
 	}
 	// Decoded, so %2e%2e and %5c count too: an upstream that normalises paths would leave base_url's prefix.
 	if strings.Contains(rel.Path, `\`) {
@@ -300,6 +315,13 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 		return safehttp.TransportError(ctx, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode < 200 {
+		// A 1xx as the final answer (net/http hands back only 101) is no answer to this request: forwarded,
+		// it would switch a client's connection to another protocol. Failed: the upstream would answer a
+		// resend the same way.
+		return providers.Failed(fmt.Errorf("destination answered %d, an interim status, as its final answer",
+			resp.StatusCode), true)
+	}
 	if pl.Proxied {
 		return p.answer(resp)
 	}
@@ -325,8 +347,12 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, error) {
 	rel, _ := url.Parse(pl.Path)
 	target := *p.base
-	target.Path = strings.TrimSuffix(p.base.Path, "/") + rel.Path
-	target.RawPath = ""
+	if rel.Path != "" {
+		// Encoded as the client sent it (a%2Fb stays one segment, %41 stays %41): RawPath is kept by net/http
+		// when it is a valid encoding of Path, which an escaped form joined to an escaped form is.
+		target.Path = strings.TrimSuffix(p.base.Path, "/") + rel.Path
+		target.RawPath = strings.TrimSuffix(p.base.EscapedPath(), "/") + rel.EscapedPath()
+	}
 	target.RawQuery = rel.RawQuery
 	var body []byte
 	contentType := ""
@@ -362,12 +388,30 @@ func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, erro
 // cannot hold) or as base64 (BodyBase64). BodyOverLimit says that the body was over max_answer and was not
 // kept.
 type Answer struct {
-	Status        int                 `json:"status"`
-	Headers       map[string][]string `json:"headers"`
+	Status  int                 `json:"status"`
+	Headers map[string][]string `json:"headers"`
+	// HeadersBase64 holds the headers with a value that is not UTF-8 (obs-text, Latin-1 most often), each
+	// value standard base64: JSON would turn its bytes into U+FFFD.
+	HeadersBase64 map[string][]string `json:"headers_base64,omitempty"`
 	Body          *string             `json:"body,omitempty"`
 	BodyBase64    *string             `json:"body_base64,omitempty"`
 	BodyOverLimit bool                `json:"body_over_limit,omitempty"`
 	MaxAnswer     int64               `json:"max_answer,omitempty"`
+}
+
+// Header returns the headers as they came.
+func (a Answer) Header() http.Header {
+	h := http.Header{}
+	for k, vs := range a.Headers {
+		h[k] = append([]string(nil), vs...)
+	}
+	for k, vs := range a.HeadersBase64 {
+		for _, v := range vs {
+			b, _ := base64.StdEncoding.DecodeString(v)
+			h[k] = append(h[k], string(b))
+		}
+	}
+	return h
 }
 
 // Bytes returns the body as it came.
@@ -392,7 +436,16 @@ func (p *Provider) answer(resp *http.Response) providers.Outcome {
 	}
 	a := Answer{Status: resp.StatusCode, Headers: map[string][]string{}}
 	for k, vs := range p.AnswerHeaders(resp.Header) {
-		a.Headers[k] = vs
+		if utf8.ValidString(strings.Join(vs, "")) {
+			a.Headers[k] = vs
+			continue
+		}
+		if a.HeadersBase64 == nil {
+			a.HeadersBase64 = map[string][]string{}
+		}
+		for _, v := range vs {
+			a.HeadersBase64[k] = append(a.HeadersBase64[k], base64.StdEncoding.EncodeToString([]byte(v)))
+		}
 	}
 	switch {
 	case over:

@@ -28,7 +28,7 @@ func (w *Worker) heartbeat(ctx context.Context, l *liveness) error {
 	pairs, orphansBefore := w.heartbeatState()
 	args := append([]any{w.id, w.seenFor().Milliseconds(), w.leaseFor().Milliseconds(), orphansBefore}, pairs...)
 	k := w.q.keys
-	res, err := heartbeatScript.Run(ctx, l.rdb, []string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
+	res, err := heartbeatScript.Run(ctx, l.client(), []string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
 		args...).StringSlice()
 	if err != nil {
 		return fmt.Errorf("queue: heartbeat: %w", err)

@@ -26,8 +26,12 @@ import (
 
 // liveness is a worker's liveness connection and what the worker knows about it.
 type liveness struct {
-	rdb *redis.Client // one connection, to the node that holds the queue's hash slot
-	log *slog.Logger
+	// mu guards rdb and closed: the liveness loop replaces rdb when the queue's slot moves, while Run closes
+	// it from outside the loop to break a heartbeat stuck on an unreachable Redis.
+	mu     sync.Mutex
+	rdb    *redis.Client // one connection, to the node that holds the queue's hash slot
+	closed bool
+	log    *slog.Logger
 	// connCheck is false once Redis has refused CLIENT ID or CLIENT LIST: crash detection then rests on leases.
 	connCheck atomic.Bool
 	warnOnce  sync.Once
@@ -42,18 +46,25 @@ type liveness struct {
 func nodeOptions(ctx context.Context, rdb redis.UniversalClient, key string) (*redis.Options, error) {
 	switch c := rdb.(type) {
 	case *redis.Client:
-		o := *c.Options()
-		return &o, nil
+		return copyOptions(c), nil
 	case *redis.ClusterClient:
 		node, err := c.MasterForKey(ctx, key)
 		if err != nil {
 			return nil, fmt.Errorf("queue: find the cluster node of %s: %w", key, err)
 		}
-		o := *node.Options()
-		return &o, nil
+		return copyOptions(node), nil
 	default:
 		return nil, fmt.Errorf("queue: a worker needs a *redis.Client or *redis.ClusterClient, not %T", rdb)
 	}
+}
+
+// copyOptions returns a copy of c's options for a client of the worker's own. go-redis stores each client's
+// push-notification processor in its options, so a plain copy would share c's: the new client would register
+// its handlers on it a second time and both clients' connections would run them at once.
+func copyOptions(c *redis.Client) *redis.Options {
+	o := *c.Options()
+	o.PushNotificationProcessor = nil
+	return &o
 }
 
 // dialLiveness opens the worker's liveness connection. Each time go-redis connects it (at start, and again
@@ -106,10 +117,44 @@ func (w *Worker) dialLiveness(ctx context.Context, l *liveness) (*redis.Client, 
 // checkClientList makes sure at start that Redis answers CLIENT LIST ID, on which crash detection rests, so
 // that a worker whose Redis forbids it says so at once rather than at its first sweep.
 func (w *Worker) checkClientList(ctx context.Context, l *liveness) {
-	err := l.rdb.Do(ctx, "CLIENT", "LIST", "ID", "0").Err()
+	err := l.client().Do(ctx, "CLIENT", "LIST", "ID", "0").Err()
 	if err != nil && refused(err) {
 		l.disable(fmt.Errorf("CLIENT LIST ID: %w", err))
 	}
+}
+
+// client returns the liveness connection's client.
+func (l *liveness) client() *redis.Client {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.rdb
+}
+
+// replace puts next in place of the current client and closes the old one; once the liveness connection is
+// closed it closes next instead and reports false.
+func (l *liveness) replace(next *redis.Client) bool {
+	l.mu.Lock()
+	old, closed := l.rdb, l.closed
+	if !closed {
+		l.rdb = next
+	}
+	l.mu.Unlock()
+	if closed {
+		_ = next.Close()
+		return false
+	}
+	_ = old.Close()
+	return true
+}
+
+// close closes the liveness connection for good: a command waiting on it returns, and a redial that races
+// with it closes what it dialled.
+func (l *liveness) close() {
+	l.mu.Lock()
+	rdb := l.rdb
+	l.closed = true
+	l.mu.Unlock()
+	_ = rdb.Close()
 }
 
 // disable turns connection checks off for this worker, saying so once.
@@ -218,8 +263,8 @@ func (w *Worker) redial(ctx context.Context, l *liveness) {
 		w.log.Warn("could not find the queue's Redis node again", "err", err)
 		return
 	}
-	old := l.rdb
-	l.rdb = next
-	_ = old.Close()
+	if !l.replace(next) {
+		return
+	}
 	w.log.Info("liveness connection follows the queue's slot to another node", "addr", next.Options().Addr)
 }

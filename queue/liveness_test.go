@@ -507,3 +507,30 @@ func TestDeadWorkersThousandsOfJobsComeBackInOneSweep(t *testing.T) {
 		t.Fatalf("%d jobs ready, want %d", got, n)
 	}
 }
+
+// A worker's own clients are built from a copy of the caller's options, and go-redis keeps each client's
+// push-notification processor in its options: a copy that kept it shared the caller's processor, whose
+// handlers the new client then registered again ("cannot overwrite existing handler") and ran on from two
+// clients' connections at once, a data race the CI's -race run caught during a cluster failover.
+func TestWorkerClientsOwnTheirPushProcessor(t *testing.T) {
+	caller := testenv.Redis(t)
+	theirs := caller.Options().PushNotificationProcessor
+	if theirs == nil {
+		t.Fatal("go-redis no longer keeps the push processor in the options: this test checks nothing")
+	}
+	own, err := ownJobClient(caller, 2, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer own.Close()
+	if own.(*redis.Client).Options().PushNotificationProcessor == theirs {
+		t.Error("the worker's job client shares the caller's push processor")
+	}
+	o, err := nodeOptions(context.Background(), caller, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.PushNotificationProcessor != nil {
+		t.Error("the liveness connection's options carry the caller's push processor")
+	}
+}

@@ -16,7 +16,7 @@ import (
 // all of them.
 
 func (w *Worker) sweepOnce(ctx context.Context, l *liveness) {
-	res, err := w.q.sweep(ctx, l.rdb, w.sweepSettings(), l)
+	res, err := w.q.sweep(ctx, l.client(), w.sweepSettings(), l)
 	if ctx.Err() != nil {
 		return
 	}

@@ -274,7 +274,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	// Closing the connection ends a heartbeat stuck on an unreachable Redis; the registration it leaves is
 	// removed by the release below, long before the reconnect grace could make a sweeper act on it.
 	stopLiveness()
-	_ = live.rdb.Close()
+	live.close()
 	liveLoop.Wait()
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
 	n, err := w.release(rctx)
@@ -299,7 +299,7 @@ func (w *Worker) Run(ctx context.Context) error {
 func ownJobClient(rdb redis.UniversalClient, poolSize int, readTimeout time.Duration) (redis.UniversalClient, error) {
 	switch c := rdb.(type) {
 	case *redis.Client:
-		o := *c.Options()
+		o := copyOptions(c)
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = poolSize, 0, poolSize, 0
 		o.ReadTimeout = atLeast(o.ReadTimeout, readTimeout)
 		o.PoolTimeout = 0
@@ -307,7 +307,7 @@ func ownJobClient(rdb redis.UniversalClient, poolSize int, readTimeout time.Dura
 		// Deadlines of contexts hold on the wire, not only the read timeout, so that a closing worker's
 		// deadlines hold against a Redis that does not answer.
 		o.ContextTimeoutEnabled = true
-		return redis.NewClient(&o), nil
+		return redis.NewClient(o), nil
 	case *redis.ClusterClient:
 		o := *c.Options()
 		o.PoolSize, o.MinIdleConns, o.MaxIdleConns, o.MaxActiveConns = poolSize, 0, poolSize, 0

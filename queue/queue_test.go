@@ -234,7 +234,7 @@ func TestIdleWorkerWakesOnEnqueue(t *testing.T) {
 	base, _ := newQueue(t, nil)
 	// A client whose reads outlast the long IdleBlock below, and whose connections carry a name of their own,
 	// so that the test can see in CLIENT LIST when the worker's job connection blocks.
-	opts := *base.rdb.(*redis.Client).Options()
+	opts := *copyOptions(base.rdb.(*redis.Client))
 	opts.ReadTimeout = time.Minute
 	connName := testenv.Name(t, "c")
 	opts.OnConnect = func(ctx context.Context, cn *redis.Conn) error { return cn.ClientSetName(ctx, connName).Err() }

@@ -22,6 +22,9 @@ var (
 	// ErrLeaseLost: the lease named in a write is no longer the row's (it expired and another dispatcher
 	// claimed the row, or an operator retried it); nothing was written.
 	ErrLeaseLost = errors.New("dedup: lease lost; another dispatcher owns the row")
+	// ErrTypePaused: an operator paused delivery of the effect's type, and the call would have delivered it at
+	// once (the dedup proxy); nothing was recorded or claimed.
+	ErrTypePaused = errors.New("dedup: delivery of the effect type is paused")
 	// ErrUnavailable wraps an error that means the database cannot be reached right now (down, restarting,
 	// out of connections, a network fault, a timeout): the same call may succeed later.
 	ErrUnavailable = errors.New("dedup: database unavailable")

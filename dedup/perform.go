@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,8 +17,10 @@ import (
 )
 
 var (
-	insertLeasedSQL = query("insert_leased")
-	claimEffectSQL  = query("claim_effect")
+	insertLeasedSQL     = query("insert_leased")
+	claimEffectSQL      = query("claim_effect")
+	typePausedSQL       = query("type_paused")
+	effectTypePausedSQL = query("effect_type_paused")
 )
 
 // Holder names who leases a row and for how long: a request that performs its effect at once (the dedup
@@ -75,6 +78,9 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 			// Taken by a transaction the statement's snapshot could not see.
 			existing, err = s.Get(ctx, ne.Tenant, ne.Key)
 			if errors.Is(err, ErrNotFound) {
+				if paused, perr := s.TypePaused(ctx, ne.Type); perr != nil || paused {
+					return nil, nil, false, cmp.Or(perr, ErrTypePaused)
+				}
 				continue // purged between the insert and the read
 			}
 			if err != nil {
@@ -92,7 +98,8 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 
 // ClaimEffect leases the outbox row of the effect id to h, due or not, unless another holder's lease on it
 // is still running (then found is false, as it is for an effect without an outbox row: a terminal one). A
-// row whose lease expired comes back Rescued. The Claimed carries its payload.
+// row whose lease expired comes back Rescued. The Claimed carries its payload. A row of a paused type is
+// not claimed: ErrTypePaused.
 func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder) (c Claimed, found bool, err error) {
 	rs, err := s.db.Query(ctx, claimEffectSQL, id, h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering)
 	if err != nil {
@@ -110,6 +117,9 @@ func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder) (c Claimed,
 		return c, false, translate("claim effect", err)
 	}
 	if len(rows) == 0 {
+		if paused, err := s.TypePausedFor(ctx, id); err != nil || paused {
+			return c, false, cmp.Or(err, ErrTypePaused)
+		}
 		return c, false, nil
 	}
 	c = rows[0]
@@ -123,4 +133,18 @@ func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder) (c Claimed,
 		return c, false, err
 	}
 	return c, true, nil
+}
+
+// TypePaused reports whether an operator paused delivery of effect type typ.
+func (s *Store) TypePaused(ctx context.Context, typ string) (bool, error) {
+	var paused bool
+	err := s.db.QueryRow(ctx, typePausedSQL, typ).Scan(&paused)
+	return paused, translate("read paused types", err)
+}
+
+// TypePausedFor reports whether delivery of the type of effect id is paused, the effect waiting for it.
+func (s *Store) TypePausedFor(ctx context.Context, id int64) (bool, error) {
+	var paused bool
+	err := s.db.QueryRow(ctx, effectTypePausedSQL, id).Scan(&paused)
+	return paused, translate("read paused types", err)
 }

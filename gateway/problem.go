@@ -117,6 +117,12 @@ var (
 		Means: "Recent requests to this upstream failed, and its circuit breaker holds further calls for a " +
 			"while. Nothing was sent; the effect waits (pending) and is performed when the breaker lets calls through.",
 		Do: "Retry after the seconds in Retry-After with the same Idempotency-Key and request."}
+	probTypePaused = &ProblemKind{Slug: "type-paused", Status: 503, Title: "Effect type paused",
+		Means: "An operator paused delivery of this effect type (oncegate type pause), and this request would " +
+			"have reached the upstream. Nothing was sent, and nothing new was recorded: a key first seen now is " +
+			"still free, and a key that waits for a retry still waits. Stored answers are still replayed.",
+		Do: "Retry after the seconds in Retry-After with the same Idempotency-Key and request; it is performed " +
+			"once the type is resumed."}
 	probAnswerTooLarge = &ProblemKind{Slug: "answer-too-large", Status: 502, Title: "Answer too large to store",
 		Means: "The upstream performed the request, but its answer's body was over the effect type's " +
 			"http.max_answer, so it was not stored; the effect keeps the status and headers. Every request under " +
@@ -138,7 +144,7 @@ var (
 var problemKinds = []*ProblemKind{probInvalid, probUnauthorized, probTypeNotAllowed, probNotFound,
 	probMethodNotAllowed, probFenced, probNotRetryable, probBodyTooLarge, probUnsupportedMedia, probKeyReused,
 	probRateLimited, probInternal, probUnavailable, probInFlight, probUpstreamUnreachable, probUpstreamTimeout,
-	probBreakerOpen, probAnswerTooLarge, probOutcomeUnknown, probGaveUp}
+	probBreakerOpen, probTypePaused, probAnswerTooLarge, probOutcomeUnknown, probGaveUp}
 
 // ProblemKinds returns every problem type the gateway can answer with.
 func ProblemKinds() []ProblemKind {

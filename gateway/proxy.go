@@ -165,6 +165,9 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	case errors.As(err, &unstorable):
 		badRequest(w, "", "the request cannot be stored: "+unstorable.Reason)
 		return
+	case errors.Is(err, dedup.ErrTypePaused):
+		g.typePaused(w, m, typ)
+		return
 	case err != nil:
 		g.storeError(w, r, err)
 		return
@@ -437,6 +440,10 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 		ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 		c, found, err := g.store.ClaimEffect(ctx, e.ID, h)
 		cancel()
+		if errors.Is(err, dedup.ErrTypePaused) {
+			g.typePaused(w, m, e.Type)
+			return
+		}
 		if err != nil {
 			g.storeError(w, r, err)
 			return
@@ -481,6 +488,18 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 		}
 		e = next
 	}
+}
+
+// typePausedRetry is the Retry-After of a request refused because its type is paused: an operator's pause
+// lasts minutes, and a client that comes back every second would only add load to an incident.
+const typePausedRetry = 30
+
+// typePaused refuses a proxied request that would reach the upstream of a type an operator paused.
+func (g *Gateway) typePaused(w http.ResponseWriter, m *prometheus.CounterVec, typ string) {
+	m.WithLabelValues("paused").Inc()
+	w.Header().Set("Retry-After", strconv.Itoa(typePausedRetry))
+	writeProblem(w, probTypePaused, "", fmt.Sprintf("an operator paused delivery of effect type %q; retry "+
+		"with the same Idempotency-Key after the type is resumed", typ))
 }
 
 // render answers with a terminal effect of the proxy: the stored answer as it came, or the problem its

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -365,5 +366,59 @@ func TestProxyInFlightAndChunkedBodies(t *testing.T) {
 	}
 	if n := up.calls.Load(); n != 1 {
 		t.Fatalf("upstream calls: %d", n)
+	}
+}
+
+// An operator's `oncegate type pause` stops delivery of a type, and the proxy delivers in the request: a
+// proxied request that would reach the upstream is refused while the type is paused, and nothing is recorded,
+// so that the client's retry after the resume is a first request. What needs no upstream (a stored answer)
+// is still replayed, and a key waiting for a retry after a transient failure is not performed either.
+func TestProxyHonoursAPausedType(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		if strings.Contains(r.URL.Path, "flaky") && n == 2 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		chargeAnswer(w, r, n)
+	})
+	h := proxyGateway(t, up, nil)
+	send := func(path, key string) response {
+		return h.req("POST", "/v1/proxy/payments/"+path, acmeKey, `{"amount":1}`, "Idempotency-Key: "+key)
+	}
+	if a := send("charges", "done-1"); a.status != 201 {
+		t.Fatalf("before the pause: %d %s", a.status, a.raw)
+	}
+	if a := send("flaky", "flaky-1"); a.status != 503 {
+		t.Fatalf("transient failure before the pause: %d %s", a.status, a.raw)
+	}
+	if _, err := h.pool.Exec(context.Background(), `INSERT INTO oncegate_paused_types (type, paused_by, reason)
+		VALUES ('payments', 'test', 'upstream incident')`); err != nil {
+		t.Fatal(err)
+	}
+	paused := send("charges", "new-1")
+	if paused.status != 503 || paused.body["type"] != "/problems/type-paused" || paused.header.Get("Retry-After") == "" {
+		t.Fatalf("a new key while paused: %d %v %s", paused.status, paused.header, paused.raw)
+	}
+	if n := h.count(`SELECT count(*) FROM oncegate_effects WHERE key = 'new-1'`); n != 0 {
+		t.Fatalf("a refused request was recorded: %d rows", n)
+	}
+	if a := send("flaky", "flaky-1"); a.status != 503 || a.body["type"] != "/problems/type-paused" {
+		t.Fatalf("a key waiting for its retry while paused: %d %s", a.status, a.raw)
+	}
+	if a := send("charges", "done-1"); a.status != 201 || a.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("a stored answer while paused: %d %s", a.status, a.raw)
+	}
+	if n := up.calls.Load(); n != 2 {
+		t.Fatalf("the upstream was called while the type was paused: %d calls", n)
+	}
+	if _, err := h.pool.Exec(context.Background(), `DELETE FROM oncegate_paused_types`); err != nil {
+		t.Fatal(err)
+	}
+	if a := send("charges", "new-1"); a.status != 201 || a.header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("after the resume: %d %s", a.status, a.raw)
+	}
+	if a := send("flaky", "flaky-1"); a.status != 201 {
+		t.Fatalf("the waiting key after the resume: %d %s", a.status, a.raw)
 	}
 }

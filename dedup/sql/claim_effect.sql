@@ -2,11 +2,13 @@
 -- whether or not the row is due yet: a client asking again for an effect that waits for a retry (the dedup
 -- proxy) has it performed now. A row another holder leases, unexpired, is left alone (no row comes back); a
 -- row whose lease expired is rescued, and `rescued` says that the last attempt may have reached the provider.
+-- A row of a type an operator paused is not claimed either.
 WITH due AS (
     SELECT effect_id, lease_expires_at IS NOT NULL AS rescued
     FROM oncegate_outbox
     WHERE effect_id = $1
       AND (lease_expires_at IS NULL OR lease_expires_at < now())
+      AND NOT EXISTS (SELECT FROM oncegate_paused_types p WHERE p.type = oncegate_outbox.type)
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE oncegate_outbox o

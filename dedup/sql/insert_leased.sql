@@ -3,12 +3,14 @@
 -- request's gateway dies, the lease runs out and the row is rescued like any other. One statement, one
 -- transaction: both rows commit, or neither. The key taken, it inserts nothing and returns the stored effect
 -- with created false and no lease, as insert.sql does (a replay is one statement); no row at all when the
--- key was taken after the statement's snapshot.
+-- key was taken after the statement's snapshot, or when an operator paused the type (oncegate_paused_types):
+-- a paused type is not delivered, and this request would deliver it at once, so nothing is recorded.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status
 WITH effect AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, status)
-    VALUES ($1, $2, $3, $4, $5, $7, $10)
+    SELECT $1, $2, $3, $4, $5, $7, $10
+    WHERE NOT EXISTS (SELECT FROM oncegate_paused_types WHERE type = $3)
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{columns}}
 ), queued AS (

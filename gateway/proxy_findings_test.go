@@ -61,12 +61,15 @@ func TestProxyPassThroughTruncationAborts(t *testing.T) {
 	})
 	h := proxyGateway(t, up, func(c *Config) {
 		et := c.EffectTypes["payments"]
-		et.Timeout = Duration(300 * time.Millisecond)
+		et.Timeout = Duration(time.Second)
 		c.EffectTypes["payments"] = et
 	})
 	for _, p := range []string{"short", "long", "slow"} {
+		// Either the connection is aborted, or (when the type's timeout ran out before the upstream's first
+		// byte, as on a machine loaded by the rest of the suite) the gateway answers with its own problem,
+		// which is whole. What must never come is the upstream's status with a body cut short.
 		resp, body, err := passGet(t, h, "GET", "/v1/proxy/payments/"+p)
-		if err == nil {
+		if err == nil && (resp.StatusCode < 500 || resp.Header.Get("Content-Type") != "application/problem+json") {
 			t.Errorf("%s: a body cut short reached the client as complete: %d, %d bytes, Content-Length %d",
 				p, resp.StatusCode, len(body), resp.ContentLength)
 		}

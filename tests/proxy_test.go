@@ -233,7 +233,16 @@ func newRecordingUpstream(t *testing.T, hold bool) *recordingUpstream {
 	return u
 }
 
-func proxyConfig(t *testing.T, upstream, onCrash string) string {
+// proxyConfig is a gateway with one proxied type, payments, in front of upstream. inFlightWait is how long
+// a duplicate waits for the attempt in flight under its key before its 409 ("" for the default, the type's
+// timeout): the crash test shortens it so that its retry sees the dead gateway's lease sooner, and the test
+// of 50 duplicates at once lengthens it, so that a machine loaded by the rest of the suite (the first attempt
+// slower than the type's timeout allows a waiter) still shows waiting, not a 409.
+func proxyConfig(t *testing.T, upstream, onCrash, inFlightWait string) string {
+	proxy := ""
+	if inFlightWait != "" {
+		proxy = "proxy: { in_flight_wait: " + inFlightWait + " }"
+	}
 	return writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s
 tenants: { acme: { api_keys: [%s] } }
@@ -243,9 +252,9 @@ effect_types:
     http: { base_url: "%s", allow_private_networks: true }
     timeout: 2s
     on_crash: %s
-proxy: { in_flight_wait: 300ms }
+%s
 dispatcher: { poll_interval: 100ms, lease_margin: 1s }
-`, pgtest.Database(t), apiKey, upstream, onCrash))
+`, pgtest.Database(t), apiKey, upstream, onCrash, proxy))
 }
 
 // The proxy with a plain HTTP client, as curl: two identical POSTs make one upstream call and get one
@@ -253,7 +262,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 func TestProxyWithAPlainClient(t *testing.T) {
 	t.Parallel()
 	up := newRecordingUpstream(t, false)
-	_, base := startGateway(t, proxyConfig(t, up.URL, "at_least_once"))
+	_, base := startGateway(t, proxyConfig(t, up.URL, "at_least_once", "10s"))
 	url := base + "/v1/proxy/payments/v1/charges?currency=eur"
 	c1, h1, b1 := proxyExchange(t, "POST", url, "order-1", `{"amount":10}`)
 	c2, h2, b2 := proxyExchange(t, "POST", url, "order-1", `{"amount":10}`)
@@ -315,7 +324,7 @@ func TestKilledGatewayMidProxyFollowsOnCrash(t *testing.T) {
 		t.Run(policy, func(t *testing.T) {
 			t.Parallel()
 			up := newRecordingUpstream(t, true)
-			config := proxyConfig(t, up.URL, policy)
+			config := proxyConfig(t, up.URL, policy, "300ms")
 			a, baseA := startGateway(t, config)
 			dbURL := dbURLOf(t, config)
 			url := "/v1/proxy/payments/charges"

@@ -20,10 +20,14 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/oncegate/oncegate/dedup"
 )
 
 //go:embed sql/*.sql
@@ -124,14 +128,39 @@ func New(cfg Config) *Service {
 	return &Service{cfg: cfg, db: cfg.DB, rdb: cfg.Redis}
 }
 
-// Connect opens a pool on databaseURL as the service wants it: every statement planned with its parameters.
+// The bounds of an operator's call on the database, unless DATABASE_URL sets its own (connect_timeout, or
+// options=-c statement_timeout=…): an operator paged during an incident must get an answer or an error,
+// never a prompt that hangs on a database that stopped answering or a table someone locked.
+const (
+	// ConnectTimeout bounds opening a connection, the server's greeting and authentication included.
+	ConnectTimeout = 5 * time.Second
+	// StatementTimeout bounds every statement on the server (the slowest listing measured takes milliseconds;
+	// a bulk batch of BulkBatch rows well under a second).
+	StatementTimeout = 15 * time.Second
+	// LockTimeout bounds the wait for a lock another session holds (an operator's change waits for a gateway's
+	// delivery transaction of the same row at most this long, then says the database is busy).
+	LockTimeout = 5 * time.Second
+)
+
+// Connect opens a pool on databaseURL as the service wants it: every statement planned with its parameters,
+// and every connection, statement and lock wait bounded (ConnectTimeout, StatementTimeout, LockTimeout).
 func Connect(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(databaseURL)
 	if err != nil {
 		return nil, &InvalidError{Field: "DATABASE_URL", Reason: err.Error()}
 	}
-	pc.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_custom_plan"
-	pc.ConnConfig.RuntimeParams["application_name"] = "oncegate-admin"
+	params := pc.ConnConfig.RuntimeParams
+	params["plan_cache_mode"] = "force_custom_plan"
+	params["application_name"] = "oncegate-admin"
+	if _, ok := params["statement_timeout"]; !ok {
+		params["statement_timeout"] = fmt.Sprint(StatementTimeout.Milliseconds())
+	}
+	if _, ok := params["lock_timeout"]; !ok {
+		params["lock_timeout"] = fmt.Sprint(LockTimeout.Milliseconds())
+	}
+	if pc.ConnConfig.ConnectTimeout == 0 {
+		pc.ConnConfig.ConnectTimeout = ConnectTimeout
+	}
 	pc.MaxConns = 4
 	return pgxpool.NewWithConfig(ctx, pc)
 }
@@ -206,8 +235,11 @@ func (s *Service) needRedis() error {
 
 // allow checks the actor's role for an action; a mutating action refused is audited as denied.
 func (s *Service) allow(ctx context.Context, a Actor, action string, needs Role, target string) error {
-	if a.Name == "" {
+	if strings.TrimSpace(a.Name) == "" {
 		return &InvalidError{Field: "operator", Reason: "an operator name is needed (--operator, $ONCEGATE_OPERATOR or the OS user)"}
+	}
+	if err := checkText("operator", a.Name); err != nil {
+		return err
 	}
 	if !a.Role.Valid() {
 		return &InvalidError{Field: "role", Reason: fmt.Sprintf("%q is not a role: want viewer, operator or admin", a.Role)}
@@ -227,7 +259,7 @@ func requireReason(reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return &InvalidError{Field: "reason", Reason: "a reason is required for every change (it goes to the audit log)"}
 	}
-	return nil
+	return checkText("reason", reason)
 }
 
 // Audit is one entry of the audit log.
@@ -330,6 +362,9 @@ func (s *Service) AuditLog(ctx context.Context, a Actor, f AuditFilter, p Page) 
 	if err != nil {
 		return nil, err
 	}
+	if err := checkTexts("actor", f.Actor, "action", f.Action); err != nil {
+		return nil, err
+	}
 	rows, err := s.db.Query(ctx, auditListSQL, nullString(f.Actor), nullString(f.Action), nullTime(f.Since), below, limit+1)
 	if err != nil {
 		return nil, dbError("list the audit log", err)
@@ -356,15 +391,53 @@ func (s *Service) AuditLog(ctx context.Context, a Actor, f AuditFilter, p Page) 
 	return page, nil
 }
 
+// dbError is where the driver's errors become the service's: a database that cannot answer now (down, out of
+// connections, a network fault, a bound of Connect's run out) is ErrUnavailable, text Postgres refuses (a NUL,
+// bytes that are not UTF-8) is an *InvalidError of field "input", and anything else is wrapped with op.
 func dbError(op string, err error) error {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+	if errors.Is(err, context.Canceled) {
 		return fmt.Errorf("admin: %s: %w", op, err)
 	}
-	var ce interface{ SafeToRetry() bool }
-	if errors.As(err, &ce) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57014": // query_canceled: statement_timeout
+			return fmt.Errorf("%w: %s: the database did not answer within %s: %v", ErrUnavailable, op,
+				StatementTimeout, err)
+		case "55P03": // lock_not_available: lock_timeout
+			return fmt.Errorf("%w: %s: the rows are locked by another session (a delivery in flight, or "+
+				"someone's transaction) for over %s; try again: %v", ErrUnavailable, op, LockTimeout, err)
+		}
+	}
+	if dedup.Unavailable(err) {
 		return fmt.Errorf("%w: %s: %v", ErrUnavailable, op, err)
 	}
+	if reason, ok := dedup.Unstorable(err); ok {
+		return &InvalidError{Field: "input", Reason: op + ": the database refused a value: " + reason}
+	}
 	return fmt.Errorf("admin: %s: %w", op, err)
+}
+
+// checkText refuses text that Postgres cannot hold (a NUL byte, bytes that are not UTF-8), naming its field,
+// before it reaches a statement.
+func checkText(field, v string) error {
+	switch {
+	case !utf8.ValidString(v):
+		return &InvalidError{Field: field, Reason: "not valid UTF-8"}
+	case strings.IndexByte(v, 0) >= 0:
+		return &InvalidError{Field: field, Reason: "holds a NUL byte"}
+	}
+	return nil
+}
+
+// checkTexts is checkText over field, value pairs.
+func checkTexts(pairs ...string) error {
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if err := checkText(pairs[i], pairs[i+1]); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func nullString(s string) *string {

@@ -224,6 +224,9 @@ func (s *Service) EffectsByTrace(ctx context.Context, a Actor, traceID string, l
 	if err := s.needDB(); err != nil {
 		return nil, err
 	}
+	if err := checkText("trace_id", traceID); err != nil {
+		return nil, err
+	}
 	rows, err := s.db.Query(ctx, effectsByTraceSQL, traceID, limit)
 	if err != nil {
 		return nil, dbError("find the trace's effects", err)

@@ -25,6 +25,9 @@ type EffectFilter struct {
 }
 
 func (f EffectFilter) check() error {
+	if err := checkTexts("tenant", f.Tenant, "type", f.Type, "key-prefix", f.KeyPrefix, "job", f.JobID); err != nil {
+		return err
+	}
 	if f.Status != "" && !f.Status.Valid() {
 		return &InvalidError{Field: "status", Reason: fmt.Sprintf("%q is not a status: want one of %s", f.Status,
 			joinStatuses(effect.Statuses()))}
@@ -42,6 +45,9 @@ func (f EffectFilter) likePattern() *string {
 }
 
 func (f EffectFilter) status() *string { return nullString(string(f.Status)) }
+
+// empty reports whether f selects every effect.
+func (f EffectFilter) empty() bool { return f == EffectFilter{} }
 
 func (f EffectFilter) json() json.RawMessage {
 	b, _ := json.Marshal(f)
@@ -191,6 +197,9 @@ type EffectDetail struct {
 func (s *Service) resolveTenant(ctx context.Context, tenant, key string) (string, error) {
 	if key == "" {
 		return "", &InvalidError{Field: "key", Reason: "an effect key is needed"}
+	}
+	if err := checkTexts("key", key, "tenant", tenant); err != nil {
+		return "", err
 	}
 	if tenant != "" {
 		return tenant, nil
@@ -386,10 +395,10 @@ func (s *Service) CountEffects(ctx context.Context, a Actor, f EffectFilter) (in
 // CountRetryable counts the effects matching f that a retry applies to (failed, dead, unknown): the dry run
 // of RetryEffects.
 func (s *Service) CountRetryable(ctx context.Context, a Actor, f EffectFilter) (int64, error) {
+	if err := checkBulkFilter(f); err != nil {
+		return 0, err
+	}
 	if f.Status != "" {
-		if !f.Status.Retryable() {
-			return 0, nil
-		}
 		return s.CountEffects(ctx, a, f)
 	}
 	var total int64
@@ -402,6 +411,25 @@ func (s *Service) CountRetryable(ctx context.Context, a Actor, f EffectFilter) (
 		total += n
 	}
 	return total, nil
+}
+
+// checkBulkFilter refuses the filters a bulk retry does not take: bad ones, none at all (a slip that would
+// resend every failed, dead and unknown effect of every tenant, at_most_once ones included), and a status a
+// retry does not apply to.
+func checkBulkFilter(f EffectFilter) error {
+	if err := f.check(); err != nil {
+		return err
+	}
+	if f.empty() {
+		return &InvalidError{Field: "filter", Reason: "a bulk retry needs at least one filter (status, type, " +
+			"tenant, key prefix, since or job): retrying every failed, dead and unknown effect of every tenant " +
+			"at once is not something to do by omission"}
+	}
+	if f.Status != "" && !f.Status.Retryable() {
+		return &StateError{Msg: fmt.Sprintf("effects that are %s cannot be retried; only %s can be",
+			f.Status, joinStatuses(effect.RetryableStatuses()))}
+	}
+	return nil
 }
 
 // BulkResult is what a bulk action did.
@@ -433,6 +461,9 @@ func (e *BulkError) Unwrap() error        { return e.Err }
 // BulkBatch is how many effects one transaction of a bulk action changes.
 const BulkBatch = 500
 
+// BatchTimeout bounds one batch of a bulk action, from its first statement to its commit.
+const BatchTimeout = 30 * time.Second
+
 // RetryEffects retries every failed, dead or unknown effect matching f, in batches of BulkBatch, each batch
 // one transaction with its own audit entry (so an interrupted bulk action leaves an audit entry for every
 // change it made). progress, if set, is called after each batch. An error after some batches, or fewer
@@ -443,13 +474,6 @@ func (s *Service) RetryEffects(ctx context.Context, a Actor, f EffectFilter, rea
 	if err := s.prepareChange(ctx, a, "effect.retry-matching", "", reason); err != nil {
 		return res, err
 	}
-	if err := f.check(); err != nil {
-		return res, err
-	}
-	if f.Status != "" && !f.Status.Retryable() {
-		return res, &StateError{Msg: fmt.Sprintf("effects that are %s cannot be retried; only %s can be",
-			f.Status, joinStatuses(effect.RetryableStatuses()))}
-	}
 	n, err := s.CountRetryable(ctx, a, f)
 	if err != nil {
 		return res, err
@@ -459,7 +483,11 @@ func (s *Service) RetryEffects(ctx context.Context, a Actor, f EffectFilter, rea
 	for {
 		var ids []int64
 		types := map[string]bool{}
-		err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		// A bulk action may run for minutes over a million effects, so the caller need not bound it; each
+		// batch is bounded instead, so that one that stops answering ends the action with an error.
+		bctx, cancel := context.WithTimeout(ctx, BatchTimeout)
+		err := pgx.BeginFunc(bctx, s.db, func(tx pgx.Tx) error {
+			ctx := bctx
 			rows, err := tx.Query(ctx, effectsRetryBatchSQL, nullString(f.Tenant), nullString(f.Type), f.status(),
 				f.likePattern(), nullTime(f.Since), nullString(f.JobID), below, BulkBatch,
 				statusStrings(effect.RetryableStatuses()))
@@ -492,6 +520,7 @@ func (s *Service) RetryEffects(ctx context.Context, a Actor, f EffectFilter, rea
 				Filter: f.json(), Reason: reason})
 			return err
 		})
+		cancel()
 		if err != nil {
 			if res.Applied > 0 {
 				return res, &BulkError{Result: res, Err: dbError("retry effects", err)}

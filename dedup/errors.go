@@ -99,6 +99,22 @@ func unstorable(code string) bool {
 	return strings.HasPrefix(code, "22") || strings.HasPrefix(code, "54")
 }
 
+// Unavailable reports whether err, from any pgx call, means the database cannot be reached right now (down,
+// restarting, out of connections, a network fault, a timeout), as opposed to a bug or bad data. It is the test
+// translate uses for ErrUnavailable, for the packages that talk to the gateway's database without the store
+// (the operator's service layer).
+func Unavailable(err error) bool { return err != nil && unavailable(err) }
+
+// Unstorable reports whether err, from any pgx call, means Postgres refused the data itself (an invalid or
+// untranslatable character, a \u0000, a value over a limit), and Postgres's reason.
+func Unstorable(err error) (reason string, ok bool) {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && unstorable(pgErr.Code) {
+		return pgErr.Message, true
+	}
+	return "", false
+}
+
 // unavailable reports whether err means the database cannot be reached right now, as opposed to a bug.
 func unavailable(err error) bool {
 	var pgErr *pgconn.PgError

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/user"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -90,7 +91,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 		// The service names its fields as the CLI's flags are named: say it as a flag.
 		msg = "--" + ie.Field + ": " + ie.Reason
 	}
-	fmt.Fprintln(env.Stderr, "oncegate: "+oneLine(msg))
+	fmt.Fprintln(env.Stderr, "oncegate: "+printable(oneLine(msg)))
 	return code
 }
 
@@ -115,7 +116,8 @@ func oneLine(s string) string {
 
 // command is what every command gets: its flags, the actor and the service, and the output.
 type command struct {
-	ctx    context.Context
+	ctx    context.Context // bounded by CommandTimeout
+	base   context.Context // not bounded: for a bulk action, which bounds each batch
 	env    Env
 	fs     *flag.FlagSet
 	output *string
@@ -266,20 +268,50 @@ func run(ctx context.Context, args []string, env Env) error {
 			fmt.Fprintln(env.Stdout, usage)
 			return nil
 		}
+		if len(args) == 1 {
+			if verbs := verbsOf(args[0]); verbs != "" {
+				return usagef("%s: needs a verb: %s; run `oncegate help`", args[0], verbs)
+			}
+			return usagef("unknown command %q; run `oncegate help`", args[0])
+		}
 		return usagef("%s", usage)
 	}
 	noun, verb, rest := args[0], args[1], args[2:]
 	h, ok := commands[noun+" "+verb]
 	if !ok {
-		return usagef("oncegate: unknown command %q; run `oncegate help`", noun+" "+verb)
+		if verbs := verbsOf(noun); verbs != "" {
+			return usagef("unknown command %q: %s takes %s; run `oncegate help`", noun+" "+verb, noun, verbs)
+		}
+		return usagef("unknown command %q; run `oncegate help`", noun+" "+verb)
 	}
+	// Every command but a bulk retry that applies (which bounds each of its batches instead) has
+	// CommandTimeout to finish: a store that stopped answering mid-call ends the command with an error.
+	base := ctx
+	ctx, cancel := context.WithTimeout(ctx, CommandTimeout)
+	defer cancel()
 	c := newCommand(ctx, env, noun+" "+verb)
+	c.base = base
 	defer func() {
 		if c.closer != nil {
 			c.closer()
 		}
 	}()
 	return h(c, rest)
+}
+
+// CommandTimeout bounds one command of the CLI, from its start to its last output.
+const CommandTimeout = 60 * time.Second
+
+// verbsOf lists the verbs of noun, or "" when it is no command's noun.
+func verbsOf(noun string) string {
+	var verbs []string
+	for k := range commands {
+		if n, v, _ := strings.Cut(k, " "); n == noun {
+			verbs = append(verbs, v)
+		}
+	}
+	slices.Sort(verbs)
+	return strings.Join(verbs, ", ")
 }
 
 // commands maps "noun verb" to its handler (commands.go).

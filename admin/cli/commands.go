@@ -2,11 +2,14 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/effect"
@@ -44,9 +47,46 @@ func (c *command) out(v any, table func(w *tabwriter.Writer)) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(v)
 	}
-	w := tabwriter.NewWriter(c.env.Stdout, 0, 0, 2, ' ', 0)
+	w := tabwriter.NewWriter(printableWriter{c.env.Stdout}, 0, 0, 2, ' ', 0)
 	table(w)
 	return w.Flush()
+}
+
+// printable makes s safe to show on an operator's terminal. Keys, job IDs, error texts and reasons come
+// from tenants, workers and other operators: an ESC in one would otherwise start a terminal escape sequence
+// (clear the screen, retitle the window, move the cursor to forge lines), a carriage return overwrite a line,
+// a bidi override reorder it. Every such character is shown as its Go escape (\x1b, \r, \u202e) instead.
+func printable(s string) string {
+	if !strings.ContainsFunc(s, obeyed) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if obeyed(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// obeyed reports whether a terminal would act on r rather than show it (the newline and tab of the CLI's
+// own layout excepted).
+func obeyed(r rune) bool {
+	return r != '\n' && r != '\t' && (unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r))
+}
+
+// printableWriter passes what the tables print through printable: cells are escaped already (so that their
+// columns line up), and this holds for every other line a command prints, whatever it interpolates.
+type printableWriter struct{ w io.Writer }
+
+func (p printableWriter) Write(b []byte) (int, error) {
+	if _, err := io.WriteString(p.w, printable(string(b))); err != nil {
+		return 0, err
+	}
+	return len(b), nil
 }
 
 func row(w *tabwriter.Writer, cols ...any) {
@@ -65,7 +105,7 @@ func cell(v any) string {
 		if x == "" {
 			return "-"
 		}
-		return strings.ReplaceAll(strings.ReplaceAll(x, "\t", " "), "\n", " ")
+		return printable(strings.ReplaceAll(strings.ReplaceAll(x, "\t", " "), "\n", " "))
 	case *string:
 		if x == nil {
 			return "-"
@@ -320,9 +360,12 @@ func retryMatching(c *command, f admin.EffectFilter, reason string, yes bool) er
 			fmt.Fprintf(c.env.Stderr, "\rretried %d of %d", r.Applied, r.Matched)
 		}
 	}
-	r, err := c.svc.RetryEffects(c.ctx, c.actor, f, reason, progress)
+	r, err := c.svc.RetryEffects(c.base, c.actor, f, reason, progress)
 	if progress != nil {
 		fmt.Fprintln(c.env.Stderr)
+	}
+	if err != nil && !errors.Is(err, admin.ErrPartial) {
+		return err // refused before it began: nothing to report but why
 	}
 	res := bulkResult{Action: "effect.retry-matching", Filter: f, BulkResult: r}
 	if perr := c.out(res, func(w *tabwriter.Writer) {

@@ -1,0 +1,87 @@
+package cli_test
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/oncegate/oncegate/admin/cli"
+	"github.com/oncegate/oncegate/internal/leaktest"
+	"github.com/oncegate/oncegate/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { leaktest.Main(m) }
+
+// run runs the CLI in-process over the database url, as the binary does, and returns its outputs and exit.
+func run(t *testing.T, url string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	env := map[string]string{"DATABASE_URL": url, "ONCEGATE_OPERATOR": "alice"}
+	code = cli.Main(context.Background(), args, cli.Env{Stdout: &out, Stderr: &errOut,
+		Getenv: func(k string) string { return env[k] }})
+	return out.String(), errOut.String(), code
+}
+
+// Keys, job IDs and error texts come from tenants and workers: a table shows their control characters as
+// escapes, so that an ESC in one cannot clear, retitle or rewrite the operator's terminal (an outside
+// tester's finding: the tables printed them raw).
+func TestTablesShowControlCharactersAsEscapes(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, last_error, finished_at)
+		VALUES ('acme', E'esc\x1b[31mRED', 'hook', '\x00', '{}'::json, 'dead',
+		        E'\x1b]0;PWNED\x07\x1b[2J\rforged line \u202egnp.exe', now())`); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"effect", "ls"}, {"effect", "show", "esc\x1b[31mRED"},
+		{"effect", "retry", "esc\x1b[31mRED", "--reason", "r\x1b[2J"}, {"audit", "ls"}} {
+		out, errOut, code := run(t, url, args...)
+		if strings.ContainsAny(out+errOut, "\x1b\x07\r\u202e") {
+			t.Errorf("%v (exit %d) printed a control character raw:\n%q\n%q", args[:2], code, out, errOut)
+		}
+		if code == 0 && !strings.Contains(out, `\x1b`) {
+			t.Errorf("%v: the escape is not shown: %q", args[:2], out)
+		}
+	}
+}
+
+// Usage errors are one line naming what is wrong, with one "oncegate:" in front.
+func TestUsageErrorsNameTheWord(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bogus"}, `unknown command "bogus"`},
+		{[]string{"bogus", "ls"}, `unknown command "bogus ls"`},
+		{[]string{"effect"}, "effect: needs a verb: ls, resolve, retry, show"},
+		{[]string{"effect", "bogus"}, `effect takes ls, resolve, retry, show`},
+		{[]string{"effect", "ls", "--tenant", "\xff"}, "--tenant: not valid UTF-8"},
+		{[]string{"effect", "ls", "--job", "j\x00"}, "--job: holds a NUL byte"},
+		{[]string{"effect", "retry", "--all-matching", "--reason", "x"}, "--status, --type"},
+	} {
+		out, errOut, code := run(t, url, tc.args...)
+		if code != cli.ExitUsage || out != "" || strings.Count(errOut, "\n") != 1 || strings.Count(errOut, "oncegate:") != 1 ||
+			!strings.Contains(errOut, tc.want) {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and one line with %q", tc.args, code, out, errOut, tc.want)
+		}
+	}
+}
+
+// A bulk retry of a status no retry applies to is refused as a wrong state (exit 4), dry run or not, and
+// prints no result: there is none.
+func TestBulkRetryOfDeliveredIsAWrongState(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	for _, yes := range [][]string{nil, {"--yes"}} {
+		args := append([]string{"effect", "retry", "--all-matching", "--status", "delivered", "--reason", "x"}, yes...)
+		out, errOut, code := run(t, url, args...)
+		if code != cli.ExitState || out != "" || !strings.Contains(errOut, "delivered cannot be retried") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q", args, code, out, errOut)
+		}
+	}
+}

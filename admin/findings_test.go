@@ -1,0 +1,164 @@
+package admin_test
+
+// Tests for an outside tester's findings on the operator's tools (issue 15's review).
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/pgtest"
+)
+
+// A bulk retry with no filter at all would resend every failed, dead and unknown effect of every tenant
+// (the console's "Retry all matching…" once sent exactly that): the service refuses it, for every face, and
+// a status no retry applies to is a wrong state in the dry run too, not "0 match".
+func TestBulkRetryNeedsAFilter(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "dead", 3, effect.StatusDead)
+	var ie *admin.InvalidError
+	if _, err := svc.RetryEffects(ctx, alice, admin.EffectFilter{}, "oops", nil); !errors.As(err, &ie) || ie.Field != "filter" {
+		t.Fatalf("a bulk retry without a filter: %v", err)
+	}
+	if _, err := svc.CountRetryable(ctx, alice, admin.EffectFilter{}); !errors.Is(err, admin.ErrInvalid) {
+		t.Fatalf("its dry run: %v", err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE status = 'dead'"); n != 3 {
+		t.Fatalf("%d of 3 dead effects left dead", n)
+	}
+	if _, err := svc.CountRetryable(ctx, alice, admin.EffectFilter{Status: effect.StatusDelivered}); !errors.Is(err, admin.ErrWrongState) {
+		t.Fatalf("the dry run of a retry of delivered effects: %v", err)
+	}
+	if res, err := svc.RetryEffects(ctx, alice, admin.EffectFilter{Status: effect.StatusDead}, "fixed", nil); err != nil || res.Applied != 3 {
+		t.Fatalf("with a filter: %+v %v", res, err)
+	}
+}
+
+// Text Postgres cannot hold (a NUL, bytes that are not UTF-8) is bad input naming its field, never an
+// internal error carrying the database's message.
+func TestTextPostgresCannotHoldIsInvalid(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "k", 1, effect.StatusDead)
+	field := func(err error) string {
+		var ie *admin.InvalidError
+		if errors.As(err, &ie) {
+			return ie.Field
+		}
+		return "not invalid: " + errOrNil(err)
+	}
+	for name, tc := range map[string]struct {
+		err  error
+		want string
+	}{
+		"tenant NUL": {err2(svc.Effects(ctx, viv, admin.EffectFilter{Tenant: "\x00"}, admin.Page{})), "tenant"},
+		"prefix bad UTF-8": {err2(svc.Effects(ctx, viv, admin.EffectFilter{KeyPrefix: "\xff"}, admin.Page{})),
+			"key-prefix"},
+		"job NUL":        {err2(svc.Effects(ctx, viv, admin.EffectFilter{JobID: "j\x00"}, admin.Page{})), "job"},
+		"key bad UTF-8":  {err2(svc.Effect(ctx, viv, "acme", "\xff")), "key"},
+		"tenant of show": {err2(svc.Effect(ctx, viv, "a\x00", "k0")), "tenant"},
+		"reason NUL":     {err2(svc.RetryEffect(ctx, alice, "acme", "k0", "x\x00")), "reason"},
+		"operator NUL": {err2(svc.RetryEffect(ctx, admin.Actor{Name: "ev\x00", Role: admin.RoleOperator}, "acme",
+			"k0", "x")), "operator"},
+		"blank operator": {err2(svc.RetryEffect(ctx, admin.Actor{Name: "   ", Role: admin.RoleOperator}, "acme",
+			"k0", "x")), "operator"},
+		"audit actor": {err2(svc.AuditLog(ctx, viv, admin.AuditFilter{Actor: "\x00"}, admin.Page{})), "actor"},
+		"trace id":    {err2(svc.EffectsByTrace(ctx, viv, "\xff", 10)), "trace_id"},
+	} {
+		if got := field(tc.err); got != tc.want {
+			t.Errorf("%s: field %q, want %q", name, got, tc.want)
+		}
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE status = 'dead'"); n != 1 {
+		t.Fatalf("a refused retry changed the effect")
+	}
+}
+
+func err2[T any](_ T, err error) error { return err }
+
+func errOrNil(err error) string {
+	if err == nil {
+		return "nil"
+	}
+	return err.Error()
+}
+
+// A database that stops answering, is not there, or holds a lock the call needs: the call ends within the
+// service's bounds with ErrUnavailable (the CLI's error, the console's 503), never a hang or a 500.
+func TestADatabaseThatDoesNotAnswerIsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// Accepts connections and never says a word.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := make(chan net.Conn, 16)
+	t.Cleanup(func() {
+		_ = silent.Close()
+		for {
+			select {
+			case c := <-accepted:
+				_ = c.Close()
+			default:
+				return
+			}
+		}
+	})
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			select {
+			case accepted <- c:
+			default:
+				_ = c.Close()
+			}
+		}
+	}()
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedAddr := closed.Addr().String()
+	_ = closed.Close()
+	for name, addr := range map[string]string{"silent": silent.Addr().String(), "closed": closedAddr} {
+		pool, err := admin.Connect(ctx, "postgres://postgres@"+addr+"/x")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = admin.New(admin.Config{DB: pool}).Effects(ctx, viv, admin.EffectFilter{}, admin.Page{})
+		pool.Close()
+		if !errors.Is(err, admin.ErrUnavailable) || time.Since(start) > admin.ConnectTimeout+5*time.Second {
+			t.Errorf("%s: after %s: %v, want ErrUnavailable within the connect timeout", name, time.Since(start), err)
+		}
+	}
+
+	svc, pool := newService(t)
+	seed(t, pool, "k", 1, effect.StatusDead)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE oncegate_effects IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = svc.Effects(ctx, viv, admin.EffectFilter{}, admin.Page{})
+	if !errors.Is(err, admin.ErrUnavailable) || !strings.Contains(err.Error(), "locked") ||
+		time.Since(start) > admin.LockTimeout+5*time.Second {
+		t.Fatalf("behind a lock, after %s: %v", time.Since(start), err)
+	}
+}

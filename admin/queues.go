@@ -112,8 +112,12 @@ func (s *Service) PauseQueue(ctx context.Context, a Actor, name, reason string) 
 	if err != nil {
 		return err
 	}
-	return s.auditAfter(ctx, a, Audit{Action: "queue.pause", Target: name, Count: 1, Reason: reason},
-		q.Pause(ctx, fmt.Sprintf("%s by %s: %s", time.Now().UTC().Format(time.RFC3339), a.Name, reason)))
+	paused, err := q.PauseOnce(ctx, fmt.Sprintf("%s by %s: %s", time.Now().UTC().Format(time.RFC3339), a.Name, reason))
+	if err == nil && !paused {
+		// As for a paused type: the first pause's reason and time stay, and saying it again is a slip.
+		err = &StateError{Msg: fmt.Sprintf("queue %q is paused already", name)}
+	}
+	return s.auditAfter(ctx, a, Audit{Action: "queue.pause", Target: name, Count: 1, Reason: reason}, err)
 }
 
 // ResumeQueue lets the queue's workers lease again. Resuming a queue that is not paused is a wrong state.

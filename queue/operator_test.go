@@ -29,6 +29,13 @@ func TestPausedQueueLeasesNothingUntilResumed(t *testing.T) {
 	if s, _ := q.Stats(ctx); s.Counts[StateReady] != 2 {
 		t.Fatalf("ready while paused = %d, want 2", s.Counts[StateReady])
 	}
+	// A second pause leaves the first one's reason (an operator's "paused already", not an overwrite).
+	if again, err := q.PauseOnce(ctx, "incident 43"); err != nil || again {
+		t.Fatalf("PauseOnce of a paused queue = %v %v", again, err)
+	}
+	if _, reason, _ := q.Paused(ctx); reason != "incident 42" {
+		t.Fatalf("the second pause overwrote the first's reason: %q", reason)
+	}
 	was, err := q.Resume(ctx)
 	if err != nil || !was {
 		t.Fatalf("Resume = %v %v", was, err)

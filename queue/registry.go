@@ -54,6 +54,19 @@ func (q *Queue) Pause(ctx context.Context, reason string) error {
 	return nil
 }
 
+// PauseOnce is Pause for a queue that is not paused yet: it reports whether it paused the queue, and leaves
+// a pause already in place (its reason and time) as it is.
+func (q *Queue) PauseOnce(ctx context.Context, reason string) (bool, error) {
+	if reason == "" {
+		reason = "paused"
+	}
+	ok, err := q.rdb.SetNX(ctx, q.keys.paused, reason, 0).Result()
+	if err != nil {
+		return false, fmt.Errorf("queue: pause %s: %w", q.name, err)
+	}
+	return ok, nil
+}
+
 // Resume lets the queue's workers lease again and wakes them. It reports whether the queue was paused.
 func (q *Queue) Resume(ctx context.Context) (bool, error) {
 	n, err := resumeScript.Run(ctx, q.rdb, []string{q.keys.paused, q.keys.marker}).Int()

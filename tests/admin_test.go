@@ -291,6 +291,9 @@ func TestOncegateQueueCommands(t *testing.T) {
 	}
 	var paused struct{ Action, Target string }
 	cliJSON(t, env, &paused, "queue", "pause", q.Name(), "--reason", "deploying the new receiver")
+	if _, _, code := oncegateCLI(t, env, "queue", "pause", q.Name(), "--reason", "again"); code != 4 {
+		t.Fatalf("pause of a paused queue: exit %d", code)
+	}
 	w := proctest.Start(t, exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(),
 		"--gateway", "http://127.0.0.1:1", "--api-key", apiKey, "--redis", testenv.RedisURL()))
 	w.WaitLine("worker ", 30*time.Second)

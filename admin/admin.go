@@ -235,6 +235,12 @@ func (s *Service) needRedis() error {
 
 // allow checks the actor's role for an action; a mutating action refused is audited as denied.
 func (s *Service) allow(ctx context.Context, a Actor, action string, needs Role, target string) error {
+	return s.allowAudited(ctx, a, needs, Audit{Action: action, Target: target})
+}
+
+// allowAudited is allow for an action whose refusal is audited with what it asked for (e: action, target,
+// filter, reason), so that the entry of a denied change says as much as that of a done one.
+func (s *Service) allowAudited(ctx context.Context, a Actor, needs Role, e Audit) error {
 	if strings.TrimSpace(a.Name) == "" {
 		return &InvalidError{Field: "operator", Reason: "an operator name is needed (--operator, $ONCEGATE_OPERATOR or the OS user)"}
 	}
@@ -247,9 +253,10 @@ func (s *Service) allow(ctx context.Context, a Actor, action string, needs Role,
 	if a.Role.rank() >= needs.rank() {
 		return nil
 	}
-	err := &ForbiddenError{Action: action, Needs: needs, Has: a.Role}
+	err := &ForbiddenError{Action: e.Action, Needs: needs, Has: a.Role}
 	if needs != RoleViewer && s.db != nil {
-		_, _ = s.audit(ctx, s.db, a, Audit{Action: action, Target: target, Outcome: "denied"})
+		e.Count, e.Outcome = 0, "denied"
+		_, _ = s.audit(ctx, s.db, a, e)
 	}
 	return err
 }
@@ -302,7 +309,8 @@ func (s *Service) audit(ctx context.Context, db execer, a Actor, e Audit) (Audit
 // auditAfter records an action already done outside Postgres (in Redis): done, or failed with err.
 func (s *Service) auditAfter(ctx context.Context, a Actor, e Audit, actErr error) error {
 	if actErr != nil {
-		e.Outcome = "failed: " + actErr.Error()
+		// A change to Redis is one atomic step (a flag, a script): failed, it changed nothing.
+		e.Count, e.Outcome = 0, "failed: "+actErr.Error()
 	}
 	_, err := s.audit(context.WithoutCancel(ctx), s.db, a, e)
 	if actErr != nil {

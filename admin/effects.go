@@ -317,7 +317,13 @@ func (s *Service) ResolveEffect(ctx context.Context, a Actor, tenant, key, as, r
 
 // prepareChange runs the checks every change needs: role, reason, database.
 func (s *Service) prepareChange(ctx context.Context, a Actor, action, target, reason string) error {
-	if err := s.allow(ctx, a, action, RoleOperator, target); err != nil {
+	return s.prepareAudited(ctx, a, Audit{Action: action, Target: target, Reason: reason})
+}
+
+// prepareAudited is prepareChange for a change whose refusal is audited with its filter too.
+func (s *Service) prepareAudited(ctx context.Context, a Actor, e Audit) error {
+	reason := e.Reason
+	if err := s.allowAudited(ctx, a, RoleOperator, e); err != nil {
 		return err
 	}
 	if err := requireReason(reason); err != nil {
@@ -471,7 +477,7 @@ const BatchTimeout = 30 * time.Second
 func (s *Service) RetryEffects(ctx context.Context, a Actor, f EffectFilter, reason string,
 	progress func(BulkResult)) (BulkResult, error) {
 	var res BulkResult
-	if err := s.prepareChange(ctx, a, "effect.retry-matching", "", reason); err != nil {
+	if err := s.prepareAudited(ctx, a, Audit{Action: "effect.retry-matching", Filter: f.json(), Reason: reason}); err != nil {
 		return res, err
 	}
 	n, err := s.CountRetryable(ctx, a, f)

@@ -4,6 +4,7 @@ package admin_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/outbox"
 )
 
 // A bulk retry with no filter at all would resend every failed, dead and unknown effect of every tenant
@@ -160,5 +162,52 @@ func TestADatabaseThatDoesNotAnswerIsUnavailable(t *testing.T) {
 	if !errors.Is(err, admin.ErrUnavailable) || !strings.Contains(err.Error(), "locked") ||
 		time.Since(start) > admin.LockTimeout+5*time.Second {
 		t.Fatalf("behind a lock, after %s: %v", time.Since(start), err)
+	}
+}
+
+// A refused change is audited with what it asked for: its reason and its filter, as a done one is.
+func TestDeniedChangesAreAuditedWhole(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "k", 1, effect.StatusDead)
+	if _, err := svc.RetryEffect(ctx, viv, "acme", "k0", "viewer tries"); !errors.Is(err, admin.ErrForbidden) {
+		t.Fatalf("a viewer's retry: %v", err)
+	}
+	if _, err := svc.RetryEffects(ctx, viv, admin.EffectFilter{Status: effect.StatusDead}, "viewer bulk", nil); !errors.Is(err, admin.ErrForbidden) {
+		t.Fatalf("a viewer's bulk retry: %v", err)
+	}
+	page, err := svc.AuditLog(ctx, alice, admin.AuditFilter{Actor: "viv"}, admin.Page{})
+	if err != nil || len(page.Entries) != 2 {
+		t.Fatalf("audit: %+v %v", page, err)
+	}
+	bulk, one := page.Entries[0], page.Entries[1]
+	if one.Outcome != "denied" || one.Reason != "viewer tries" || one.Target != "k0" || one.Count != 0 {
+		t.Errorf("the denied retry's entry: %+v", one)
+	}
+	if bulk.Outcome != "denied" || bulk.Reason != "viewer bulk" || !strings.Contains(strings.ReplaceAll(string(bulk.Filter), " ", ""), `"status":"dead"`) {
+		t.Errorf("the denied bulk retry's entry: %+v (filter %s)", bulk, bulk.Filter)
+	}
+}
+
+// Every field docs/cli.md lists for `breaker ls` is there, an absent one as null.
+func TestBreakerJSONHasEveryDocumentedField(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(admin.Breaker{Gateway: "gw", BreakerState: outbox.BreakerState{Type: "hook", State: "closed"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"gateway", "gateway_alive", "type", "tenant", "destination", "state", "open_until",
+		"last_used", "in_flight"} {
+		if _, ok := m[f]; !ok {
+			t.Errorf("%s is missing: %s", f, b)
+		}
+	}
+	if m["open_until"] != nil || m["in_flight"] != float64(0) {
+		t.Errorf("a closed, idle breaker: %s", b)
 	}
 }

@@ -68,6 +68,30 @@ type Breaker struct {
 	outbox.BreakerState
 }
 
+// MarshalJSON writes every documented field, an absent one as null (a closed breaker's open_until) and an
+// idle one's in_flight as 0: the gateway's heartbeat leaves them out to stay small, the CLI's contract does
+// not.
+func (b Breaker) MarshalJSON() ([]byte, error) {
+	orNull := func(t time.Time) *time.Time {
+		if t.IsZero() {
+			return nil
+		}
+		return &t
+	}
+	return json.Marshal(struct {
+		Gateway      string     `json:"gateway"`
+		GatewayAlive bool       `json:"gateway_alive"`
+		Type         string     `json:"type"`
+		Tenant       string     `json:"tenant"`
+		Destination  string     `json:"destination"`
+		State        string     `json:"state"`
+		OpenUntil    *time.Time `json:"open_until"`
+		LastUsed     *time.Time `json:"last_used"`
+		InFlight     int32      `json:"in_flight"`
+	}{b.Gateway, b.GatewayAlive, b.Type, b.Tenant, b.Destination, b.State, orNull(b.OpenUntil),
+		orNull(b.LastUsed), b.InFlight})
+}
+
 // Breakers lists every circuit breaker of every gateway, from their heartbeats: the fleet's view of which
 // destinations are down. A gone gateway's breakers are listed as it last reported them.
 func (s *Service) Breakers(ctx context.Context, a Actor) ([]Breaker, error) {

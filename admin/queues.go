@@ -156,7 +156,7 @@ type Job struct {
 	LastError   string            `json:"last_error"`
 	LastStall   string            `json:"last_stall"`
 	DeadReason  string            `json:"dead_reason"`
-	Trace       map[string]string `json:"trace,omitempty"`
+	Trace       map[string]string `json:"trace"`
 }
 
 func toJob(j *queue.Job) Job {
@@ -291,7 +291,10 @@ func (s *Service) PurgeDead(ctx context.Context, a Actor, name string, ids []str
 func (s *Service) deadAction(ctx context.Context, a Actor, action string, needs Role, name string, ids []string,
 	reason string, do func(*queue.Queue, context.Context, ...string) (int, error)) (BulkResult, error) {
 	res := BulkResult{Matched: int64(len(ids))}
-	if err := s.allow(ctx, a, action, needs, name); err != nil {
+	sorted := append([]string(nil), ids...)
+	sort.Strings(sorted)
+	named := mustJSON(map[string][]string{"ids": sorted})
+	if err := s.allowAudited(ctx, a, needs, Audit{Action: action, Target: name, Filter: named, Reason: reason}); err != nil {
 		return res, err
 	}
 	if err := requireReason(reason); err != nil {
@@ -309,15 +312,12 @@ func (s *Service) deadAction(ctx context.Context, a Actor, action string, needs 
 	}
 	n, err := do(q, ctx, ids...)
 	res.Applied, res.Batches = int64(n), 1
-	sorted := append([]string(nil), ids...)
-	sort.Strings(sorted)
-	aerr := s.auditAfter(ctx, a, Audit{Action: action, Target: name, Count: int64(n),
-		Filter: mustJSON(map[string][]string{"ids": sorted}), Reason: reason}, err)
-	if aerr != nil {
-		return res, aerr
+	if err == nil && n == 0 {
+		err = &StateError{Msg: fmt.Sprintf("none of the %d jobs named is dead in queue %q", len(ids), name)}
 	}
-	if n == 0 {
-		return res, &StateError{Msg: fmt.Sprintf("none of the %d jobs named is dead in queue %q", len(ids), name)}
+	if aerr := s.auditAfter(ctx, a, Audit{Action: action, Target: name, Count: int64(n), Filter: named,
+		Reason: reason}, err); aerr != nil {
+		return res, aerr
 	}
 	if n < len(ids) {
 		return res, &BulkError{Result: res}

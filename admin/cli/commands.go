@@ -172,7 +172,13 @@ func effectFilterFlags(c *command) func() (admin.EffectFilter, error) {
 func pageFlags(c *command) func() admin.Page {
 	limit := c.fs.Int("limit", admin.DefaultLimit, "page size")
 	cursor := c.fs.String("cursor", "", "next_cursor of the previous page")
-	return func() admin.Page { return admin.Page{Limit: *limit, Cursor: *cursor} }
+	return func() admin.Page {
+		if *limit == 0 {
+			// The service reads a zero limit as "the default"; a --limit 0 typed is out of range instead.
+			return admin.Page{Limit: -1, Cursor: *cursor}
+		}
+		return admin.Page{Limit: *limit, Cursor: *cursor}
+	}
 }
 
 func effectLs(c *command, args []string) error {

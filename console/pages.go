@@ -106,11 +106,14 @@ type effectsData struct {
 	Page   *admin.EffectPage
 	Found  string // what the search box matched: "job", "trace", "key prefix"
 	// Jobs are the queue jobs whose ID is the search, one per queue that holds one.
-	Jobs    []jobRef
-	Query   string // the filters as a query string, for the fragment, the next page and bulk actions
-	Status  []effect.Status
-	Limit   int
-	Message string
+	Jobs  []jobRef
+	Query string // the filters as a query string, for the fragment, the next page and bulk actions
+	// MatchQuery is the filter the list shows as a query string retry-matching reads (a search's key prefix
+	// or job as key_prefix or job); empty when the list is not a filter's (a trace's effects).
+	MatchQuery string
+	Status     []effect.Status
+	Limit      int
+	Message    string
 }
 
 // parseSince reads a "since" field: a duration back from now (1h, 30m), an RFC 3339 time or a
@@ -138,6 +141,26 @@ func effectFilter(v url.Values) (admin.EffectFilter, error) {
 	var err error
 	f.Since, err = parseSince(v.Get("since"))
 	return f, err
+}
+
+// matchQuery is f as the query string effectFilter reads back, with since as the operator typed it.
+func matchQuery(f admin.EffectFilter, since string) string {
+	v := url.Values{}
+	for k, x := range map[string]string{"tenant": f.Tenant, "type": f.Type, "status": string(f.Status),
+		"key_prefix": f.KeyPrefix, "job": f.JobID} {
+		if x != "" {
+			v.Set(k, x)
+		}
+	}
+	if !f.Since.IsZero() {
+		v.Set("since", since)
+	}
+	return v.Encode()
+}
+
+// unfiltered: f names no effect in particular, and a retry of all matching would be one of everything.
+func unfiltered(f admin.EffectFilter) bool {
+	return f.Tenant == "" && f.Type == "" && f.Status == "" && f.KeyPrefix == "" && f.JobID == "" && f.Since.IsZero()
 }
 
 // filterQuery is the filter part of a listing's query string, for links that keep it.
@@ -192,6 +215,7 @@ func (s *Server) effectsData(r *http.Request, a admin.Actor) (effectsData, strin
 				nv.Del("q")
 				nv.Set("job", d.Search)
 				d.Query = filterQuery(nv)
+				d.MatchQuery = matchQuery(d.Filter, d.Since)
 				return d, "", nil
 			}
 			byTrace, err := s.adm.EffectsByTrace(r.Context(), a, d.Search, admin.DefaultLimit)
@@ -208,6 +232,7 @@ func (s *Server) effectsData(r *http.Request, a admin.Actor) (effectsData, strin
 	if d.Search != "" && d.Filter.KeyPrefix == "" {
 		d.Filter.KeyPrefix = d.Search
 	}
+	d.MatchQuery = matchQuery(d.Filter, d.Since)
 	d.Page, err = s.adm.Effects(r.Context(), a, d.Filter, admin.Page{Limit: admin.DefaultLimit, Cursor: d.Cursor})
 	return d, "", err
 }
@@ -403,6 +428,8 @@ type retryMatchingData struct {
 	Filter admin.EffectFilter
 	Query  string
 	Count  int64
+	// Unfiltered: no filter at all, which the service refuses to retry in bulk.
+	Unfiltered bool
 }
 
 // retryMatchingPreview is the dry run: how many effects a retry of all matching would send back.
@@ -418,7 +445,7 @@ func (s *Server) retryMatchingPreview(w http.ResponseWriter, r *http.Request, a 
 		return
 	}
 	s.render(w, r, http.StatusOK, "retry-matching", s.frame(a, "Retry all matching", "effects",
-		retryMatchingData{Filter: f, Query: filterQuery(r.URL.Query()), Count: n}))
+		retryMatchingData{Filter: f, Query: filterQuery(r.URL.Query()), Count: n, Unfiltered: unfiltered(f)}))
 }
 
 func (s *Server) retryMatching(w http.ResponseWriter, r *http.Request, a admin.Actor) {
@@ -429,6 +456,13 @@ func (s *Server) retryMatching(w http.ResponseWriter, r *http.Request, a admin.A
 	f, err := effectFilter(r.PostForm)
 	if err != nil {
 		s.fail(w, r, a, err)
+		return
+	}
+	// The run starts after this answer, so a refusal of the service's would reach only the progress page:
+	// an empty filter is refused here, as the service refuses it, while the operator still sees the form.
+	if unfiltered(f) {
+		s.fail(w, r, a, &admin.InvalidError{Field: "filter", Reason: "name at least one filter (tenant, type, status, " +
+			"key prefix, since or job): a retry of every failed, dead and unknown effect at once is refused"})
 		return
 	}
 	reason := r.PostFormValue("reason")

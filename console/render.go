@@ -48,6 +48,8 @@ var funcs = template.FuncMap{
 	"chart":       chart,
 	"q":           url.QueryEscape,
 	"effectURL":   effectURL,
+	"link":        link,
+	"withQuery":   withQuery,
 	"selValue":    selValue,
 	"dur":         func(sec float64) string { return seconds(sec) },
 	"add":         func(a, b int) int { return a + b },
@@ -280,6 +282,26 @@ func redact(v any) any {
 
 func effectURL(tenant, key string) string {
 	return "/effect?" + url.Values{"tenant": {tenant}, "key": {key}}.Encode()
+}
+
+// link is path with the query string of the pairs kv (name, value, …), empty values left out: an href in
+// which every value is encoded exactly once. A template must take it whole (href="{{link …}}"): html/template
+// leaves a URL it gets whole as it is, but encodes again anything put after a "?" (so never
+// href="/x?a={{…}}", and never a query string as one value there).
+func link(path string, kv ...string) string { return withQuery(path, "", kv...) }
+
+// withQuery is link with the pairs set over a query string that is already encoded (a list's filters).
+func withQuery(path, query string, kv ...string) string {
+	v, _ := url.ParseQuery(query)
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] != "" {
+			v.Set(kv[i], kv[i+1])
+		}
+	}
+	if len(v) == 0 {
+		return path
+	}
+	return path + "?" + v.Encode()
 }
 
 // selValue is a checkbox's value naming one effect: its tenant and key as a query string, so that any

@@ -14,6 +14,7 @@ import (
 )
 
 var (
+	hrefAttr   = regexp.MustCompile(`href="([^"]*)"`)
 	hiddenAttr = regexp.MustCompile(`<input type="hidden" name="([^"]*)" value="([^"]*)">`)
 )
 
@@ -147,5 +148,86 @@ func TestRetryMatchingWithoutAFilterIsRefused(t *testing.T) {
 	checkPage(t, "/effects/retry-matching", hdr, body)
 	if n := pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_effects WHERE status IN ('failed', 'dead', 'unknown')"); n != before {
 		t.Fatalf("a retry with no filter sent %d effects back", before-n)
+	}
+}
+
+// awkward holds every character a link must encode: ":" (as in the README's welcome-email:user_6), a space,
+// "&", "%", "<", "/", "+", "#", "?", "=" and non-ASCII.
+const awkward = ":welcome-email:user_6 & 100% <b>/x+y#z?a=b é ☃"
+
+// Every link on the pages that list queues, jobs and search results leads, followed as a browser follows
+// it, to the page it names, for a queue name, a job ID and an effect type that all need encoding.
+func TestLinksEncodeDataExactlyOnce(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 1000, queueSuffix: awkward, deadPrefix: awkward})
+	ctx := t.Context()
+	job := e.dead[0]
+	typ := "mail" + awkward
+	// One effect made by that job, of that type, so that search results and the home page link them.
+	if _, err := e.db.Exec(ctx, "UPDATE oncegate_effects SET job_id = $1, type = $2 WHERE id = (SELECT min(id) FROM oncegate_effects WHERE status = 'dead')",
+		job, typ); err != nil {
+		t.Fatal(err)
+	}
+	c := e.client(admin.RoleOperator)
+	type target struct {
+		path string
+		want url.Values // the query the link must carry, decoded
+	}
+	for _, tc := range []struct {
+		page  string
+		wants []target
+	}{
+		{"/", []target{{"/queue", url.Values{"name": {e.queue}}}, {"/queue", url.Values{"name": {e.queue}, "state": {"dead"}}},
+			{"/effects", url.Values{"type": {typ}}}}},
+		{"/queues", []target{{"/queue", url.Values{"name": {e.queue}}}, {"/queue", url.Values{"name": {e.queue}, "state": {"dead"}}}}},
+		{"/queue?" + url.Values{"name": {e.queue}, "state": {"dead"}}.Encode(), []target{
+			{"/job", url.Values{"queue": {e.queue}, "id": {job}}}, {"/queue", url.Values{"name": {e.queue}, "state": {"ready"}}}}},
+		{"/job?" + url.Values{"queue": {e.queue}, "id": {job}}.Encode(), []target{
+			{"/queue", url.Values{"name": {e.queue}, "state": {"dead"}}}, {"/effects", url.Values{"job": {job}}}}},
+		{"/effects?" + url.Values{"q": {job}}.Encode(), []target{
+			{"/job", url.Values{"queue": {e.queue}, "id": {job}}}, {"/queue", url.Values{"name": {e.queue}, "state": {"dead"}}},
+			{"/effects", url.Values{"job": {job}}}}},
+		{"/effects?" + url.Values{"type": {typ}}.Encode(), []target{{"/effects", url.Values{"job": {job}}}}},
+	} {
+		code, _, body := e.get(c, tc.page)
+		if code != 200 {
+			t.Fatalf("GET %s: %d", tc.page, code)
+		}
+		base, _ := url.Parse(e.url + tc.page)
+		found := make([]bool, len(tc.wants))
+		for _, m := range hrefAttr.FindAllStringSubmatch(body, -1) {
+			href := html.UnescapeString(m[1])
+			ref, err := url.Parse(href)
+			if err != nil {
+				t.Errorf("%s: href %q: %v", tc.page, href, err)
+				continue
+			}
+			u := base.ResolveReference(ref)
+			if strings.HasPrefix(u.Path, "/assets/") || u.Host != base.Host {
+				continue
+			}
+			for i, w := range tc.wants {
+				if u.Path == w.path && u.Query().Encode() == w.want.Encode() {
+					found[i] = true
+				}
+			}
+			code, _, got := e.get(c, u.RequestURI())
+			if code != 200 {
+				t.Errorf("%s: the link %q answers %d", tc.page, href, code)
+				continue
+			}
+			// The page the link opens is the one it names.
+			q := u.Query()
+			for _, v := range []string{q.Get("name"), q.Get("id")} {
+				if v != "" && !strings.Contains(html.UnescapeString(got), v) {
+					t.Errorf("%s: the link %q opens a page without %q", tc.page, href, v)
+				}
+			}
+		}
+		for i, w := range tc.wants {
+			if !found[i] {
+				t.Errorf("%s: no link to %s?%s", tc.page, w.path, w.want.Encode())
+			}
+		}
 	}
 }

@@ -46,7 +46,6 @@ var funcs = template.FuncMap{
 	"prettyjs":    prettyJSON,
 	"redact":      redactJSON,
 	"chart":       chart,
-	"q":           url.QueryEscape,
 	"effectURL":   effectURL,
 	"link":        link,
 	"withQuery":   withQuery,
@@ -290,18 +289,26 @@ func effectURL(tenant, key string) string {
 // href="/x?a={{…}}", and never a query string as one value there).
 func link(path string, kv ...string) string { return withQuery(path, "", kv...) }
 
-// withQuery is link with the pairs set over a query string that is already encoded (a list's filters).
+// withQuery is link with the pairs, in their order, after a query string that is already encoded (a list's
+// filters), whose own values of the pairs' names they replace.
 func withQuery(path, query string, kv ...string) string {
 	v, _ := url.ParseQuery(query)
 	for i := 0; i+1 < len(kv); i += 2 {
+		v.Del(kv[i])
+	}
+	var parts []string
+	if e := v.Encode(); e != "" {
+		parts = append(parts, e)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
 		if kv[i+1] != "" {
-			v.Set(kv[i], kv[i+1])
+			parts = append(parts, url.QueryEscape(kv[i])+"="+url.QueryEscape(kv[i+1]))
 		}
 	}
-	if len(v) == 0 {
+	if len(parts) == 0 {
 		return path
 	}
-	return path + "?" + v.Encode()
+	return path + "?" + strings.Join(parts, "&")
 }
 
 // selValue is a checkbox's value naming one effect: its tenant and key as a query string, so that any

@@ -396,6 +396,7 @@ func (s *Server) retrySelected(w http.ResponseWriter, r *http.Request, a admin.A
 	reason := r.PostFormValue("reason")
 	var done int
 	var skipped []string
+	wrongState := false
 	for _, v := range sel {
 		id, err := url.ParseQuery(v)
 		if err != nil {
@@ -408,6 +409,7 @@ func (s *Server) retrySelected(w http.ResponseWriter, r *http.Request, a admin.A
 			done++
 		case errors.Is(err, admin.ErrWrongState), errors.Is(err, admin.ErrNotFound):
 			skipped = append(skipped, err.Error())
+			wrongState = wrongState || errors.Is(err, admin.ErrWrongState)
 		default:
 			if done > 0 {
 				err = fmt.Errorf("%w: retried %d of %d, then: %w", admin.ErrPartial, done, len(sel), err)
@@ -415,6 +417,16 @@ func (s *Server) retrySelected(w http.ResponseWriter, r *http.Request, a admin.A
 			s.fail(w, r, a, err)
 			return
 		}
+	}
+	// None retried is not a partial success: it is the answer a retry of each alone gets (409, or 404 when
+	// none exists), as from the API and the CLI.
+	if len(skipped) > 0 && done == 0 {
+		class := admin.ErrNotFound
+		if wrongState {
+			class = admin.ErrWrongState
+		}
+		s.fail(w, r, a, fmt.Errorf("%w: retried none of %d: %s", class, len(sel), strings.Join(skipped, "; ")))
+		return
 	}
 	if len(skipped) > 0 {
 		s.fail(w, r, a, fmt.Errorf("%w: retried %d of %d; not retried: %s", admin.ErrPartial, done, len(sel),

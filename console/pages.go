@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -584,9 +585,34 @@ func (s *Server) queueFragment(w http.ResponseWriter, r *http.Request, a admin.A
 	s.renderBlock(w, r, http.StatusOK, "queue", "rows", s.frame(a, "Queue "+d.Name, "queues", d))
 }
 
+// jobData is a job as its page shows it.
+type jobData struct {
+	*admin.JobDetail
+	// Redacted: the payload is its shape only (a viewer's page).
+	Redacted bool
+}
+
+// redactsPayloads: a's role sees payloads redacted (viewers: below operator, who may reveal an effect's).
+func redactsPayloads(a admin.Actor) bool {
+	return a.Role != admin.RoleOperator && a.Role != admin.RoleAdmin
+}
+
+// jobFor is the job, its payload redacted for an actor who sees payloads redacted.
+func (s *Server) jobFor(r *http.Request, a admin.Actor, name, id string) (jobData, error) {
+	j, err := s.adm.Job(r.Context(), a, name, id)
+	if err != nil {
+		return jobData{}, err
+	}
+	d := jobData{JobDetail: j}
+	if redactsPayloads(a) {
+		j.Payload, d.Redacted = redactJSON(json.RawMessage(j.Payload)), true
+	}
+	return d, nil
+}
+
 func (s *Server) job(w http.ResponseWriter, r *http.Request, a admin.Actor) {
 	v := r.URL.Query()
-	j, err := s.adm.Job(r.Context(), a, v.Get("queue"), v.Get("id"))
+	j, err := s.jobFor(r, a, v.Get("queue"), v.Get("id"))
 	if err != nil {
 		s.fail(w, r, a, err)
 		return

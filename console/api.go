@@ -199,7 +199,8 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 		return s.adm.Jobs(r.Context(), a, r.URL.Query().Get("queue"), r.URL.Query().Get("state"), p)
 	})
 	get("job", func(r *http.Request, a admin.Actor) (any, error) {
-		return s.adm.Job(r.Context(), a, r.URL.Query().Get("queue"), r.URL.Query().Get("id"))
+		d, err := s.jobFor(r, a, r.URL.Query().Get("queue"), r.URL.Query().Get("id"))
+		return d.JobDetail, err
 	})
 	post("dead/requeue", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return s.adm.RequeueDead(r.Context(), a, b.Queue, b.IDs, b.Reason)

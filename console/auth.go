@@ -78,12 +78,32 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 	s.render(w, r, http.StatusOK, "login", page{Title: "Log in", Data: loginData{Next: safeNext(r.URL.Query().Get("next"))}})
 }
 
-// safeNext keeps a post-login redirect on the console: a path, never another host.
+// safeNext keeps a post-login redirect on the console: a path, never another host; anything else is "/".
+// A browser drops tabs and newlines from a URL and reads a backslash as a slash, so "/\t/evil.com" and
+// "/\\evil.com" are "//evil.com" to it: a next is kept only if it starts with one "/" (its second byte
+// neither "/" nor "\\"), has no control byte, space or backslash anywhere, parses with no scheme and no
+// host, and its decoded path holds none of those either (nor starts with "//").
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") {
+	if !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") || strings.HasPrefix(next, "/\\") ||
+		!cleanURLBytes(next) {
+		return "/"
+	}
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" ||
+		!strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") || !cleanURLBytes(u.Path) {
 		return "/"
 	}
 	return next
+}
+
+// cleanURLBytes: no byte below 0x21 (controls, space), no DEL, no backslash.
+func cleanURLBytes(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x21 || c == 0x7f || c == '\\' {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {

@@ -69,6 +69,9 @@ type env struct {
 type options struct {
 	readOnly bool
 	effects  int
+	// queueSuffix is added to the queue's name, deadPrefix (default "receipt-") begins its dead jobs' IDs.
+	queueSuffix string
+	deadPrefix  string
 }
 
 func setup(t *testing.T, o options) *env {
@@ -82,7 +85,7 @@ func setup(t *testing.T, o options) *env {
 	t.Cleanup(db.Close)
 	rdb := testenv.Redis(t)
 	reg := testenv.Name(t, "registry")
-	qname := testenv.Name(t, "receipts")
+	qname := testenv.Name(t, "receipts") + o.queueSuffix
 	q, err := queue.New(rdb, qname, &queue.Options{Registry: reg})
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +103,10 @@ func setup(t *testing.T, o options) *env {
 	if err := consoletest.Gateways(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	dead, err := consoletest.DeadJobs(ctx, q, 5, "receipt-")
+	if o.deadPrefix == "" {
+		o.deadPrefix = "receipt-"
+	}
+	dead, err := consoletest.DeadJobs(ctx, q, 5, o.deadPrefix)
 	if err != nil {
 		t.Fatal(err)
 	}

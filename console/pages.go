@@ -1,6 +1,7 @@
 package console
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -106,11 +107,14 @@ type effectsData struct {
 	Page   *admin.EffectPage
 	Found  string // what the search box matched: "job", "trace", "key prefix"
 	// Jobs are the queue jobs whose ID is the search, one per queue that holds one.
-	Jobs    []jobRef
-	Query   string // the filters as a query string, for the fragment, the next page and bulk actions
-	Status  []effect.Status
-	Limit   int
-	Message string
+	Jobs  []jobRef
+	Query string // the filters as a query string, for the fragment, the next page and bulk actions
+	// MatchQuery is the filter the list shows as a query string retry-matching reads (a search's key prefix
+	// or job as key_prefix or job); empty when the list is not a filter's (a trace's effects).
+	MatchQuery string
+	Status     []effect.Status
+	Limit      int
+	Message    string
 }
 
 // parseSince reads a "since" field: a duration back from now (1h, 30m), an RFC 3339 time or a
@@ -138,6 +142,26 @@ func effectFilter(v url.Values) (admin.EffectFilter, error) {
 	var err error
 	f.Since, err = parseSince(v.Get("since"))
 	return f, err
+}
+
+// matchQuery is f as the query string effectFilter reads back, with since as the operator typed it.
+func matchQuery(f admin.EffectFilter, since string) string {
+	v := url.Values{}
+	for k, x := range map[string]string{"tenant": f.Tenant, "type": f.Type, "status": string(f.Status),
+		"key_prefix": f.KeyPrefix, "job": f.JobID} {
+		if x != "" {
+			v.Set(k, x)
+		}
+	}
+	if !f.Since.IsZero() {
+		v.Set("since", since)
+	}
+	return v.Encode()
+}
+
+// unfiltered: f names no effect in particular, and a retry of all matching would be one of everything.
+func unfiltered(f admin.EffectFilter) bool {
+	return f.Tenant == "" && f.Type == "" && f.Status == "" && f.KeyPrefix == "" && f.JobID == "" && f.Since.IsZero()
 }
 
 // filterQuery is the filter part of a listing's query string, for links that keep it.
@@ -192,6 +216,7 @@ func (s *Server) effectsData(r *http.Request, a admin.Actor) (effectsData, strin
 				nv.Del("q")
 				nv.Set("job", d.Search)
 				d.Query = filterQuery(nv)
+				d.MatchQuery = matchQuery(d.Filter, d.Since)
 				return d, "", nil
 			}
 			byTrace, err := s.adm.EffectsByTrace(r.Context(), a, d.Search, admin.DefaultLimit)
@@ -208,6 +233,7 @@ func (s *Server) effectsData(r *http.Request, a admin.Actor) (effectsData, strin
 	if d.Search != "" && d.Filter.KeyPrefix == "" {
 		d.Filter.KeyPrefix = d.Search
 	}
+	d.MatchQuery = matchQuery(d.Filter, d.Since)
 	d.Page, err = s.adm.Effects(r.Context(), a, d.Filter, admin.Page{Limit: admin.DefaultLimit, Cursor: d.Cursor})
 	return d, "", err
 }
@@ -371,6 +397,7 @@ func (s *Server) retrySelected(w http.ResponseWriter, r *http.Request, a admin.A
 	reason := r.PostFormValue("reason")
 	var done int
 	var skipped []string
+	wrongState := false
 	for _, v := range sel {
 		id, err := url.ParseQuery(v)
 		if err != nil {
@@ -383,6 +410,7 @@ func (s *Server) retrySelected(w http.ResponseWriter, r *http.Request, a admin.A
 			done++
 		case errors.Is(err, admin.ErrWrongState), errors.Is(err, admin.ErrNotFound):
 			skipped = append(skipped, err.Error())
+			wrongState = wrongState || errors.Is(err, admin.ErrWrongState)
 		default:
 			if done > 0 {
 				err = fmt.Errorf("%w: retried %d of %d, then: %w", admin.ErrPartial, done, len(sel), err)
@@ -390,6 +418,16 @@ func (s *Server) retrySelected(w http.ResponseWriter, r *http.Request, a admin.A
 			s.fail(w, r, a, err)
 			return
 		}
+	}
+	// None retried is not a partial success: it is the answer a retry of each alone gets (409, or 404 when
+	// none exists), as from the API and the CLI.
+	if len(skipped) > 0 && done == 0 {
+		class := admin.ErrNotFound
+		if wrongState {
+			class = admin.ErrWrongState
+		}
+		s.fail(w, r, a, fmt.Errorf("%w: retried none of %d: %s", class, len(sel), strings.Join(skipped, "; ")))
+		return
 	}
 	if len(skipped) > 0 {
 		s.fail(w, r, a, fmt.Errorf("%w: retried %d of %d; not retried: %s", admin.ErrPartial, done, len(sel),
@@ -403,6 +441,8 @@ type retryMatchingData struct {
 	Filter admin.EffectFilter
 	Query  string
 	Count  int64
+	// Unfiltered: no filter at all, which the service refuses to retry in bulk.
+	Unfiltered bool
 }
 
 // retryMatchingPreview is the dry run: how many effects a retry of all matching would send back.
@@ -418,7 +458,7 @@ func (s *Server) retryMatchingPreview(w http.ResponseWriter, r *http.Request, a 
 		return
 	}
 	s.render(w, r, http.StatusOK, "retry-matching", s.frame(a, "Retry all matching", "effects",
-		retryMatchingData{Filter: f, Query: filterQuery(r.URL.Query()), Count: n}))
+		retryMatchingData{Filter: f, Query: filterQuery(r.URL.Query()), Count: n, Unfiltered: unfiltered(f)}))
 }
 
 func (s *Server) retryMatching(w http.ResponseWriter, r *http.Request, a admin.Actor) {
@@ -429,6 +469,13 @@ func (s *Server) retryMatching(w http.ResponseWriter, r *http.Request, a admin.A
 	f, err := effectFilter(r.PostForm)
 	if err != nil {
 		s.fail(w, r, a, err)
+		return
+	}
+	// The run starts after this answer, so a refusal of the service's would reach only the progress page:
+	// an empty filter is refused here, as the service refuses it, while the operator still sees the form.
+	if unfiltered(f) {
+		s.fail(w, r, a, &admin.InvalidError{Field: "filter", Reason: "name at least one filter (tenant, type, status, " +
+			"key prefix, since or job): a retry of every failed, dead and unknown effect at once is refused"})
 		return
 	}
 	reason := r.PostFormValue("reason")
@@ -538,9 +585,34 @@ func (s *Server) queueFragment(w http.ResponseWriter, r *http.Request, a admin.A
 	s.renderBlock(w, r, http.StatusOK, "queue", "rows", s.frame(a, "Queue "+d.Name, "queues", d))
 }
 
+// jobData is a job as its page shows it.
+type jobData struct {
+	*admin.JobDetail
+	// Redacted: the payload is its shape only (a viewer's page).
+	Redacted bool
+}
+
+// redactsPayloads: a's role sees payloads redacted (viewers: below operator, who may reveal an effect's).
+func redactsPayloads(a admin.Actor) bool {
+	return a.Role != admin.RoleOperator && a.Role != admin.RoleAdmin
+}
+
+// jobFor is the job, its payload redacted for an actor who sees payloads redacted.
+func (s *Server) jobFor(r *http.Request, a admin.Actor, name, id string) (jobData, error) {
+	j, err := s.adm.Job(r.Context(), a, name, id)
+	if err != nil {
+		return jobData{}, err
+	}
+	d := jobData{JobDetail: j}
+	if redactsPayloads(a) {
+		j.Payload, d.Redacted = redactJSON(json.RawMessage(j.Payload)), true
+	}
+	return d, nil
+}
+
 func (s *Server) job(w http.ResponseWriter, r *http.Request, a admin.Actor) {
 	v := r.URL.Query()
-	j, err := s.adm.Job(r.Context(), a, v.Get("queue"), v.Get("id"))
+	j, err := s.jobFor(r, a, v.Get("queue"), v.Get("id"))
 	if err != nil {
 		s.fail(w, r, a, err)
 		return

@@ -46,8 +46,9 @@ var funcs = template.FuncMap{
 	"prettyjs":    prettyJSON,
 	"redact":      redactJSON,
 	"chart":       chart,
-	"q":           url.QueryEscape,
 	"effectURL":   effectURL,
+	"link":        link,
+	"withQuery":   withQuery,
 	"selValue":    selValue,
 	"dur":         func(sec float64) string { return seconds(sec) },
 	"add":         func(a, b int) int { return a + b },
@@ -280,6 +281,34 @@ func redact(v any) any {
 
 func effectURL(tenant, key string) string {
 	return "/effect?" + url.Values{"tenant": {tenant}, "key": {key}}.Encode()
+}
+
+// link is path with the query string of the pairs kv (name, value, …), empty values left out: an href in
+// which every value is encoded exactly once. A template must take it whole (href="{{link …}}"): html/template
+// leaves a URL it gets whole as it is, but encodes again anything put after a "?" (so never
+// href="/x?a={{…}}", and never a query string as one value there).
+func link(path string, kv ...string) string { return withQuery(path, "", kv...) }
+
+// withQuery is link with the pairs, in their order, after a query string that is already encoded (a list's
+// filters), whose own values of the pairs' names they replace.
+func withQuery(path, query string, kv ...string) string {
+	v, _ := url.ParseQuery(query)
+	for i := 0; i+1 < len(kv); i += 2 {
+		v.Del(kv[i])
+	}
+	var parts []string
+	if e := v.Encode(); e != "" {
+		parts = append(parts, e)
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if kv[i+1] != "" {
+			parts = append(parts, url.QueryEscape(kv[i])+"="+url.QueryEscape(kv[i+1]))
+		}
+	}
+	if len(parts) == 0 {
+		return path
+	}
+	return path + "?" + strings.Join(parts, "&")
 }
 
 // selValue is a checkbox's value naming one effect: its tenant and key as a query string, so that any

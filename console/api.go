@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -171,11 +172,22 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 		if b.Filter != nil {
 			f = *b.Filter
 		}
+		// The CLI's -o json of `effect retry --all-matching`, field for field.
+		type answer struct {
+			Action string             `json:"action"`
+			DryRun bool               `json:"dry_run"`
+			Filter admin.EffectFilter `json:"filter"`
+			admin.BulkResult
+		}
 		if b.DryRun == nil || *b.DryRun {
 			n, err := s.adm.CountRetryable(r.Context(), a, f)
-			return map[string]any{"dry_run": true, "matched": n}, err
+			return answer{Action: "effect.retry-matching", DryRun: true, Filter: f,
+				BulkResult: admin.BulkResult{Matched: n}}, err
 		}
-		return s.adm.RetryEffects(r.Context(), a, f, b.Reason, nil)
+		// A bulk retry may outlast RequestTimeout: it bounds each batch itself, and goes on, batch by
+		// audited batch, if the client hangs up.
+		res, err := s.adm.RetryEffects(context.WithoutCancel(r.Context()), a, f, b.Reason, nil)
+		return answer{Action: "effect.retry-matching", Filter: f, BulkResult: res}, err
 	})
 	get("types", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.PausedTypes(r.Context(), a) })
 	post("types/pause", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {

@@ -29,8 +29,9 @@ func sessionKey(r *http.Request) string {
 // JSON API's scripts).
 func (s *Server) actor(r *http.Request) (admin.Actor, error) {
 	if auth := r.Header.Get("Authorization"); auth != "" {
-		tok, ok := strings.CutPrefix(auth, "Bearer ")
-		if !ok {
+		// The scheme is case-insensitive (RFC 9110 §11.1): "bearer ogop_…" is a bearer token too.
+		scheme, tok, ok := strings.Cut(auth, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return admin.Actor{}, admin.ErrUnauthenticated
 		}
 		return s.adm.TokenActor(r.Context(), strings.TrimSpace(tok))

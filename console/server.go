@@ -60,6 +60,8 @@ type Config struct {
 	// SecureCookie marks the session cookie Secure: set it when the console is reached over HTTPS (through
 	// a proxy, say). Over plain HTTP to 127.0.0.1 a browser would drop a Secure cookie.
 	SecureCookie bool
+	// RequestTimeout bounds each request's work on the stores. Defaults to DefaultRequestTimeout.
+	RequestTimeout time.Duration
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -94,6 +96,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = DefaultRequestTimeout
 	}
 	p, err := parsePages()
 	if err != nil {
@@ -158,7 +163,20 @@ func (s *Server) Handler() http.Handler {
 		http.Error(w, "cross-origin request refused: the console takes changes only from its own pages",
 			http.StatusForbidden)
 	}))
-	return securityHeaders(cop.Handler(mux))
+	return securityHeaders(s.bounded(cop.Handler(mux)))
+}
+
+// DefaultRequestTimeout is Config.RequestTimeout's default. A database that stops answering mid-query (a
+// stalled network, a stuck proxy) ends the request with a 503 instead of holding the operator's page, and
+// a connection of the pool, forever. Bulk actions run on the server's own context, batch by batch.
+const DefaultRequestTimeout = 30 * time.Second
+
+func (s *Server) bounded(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // csp allows the console's own script, styles and images and nothing else: no inline script, no inline

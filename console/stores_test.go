@@ -1,0 +1,194 @@
+package console_test
+
+// The console when its database stops answering or goes away, and the API's details an outside tester
+// checked against the docs.
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/console"
+	"github.com/oncegate/oncegate/internal/pgtest"
+)
+
+// stallProxy forwards TCP to a target until frozen: then it passes nothing either way, as a stuck network
+// or proxy does, while the connections stay open.
+type stallProxy struct {
+	ln     net.Listener
+	frozen atomic.Bool
+	stop   chan struct{}
+	mu     sync.Mutex
+	conns  []net.Conn
+	wg     sync.WaitGroup
+}
+
+func newStallProxy(t *testing.T, target string) *stallProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &stallProxy{ln: ln, stop: make(chan struct{})}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, u)
+			p.mu.Unlock()
+			p.wg.Add(2)
+			go p.pipe(c, u)
+			go p.pipe(u, c)
+		}
+	}()
+	t.Cleanup(p.close)
+	return p
+}
+
+func (p *stallProxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		for p.frozen.Load() {
+			select {
+			case <-p.stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = dst.Close()
+			return
+		}
+	}
+}
+
+// down closes the listener and every connection: the database is gone.
+func (p *stallProxy) down() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+func (p *stallProxy) close() {
+	select {
+	case <-p.stop:
+	default:
+		close(p.stop)
+	}
+	p.down()
+	p.wg.Wait()
+}
+
+// A console whose database stops answering mid-connection answers 503 within its request timeout, pages
+// and API alike, and one whose database is gone answers 503 too: never a hang, never a 500.
+func TestAConsoleOverAStalledOrDownDatabaseAnswers503(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Database(t)
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newStallProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	ctx := context.Background()
+	pool, err := admin.Connect(ctx, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	svc := admin.New(admin.Config{DB: pool})
+	token, err := svc.CreateToken(ctx, admin.Actor{Name: "boot", Role: admin.RoleAdmin}, "ann", admin.RoleOperator)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const timeout = 2 * time.Second
+	srv, err := console.New(console.Config{Admin: svc, RequestTimeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(srv.Handler())
+	t.Cleanup(func() { hs.Close(); srv.Close() })
+	get := func(path string) (int, string, time.Duration) {
+		req, _ := http.NewRequest("GET", hs.URL+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		start := time.Now()
+		resp, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), time.Since(start)
+	}
+	if code, body, _ := get("/api/v1/effects?status=dead"); code != 200 {
+		t.Fatalf("before: %d %s", code, body)
+	}
+	proxy.frozen.Store(true)
+	for _, path := range []string{"/api/v1/effects?status=dead", "/effects?status=dead", "/"} {
+		if code, body, took := get(path); code != http.StatusServiceUnavailable || took > timeout+5*time.Second {
+			t.Errorf("stalled, %s: %d after %s: %.200s", path, code, took, body)
+		}
+	}
+	proxy.down()
+	for _, path := range []string{"/api/v1/whoami", "/effects"} {
+		if code, body, _ := get(path); code != http.StatusServiceUnavailable {
+			t.Errorf("down, %s: %d: %.200s", path, code, body)
+		}
+	}
+}
+
+// The bearer scheme is case-insensitive (RFC 9110), and the API's bulk retry answers with the CLI's JSON.
+func TestAPIBearerAnyCaseAndBulkRetryAnswer(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 200})
+	token := e.tokens[admin.RoleOperator]
+	for _, scheme := range []string{"bearer", "BEARER", "Bearer"} {
+		if code, _, body := e.get(http.DefaultClient, "/api/v1/whoami", "Authorization", scheme+" "+token); code != 200 {
+			t.Errorf("%s: %d %s", scheme, code, body)
+		}
+	}
+	code, _, body := e.apiPost(token, "/api/v1/effects/retry-matching", map[string]any{"filter": map[string]any{"status": "dead"}})
+	var ans map[string]any
+	if err := json.Unmarshal([]byte(body), &ans); err != nil || code != 200 {
+		t.Fatalf("dry run: %d %s %v", code, body, err)
+	}
+	for _, f := range []string{"action", "dry_run", "filter", "matched", "applied", "batches"} {
+		if _, ok := ans[f]; !ok {
+			t.Errorf("the dry run's answer lacks %s: %s", f, body)
+		}
+	}
+	if code, _, body := e.apiPost(token, "/api/v1/effects/retry-matching", map[string]any{"filter": map[string]any{},
+		"reason": "all", "dry_run": false}); code != 400 || !strings.Contains(body, `"field":"filter"`) {
+		t.Errorf("an unfiltered bulk retry: %d %s", code, body)
+	}
+}

@@ -75,6 +75,10 @@ const rescueUnknown = "the lease of the gateway delivering this effect ran out b
 	"(it died, or lost its database for longer than the lease), so the effect may or may not have happened; " +
 	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
 
+// sentUnknown is added to the error of an attempt that went out unanswered under at_most_once.
+const sentUnknown = "the request went out and no answer came back, so the destination may have acted on it; " +
+	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
+
 // decide is the dispatcher's whole delivery policy, without I/O: given how far a claimed row got, it says
 // what happens next. docs/effects.md draws the transitions it makes.
 //
@@ -86,7 +90,10 @@ const rescueUnknown = "the lease of the gateway delivering this effect ran out b
 //     reached the destination, and attempts: 0 would say that nothing was sent; a TxProvider has no crash window, so
 //     its rows are always delivered. Every other row is delivered.
 //   - The breaker refused the call: the row waits, uncharged, until the breaker can let a call through.
-//   - Shutdown cancelled a transient attempt: the row is handed back at once, uncharged, for any gateway.
+//   - A transient attempt whose request went out unanswered (MaybeSent) of an at-most-once type is finished
+//     unknown, shutdown or not: a resend could be a second effect, as after a crash.
+//   - Shutdown cancelled any other transient attempt: the row is handed back at once, uncharged, for any
+//     gateway.
 //   - Delivered, failed and in doubt finish the effect as delivered, failed and unknown.
 //   - A transient failure is retried after the backoff delay (the destination's Retry-After wins), until the
 //     attempts reach the type's maximum: then the effect is dead.
@@ -127,6 +134,12 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 	case providers.KindInDoubt:
 		return action{kind: actFinish, finish: finish(effect.StatusUnknown, errText),
 			msg: "delivery in doubt", level: slog.LevelWarn, err: out.Err}
+	}
+	if out.MaybeSent && p.onCrash == AtMostOnce && !p.tx {
+		return action{kind: actFinish,
+			finish: finish(effect.StatusUnknown, errText+"; "+sentUnknown),
+			msg:    "no answer to a delivery that went out; on_crash is at_most_once, so it is not resent",
+			level:  slog.LevelWarn, err: out.Err}
 	}
 	if ev.stopping {
 		return action{kind: actReschedule}

@@ -25,6 +25,8 @@ func TestDecide(t *testing.T) {
 	last := dedup.Claimed{Attempts: 2}
 	attempted := func(o providers.Outcome) event { return event{stage: stageAttempted, outcome: o} }
 	boom := errors.New("503 busy")
+	sent := providers.Retry(errors.New("timed out"))
+	sent.MaybeSent = true
 
 	cases := []struct {
 		name string
@@ -62,6 +64,18 @@ func TestDecide(t *testing.T) {
 		{"shutdown hands a cancelled attempt back, uncharged",
 			event{stage: stageAttempted, outcome: providers.Retry(errors.New("context canceled")), stopping: true}, last, least,
 			action{kind: actReschedule}},
+		{"at_most_once: a request that went out unanswered is unknown, charged, not resent",
+			attempted(sent), fresh, most,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusUnknown, LastError: "timed out; " + sentUnknown, Attempted: true}}},
+		{"at_most_once: so is one that shutdown cut short after it went out",
+			event{stage: stageAttempted, outcome: sent, stopping: true}, fresh, most,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusUnknown, LastError: "timed out; " + sentUnknown, Attempted: true}}},
+		{"at_most_once: a request that never went out (refused) is retried", attempted(providers.Retry(boom)), second, most,
+			action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: 2 * time.Second, LastError: "503 busy", Attempted: true}}},
+		{"at_least_once: a request that went out unanswered is resent", attempted(sent), second, least,
+			action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: 2 * time.Second, LastError: "timed out", Attempted: true}}},
+		{"a TxProvider has no such window", attempted(sent), second, mostTx,
+			action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: 2 * time.Second, LastError: "timed out", Attempted: true}}},
 		{"an outcome that came before the shutdown is recorded",
 			event{stage: stageAttempted, outcome: providers.Delivered(nil), stopping: true}, fresh, least,
 			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDelivered, Result: []byte("null"), Attempted: true}}},

@@ -162,6 +162,11 @@ type Outcome struct {
 	// DestinationUp is set with KindFailed when the destination answered (a 4xx): it is up, and the circuit
 	// breaker counts the attempt as a success.
 	DestinationUp bool
+	// MaybeSent is set with KindRetry when the request went out and its answer never came (a timeout, a
+	// connection lost after the request was written, an answer that broke off): the destination may have
+	// acted on it. A resend is then a duplicate to a destination that does not deduplicate, so an effect type
+	// with on_crash: at_most_once finishes such an attempt unknown, as it does an attempt a crash cut short.
+	MaybeSent bool
 }
 
 // Delivered returns a delivered outcome with result encoded as JSON (without HTML escaping: results are

@@ -17,9 +17,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"net/url"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -227,16 +229,37 @@ func redact(err error) error {
 	return &RequestError{Method: ue.Op, Origin: origin, Err: inner}
 }
 
+// sentKey is the context key of Track's flag.
+type sentKey struct{}
+
+// Track returns ctx with a flag that the request made with it sets once its headers are written to a
+// connection: from then on the destination may act on it, whether or not an answer comes back. TransportError
+// reads it (MaybeSent). A trace already in ctx (otelhttp's) is kept.
+func Track(ctx context.Context) context.Context {
+	wrote := new(atomic.Bool)
+	ctx = context.WithValue(ctx, sentKey{}, wrote)
+	return httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteHeaders: func() { wrote.Store(true) }})
+}
+
+// Wrote reports whether the request of a context from Track had its headers written.
+func Wrote(ctx context.Context) bool {
+	wrote, ok := ctx.Value(sentKey{}).(*atomic.Bool)
+	return ok && wrote.Load()
+}
+
 // TransportError turns an error from Client.Do into an outcome: a forbidden address fails for good (no retry
-// will make it allowed); a timeout, a refused or reset connection is retried. The outcome's error names the
-// destination by origin only (see redact).
+// will make it allowed); a timeout, a refused or reset connection is retried, MaybeSent when ctx (from
+// Track, the request's context) says the request had gone out. The outcome's error names the destination
+// by origin only (see redact).
 func TransportError(ctx context.Context, err error) providers.Outcome {
 	err = redact(err)
 	if errors.Is(err, ErrForbiddenAddress) {
 		return providers.Failed(err, true)
 	}
+	o := providers.Retry(err)
 	if ctx.Err() != nil {
-		return providers.Retry(fmt.Errorf("timed out: %w", err))
+		o = providers.Retry(fmt.Errorf("timed out: %w", err))
 	}
-	return providers.Retry(err)
+	o.MaybeSent = Wrote(ctx)
+	return o
 }

@@ -305,14 +305,14 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	if err != nil {
 		return providers.Failed(err, true)
 	}
-	req, err := p.request(ctx, pl)
+	req, err := p.request(safehttp.Track(ctx), pl)
 	if err != nil {
 		return providers.Failed(err, true)
 	}
 	req.Header.Set("Idempotency-Key", d.StableID)
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return safehttp.TransportError(ctx, err)
+		return safehttp.TransportError(req.Context(), err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode < 200 {
@@ -432,7 +432,9 @@ func (p *Provider) answer(resp *http.Response) providers.Outcome {
 	if err != nil {
 		// The upstream answered and its body broke off: what it did is unknown to the gateway, as for a
 		// timeout. Retried (a resend carries the same Idempotency-Key).
-		return providers.Retry(fmt.Errorf("reading the answer (status %d): %w", resp.StatusCode, err))
+		o := providers.Retry(fmt.Errorf("reading the answer (status %d): %w", resp.StatusCode, err))
+		o.MaybeSent = true
+		return o
 	}
 	a := Answer{Status: resp.StatusCode, Headers: map[string][]string{}}
 	for k, vs := range p.AnswerHeaders(resp.Header) {

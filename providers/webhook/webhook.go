@@ -341,7 +341,7 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 		return providers.Failed(err, true)
 	}
 	body := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	req, err := safehttp.NewRequest(ctx, http.MethodPost, u, body)
+	req, err := safehttp.NewRequest(safehttp.Track(ctx), http.MethodPost, u, body)
 	if err != nil {
 		return providers.Failed(err, true)
 	}
@@ -354,7 +354,7 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	req.Header.Set("Idempotency-Key", d.StableID)
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return safehttp.TransportError(ctx, err)
+		return safehttp.TransportError(req.Context(), err)
 	}
 	defer resp.Body.Close()
 	result := map[string]any{"status": resp.StatusCode, "webhook_id": d.StableID}

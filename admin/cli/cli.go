@@ -71,6 +71,13 @@ Every command: -o table|json, --operator NAME (default $ONCEGATE_OPERATOR, else 
 --role viewer|operator|admin (default $ONCEGATE_ROLE, else operator). DATABASE_URL and REDIS_URL name the stores.
 Exit codes: 0 done, 1 error, 2 usage, 3 not found, 4 wrong state, 5 bulk partly applied.`
 
+// Quiet is go-redis's logger for the CLI's process (redis.SetLogger, once, in main): the pool's own retries
+// and reconnects would otherwise print lines of go-redis's on stderr beside the CLI's one-line error, which
+// already says what failed.
+type Quiet struct{}
+
+func (Quiet) Printf(context.Context, string, ...any) {}
+
 // Main runs one command and returns its exit code.
 func Main(ctx context.Context, args []string, env Env) int {
 	err := run(ctx, args, env)
@@ -275,6 +282,9 @@ func run(ctx context.Context, args []string, env Env) error {
 			return usagef("unknown command %q; run `oncegate help`", args[0])
 		}
 		return usagef("%s", usage)
+	}
+	if strings.HasPrefix(args[0], "-") {
+		return usagef("%s: flags go after the command: oncegate <noun> <verb> [args] [flags]", args[0])
 	}
 	noun, verb, rest := args[0], args[1], args[2:]
 	h, ok := commands[noun+" "+verb]

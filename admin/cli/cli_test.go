@@ -64,6 +64,7 @@ func TestUsageErrorsNameTheWord(t *testing.T) {
 		{[]string{"effect", "ls", "--job", "j\x00"}, "--job: holds a NUL byte"},
 		{[]string{"effect", "retry", "--all-matching", "--reason", "x"}, "--status, --type"},
 		{[]string{"effect", "ls", "--limit", "0"}, "--limit: want 1 to 1000"},
+		{[]string{"--role", "viewer", "effect", "ls"}, "--role: flags go after the command"},
 	} {
 		out, errOut, code := run(t, url, tc.args...)
 		if code != cli.ExitUsage || out != "" || strings.Count(errOut, "\n") != 1 || strings.Count(errOut, "oncegate:") != 1 ||

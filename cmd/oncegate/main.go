@@ -10,6 +10,8 @@ import (
 	"slices"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/oncegate/oncegate/admin/cli"
 	"github.com/oncegate/oncegate/console"
 )
@@ -21,6 +23,7 @@ func main() {
 		stop()
 		os.Exit(code)
 	}
+	redis.SetLogger(cli.Quiet{})
 	code := cli.Main(ctx, os.Args[1:], cli.Env{Stdout: os.Stdout, Stderr: os.Stderr, Getenv: os.Getenv,
 		Terminal: cli.IsTerminal(os.Stderr)})
 	stop()

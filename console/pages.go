@@ -452,10 +452,12 @@ func (s *Server) retryMatchingPreview(w http.ResponseWriter, r *http.Request, a 
 		s.fail(w, r, a, err)
 		return
 	}
-	n, err := s.adm.CountRetryable(r.Context(), a, f)
-	if err != nil {
-		s.fail(w, r, a, err)
-		return
+	var n int64
+	if !unfiltered(f) { // the service refuses to count a bulk retry of everything: the page says why instead
+		if n, err = s.adm.CountRetryable(r.Context(), a, f); err != nil {
+			s.fail(w, r, a, err)
+			return
+		}
 	}
 	s.render(w, r, http.StatusOK, "retry-matching", s.frame(a, "Retry all matching", "effects",
 		retryMatchingData{Filter: f, Query: filterQuery(r.URL.Query()), Count: n, Unfiltered: unfiltered(f)}))

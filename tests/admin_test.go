@@ -354,7 +354,8 @@ func TestOncegateQueueCommands(t *testing.T) {
 		got = append(got, e.Action+" "+e.Outcome)
 	}
 	want := []string{"dead.purge done", "dead.purge denied", "dead.requeue done", "queue.resume failed: queue \"" +
-		q.Name() + "\" is not paused", "queue.resume done", "queue.pause done"}
+		q.Name() + "\" is not paused", "queue.resume done", "queue.pause failed: queue \"" + q.Name() +
+		"\" is paused already", "queue.pause done"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("audit:\n got %q\nwant %q", got, want)
 	}

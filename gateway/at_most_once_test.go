@@ -114,3 +114,44 @@ func TestProxyUnansweredUnderAtMostOnceIsUnknown(t *testing.T) {
 		t.Fatalf("the upstream got %d calls under at_most_once, want 1", n)
 	}
 }
+
+// An upstream whose 2xx answer breaks off mid-body (an outside tester's finding: the effect was delivered,
+// its cut body stored and replayed as whole): the http provider treats it as no answer, unknown under
+// at_most_once and resent under at_least_once, as the proxy always did.
+func TestAnAnswerThatBreaksOffIsNoAnswer(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	partial := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		_, _ = io.Copy(io.Discard, r.Body)
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"ok\":tr")
+		_ = buf.Flush()
+		_ = conn.Close()
+	}))
+	t.Cleanup(partial.Close)
+	retry := &Retry{MaxAttempts: 2, BaseDelay: Duration(20 * time.Millisecond), MaxDelay: Duration(50 * time.Millisecond)}
+	h := startGateway(t, func(c *Config) {
+		api := func(onCrash outbox.OnCrash) EffectType {
+			return EffectType{Provider: "http", OnCrash: onCrash, Retry: retry, Breaker: Breaker{Failures: 100},
+				HTTP: &httpprov.Config{BaseURL: partial.URL, AllowPrivateNetworks: true}}
+		}
+		c.EffectTypes["api-once"] = api(outbox.AtMostOnce)
+		c.EffectTypes["api-least"] = api(outbox.AtLeastOnce)
+	})
+	for typ, want := range map[string]string{"api-once": "unknown", "api-least": "dead"} {
+		if r := h.post(typ, `{"type":"`+typ+`","payload":{"method":"POST","path":"/charges","body":{"a":1}}}`); r.status != 202 {
+			t.Fatalf("%s: %d %s", typ, r.status, r.raw)
+		}
+		r := h.waitStatus(acmeKey, typ, want)
+		if r.body["result"] != nil && strings.Contains(string(r.raw), `tr"`) {
+			t.Fatalf("%s: the cut body was stored: %s", typ, r.raw)
+		}
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("the upstream got %d requests, want 1 under at_most_once and 2 under at_least_once", n)
+	}
+}

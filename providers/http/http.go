@@ -325,7 +325,16 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	if pl.Proxied {
 		return p.answer(resp)
 	}
-	answer, truncated, _ := safehttp.ReadBounded(resp.Body, MaxBody)
+	answer, truncated, rerr := safehttp.ReadBounded(resp.Body, MaxBody)
+	if rerr != nil && resp.StatusCode < 300 {
+		// A 2xx whose body broke off: the result would be stored, and replayed, cut short, as if whole. What
+		// the upstream did is unknown to the gateway, as after a timeout (a resend carries the same
+		// Idempotency-Key; under at_most_once the effect is unknown).
+		o := providers.Retry(fmt.Errorf("reading the answer (status %d): %w", resp.StatusCode, rerr))
+		o.MaybeSent = true
+		return o
+	}
+	truncated = truncated || rerr != nil // another status decides by itself; its body is only a note
 	kept := map[string]string{}
 	for _, h := range p.keep {
 		if _, configured := p.headers[textproto.CanonicalMIMEHeaderKey(h)]; configured {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/oncegate/oncegate/internal/testenv"
 	"github.com/oncegate/oncegate/outbox"
 	httpprov "github.com/oncegate/oncegate/providers/http"
 	"github.com/oncegate/oncegate/providers/webhook"
@@ -67,6 +68,11 @@ func TestAnUnansweredRequestUnderAtMostOnceIsUnknown(t *testing.T) {
 	if n := calls.Load(); n != 1 {
 		t.Fatalf("the receiver got %d requests under at_most_once, want 1", n)
 	}
+	// The operator's attempt log says what the attempt came to: in doubt, not a retry.
+	testenv.Eventually(t, 10*time.Second, "the attempt is logged in doubt", func() bool {
+		return h.count(`SELECT count(*) FROM oncegate_effect_attempts a JOIN oncegate_effects e ON e.id = a.effect_id
+			WHERE e.key = 'once' AND a.outcome = 'in_doubt'`) == 1
+	})
 	post("api", "api-once", `{"method":"POST","path":"/charges","body":{"amount":1}}`)
 	if r := h.waitStatus(acmeKey, "api", "unknown"); r.body["attempts"] != float64(1) {
 		t.Fatalf("the unanswered upstream under at_most_once: %s", r.raw)

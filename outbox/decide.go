@@ -20,6 +20,12 @@ type policy struct {
 	retryDelay func(attempt int) time.Duration
 }
 
+// doubted reports whether an attempt that the provider would have retried is finished unknown instead: its
+// request went out unanswered, and the type is at most once (a TxProvider has no such window).
+func (p policy) doubted(out providers.Outcome) bool {
+	return out.Kind == providers.KindRetry && out.MaybeSent && p.onCrash == AtMostOnce && !p.tx
+}
+
 // stage is how far the delivery of a claimed row got.
 type stage int
 
@@ -135,7 +141,7 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 		return action{kind: actFinish, finish: finish(effect.StatusUnknown, errText),
 			msg: "delivery in doubt", level: slog.LevelWarn, err: out.Err}
 	}
-	if out.MaybeSent && p.onCrash == AtMostOnce && !p.tx {
+	if p.doubted(out) {
 		return action{kind: actFinish,
 			finish: finish(effect.StatusUnknown, errText+"; "+sentUnknown),
 			msg:    "no answer to a delivery that went out; on_crash is at_most_once, so it is not resent",

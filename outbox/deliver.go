@@ -86,8 +86,14 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false
 	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(time.Since(start).Seconds())
-	d.recordAttempt(r, start, out, true)
-	d.metrics.Attempts.WithLabelValues(t.Name, out.Kind.String()).Inc()
+	// The attempt log and the metric say what the attempt came to: one that decide will finish unknown is
+	// in doubt, not a retry.
+	seen := out
+	if t.policy.doubted(out) {
+		seen.Kind = providers.KindInDoubt
+	}
+	d.recordAttempt(r, start, seen, true)
+	d.metrics.Attempts.WithLabelValues(t.Name, seen.Kind.String()).Inc()
 	return event{stage: stageAttempted, outcome: out, stopping: ctx.Err() != nil}, recorded
 }
 

@@ -717,6 +717,13 @@ func TestTokenCommands(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "ann") || !strings.Contains(out, "operator") || !strings.Contains(out, "lead") {
 		t.Fatalf("ls: %d %s", code, out)
 	}
+	// A token's name is an operator's, shown on terminals: its control characters come out escaped.
+	if code, _, errOut := run("token", "create", "eve\x1b[2J", "--role", "viewer"); code != 0 {
+		t.Fatalf("create eve: %d %s", code, errOut)
+	}
+	if code, out, _ = run("token", "ls"); code != 0 || strings.Contains(out, "\x1b") || !strings.Contains(out, `eve\x1b[2J`) {
+		t.Fatalf("ls shows a name's ESC raw: %d %q", code, out)
+	}
 	if code, _, errOut := run("token", "revoke", "ann"); code != 2 || !strings.Contains(errOut, "reason") {
 		t.Fatalf("revoke without a reason: %d %s", code, errOut)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/admin/cli"
 )
 
 // Env is what Main reads besides its arguments.
@@ -46,7 +47,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintln(env.Stderr, "oncegate: "+err.Error())
+	fmt.Fprintln(env.Stderr, "oncegate: "+cli.Printable(err.Error()))
 	var ue usageError
 	switch {
 	case errors.As(err, &ue), errors.Is(err, admin.ErrInvalid):
@@ -194,7 +195,7 @@ func token(ctx context.Context, verb string, args []string, env Env) error {
 		if err != nil {
 			return err
 		}
-		w := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+		w := tabwriter.NewWriter(cli.PrintableWriter(env.Stdout), 0, 4, 2, ' ', 0)
 		fmt.Fprintln(w, "ID\tNAME\tROLE\tCREATED BY\tCREATED\tLAST USED\tREVOKED")
 		for _, t := range ts {
 			fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Role, t.CreatedBy, when(t.CreatedAt),
@@ -209,7 +210,7 @@ func token(ctx context.Context, verb string, args []string, env Env) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(env.Stdout, "revoked %d token(s) named %s\n", n, pos[0])
+		fmt.Fprintf(env.Stdout, "revoked %d token(s) named %s\n", n, cli.Printable(pos[0]))
 		return nil
 	}
 	return usageError("token: unknown verb " + verb + "\n" + usage)

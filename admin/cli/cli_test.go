@@ -33,13 +33,13 @@ func TestTablesShowControlCharactersAsEscapes(t *testing.T) {
 	if _, err := pool.Exec(context.Background(), `
 		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, last_error, finished_at)
 		VALUES ('acme', E'esc\x1b[31mRED', 'hook', '\x00', '{}'::json, 'dead',
-		        E'\x1b]0;PWNED\x07\x1b[2J\rforged line \u202egnp.exe', now())`); err != nil {
+		        E'\x1b]0;PWNED\x07\x1b[2J\rforged line \u202egnp.exe \u2028hidden\u200b', now())`); err != nil {
 		t.Fatal(err)
 	}
 	for _, args := range [][]string{{"effect", "ls"}, {"effect", "show", "esc\x1b[31mRED"},
 		{"effect", "retry", "esc\x1b[31mRED", "--reason", "r\x1b[2J"}, {"audit", "ls"}} {
 		out, errOut, code := run(t, url, args...)
-		if strings.ContainsAny(out+errOut, "\x1b\x07\r\u202e") {
+		if strings.ContainsAny(out+errOut, "\x1b\x07\r\u202e\u2028\u200b") {
 			t.Errorf("%v (exit %d) printed a control character raw:\n%q\n%q", args[:2], code, out, errOut)
 		}
 		if code == 0 && !strings.Contains(out, `\x1b`) {

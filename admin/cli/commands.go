@@ -52,10 +52,17 @@ func (c *command) out(v any, table func(w *tabwriter.Writer)) error {
 	return w.Flush()
 }
 
+// Printable is printable for the console's own commands (`oncegate token ls`).
+func Printable(s string) string { return printable(s) }
+
+// PrintableWriter is printableWriter for the console's own commands.
+func PrintableWriter(w io.Writer) io.Writer { return printableWriter{w} }
+
 // printable makes s safe to show on an operator's terminal. Keys, job IDs, error texts and reasons come
 // from tenants, workers and other operators: an ESC in one would otherwise start a terminal escape sequence
 // (clear the screen, retitle the window, move the cursor to forge lines), a carriage return overwrite a line,
-// a bidi override reorder it. Every such character is shown as its Go escape (\x1b, \r, \u202e) instead.
+// a bidi override reorder it, a line separator or a zero-width character hide or split what is shown. Every
+// such character is shown as its Go escape (\x1b, \r, \u202e, \u2028, \u200b) instead.
 func printable(s string) string {
 	if !strings.ContainsFunc(s, obeyed) {
 		return s
@@ -75,7 +82,7 @@ func printable(s string) string {
 // obeyed reports whether a terminal would act on r rather than show it (the newline and tab of the CLI's
 // own layout excepted).
 func obeyed(r rune) bool {
-	return r != '\n' && r != '\t' && (unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r))
+	return r != '\n' && r != '\t' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Bidi_Control)
 }
 
 // printableWriter passes what the tables print through printable: cells are escaped already (so that their

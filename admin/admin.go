@@ -226,6 +226,19 @@ func (s *Service) needDB() error {
 	return nil
 }
 
+// needDBUp is for a change made in Redis and audited in Postgres after it: the database must answer first,
+// so that a change is not made with no audit entry to show for it (a database that fails between the ping
+// and the entry is the window left, milliseconds wide).
+func (s *Service) needDBUp(ctx context.Context) error {
+	if err := s.needDB(); err != nil {
+		return err
+	}
+	if err := s.db.Ping(ctx); err != nil {
+		return dbError("reach the database for the audit log, before changing anything", err)
+	}
+	return nil
+}
+
 func (s *Service) needRedis() error {
 	if s.rdb == nil {
 		return unavailable("this needs the queues' Redis: set REDIS_URL")

@@ -75,6 +75,9 @@ func (s *Service) CreateToken(ctx context.Context, a Actor, name string, role Ro
 	if strings.TrimSpace(name) == "" {
 		return "", &InvalidError{Field: "name", Reason: "a token needs the name of the operator who holds it"}
 	}
+	if err := checkText("NAME", name); err != nil {
+		return "", err
+	}
 	if !role.Valid() {
 		return "", &InvalidError{Field: "role", Reason: fmt.Sprintf("%q is not a role: want viewer, operator or admin", role)}
 	}
@@ -101,6 +104,9 @@ func (s *Service) RevokeToken(ctx context.Context, a Actor, name, reason string)
 		return 0, err
 	}
 	if err := requireReason(reason); err != nil {
+		return 0, err
+	}
+	if err := checkText("NAME", name); err != nil {
 		return 0, err
 	}
 	if err := s.needDB(); err != nil {

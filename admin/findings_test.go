@@ -14,7 +14,9 @@ import (
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testenv"
 	"github.com/oncegate/oncegate/outbox"
+	"github.com/oncegate/oncegate/queue"
 )
 
 // A bulk retry with no filter at all would resend every failed, dead and unknown effect of every tenant
@@ -209,5 +211,46 @@ func TestBreakerJSONHasEveryDocumentedField(t *testing.T) {
 	}
 	if m["open_until"] != nil || m["in_flight"] != float64(0) {
 		t.Errorf("a closed, idle breaker: %s", b)
+	}
+}
+
+// A change made in Redis is audited in Postgres: with the database unreachable it is not made at all (an
+// outside tester resumed a queue with no audit entry to show for it).
+func TestARedisChangeNeedsTheAuditLogFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	reg := testenv.Name(t, "registry")
+	q, err := queue.New(rdb, testenv.Name(t, "q"), &queue.Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Destroy(context.Background()); rdb.Del(context.Background(), reg) })
+	if _, err := q.Enqueue(ctx, queue.NewJob{ID: "j"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Pause(ctx, "incident"); err != nil {
+		t.Fatal(err)
+	}
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := closed.Addr().String()
+	_ = closed.Close()
+	pool, err := admin.Connect(ctx, "postgres://postgres@"+addr+"/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	svc := admin.New(admin.Config{DB: pool, Redis: rdb, QueueRegistry: reg})
+	if err := svc.ResumeQueue(ctx, alice, q.Name(), "db down"); !errors.Is(err, admin.ErrUnavailable) {
+		t.Fatalf("resume with the database down: %v", err)
+	}
+	if paused, _, err := q.Paused(ctx); err != nil || !paused {
+		t.Fatalf("the queue was resumed with no audit entry: paused %v, %v", paused, err)
+	}
+	if _, err := svc.RequeueDead(ctx, alice, q.Name(), []string{"j"}, "db down"); !errors.Is(err, admin.ErrUnavailable) {
+		t.Fatalf("requeue with the database down: %v", err)
 	}
 }

@@ -167,6 +167,9 @@ func (s *Service) typeAction(ctx context.Context, a Actor, action, typ, reason s
 	if typ == "" {
 		return &InvalidError{Field: "TYPE", Reason: "name an effect type"}
 	}
+	if err := checkText("TYPE", typ); err != nil {
+		return err
+	}
 	if err := s.prepareChange(ctx, a, action, typ, reason); err != nil {
 		return err
 	}

@@ -112,6 +112,9 @@ func (s *Service) PauseQueue(ctx context.Context, a Actor, name, reason string) 
 	if err != nil {
 		return err
 	}
+	if err := s.needDBUp(ctx); err != nil {
+		return err
+	}
 	paused, err := q.PauseOnce(ctx, fmt.Sprintf("%s by %s: %s", time.Now().UTC().Format(time.RFC3339), a.Name, reason))
 	if err == nil && !paused {
 		// As for a paused type: the first pause's reason and time stay, and saying it again is a slip.
@@ -127,6 +130,9 @@ func (s *Service) ResumeQueue(ctx context.Context, a Actor, name, reason string)
 	}
 	q, err := s.known(ctx, name)
 	if err != nil {
+		return err
+	}
+	if err := s.needDBUp(ctx); err != nil {
 		return err
 	}
 	was, err := q.Resume(ctx)
@@ -308,6 +314,9 @@ func (s *Service) deadAction(ctx context.Context, a Actor, action string, needs 
 	}
 	q, err := s.known(ctx, name)
 	if err != nil {
+		return res, err
+	}
+	if err := s.needDBUp(ctx); err != nil {
 		return res, err
 	}
 	n, err := do(q, ctx, ids...)

@@ -419,6 +419,16 @@ func (s *Service) CountRetryable(ctx context.Context, a Actor, f EffectFilter) (
 	return total, nil
 }
 
+// CheckRetryEffects runs every check of RetryEffects (role, reason, filter) and changes nothing, for a face
+// that starts the retry after it has answered (the console's progress page): a refusal then reaches the
+// operator at once. A role's refusal is audited as RetryEffects would audit it.
+func (s *Service) CheckRetryEffects(ctx context.Context, a Actor, f EffectFilter, reason string) error {
+	if err := s.prepareAudited(ctx, a, Audit{Action: "effect.retry-matching", Filter: f.json(), Reason: reason}); err != nil {
+		return err
+	}
+	return checkBulkFilter(f)
+}
+
 // checkBulkFilter refuses the filters a bulk retry does not take: bad ones, none at all (a slip that would
 // resend every failed, dead and unknown effect of every tenant, at_most_once ones included), and a status a
 // retry does not apply to.

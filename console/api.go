@@ -1,13 +1,18 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"strconv"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/internal/jsonlimit"
 )
 
 // The JSON admin API beside the pages: the same service calls, the same JSON as `oncegate … -o json`
@@ -99,7 +104,24 @@ type actionBody struct {
 
 func readBody(r *http.Request) (actionBody, error) {
 	var b actionBody
-	dec := json.NewDecoder(http.MaxBytesReader(nil, r.Body, 1<<20))
+	raw, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 1<<20))
+	if err != nil {
+		return b, &admin.InvalidError{Field: "body", Reason: "cannot be read: " + err.Error()}
+	}
+	// Go's decoder turns bytes that are not UTF-8, and lone surrogate escapes, into U+FFFD without a word:
+	// a type or a reason would be stored as something the operator never sent. Such a body is refused, as a
+	// duplicate member is (which the decoder would settle by keeping the last).
+	if !utf8.Valid(raw) {
+		return b, &admin.InvalidError{Field: "body", Reason: "not valid UTF-8"}
+	}
+	if err := jsonlimit.Check(raw, jsonlimit.Limits{}); err != nil {
+		var le *jsonlimit.Error
+		if errors.As(err, &le) && le.Path != "" {
+			return b, &admin.InvalidError{Field: le.Path, Reason: le.Reason}
+		}
+		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + strings.TrimPrefix(err.Error(), "jsonlimit: ")}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
 		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + err.Error()}

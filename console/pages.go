@@ -474,15 +474,10 @@ func (s *Server) retryMatching(w http.ResponseWriter, r *http.Request, a admin.A
 		return
 	}
 	// The run starts after this answer, so a refusal of the service's would reach only the progress page:
-	// an empty filter is refused here, as the service refuses it, while the operator still sees the form.
-	if unfiltered(f) {
-		s.fail(w, r, a, &admin.InvalidError{Field: "filter", Reason: "name at least one filter (tenant, type, status, " +
-			"key prefix, since or job): a retry of every failed, dead and unknown effect at once is refused"})
-		return
-	}
+	// the service's checks (role, reason, filter) run here first, while the operator still sees the form.
 	reason := r.PostFormValue("reason")
-	if strings.TrimSpace(reason) == "" {
-		s.fail(w, r, a, &admin.InvalidError{Field: "reason", Reason: "a reason is required for every change (it goes to the audit log)"})
+	if err := s.adm.CheckRetryEffects(r.Context(), a, f, reason); err != nil {
+		s.fail(w, r, a, err)
 		return
 	}
 	id := s.startBulk(a, f, reason)

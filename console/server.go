@@ -18,6 +18,8 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -173,6 +175,17 @@ const DefaultRequestTimeout = 30 * time.Second
 
 func (s *Server) bounded(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// r.URL.Query() drops a pair it cannot decode without a word: a filter sent as tenant=ac%zzme would
+		// vanish and widen a listing, or a bulk retry's dry run, to every tenant. Such a query is refused.
+		if _, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+			bad := &admin.InvalidError{Field: "query", Reason: "cannot be decoded: " + err.Error()}
+			if strings.HasPrefix(r.URL.Path, "/api/") {
+				s.apiFail(w, r, bad)
+			} else {
+				s.fail(w, r, admin.Actor{}, bad)
+			}
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), s.cfg.RequestTimeout)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))

@@ -192,3 +192,45 @@ func TestAPIBearerAnyCaseAndBulkRetryAnswer(t *testing.T) {
 		t.Errorf("an unfiltered bulk retry: %d %s", code, body)
 	}
 }
+
+// Input the service would read otherwise than it was sent is refused before it is used: a query pair that
+// cannot be decoded (Go drops it, which widened a filter to every tenant), a JSON body that is not UTF-8 or
+// holds a lone surrogate (Go makes them U+FFFD), and a bulk retry the service would refuse (the console
+// used to start it and show the refusal on the progress page only).
+func TestInputIsRefusedBeforeItIsUsed(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 200})
+	op := e.tokens[admin.RoleOperator]
+	for _, path := range []string{"/api/v1/effects?tenant=ac%zzme&status=dead", "/effects/retry-matching?tenant=ac%zzme&status=dead",
+		"/effects?cursor=%%%"} {
+		if code, _, body := e.get(http.DefaultClient, path, "Authorization", "Bearer "+op); code != 400 || !strings.Contains(body, "query") {
+			t.Errorf("%s: %d %.200s", path, code, body)
+		}
+	}
+	for _, body := range []string{"{\"type\":\"t\xff\",\"reason\":\"r\"}", `{"type":"t\ud800","reason":"r"}`,
+		`{"type":"t","type":"u","reason":"r"}`} {
+		req, _ := http.NewRequest("POST", e.url+"/api/v1/types/pause", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+op)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 {
+			t.Errorf("%q: %d %s", body, resp.StatusCode, b)
+		}
+	}
+	if n := pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_paused_types"); n != 0 {
+		t.Fatalf("%d types paused by refused bodies", n)
+	}
+	c := e.client(admin.RoleOperator)
+	if code, _, body := e.post(c, "/effects/retry-matching", url.Values{"status": {"dead"}, "reason": {"r\x00"}}); code != 400 {
+		t.Errorf("a NUL in the reason: %d %.200s", code, body)
+	}
+	if code, _, body := e.post(e.client(admin.RoleViewer), "/effects/retry-matching", url.Values{"status": {"dead"},
+		"reason": {"viewer"}}); code != 403 {
+		t.Errorf("a viewer's bulk retry: %d %.200s", code, body)
+	}
+}

@@ -98,7 +98,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 		// The service names its fields as the CLI's flags are named: say it as a flag.
 		msg = "--" + ie.Field + ": " + ie.Reason
 	}
-	fmt.Fprintln(env.Stderr, "oncegate: "+printable(oneLine(msg)))
+	fmt.Fprintln(env.Stderr, "oncegate: "+Printable(oneLine(msg)))
 	return code
 }
 

@@ -52,18 +52,15 @@ func (c *command) out(v any, table func(w *tabwriter.Writer)) error {
 	return w.Flush()
 }
 
-// Printable is printable for the console's own commands (`oncegate token ls`).
-func Printable(s string) string { return printable(s) }
-
-// PrintableWriter is printableWriter for the console's own commands.
+// PrintableWriter is printableWriter for the console's own commands (`oncegate token ls`).
 func PrintableWriter(w io.Writer) io.Writer { return printableWriter{w} }
 
-// printable makes s safe to show on an operator's terminal. Keys, job IDs, error texts and reasons come
+// Printable makes s safe to show on an operator's terminal. Keys, job IDs, error texts and reasons come
 // from tenants, workers and other operators: an ESC in one would otherwise start a terminal escape sequence
 // (clear the screen, retitle the window, move the cursor to forge lines), a carriage return overwrite a line,
 // a bidi override reorder it, a line separator or a zero-width character hide or split what is shown. Every
 // such character is shown as its Go escape (\x1b, \r, \u202e, \u2028, \u200b) instead.
-func printable(s string) string {
+func Printable(s string) string {
 	if !strings.ContainsFunc(s, obeyed) {
 		return s
 	}
@@ -90,7 +87,7 @@ func obeyed(r rune) bool {
 type printableWriter struct{ w io.Writer }
 
 func (p printableWriter) Write(b []byte) (int, error) {
-	if _, err := io.WriteString(p.w, printable(string(b))); err != nil {
+	if _, err := io.WriteString(p.w, Printable(string(b))); err != nil {
 		return 0, err
 	}
 	return len(b), nil
@@ -112,7 +109,7 @@ func cell(v any) string {
 		if x == "" {
 			return "-"
 		}
-		return printable(strings.ReplaceAll(strings.ReplaceAll(x, "\t", " "), "\n", " "))
+		return Printable(strings.ReplaceAll(strings.ReplaceAll(x, "\t", " "), "\n", " "))
 	case *string:
 		if x == nil {
 			return "-"

@@ -74,6 +74,31 @@ func traceContext(ctx context.Context) json.RawMessage {
 	return b
 }
 
+// replanned returns args for a statement that Postgres must plan at every execution, with the sizes of its
+// tables at that moment: an UPDATE or DELETE joined to a batch of rows (claim, finish_batch, release,
+// lock_leases, terminal) is planned as a sequential scan of the table while the table is small, and a
+// prepared statement keeps its generic plan for the connection's life however the table grows (one claim
+// read every effect). pgx's describe-cache mode runs the statement unnamed, so each execution is planned
+// anew, in the one round trip of a prepared statement; the planning, a fraction of a millisecond, is paid
+// once per batch. A connection that runs without prepared statements (exec or simple protocol mode, as
+// behind PgBouncer) plans every statement anew already, and keeps its mode. The other statements are written
+// so that even a plan made on empty tables probes indexes (TestGenericPlansMadeOnEmptyTablesUseIndexes).
+func replanned(db DBTX, args ...any) []any {
+	var mode pgx.QueryExecMode
+	switch d := db.(type) {
+	case *pgxpool.Pool:
+		mode = d.Config().ConnConfig.DefaultQueryExecMode
+	case pgx.Tx:
+		mode = d.Conn().Config().DefaultQueryExecMode
+	default:
+		return args
+	}
+	if mode != pgx.QueryExecModeCacheStatement {
+		return args
+	}
+	return append([]any{pgx.QueryExecModeCacheDescribe}, args...)
+}
+
 // DBTX is what the store runs on: a *pgxpool.Pool, or a pgx.Tx when an operation must commit with other
 // writes (a TxProvider's effect and its Finish). Begin is there for Create's fenced path, which needs a
 // transaction of its own (a savepoint, inside a pgx.Tx).

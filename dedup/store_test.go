@@ -54,7 +54,7 @@ func TestTranslate(t *testing.T) {
 	}
 }
 
-func newStore(t *testing.T) (*Store, *pgxpool.Pool) {
+func newStore(t testing.TB) (*Store, *pgxpool.Pool) {
 	t.Helper()
 	pool := pgtest.Pool(t, pgtest.Database(t))
 	return NewStore(pool), pool

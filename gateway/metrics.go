@@ -59,7 +59,7 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 		}, []string{"result"}),
 	}
 	m.registry.MustRegister(m.effectsCreated, m.replays, m.proxied, m.keyReuses, m.rateLimited, m.notificationsWorking,
-		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout},
+		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout}, groupCommitCollector{store: store},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registry.MustRegister(m.dispatcher.Collectors()...)
 	return m
@@ -89,5 +89,37 @@ func (b backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, bl := range backlogs {
 		ch <- prometheus.MustNewConstMetric(backlogRows, prometheus.GaugeValue, float64(bl.Rows), bl.Type)
 		ch <- prometheus.MustNewConstMetric(backlogAge, prometheus.GaugeValue, bl.OldestDue.Seconds(), bl.Type)
+	}
+}
+
+// groupCommitCollector reads what group commit has done (dedup.Store.BatchStats) when /metrics is scraped:
+// rows over statements is the mean batch, the number an operator tunes group_commit by.
+type groupCommitCollector struct{ store *dedup.Store }
+
+var (
+	groupStatements = prometheus.NewDesc("oncegate_group_commit_statements_total",
+		"Statements that recorded batched writes, by kind: create (new effects) or finish (outcomes).", []string{"kind"}, nil)
+	groupRows = prometheus.NewDesc("oncegate_group_commit_rows_total",
+		"Writes recorded by those statements, by kind; rows over statements is the mean batch.", []string{"kind"}, nil)
+	groupLargest = prometheus.NewDesc("oncegate_group_commit_largest_batch",
+		"The largest batch recorded in one statement since the gateway started, by kind.", []string{"kind"}, nil)
+	groupSplit = prometheus.NewDesc("oncegate_group_commit_split_total",
+		"Batches that Postgres refused whole and that were recorded again one write at a time, by kind.", []string{"kind"}, nil)
+)
+
+func (groupCommitCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- groupStatements
+	ch <- groupRows
+	ch <- groupLargest
+	ch <- groupSplit
+}
+
+func (c groupCommitCollector) Collect(ch chan<- prometheus.Metric) {
+	creates, finishes := c.store.BatchStats()
+	for kind, s := range map[string]dedup.BatchStats{"create": creates, "finish": finishes} {
+		ch <- prometheus.MustNewConstMetric(groupStatements, prometheus.CounterValue, float64(s.Batches), kind)
+		ch <- prometheus.MustNewConstMetric(groupRows, prometheus.CounterValue, float64(s.Requests), kind)
+		ch <- prometheus.MustNewConstMetric(groupLargest, prometheus.GaugeValue, float64(s.Largest), kind)
+		ch <- prometheus.MustNewConstMetric(groupSplit, prometheus.CounterValue, float64(s.Split), kind)
 	}
 }

@@ -114,6 +114,7 @@ func main() {
 	must(os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s
 tenants: { bench: { api_keys: [%s], rate: { requests_per_second: 1000000, request_burst: 1000000, bytes_per_second: 1000MiB, byte_burst: 1000MiB } } }
+%s
 effect_types:
   analytics: { provider: postgres, tenant_concurrency: 128 }
   up:
@@ -126,33 +127,33 @@ effect_types:
     concurrency: 64
     tenant_concurrency: 64
     webhook: { url: "%s/hook", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
-`, dbURL, apiKey, upstream.URL, receiver.URL)), 0o600))
+`, dbURL, apiKey, os.Getenv("GATEWAYBENCH_CONFIG"), upstream.URL, receiver.URL)), 0o600))
 	dbconn, err := pgx.Connect(ctx, dbURL)
 	must(err)
 	defer dbconn.Close(ctx)
 
 	fmt.Printf("Postgres %s (synchronous_commit=%s), %v a phase, GOMAXPROCS of the machine: %d cores\n\n", version,
 		sync_, *duration, runtime.NumCPU())
-	fmt.Println("| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | gateway RSS max |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Println("| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | requests a statement | gateway RSS max |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	var next atomic.Int64
 	var lastAccepts float64
 	var lastCreated int64
 	for _, c := range counts {
 		// An API-only gateway takes the load; pgbench runs after it has stopped, so neither shares the cores.
 		api := startGateway(cfg, "--no-dispatch")
-		pool := http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}
-		client := &http.Client{Transport: &pool, Timeout: 30 * time.Second}
 		first := next.Load()
-		accepts := load(client, api, c, func() string { return fmt.Sprintf("k%d", next.Add(1)) }, 202)
+		accepts := load(api, c, func() string { return fmt.Sprintf("k%d", next.Add(1)) }, 202)
 		created := next.Load()
-		replays := load(client, api, c, func() string { return fmt.Sprintf("k%d", first+1+time.Now().UnixNano()%(created-first)) }, 200)
+		acceptBatch := api.meanBatch()
+		replays := load(api, c, func() string { return fmt.Sprintf("k%d", first+1+time.Now().UnixNano()%(created-first)) }, 200)
+		replayBatch := api.meanBatch()
 		api.stop()
 		pgb := pgbench(dir, dbURL, c)
-		fmt.Printf("| accepts (new keys) | %d | %.0f | %v | %v | %.0f | %.2f× | %.0f MiB |\n", c, accepts.rate, accepts.p50,
-			accepts.p99, pgb, accepts.rate/pgb, accepts.rss)
-		fmt.Printf("| replays (same key, same request) | %d | %.0f | %v | %v | %.0f | %.2f× | %.0f MiB |\n", c, replays.rate,
-			replays.p50, replays.p99, pgb, replays.rate/pgb, replays.rss)
+		fmt.Printf("| accepts (new keys) | %d | %.0f | %v | %v | %.0f | %.2f× | %.1f | %.0f MiB |\n", c, accepts.rate,
+			accepts.p50, accepts.p99, pgb, accepts.rate/pgb, acceptBatch, accepts.rss)
+		fmt.Printf("| replays (same key, same request) | %d | %.0f | %v | %v | %.0f | %.2f× | %.1f | %.0f MiB |\n", c,
+			replays.rate, replays.p50, replays.p99, pgb, replays.rate/pgb, replayBatch, replays.rss)
 		lastAccepts, lastCreated = accepts.rate, created
 	}
 
@@ -164,15 +165,13 @@ effect_types:
 	waitEmpty(ctx, dbconn)
 	deliveredRate := float64(backlog) / time.Since(start).Seconds()
 	disp.stop()
-	fmt.Printf("| deliveries, postgres provider (claim + insert + record) | | %.0f | | | | %.2f× the last accepts | %.0f MiB |\n",
+	fmt.Printf("| deliveries, postgres provider (claim + insert + record) | | %.0f | | | | %.2f× the last accepts | | %.0f MiB |\n",
 		deliveredRate, deliveredRate/lastAccepts, disp.maxRSS())
 
 	// Webhooks: a backlog of -webhooks effects, recorded with the dispatcher off, then delivered by one gateway.
 	api := startGateway(cfg, "--no-dispatch")
-	pool := http.Transport{MaxIdleConnsPerHost: 32, MaxConnsPerHost: 32}
-	client := &http.Client{Transport: &pool, Timeout: 30 * time.Second}
 	var hookNext atomic.Int64
-	post(client, api, 32, *hooks, func() string { return fmt.Sprintf("h%d", hookNext.Add(1)) },
+	post(api, 32, *hooks, func() string { return fmt.Sprintf("h%d", hookNext.Add(1)) },
 		`{"type":"hook","payload":{"event":"order.paid","data":{"order":42,"total":"19.99"}}}`)
 	api.stop()
 	start = time.Now()
@@ -180,7 +179,7 @@ effect_types:
 	waitEmpty(ctx, dbconn)
 	hookRate := float64(*hooks) / time.Since(start).Seconds()
 	disp.stop()
-	fmt.Printf("| deliveries, webhooks to a local receiver (signed, one gateway) | | %.0f | | | | | %.0f MiB |\n",
+	fmt.Printf("| deliveries, webhooks to a local receiver (signed, one gateway) | | %.0f | | | | | | %.0f MiB |\n",
 		hookRate, disp.maxRSS())
 	if *proxyConc > 0 {
 		proxyPhases(cfg, upstream.URL, *proxyConc)
@@ -218,10 +217,10 @@ func proxyPhases(cfg, upstream string, c int) {
 		call(g.url+"/v1/proxy/up/v1/charges", fmt.Sprintf("p%d", 1+time.Now().UnixNano()%made))
 	})
 	row := func(name string, r result) {
-		fmt.Printf("| %s | %d | %.0f | %v | %v | +%v p50, +%v p99 over direct | | %.0f MiB |\n", name, c, r.rate, r.p50, r.p99,
+		fmt.Printf("| %s | %d | %.0f | %v | %v | +%v p50, +%v p99 over direct | | | %.0f MiB |\n", name, c, r.rate, r.p50, r.p99,
 			(r.p50 - direct.p50).Round(10*time.Microsecond), (r.p99 - direct.p99).Round(10*time.Microsecond), r.rss)
 	}
-	fmt.Printf("| upstream called directly | %d | %.0f | %v | %v | | | |\n", c, direct.rate, direct.p50, direct.p99)
+	fmt.Printf("| upstream called directly | %d | %.0f | %v | %v | | | | |\n", c, direct.rate, direct.p50, direct.p99)
 	row("proxied calls (new keys, performed in the request)", proxied)
 	row("proxied replays (same key and request)", replays)
 }
@@ -268,32 +267,30 @@ func waitEmpty(ctx context.Context, conn *pgx.Conn) {
 }
 
 // post sends n requests from c clients.
-func post(client *http.Client, g *gateway, c, n int, key func() string, body string) {
+func post(g *gateway, c, n int, key func() string, body string) {
 	var sent atomic.Int64
 	var wg sync.WaitGroup
 	for range c {
 		wg.Go(func() {
+			client := newRawClient(g.url)
+			defer client.close()
 			for sent.Add(1) <= int64(n) {
-				do(client, g.url, key(), body, 202)
+				do(client, key(), body, 202)
 			}
 		})
 	}
 	wg.Wait()
 }
 
-func do(client *http.Client, base, key, body string, want int) {
-	req, _ := http.NewRequest("POST", base+"/v1/effects", strings.NewReader(body))
-	req.Header.Set("Authorization", "Bearer "+apiKey)
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	resp, err := client.Do(req)
+// do posts body under key with c and fails the benchmark on any status but want (a replay may find its
+// effect still pending: 202 for 200).
+func do(c *rawClient, key, body string, want int) {
+	status, err := c.post("/v1/effects", key, "application/json", body)
 	if err != nil {
 		log.Fatal(err)
 	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != want && !(want == 200 && resp.StatusCode == 202) {
-		log.Fatalf("status %d, want %d", resp.StatusCode, want)
+	if status != want && !(want == 200 && status == 202) {
+		log.Fatalf("status %d, want %d", status, want)
 	}
 }
 
@@ -304,7 +301,7 @@ type result struct {
 }
 
 // load posts from c goroutines for *duration, each request with key(), and expects status want.
-func load(client *http.Client, g *gateway, c int, key func() string, want int) result {
+func load(g *gateway, c int, key func() string, want int) result {
 	var mu sync.Mutex
 	var lat []time.Duration
 	var wg sync.WaitGroup
@@ -312,10 +309,12 @@ func load(client *http.Client, g *gateway, c int, key func() string, want int) r
 	start := time.Now()
 	for range c {
 		wg.Go(func() {
+			client := newRawClient(g.url)
+			defer client.close()
 			var mine []time.Duration
 			for time.Now().Before(stop) {
 				t0 := time.Now()
-				do(client, g.url, key(), `{"type":"analytics","payload":{"name":"signup","properties":{"plan":"pro"}}}`, want)
+				do(client, key(), `{"type":"analytics","payload":{"name":"signup","properties":{"plan":"pro"}}}`, want)
 				mine = append(mine, time.Since(t0))
 			}
 			mu.Lock()
@@ -364,6 +363,8 @@ type gateway struct {
 	url  string
 	stop func()
 	rss  atomic.Int64 // KiB, the largest seen
+
+	rows, stmts float64 // group commit's counters at the last meanBatch
 }
 
 func (g *gateway) maxRSS() float64 { return float64(g.rss.Load()) / 1024 }
@@ -400,6 +401,35 @@ func startGateway(cfg string, args ...string) *gateway {
 		once.Do(func() { close(done); _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	}
 	return g
+}
+
+// meanBatch reads the gateway's group-commit counters from /metrics and returns the requests recorded per
+// statement since the last call (oncegate_group_commit_rows_total over _statements_total, kind create).
+func (g *gateway) meanBatch() float64 {
+	resp, err := http.Get(g.url + "/metrics")
+	must(err)
+	defer resp.Body.Close()
+	var rows, stmts float64
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		v, _ := strconv.ParseFloat(f[1], 64)
+		switch f[0] {
+		case `oncegate_group_commit_rows_total{kind="create"}`:
+			rows = v
+		case `oncegate_group_commit_statements_total{kind="create"}`:
+			stmts = v
+		}
+	}
+	dr, ds := rows-g.rows, stmts-g.stmts
+	g.rows, g.stmts = rows, stmts
+	if ds == 0 {
+		return 0
+	}
+	return dr / ds
 }
 
 // rssKiB reads a process's resident memory from /proc.

@@ -7,5 +7,5 @@ SELECT a.effect_id, a.attempt, a.started_at, a.gateway, a.lease_token, a.outcome
 FROM unnest($1::bigint[], $2::int[], $3::timestamptz[], $4::text[], $5::uuid[], $6::text[], $7::text[],
             $8::double precision[])
     AS a (effect_id, attempt, started_at, gateway, lease_token, outcome, error, latency_ms)
-WHERE EXISTS (SELECT 1 FROM oncegate_effects e WHERE e.id = a.effect_id)
+WHERE EXISTS (SELECT 1 FROM oncegate_effects e WHERE e.id = a.effect_id OFFSET 0)
 ORDER BY a.started_at

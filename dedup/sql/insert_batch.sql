@@ -7,6 +7,9 @@
 -- A key that exists already inserts nothing and returns the stored effect with created false, as insert.sql
 -- does for one request. A key that an earlier request of the same batch takes, or that a transaction took
 -- after this statement's snapshot, returns no row for its request: the caller reads it back (get_batch.sql).
+-- The stored effects are read key by key (LATERAL ... LIMIT 1), so that the plan probes the unique index
+-- whatever the table's size was when Postgres made it: a join of the batch to the table is planned as a
+-- sequential scan while the table is small, and a prepared statement keeps that plan as the table grows.
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[])
@@ -24,6 +27,8 @@ WITH input AS (
 )
 SELECT true AS created, {{columns}} FROM effect
 UNION ALL
-SELECT false, {{columns}} FROM oncegate_effects
-WHERE (tenant, key) IN (SELECT tenant, key FROM input)
-  AND (tenant, key) NOT IN (SELECT tenant, key FROM effect)
+SELECT false, stored.*
+FROM input CROSS JOIN LATERAL (
+    SELECT {{columns}} FROM oncegate_effects e WHERE e.tenant = input.tenant AND e.key = input.key LIMIT 1
+) stored
+WHERE NOT EXISTS (SELECT FROM effect WHERE effect.stable_id = input.stable_id)

@@ -3,7 +3,11 @@
 -- fail holds up no other claim. Rows whose lease was lost do not come back. The rows are found by their
 -- primary key: lease_token has no index, and a backlog of many rows made a search by token a scan of the
 -- whole outbox on every claim (issue 14).
-SELECT e.id, {{payload}}
+SELECT r.id, r.payload
 FROM unnest($1::bigint[], $2::uuid[]) AS l (effect_id, token)
-JOIN oncegate_outbox o ON o.effect_id = l.effect_id AND o.lease_token = l.token
-JOIN oncegate_effects e ON e.id = o.effect_id
+CROSS JOIN LATERAL (
+    SELECT e.id, {{payload}} AS payload
+    FROM oncegate_outbox o JOIN oncegate_effects e ON e.id = o.effect_id
+    WHERE o.effect_id = l.effect_id AND o.lease_token = l.token
+    LIMIT 1
+) r

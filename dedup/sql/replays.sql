@@ -6,7 +6,7 @@
 INSERT INTO oncegate_effect_replays AS r (effect_id, replays, last_replay_at, last_replay_epoch)
 SELECT c.id, c.n, c.at, c.epoch
 FROM unnest($1::bigint[], $2::bigint[], $3::timestamptz[], $4::bigint[]) AS c (id, n, at, epoch)
-WHERE EXISTS (SELECT 1 FROM oncegate_effects e WHERE e.id = c.id)
+WHERE EXISTS (SELECT 1 FROM oncegate_effects e WHERE e.id = c.id OFFSET 0)
 ORDER BY c.id
 ON CONFLICT (effect_id) DO UPDATE
 SET replays = r.replays + EXCLUDED.replays,

@@ -255,3 +255,25 @@ func TestBatchStoresWhatOneByOneStores(t *testing.T) {
 		})
 	}
 }
+
+// TestGenericPlansMadeOnEmptyTablesUseIndexes: a gateway started on a new database plans its statements while
+// the events table is empty, and keeps the plan as the table grows; a plan that joins a batch to the table
+// by a sequential scan would read every event at every batch.
+func TestGenericPlansMadeOnEmptyTablesUseIndexes(t *testing.T) {
+	t.Parallel()
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := pgtest.Pool(t, pgtest.Database(t))
+	conn, err := pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	for name, sql := range map[string]string{"insert": p.query, "insert_batch": p.batch} {
+		if scans := pgtest.GenericPlanSeqScans(t, conn.Conn(), name, sql); len(scans) > 0 {
+			t.Errorf("%s: the generic plan, made on an empty table, reads %v by a sequential scan", name, scans)
+		}
+	}
+}

@@ -1,0 +1,70 @@
+package dedup
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+)
+
+// BenchmarkCreate records a new effect per operation from 1, 8 and 32 concurrent callers through group
+// commit as a gateway configures it: what the store does without HTTP in front of it. It reports the mean
+// batch size.
+func BenchmarkCreate(b *testing.B) {
+	for _, callers := range []int{1, 8, 32} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			base, _ := newStore(b)
+			gc := DefaultGroupCommit
+			if p := os.Getenv("BENCH_PARALLEL"); p != "" {
+				gc.Parallel, _ = strconv.Atoi(p)
+			}
+			s := base.WithGroupCommit(gc)
+			payload := json.RawMessage(`{"name":"signup","properties":{"plan":"pro"}}`)
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for range callers {
+				wg.Go(func() {
+					for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+						if _, _, err := s.Create(context.Background(), NewEffect{Tenant: "t", Key: fmt.Sprintf("k%d", i),
+							Type: "analytics", Payload: payload}); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			st, _ := s.BatchStats()
+			b.ReportMetric(float64(st.Requests)/float64(max(1, st.Batches)), "rows/batch")
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
+		})
+	}
+}
+
+func BenchmarkRawInsert(b *testing.B) {
+	_, pool := newStore(b)
+	payload := json.RawMessage(`{"name":"signup","properties":{"plan":"pro"}}`)
+	b.ResetTimer()
+	for i := range b.N {
+		if _, _, err := scanCreated(pool.QueryRow(context.Background(), insertSQL, "t", fmt.Sprintf("k%d", i), "analytics",
+			[]byte{0}, payload, nil, fmt.Sprintf("s%d", i), nil, nil)); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkRawSelect(b *testing.B) {
+	_, pool := newStore(b)
+	b.ResetTimer()
+	for range b.N {
+		var x int
+		if err := pool.QueryRow(context.Background(), "SELECT 1").Scan(&x); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

@@ -254,12 +254,16 @@ func timed(g *gateway, c int, fn func()) result {
 // backlogSQL counts the gateway's outbox rows: pgbench's rows are due tomorrow, and stay.
 const backlogSQL = `SELECT count(*) FROM oncegate_outbox WHERE run_at < now() + interval '1 hour'`
 
+// drainedSQL says whether they are all gone. It probes the (type, run_at) index, where a count would read
+// every row left every time: polled every 20 ms, the count took a core's fifth from the gateway it measured.
+const drainedSQL = `SELECT NOT EXISTS (SELECT FROM oncegate_outbox WHERE type = ANY ('{analytics,hook}') AND run_at < now() + interval '1 hour')`
+
 // waitEmpty waits until the gateway's outbox rows are gone.
 func waitEmpty(ctx context.Context, conn *pgx.Conn) {
 	for {
-		var n int64
-		must(conn.QueryRow(ctx, backlogSQL).Scan(&n))
-		if n == 0 {
+		var drained bool
+		must(conn.QueryRow(ctx, drainedSQL).Scan(&drained))
+		if drained {
 			return
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -28,6 +28,11 @@ type claimState struct {
 	retryAt      time.Time // no claim before
 	suspectUntil time.Time // claim one row at a time until
 	backlog      bool      // the last claim came back full: more rows are due than were taken
+	// idle: the last claim found no row due and skipped no tenant. A delivery of another type that ends
+	// brings this type none, so it is claimed again only on a notification, a claim retry or the poll:
+	// a gateway that delivers one busy type among idle ones made an empty claim of each idle type at every
+	// delivery that ended, each a statement Postgres plans and runs for nothing.
+	idle bool
 
 	mu   sync.Mutex
 	busy bool // a one-by-one claim runs (claimEach); the loop leaves the type to it
@@ -57,12 +62,19 @@ func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.W
 			retry.Reset(time.Until(retryAt))
 			retryC = retry.C
 		}
+		newRows := true // rows may have come due: every type is claimed in the next round
 		select {
 		case <-ctx.Done():
 		case <-d.wake:
 		case <-d.freed:
+			newRows = false
 		case <-poll.C:
 		case <-retryC:
+		}
+		if newRows {
+			for _, st := range states {
+				st.idle = false
+			}
 		}
 	}
 }
@@ -81,7 +93,7 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 		busy, err := st.busy, st.err
 		st.err = nil
 		st.mu.Unlock()
-		if busy {
+		if busy || st.idle {
 			continue
 		}
 		if err != nil {
@@ -112,7 +124,8 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 			d.claimEach(ctx, deliveries, inflight, t, st, n)
 			continue
 		}
-		rows, err := d.claim(ctx, t, n)
+		skip := t.saturated()
+		rows, err := d.claim(ctx, t, n, skip)
 		if err != nil {
 			if errors.Is(err, dedup.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 				d.claimFailed(t, st, now, err)
@@ -149,6 +162,7 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.Wa
 			d.startBatch(deliveries, inflight, t, together)
 		}
 		st.backlog = len(rows) == n
+		st.idle = len(rows) == 0 && len(skip) == 0
 		if st.backlog {
 			more = true
 		}
@@ -163,13 +177,13 @@ func (d *Dispatcher) claimFailed(t *effectType, st *claimState, now time.Time, e
 	d.log.Warn("claiming outbox rows failed", "type", t.Name, "err", err, "retry_in", wait.String())
 }
 
-func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int) ([]dedup.Claimed, error) {
+func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int, skipTenants []string) ([]dedup.Claimed, error) {
 	// The claim itself is never cancelled midway: rows leased in the database but lost on the way back would
 	// sit out their lease for nothing.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
 	return d.store.Claim(cctx, dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease,
-		SkipTenants: t.saturated()})
+		SkipTenants: skipTenants})
 }
 
 // claimEach claims up to n rows of t one at a time, in a goroutine of its own (the claim loop goes on with

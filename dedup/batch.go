@@ -263,7 +263,7 @@ func finishAll(ctx context.Context, db DBTX, leases []Lease, fs []Finish) (map[i
 		}
 		tries[i], delivered[i] = int32(attempts(f.Attempted)), f.Status == effect.StatusDelivered
 	}
-	rows, err := db.Query(ctx, finishBatchSQL, replanned(db, ids, tokens, statuses, results, lastErrors, tries, delivered)...)
+	rows, err := pinned(ctx, db, finishBatchSQL, ids, tokens, statuses, results, lastErrors, tries, delivered)
 	if err != nil {
 		return nil, translate("finish effects", err)
 	}

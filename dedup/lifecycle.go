@@ -95,8 +95,8 @@ const releaseTimeout = 10 * time.Second
 
 // ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, for Payload to read.
 func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rs, err := s.db.Query(ctx, claimSQL, replanned(s.db, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
-		effect.StatusDelivering, append([]string{}, p.SkipTenants...))...)
+	rs, err := pinned(ctx, s.db, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
+		effect.StatusDelivering, append([]string{}, p.SkipTenants...))
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}
@@ -174,7 +174,7 @@ func (s *Store) release(ctx context.Context, rows []Claimed) error {
 	for i, r := range rows {
 		ids[i], tokens[i], rescued[i] = r.EffectID, uuidArg(r.Token), r.Rescued
 	}
-	_, err := s.db.Exec(ctx, releaseSQL, replanned(s.db, ids, tokens, rescued, effect.StatusPending)...)
+	err := pinnedExec(ctx, s.db, releaseSQL, ids, tokens, rescued, effect.StatusPending)
 	return translate("hand back claimed rows", err)
 }
 
@@ -238,7 +238,7 @@ func (s *Store) LockLeases(ctx context.Context, leases []Lease) (map[int64]bool,
 	for i, l := range leases {
 		ids[i], tokens[i] = l.EffectID, uuidText(l.Token)
 	}
-	rows, err := s.db.Query(ctx, lockLeasesSQL, replanned(s.db, ids, tokens)...)
+	rows, err := s.db.Query(ctx, lockLeasesSQL, ids, tokens)
 	if err != nil {
 		return nil, translate("lock leases", err)
 	}
@@ -328,7 +328,7 @@ func (s *Store) Terminal(ctx context.Context, ids []int64) ([]int64, error) {
 			terminal = append(terminal, string(st))
 		}
 	}
-	rs, err := s.db.Query(ctx, terminalSQL, replanned(s.db, ids, terminal)...)
+	rs, err := pinned(ctx, s.db, terminalSQL, ids, terminal)
 	if err != nil {
 		return nil, translate("read terminal effects", err)
 	}

@@ -58,6 +58,8 @@ var (
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")
 	terminalSQL     = query("terminal")
+	pinSQL          = query("pin")
+	unpinSQL        = query("unpin")
 )
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")
@@ -74,29 +76,73 @@ func traceContext(ctx context.Context) json.RawMessage {
 	return b
 }
 
-// replanned returns args for a statement that Postgres must plan at every execution, with the sizes of its
-// tables at that moment: an UPDATE or DELETE joined to a batch of rows (claim, finish_batch, release,
-// lock_leases, terminal) is planned as a sequential scan of the table while the table is small, and a
-// prepared statement keeps its generic plan for the connection's life however the table grows (one claim
-// read every effect). pgx's describe-cache mode runs the statement unnamed, so each execution is planned
-// anew, in the one round trip of a prepared statement; the planning, a fraction of a millisecond, is paid
-// once per batch. A connection that runs without prepared statements (exec or simple protocol mode, as
-// behind PgBouncer) plans every statement anew already, and keeps its mode. The other statements are written
-// so that even a plan made on empty tables probes indexes (TestGenericPlansMadeOnEmptyTablesUseIndexes).
-func replanned(db DBTX, args ...any) []any {
-	var mode pgx.QueryExecMode
-	switch d := db.(type) {
-	case *pgxpool.Pool:
-		mode = d.Config().ConnConfig.DefaultQueryExecMode
-	case pgx.Tx:
-		mode = d.Conn().Config().DefaultQueryExecMode
-	default:
-		return args
+// pinned runs sql, an UPDATE or DELETE joined to a batch of rows (claim, finish_batch, release, terminal), behind pin.sql, in one round trip and one implicit transaction. Postgres
+// plans a statement from its tables' statistics, which lag behind a queue's: a claim planned while the
+// outbox's statistics still said it was small read every due row and sorted them to take 32 (14 ms with
+// 4,500 due, growing with the backlog, issue 14's benchmark), and a prepared statement's generic plan, made
+// on empty tables, joined batches to oncegate_effects by sequential scans. Pinned, each plan is the ordered
+// index scans and nested loops the statement is written for, whatever the statistics say
+// (TestPinnedStatementsPlanIndexScansOnEmptyTables). Inside an explicit transaction (a TxProvider's), the
+// settings end with the statement (unpin.sql). The rows must be closed, as any.
+func pinned(ctx context.Context, db DBTX, sql string, args ...any) (pgx.Rows, error) {
+	_, inTx := db.(pgx.Tx)
+	b := &pgx.Batch{}
+	b.Queue(pinSQL)
+	b.Queue(sql, args...)
+	if inTx {
+		b.Queue(unpinSQL)
 	}
-	if mode != pgx.QueryExecModeCacheStatement {
-		return args
+	br := db.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, err
 	}
-	return append([]any{pgx.QueryExecModeCacheDescribe}, args...)
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return nil, err
+	}
+	return &pinnedRows{Rows: rows, br: br, unpin: inTx}, nil
+}
+
+// pinnedRows are a pinned statement's rows; closing them ends its batch.
+type pinnedRows struct {
+	pgx.Rows
+	br    pgx.BatchResults
+	unpin bool
+	err   error
+	done  bool
+}
+
+func (r *pinnedRows) Close() {
+	if r.done {
+		return
+	}
+	r.done = true
+	r.Rows.Close()
+	if r.unpin && r.Rows.Err() == nil {
+		_, r.err = r.br.Exec()
+	}
+	if err := r.br.Close(); r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *pinnedRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+// pinnedExec runs a pinned statement that returns no rows the caller needs.
+func pinnedExec(ctx context.Context, db DBTX, sql string, args ...any) error {
+	rows, err := pinned(ctx, db, sql, args...)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
 }
 
 // DBTX is what the store runs on: a *pgxpool.Pool, or a pgx.Tx when an operation must commit with other
@@ -107,6 +153,7 @@ type DBTX interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Begin(ctx context.Context) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 var (

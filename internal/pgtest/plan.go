@@ -19,6 +19,22 @@ var param = regexp.MustCompile(`\$([0-9]+)`)
 // gateway started on a new database keeps however large its tables grow.
 func GenericPlanSeqScans(t testing.TB, conn *pgx.Conn, name, sql string) []string {
 	t.Helper()
+	var out []string
+	for _, n := range GenericPlanNodes(t, conn, name, sql) {
+		if rel, ok := strings.CutPrefix(n, "Seq Scan on "); ok {
+			out = append(out, rel)
+		} else if strings.HasPrefix(n, "Full ") {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// GenericPlanNodes is the generic plan of sql, made now on conn, as its nodes: "Node Type", or "Node Type on
+// relation" for a scan; an index scan without an index condition, which reads the whole index for its order,
+// is "Full Index Scan on relation".
+func GenericPlanNodes(t testing.TB, conn *pgx.Conn, name, sql string) []string {
+	t.Helper()
 	ctx := context.Background()
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
 		t.Fatal(err)
@@ -48,9 +64,14 @@ func GenericPlanSeqScans(t testing.TB, conn *pgx.Conn, name, sql string) []strin
 	var out []string
 	var walk func(node map[string]any)
 	walk = func(node map[string]any) {
-		if node["Node Type"] == "Seq Scan" {
-			out = append(out, fmt.Sprint(node["Relation Name"]))
+		n := fmt.Sprint(node["Node Type"])
+		if _, cond := node["Index Cond"]; strings.HasPrefix(n, "Index") && !cond {
+			n = "Full " + n // an index read whole, for its order
 		}
+		if rel, ok := node["Relation Name"]; ok {
+			n += fmt.Sprint(" on ", rel)
+		}
+		out = append(out, n)
 		children, _ := node["Plans"].([]any)
 		for _, c := range children {
 			walk(c.(map[string]any))

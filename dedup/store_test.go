@@ -183,3 +183,30 @@ func TestStableIDIsTheEffects(t *testing.T) {
 		t.Fatalf("legacy row claimed with id %q", c.StableID)
 	}
 }
+
+// Migration 00008 dropped the outbox's foreign key (a check per row that the statement recording a batch
+// already guarantees); the purge deletes any outbox row under an effect it deletes, as the cascade did, so
+// that no claim leases a row whose effect is gone. The outbox row here is one no statement of the store
+// leaves: an effect finished while its row stayed.
+func TestPurgeTakesAnOutboxRowWithItsEffect(t *testing.T) {
+	s, pool := newStore(t)
+	ctx := context.Background()
+	create(t, s, "kept")
+	stray := create(t, s, "stray")
+	if _, err := pool.Exec(ctx, `UPDATE oncegate_effects SET status = 'delivered', finished_at = now() - interval '2 hours'
+		WHERE key = 'stray'`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.Purge(ctx, time.Hour, 100); err != nil || n != 1 {
+		t.Fatalf("purged %d, %v; want the one effect", n, err)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_outbox WHERE effect_id = $1`, stray.ID); n != 0 {
+		t.Fatalf("%d outbox rows left under the purged effect", n)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_outbox`); n != 1 {
+		t.Fatalf("%d outbox rows; want the kept effect's", n)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_constraint WHERE conname = 'oncegate_outbox_effect_id_fkey'`); n != 0 {
+		t.Fatal("the outbox's foreign key is still there")
+	}
+}

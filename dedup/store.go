@@ -76,14 +76,15 @@ func traceContext(ctx context.Context) json.RawMessage {
 	return b
 }
 
-// pinned runs sql, an UPDATE or DELETE joined to a batch of rows (claim, finish_batch, release, terminal), behind pin.sql, in one round trip and one implicit transaction. Postgres
-// plans a statement from its tables' statistics, which lag behind a queue's: a claim planned while the
-// outbox's statistics still said it was small read every due row and sorted them to take 32 (14 ms with
-// 4,500 due, growing with the backlog, issue 14's benchmark), and a prepared statement's generic plan, made
-// on empty tables, joined batches to oncegate_effects by sequential scans. Pinned, each plan is the ordered
-// index scans and nested loops the statement is written for, whatever the statistics say
-// (TestPinnedStatementsPlanIndexScansOnEmptyTables). Inside an explicit transaction (a TxProvider's), the
-// settings end with the statement (unpin.sql). The rows must be closed, as any.
+// pinned runs sql, an UPDATE or DELETE joined to a batch of rows (claim, finish_batch, release, terminal),
+// behind pin.sql, in one round trip and one implicit transaction. Postgres plans a statement from its tables'
+// statistics, which lag behind a queue's: a claim planned while the outbox's statistics still said it was
+// small read every due row and sorted them to take 32 (14 ms with 4,500 due, growing with the backlog, in
+// issue 14's benchmark), and a prepared statement's generic plan, made on empty tables, joined batches to
+// oncegate_effects by sequential scans. Pinned, each plan is the ordered index scans and nested loops the
+// statement is written for, whatever the statistics say (TestPinnedStatementsPlanIndexScansOnEmptyTables).
+// Inside an explicit transaction (a TxProvider's), the settings end with the statement (unpin.sql). The rows
+// must be closed, as any.
 func pinned(ctx context.Context, db DBTX, sql string, args ...any) (pgx.Rows, error) {
 	_, inTx := db.(pgx.Tx)
 	b := &pgx.Batch{}

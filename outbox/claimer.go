@@ -55,6 +55,15 @@ func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.W
 		more, retryAt := d.claimAll(ctx, deliveries, inflight, states)
 		d.signals.claimRound.signal(struct{}{})
 		if more {
+			// The next round comes at once; a notification or the poll that came meanwhile still wakes the
+			// idle types, or they would wait for this type's backlog to drain.
+			select {
+			case <-d.wake:
+				wakeIdle(states)
+			case <-poll.C:
+				wakeIdle(states)
+			default:
+			}
 			continue
 		}
 		var retryC <-chan time.Time
@@ -72,10 +81,15 @@ func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.W
 		case <-retryC:
 		}
 		if newRows {
-			for _, st := range states {
-				st.idle = false
-			}
+			wakeIdle(states)
 		}
+	}
+}
+
+// wakeIdle has every type claimed in the next round: rows may have come due.
+func wakeIdle(states map[*effectType]*claimState) {
+	for _, st := range states {
+		st.idle = false
 	}
 }
 

@@ -90,3 +90,32 @@ func TestAnIdleTypeIsNotClaimedAtEveryDelivery(t *testing.T) {
 	d.Wake()
 	f.waitStatus("i1", effect.StatusDelivered)
 }
+
+// While one type's claims keep coming back full, the loop claims again at once, round after round: a
+// notification for an idle type must still be read between those rounds, or the idle type's new effect waits
+// for the busy type's backlog to drain (an outside tester's reading of the claim loop).
+func TestAnIdleTypeIsClaimedWhileAnotherDrainsABacklog(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.create("b0", "busy")
+	// The rest of the backlog in one statement, as Create writes it: effect and outbox row.
+	if _, err := f.pool.Exec(context.Background(), `WITH e AS (
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+		SELECT 't', 'b' || g, 'busy', '\x00', '{}', 'eff_b' || g FROM generate_series(1, 2999) g
+		RETURNING id, type)
+		INSERT INTO oncegate_outbox (effect_id, type) SELECT id, type FROM e`); err != nil {
+		t.Fatal(err)
+	}
+	ok := []providers.Outcome{providers.Delivered(nil)}
+	d := f.dispatcher(Config{PollInterval: time.Hour, BatchSize: 2, Types: []EffectType{
+		{Name: "busy", Provider: &scripted{outcomes: ok}, Concurrency: 1000, TenantConcurrency: 1000},
+		{Name: "idle", Provider: &scripted{outcomes: ok}, Concurrency: 4}}})
+	f.start(d)
+	f.waitStatus("b0", effect.StatusDelivered)
+	f.create("i1", "idle")
+	d.Wake()
+	f.waitStatus("i1", effect.StatusDelivered)
+	if left := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_outbox WHERE type = 'busy'`); left == 0 {
+		t.Fatal("the idle type's effect was delivered only after the busy type's backlog had drained")
+	}
+}

@@ -292,7 +292,21 @@ func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Prov
 
 // perform delivers a row this request leased, and answers with what became of it.
 func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, c dedup.Claimed) {
+	// From here until its answer is shared, a waiter that finds the effect pending (the outcome is recorded
+	// before it is shared) waits for the share rather than take the attempt for another gateway's.
+	g.proxyAnswers.begin(c.EffectID)
+	ended := false
+	end := func() {
+		if !ended {
+			ended = true
+			g.proxyAnswers.end(c.EffectID)
+		}
+	}
+	defer end() // a panic in Perform included
 	res, err := g.dispatcher.Perform(r.Context(), c)
+	if err != nil || res.Status.Terminal() {
+		end() // the waiters read the stored state
+	}
 	if err != nil {
 		g.waiters.wake(c.EffectID)
 		g.log.Error("performing a proxied request", "type", c.Type, "err", err)
@@ -317,6 +331,7 @@ func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.
 	m.WithLabelValues("retried").Inc()
 	answer := transientAnswer(res.Attempted, res.Outcome.Result, res.Outcome.Err)
 	g.proxyAnswers.share(c.EffectID, answer)
+	end()
 	g.waiters.wake(c.EffectID)
 	answer(w, false)
 }
@@ -359,8 +374,9 @@ func transientAnswer(attempted bool, result json.RawMessage, err error) func(w h
 // attempts keeps, for a short while, the answer of each proxied attempt that left its effect pending, for
 // the requests that waited for that attempt in this gateway.
 type attempts struct {
-	mu sync.Mutex
-	m  map[int64]sharedAttempt
+	mu         sync.Mutex
+	m          map[int64]sharedAttempt
+	performing map[int64]int // attempts in flight in this gateway, by effect
 }
 
 type sharedAttempt struct {
@@ -383,15 +399,61 @@ func (a *attempts) share(id int64, answer func(http.ResponseWriter, bool)) {
 	a.m[id] = sharedAttempt{ended: now, answer: answer}
 }
 
-// since returns the answer of effect id's attempt that ended after t, if this gateway performed it.
-func (a *attempts) since(id int64, t time.Time) (func(http.ResponseWriter, bool), bool) {
+// since returns the answer of effect id's attempt that ended after t, if this gateway performed it; and
+// whether a request of this gateway is performing effect id, its answer not yet shared.
+func (a *attempts) since(id int64, t time.Time) (answer func(http.ResponseWriter, bool), ok, performing bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	s, ok := a.m[id]
-	if !ok || s.ended.Before(t) {
-		return nil, false
+	performing = a.performing[id] > 0
+	s, found := a.m[id]
+	if !found || s.ended.Before(t) {
+		return nil, false, performing
 	}
-	return s.answer, true
+	return s.answer, true, performing
+}
+
+// begin and end bracket a request's attempt at effect id, up to the share of its answer.
+func (a *attempts) begin(id int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.performing == nil {
+		a.performing = map[int64]int{}
+	}
+	a.performing[id]++
+}
+
+func (a *attempts) end(id int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.performing[id]--; a.performing[id] <= 0 {
+		delete(a.performing, id)
+	}
+}
+
+// awaitShare waits until effect id's attempt in this gateway has shared its answer (its waiters are woken
+// then), or a recheck passes; false when the request's wait ran out or it went away first.
+func (g *Gateway) awaitShare(ctx context.Context, id int64, deadline <-chan time.Time) bool {
+	ch, forget := g.waiters.add(id)
+	defer forget()
+	recheck := time.NewTimer(proxyRecheck)
+	defer recheck.Stop()
+	select {
+	case <-ch:
+	case <-recheck.C:
+	case <-deadline:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// inFlight answers a request that waited for another's attempt under key as long as it may.
+func (g *Gateway) inFlight(w http.ResponseWriter, m *prometheus.CounterVec, key string) {
+	m.WithLabelValues("in_flight").Inc()
+	w.Header().Set("Retry-After", "1")
+	writeProblem(w, probInFlight, "Idempotency-Key", fmt.Sprintf("a request under the key %q is "+
+		"being performed; retry with the same key and request", key))
 }
 
 // settle answers a request whose key holds an effect already: the stored answer when the effect is
@@ -406,14 +468,35 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 	defer deadline.Stop()
 	var waitedSince time.Time // when this request first found another attempt in flight
 	for {
-		if !waitedSince.IsZero() && e.Status == effect.StatusPending {
-			// The attempt it waited for ended, transiently: its answer is this request's too.
-			m.WithLabelValues("replayed").Inc()
-			if answer, ok := g.proxyAnswers.since(e.ID, waitedSince); ok {
+		if !waitedSince.IsZero() {
+			// The attempt it waited for, if this gateway's, is asked first, before the effect's status: an
+			// attempt that ended transiently after the status was read leaves the effect claimable, and this
+			// request would perform it again (a CI run under load saw a second upstream call).
+			answer, ok, performing := g.proxyAnswers.since(e.ID, waitedSince)
+			if ok {
+				m.WithLabelValues("replayed").Inc()
 				answer(w, true)
 				return
 			}
-			// Performed by another gateway, whose answer was not stored: say when to come back.
+			if performing {
+				// Recorded, its answer about to be shared: wait for the share.
+				if !g.awaitShare(r.Context(), e.ID, deadline.C) {
+					g.inFlight(w, m, e.Key)
+					return
+				}
+				next, err := g.get(r.Context(), e.Tenant, e.Key)
+				if err != nil {
+					g.storeError(w, r, err)
+					return
+				}
+				e = next
+				continue
+			}
+		}
+		if !waitedSince.IsZero() && e.Status == effect.StatusPending {
+			// The attempt it waited for ended transiently in another gateway, whose answer was not stored: say
+			// when to come back.
+			m.WithLabelValues("replayed").Inc()
 			retry := 1
 			if e.NextAttemptAt != nil {
 				retry = max(1, int(time.Until(*e.NextAttemptAt).Seconds()+0.999))
@@ -437,6 +520,7 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 			g.render(w, e.Status, e.Result, lastErr, true)
 			return
 		}
+		asked := time.Now() // an attempt that holds the effect now ends after this
 		ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 		c, found, err := g.store.ClaimEffect(ctx, e.ID, h)
 		cancel()
@@ -453,7 +537,7 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 			return
 		}
 		if waitedSince.IsZero() {
-			waitedSince = time.Now()
+			waitedSince = asked
 		}
 		ch, forget := g.waiters.add(e.ID)
 		recheck := time.NewTimer(proxyRecheck)
@@ -463,10 +547,7 @@ func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.C
 		case <-deadline.C:
 			forget()
 			recheck.Stop()
-			m.WithLabelValues("in_flight").Inc()
-			w.Header().Set("Retry-After", "1")
-			writeProblem(w, probInFlight, "Idempotency-Key", fmt.Sprintf("a request under the key %q is "+
-				"being performed; retry with the same key and request", e.Key))
+			g.inFlight(w, m, e.Key)
 			return
 		case <-r.Context().Done():
 			forget()

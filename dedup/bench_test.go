@@ -13,7 +13,7 @@ import (
 
 // BenchmarkCreate records a new effect per operation from 1, 8 and 32 concurrent callers through group
 // commit as a gateway configures it: what the store does without HTTP in front of it. It reports the mean
-// batch size.
+// batch size. BENCH_PARALLEL=N sets GroupCommit.Parallel, to compare statements in flight.
 func BenchmarkCreate(b *testing.B) {
 	for _, callers := range []int{1, 8, 32} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
@@ -43,28 +43,5 @@ func BenchmarkCreate(b *testing.B) {
 			b.ReportMetric(float64(st.Requests)/float64(max(1, st.Batches)), "rows/batch")
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "creates/s")
 		})
-	}
-}
-
-func BenchmarkRawInsert(b *testing.B) {
-	_, pool := newStore(b)
-	payload := json.RawMessage(`{"name":"signup","properties":{"plan":"pro"}}`)
-	b.ResetTimer()
-	for i := range b.N {
-		if _, _, err := scanCreated(pool.QueryRow(context.Background(), insertSQL, "t", fmt.Sprintf("k%d", i), "analytics",
-			[]byte{0}, payload, nil, fmt.Sprintf("s%d", i), nil, nil)); err != nil {
-			b.Fatal(err)
-		}
-	}
-}
-
-func BenchmarkRawSelect(b *testing.B) {
-	_, pool := newStore(b)
-	b.ResetTimer()
-	for range b.N {
-		var x int
-		if err := pool.QueryRow(context.Background(), "SELECT 1").Scan(&x); err != nil {
-			b.Fatal(err)
-		}
 	}
 }

@@ -16,7 +16,8 @@
 // at once: calls to the upstream directly (the yardstick), proxied calls under new keys (recorded, performed
 // in the request, recorded again), and replays of them; the overhead is the proxied p50/p99 less the direct.
 //
-// Run it with scripts/bench or `make bench`; it creates and drops a database of its own.
+// Run it with scripts/bench or `make bench`; it creates and drops a database of its own. GATEWAYBENCH_CONFIG
+// is added to the gateways' configuration as YAML (`group_commit: { parallel: 1 }`), to compare settings.
 package main
 
 import (

@@ -14,7 +14,7 @@ import (
 var param = regexp.MustCompile(`\$([0-9]+)`)
 
 // GenericPlanSeqScans prepares sql on conn and returns the tables that its generic plan, made now, reads by a
-// sequential scan. Postgres keeps a prepared statement's generic plan, made from the table sizes of the
+// sequential scan, and its whole-index scans ("Full Index Scan on table"). Postgres keeps a prepared statement's generic plan, made from the table sizes of the
 // moment it was made, for the connection's life: called while the tables are empty, this shows the plan a
 // gateway started on a new database keeps however large its tables grow.
 func GenericPlanSeqScans(t testing.TB, conn *pgx.Conn, name, sql string) []string {

@@ -135,8 +135,8 @@ effect_types:
 
 	fmt.Printf("Postgres %s (synchronous_commit=%s), %v a phase, GOMAXPROCS of the machine: %d cores\n\n", version,
 		sync_, *duration, runtime.NumCPU())
-	fmt.Println("| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | requests a statement | gateway RSS max |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | requests a statement | gateway RSS max | CPU µs a request: gateway / Postgres / load |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	var next atomic.Int64
 	var lastAccepts float64
 	var lastCreated int64
@@ -150,11 +150,13 @@ effect_types:
 		replays := load(api, c, func() string { return fmt.Sprintf("k%d", first+1+time.Now().UnixNano()%(created-first)) }, 200)
 		replayBatch := api.meanBatch()
 		api.stop()
-		pgb := pgbench(dir, dbURL, c)
-		fmt.Printf("| accepts (new keys) | %d | %.0f | %v | %v | %.0f | %.2f× | %.1f | %.0f MiB |\n", c, accepts.rate,
-			accepts.p50, accepts.p99, pgb, accepts.rate/pgb, acceptBatch, accepts.rss)
-		fmt.Printf("| replays (same key, same request) | %d | %.0f | %v | %v | %.0f | %.2f× | %.1f | %.0f MiB |\n", c,
-			replays.rate, replays.p50, replays.p99, pgb, replays.rate/pgb, replayBatch, replays.rss)
+		pgb, pgbCPU := pgbench(dir, dbURL, c)
+		fmt.Printf("| accepts (new keys) | %d | %.0f | %v | %v | %.0f | %.2f× | %.1f | %.0f MiB | %s |\n", c, accepts.rate,
+			accepts.p50, accepts.p99, pgb, accepts.rate/pgb, acceptBatch, accepts.rss, accepts.cpu)
+		fmt.Printf("| replays (same key, same request) | %d | %.0f | %v | %v | %.0f | %.2f× | %.1f | %.0f MiB | %s |\n", c,
+			replays.rate, replays.p50, replays.p99, pgb, replays.rate/pgb, replayBatch, replays.rss, replays.cpu)
+		fmt.Printf("| pgbench: the insert statement raw | %d | %.0f | | | | | 1 | | – / %s |\n", c, pgb,
+			strings.TrimPrefix(pgbCPU, "0 / "))
 		lastAccepts, lastCreated = accepts.rate, created
 	}
 
@@ -163,11 +165,13 @@ effect_types:
 	must(dbconn.QueryRow(ctx, backlogSQL).Scan(&backlog))
 	start := time.Now()
 	disp := startGateway(cfg)
+	cpu0 := sampleCPU(disp.pid)
 	waitEmpty(ctx, dbconn)
 	deliveredRate := float64(backlog) / time.Since(start).Seconds()
+	cpu := perRequest(cpu0, sampleCPU(disp.pid), float64(backlog))
 	disp.stop()
-	fmt.Printf("| deliveries, postgres provider (claim + insert + record) | | %.0f | | | | %.2f× the last accepts | | %.0f MiB |\n",
-		deliveredRate, deliveredRate/lastAccepts, disp.maxRSS())
+	fmt.Printf("| deliveries, postgres provider (claim + insert + record) | | %.0f | | | | %.2f× the last accepts | | %.0f MiB | %s |\n",
+		deliveredRate, deliveredRate/lastAccepts, disp.maxRSS(), cpu)
 
 	// Webhooks: a backlog of -webhooks effects, recorded with the dispatcher off, then delivered by one gateway.
 	api := startGateway(cfg, "--no-dispatch")
@@ -177,11 +181,13 @@ effect_types:
 	api.stop()
 	start = time.Now()
 	disp = startGateway(cfg)
+	cpu0 = sampleCPU(disp.pid)
 	waitEmpty(ctx, dbconn)
 	hookRate := float64(*hooks) / time.Since(start).Seconds()
+	cpu = perRequest(cpu0, sampleCPU(disp.pid), float64(*hooks))
 	disp.stop()
-	fmt.Printf("| deliveries, webhooks to a local receiver (signed, one gateway) | | %.0f | | | | | | %.0f MiB |\n",
-		hookRate, disp.maxRSS())
+	fmt.Printf("| deliveries, webhooks to a local receiver (signed, one gateway) | | %.0f | | | | | | %.0f MiB | %s |\n",
+		hookRate, disp.maxRSS(), cpu)
 	if *proxyConc > 0 {
 		proxyPhases(cfg, upstream.URL, *proxyConc)
 	}
@@ -303,6 +309,7 @@ type result struct {
 	rate     float64
 	p50, p99 time.Duration
 	rss      float64 // the gateway's largest resident memory during the phase, MiB
+	cpu      string  // CPU a request: µs of the gateway / Postgres / the load generator
 }
 
 // load posts from c goroutines for *duration, each request with key(), and expects status want.
@@ -312,6 +319,7 @@ func load(g *gateway, c int, key func() string, want int) result {
 	var wg sync.WaitGroup
 	stop := time.Now().Add(*duration)
 	start := time.Now()
+	cpu0 := sampleCPU(g.pid)
 	for range c {
 		wg.Go(func() {
 			client := newRawClient(g.url)
@@ -329,13 +337,14 @@ func load(g *gateway, c int, key func() string, want int) result {
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
+	cpu := perRequest(cpu0, sampleCPU(g.pid), float64(len(lat)))
 	slices.Sort(lat)
-	return result{rate: float64(len(lat)) / elapsed.Seconds(), rss: g.maxRSS(),
+	return result{rate: float64(len(lat)) / elapsed.Seconds(), rss: g.maxRSS(), cpu: cpu,
 		p50: lat[len(lat)/2].Round(10 * time.Microsecond), p99: lat[len(lat)*99/100].Round(10 * time.Microsecond)}
 }
 
 // pgbench runs the gateway's insert statement (dedup/sql/insert.sql, columns expanded) with fresh keys.
-func pgbench(dir, dbURL string, clients int) float64 {
+func pgbench(dir, dbURL string, clients int) (tps float64, cpu string) {
 	script := `\set k random(1, 1000000000000)
 WITH effect AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
@@ -349,6 +358,7 @@ SELECT effect.* FROM effect;
 `
 	f := filepath.Join(dir, "insert.sql")
 	must(os.WriteFile(f, []byte(script), 0o600))
+	cpu0 := sampleCPU(0)
 	cmd := exec.Command("pgbench", "-n", "-M", "prepared", "-c", strconv.Itoa(clients), "-j", strconv.Itoa(min(clients, 2)),
 		"-T", strconv.Itoa(int(duration.Seconds())), "-f", f, dbURL)
 	out, err := cmd.CombinedOutput()
@@ -359,13 +369,18 @@ SELECT effect.* FROM effect;
 	if m == nil {
 		log.Fatalf("pgbench printed no tps:\n%s", out)
 	}
-	tps, _ := strconv.ParseFloat(string(m[1]), 64)
-	return tps
+	tps, _ = strconv.ParseFloat(string(m[1]), 64)
+	if n := regexp.MustCompile(`number of transactions actually processed: ([0-9]+)`).FindSubmatch(out); n != nil {
+		txns, _ := strconv.ParseFloat(string(n[1]), 64)
+		cpu = perRequest(cpu0, sampleCPU(0), txns)
+	}
+	return tps, cpu
 }
 
 // gateway is a running gateway process; its resident memory is sampled every 100 ms while it runs.
 type gateway struct {
 	url  string
+	pid  int
 	stop func()
 	rss  atomic.Int64 // KiB, the largest seen
 
@@ -387,7 +402,7 @@ func startGateway(cfg string, args ...string) *gateway {
 		log.Fatal("gateway did not start")
 	}
 	go func() { _, _ = io.Copy(io.Discard, out) }()
-	g := &gateway{url: "http://" + strings.TrimPrefix(sc.Text(), "listening ")}
+	g := &gateway{url: "http://" + strings.TrimPrefix(sc.Text(), "listening "), pid: cmd.Process.Pid}
 	done := make(chan struct{})
 	go func() {
 		for {

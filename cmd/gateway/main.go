@@ -51,6 +51,7 @@ func run(args []string) (err error) {
 	if cmd != "serve" && cmd != "migrate" {
 		return errUsage
 	}
+	tuneGC(os.Getenv)
 	fs := flag.NewFlagSet(cmd, flag.ExitOnError)
 	configPath := fs.String("config", "", "configuration file (YAML); it must name its tenants, unless --dev")
 	dev := false

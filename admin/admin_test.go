@@ -266,3 +266,51 @@ func TestTraceIDOfTheCreatingRequest(t *testing.T) {
 		}
 	}
 }
+
+// A pending effect whose outbox row a dispatcher leased is delivering (a claim does not rewrite the effect's
+// row): the operator's listing, its filters by status and their counts say so, and so do the effects stored as
+// delivering (by the dedup proxy, or by gateways before the claim stopped writing it).
+func TestALeasedPendingEffectIsListedAsDelivering(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "leased", 2, effect.StatusPending)
+	seed(t, pool, "waiting", 3, effect.StatusPending)
+	seed(t, pool, "stored", 1, effect.StatusDelivering)
+	seed(t, pool, "done", 1, effect.StatusDelivered)
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_outbox (effect_id, type, lease_token, lease_owner, lease_expires_at)
+		SELECT id, type, CASE WHEN key LIKE 'waiting%' THEN NULL ELSE gen_random_uuid() END,
+		       CASE WHEN key LIKE 'waiting%' THEN NULL ELSE 'gw' END,
+		       CASE WHEN key LIKE 'waiting%' THEN NULL ELSE now() + interval '1 minute' END
+		FROM oncegate_effects WHERE status <> 'delivered'`); err != nil {
+		t.Fatal(err)
+	}
+	want := map[effect.Status][]string{
+		effect.StatusDelivering: {"stored0", "leased1", "leased0"},
+		effect.StatusPending:    {"waiting2", "waiting1", "waiting0"},
+		effect.StatusDelivered:  {"done0"},
+	}
+	for status, keys := range want {
+		p, err := svc.Effects(ctx, viv, admin.EffectFilter{Status: status}, admin.Page{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, e := range p.Effects {
+			got = append(got, e.Key)
+			if e.Status != status {
+				t.Errorf("%s listed under %s as %s", e.Key, status, e.Status)
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(keys) {
+			t.Errorf("effects %s: %v, want %v", status, got, keys)
+		}
+		if n, err := svc.CountEffects(ctx, viv, admin.EffectFilter{Status: status}); err != nil || n != int64(len(keys)) {
+			t.Errorf("count of %s: %d (%v), want %d", status, n, err, len(keys))
+		}
+	}
+	e, err := svc.Effect(ctx, viv, "acme", "leased0")
+	if err != nil || e.Status != effect.StatusDelivering {
+		t.Fatalf("leased0: %+v (%v), want delivering", e, err)
+	}
+}

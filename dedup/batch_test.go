@@ -22,6 +22,13 @@ import (
 func batchedStore(t *testing.T) (s *Store, pool *pgxpool.Pool, hold func() (release func())) {
 	t.Helper()
 	base, pool := newStore(t)
+	s, hold = batchedOver(t, base, pool)
+	return s, pool, hold
+}
+
+// batchedOver is batchedStore over the database of base.
+func batchedOver(t *testing.T, base *Store, pool *pgxpool.Pool) (s *Store, hold func() (release func())) {
+	t.Helper()
 	s = base.WithGroupCommit(GroupCommit{MaxBatch: 500, Parallel: 1, Timeout: 30 * time.Second})
 	hold = func() func() {
 		ctx := context.Background()
@@ -50,7 +57,7 @@ func batchedStore(t *testing.T) (s *Store, pool *pgxpool.Pool, hold func() (rele
 			<-done
 		}
 	}
-	return s, pool, hold
+	return s, hold
 }
 
 // queued waits until n Creates wait for the next batch.

@@ -59,8 +59,8 @@ type ClaimParams struct {
 }
 
 // Claim leases up to p.Limit due outbox rows of p.Type (new, due for a retry, or rescued from an expired
-// lease), marks their effects delivering, and reads their payloads. Claims in any number of gateways never
-// wait on each other.
+// lease), which makes their effects delivering (status.sql), and reads their payloads. Claims in any number
+// of gateways never wait on each other.
 //
 // The leases commit first and the payloads are read after, by a statement that locks nothing, so that a row
 // Postgres cannot read back fails only the read and holds no lock while Postgres takes its time to fail.
@@ -96,7 +96,7 @@ const releaseTimeout = 10 * time.Second
 // ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, for Payload to read.
 func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	rs, err := pinned(ctx, s.db, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
-		effect.StatusDelivering, append([]string{}, p.SkipTenants...))
+		append([]string{}, p.SkipTenants...))
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}

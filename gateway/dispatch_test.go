@@ -111,7 +111,7 @@ func TestBreakerOpensRowsWaitThenDrain(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the breaker opens with no delivery of down in flight", func() bool {
 		opened = downCharged()
 		return gaugeValue(t, breaker) == 2 &&
-			h.count("SELECT count(*) FROM oncegate_effects WHERE type = 'down' AND status = 'delivering'") == 0
+			h.count("SELECT count(*) FROM oncegate_outbox WHERE type = 'down' AND lease_token IS NOT NULL") == 0
 	})
 	testenv.Eventually(t, 10*time.Second, "two half-open probes", func() bool { return downCharged() >= opened+2 })
 	if n := h.count("SELECT count(*) FROM oncegate_effects WHERE type = 'down' AND status IN ('dead', 'failed')"); n != 0 {

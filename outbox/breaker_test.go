@@ -89,7 +89,7 @@ func TestOneTenantsFailingDestinationDoesNotHoldAnother(t *testing.T) {
 		Retry: backoffPolicy(time.Millisecond), Concurrency: 1})
 	testenv.Eventually(t, 10*time.Second, "beta's breaker opens, no delivery in flight", func() bool {
 		return failed.Load() == 3 &&
-			pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_effects WHERE status = 'delivering'") == 0
+			pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_outbox WHERE lease_token IS NOT NULL") == 0
 	})
 	start := time.Now()
 	f.createFor("alpha", "a1", "hook", hookPayload(healthy.URL+"/alpha"))

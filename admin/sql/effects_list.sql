@@ -9,7 +9,7 @@ SELECT {{columns}}
 FROM oncegate_effects
 WHERE ($1::text IS NULL OR tenant = $1)
   AND ($2::text IS NULL OR type = $2)
-  AND ($3::text IS NULL OR status = $3)
+  AND {{status_is $3}}
   AND ($4::text IS NULL OR key LIKE $4)
   AND ($5::timestamptz IS NULL OR created_at >= $5)
   AND ($6::bigint IS NULL OR id < $6)

@@ -12,12 +12,12 @@ WITH effect AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch, trace_id)
     VALUES ($1, $2, $3, $4, $5, $7, $8::text, $9::bigint, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''))
     ON CONFLICT (tenant, key) DO NOTHING
-    RETURNING {{columns}}
+    RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace)
     SELECT id, type, $6::jsonb FROM effect
 )
-SELECT true AS created, {{columns}} FROM effect
+SELECT true AS created, {{written}} FROM effect
 UNION ALL
 SELECT false, {{columns}} FROM oncegate_effects
 WHERE tenant = $1 AND key = $2 AND NOT EXISTS (SELECT FROM effect)

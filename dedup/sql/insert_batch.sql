@@ -20,12 +20,12 @@ WITH input AS (
         NULLIF(split_part(trace::jsonb ->> 'traceparent', '-', 2), '')
     FROM input ORDER BY ord
     ON CONFLICT (tenant, key) DO NOTHING
-    RETURNING {{columns}}
+    RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace)
     SELECT effect.id, effect.type, input.trace::jsonb FROM effect JOIN input USING (stable_id)
 )
-SELECT true AS created, {{columns}} FROM effect
+SELECT true AS created, {{written}} FROM effect
 UNION ALL
 SELECT false, stored.*
 FROM input CROSS JOIN LATERAL (

@@ -12,14 +12,14 @@ WITH effect AS (
     SELECT $1, $2, $3, $4, $5, $7, $10
     WHERE NOT EXISTS (SELECT FROM oncegate_paused_types WHERE type = $3)
     ON CONFLICT (tenant, key) DO NOTHING
-    RETURNING {{columns}}
+    RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace, lease_token, lease_owner, lease_expires_at)
     SELECT id, type, $6::jsonb, gen_random_uuid(), $8, now() + make_interval(secs => $9::double precision / 1000)
     FROM effect
     RETURNING effect_id, lease_token
 )
-SELECT true AS created, {{columns}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id
+SELECT true AS created, {{written}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id
 UNION ALL
 SELECT false, {{columns}}, NULL::uuid FROM oncegate_effects
 WHERE tenant = $1 AND key = $2 AND NOT EXISTS (SELECT FROM effect)

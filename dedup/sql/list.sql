@@ -2,7 +2,7 @@
 -- previous page ended at or NULL, $5 page size.
 SELECT {{columns}} FROM oncegate_effects
 WHERE tenant = $1
-  AND ($2::text IS NULL OR status = $2)
+  AND {{status_is $2}}
   AND ($3::text IS NULL OR type = $3)
   AND ($4::bigint IS NULL OR id < $4)
 ORDER BY id DESC

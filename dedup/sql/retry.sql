@@ -6,11 +6,11 @@ WITH effect AS (
     UPDATE oncegate_effects
     SET status = $3, attempts = 0, next_attempt_at = now(), finished_at = NULL, updated_at = now()
     WHERE tenant = $1 AND key = $2 AND status = ANY ($4::text[])
-    RETURNING {{columns}}
+    RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type)
     SELECT id, type FROM effect
     ON CONFLICT (effect_id) DO UPDATE
     SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
 )
-SELECT {{columns}} FROM effect, pg_notify($5::text, effect.type)
+SELECT {{written}} FROM effect, pg_notify($5::text, effect.type)

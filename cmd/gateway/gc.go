@@ -7,7 +7,8 @@ import "runtime/debug"
 // doubles) then collects dozens of times a second under load: a quarter of the gateway's CPU in gatewaybench
 // at 32 clients (192 µs a request with the default, 138 µs with 400; resident memory 30 and 41 MiB). The
 // gateway shares its machine's cores with Postgres, so it trades memory for that CPU, and a soft memory limit
-// bounds the trade: near the limit the collector runs as often as it must to stay under it.
+// bounds the trade: near the limit the collector runs as often as it must to keep garbage under it (what is
+// live, the bodies of the requests in flight, it cannot bound; docs/configuration.md has figures).
 const (
 	gcPercent   = 400
 	memoryLimit = 256 << 20

@@ -45,3 +45,24 @@ func BenchmarkCreate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFingerprint: a request's fingerprint, decoded once, against the envelope's round trip it replaced.
+func BenchmarkFingerprint(b *testing.B) {
+	payload := json.RawMessage(`{"to":"user_6@example.com","template":"welcome","vars":{"name":"Ada","plan":"pro","n":42}}`)
+	b.Run("decode-once", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := Fingerprint("email", payload); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("envelope-round-trip", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := Canonical(map[string]any{"type": "email", "payload": payload}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"io"
@@ -254,4 +255,31 @@ func (n jsonNode) clone() jsonNode {
 		c.kids[i] = kid.clone()
 	}
 	return c
+}
+
+// Fingerprint decodes a payload once, where it used to encode the envelope and decode it whole again: the
+// fingerprints of effects stored before must not change, or their retries would be refused as another
+// request (422). It agrees with that reference on every input, refusals included, and on types that are not
+// valid UTF-8.
+func FuzzFingerprintMatchesTheEnvelopeRoundTrip(f *testing.F) {
+	for _, s := range []string{`{}`, `null`, ``, ` `, `{} x`, `{}{}`, `{"a":1,"a":2}`, `{"\u0061":"\ud800"}`,
+		`{"s":"\u2028<&>\u0000\b\f"}`, `[1.0, 1e3, -0, 12345678901234567890]`, "{\"k\":\"\xff\"}", ` {"b":[{"z":1,"y":2}]} `,
+		`{"a":}`, `"str"`} {
+		f.Add(s, "t")
+	}
+	f.Add(`{}`, "\xff<t>")
+	f.Fuzz(func(t *testing.T, payload, typ string) {
+		want, wantErr := Canonical(map[string]any{"type": typ, "payload": json.RawMessage(payload)})
+		got, err := Fingerprint(typ, json.RawMessage(payload))
+		if (err != nil) != (wantErr != nil) {
+			t.Fatalf("Fingerprint(%q, %q): error %v, the round trip's %v", typ, payload, err, wantErr)
+		}
+		if err != nil {
+			return
+		}
+		sum := sha256.Sum256(want)
+		if !bytes.Equal(got, sum[:]) {
+			t.Fatalf("Fingerprint(%q, %q) differs from the round trip's (%s)", typ, payload, want)
+		}
+	})
 }

@@ -82,8 +82,15 @@ func startGatewayOn(t *testing.T, dbURL string, mutate func(*Config)) *harness {
 
 func serve(t *testing.T, cfg *Config) *harness {
 	t.Helper()
+	return serveWith(t, cfg, Options{})
+}
+
+// serveWith is serve with opts (its Logger is the harness's).
+func serveWith(t *testing.T, cfg *Config, opts Options) *harness {
+	t.Helper()
 	logs := &syncBuffer{}
-	g, err := New(cfg, Options{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	opts.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	g, err := New(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -95,7 +95,8 @@ func run(args []string) (err error) {
 	if *noDispatch {
 		cfg.Dispatcher.Disabled = true
 	}
-	g, err := gateway.New(cfg, gateway.Options{Logger: log, DriverTracing: tel.Children})
+	g, err := gateway.New(cfg, gateway.Options{Logger: log, DriverTracing: tel.Children,
+		NoServerSpans: !telemetry.Exporting()})
 	if err != nil {
 		return err
 	}

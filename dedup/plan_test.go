@@ -102,3 +102,42 @@ func TestGenericPlansMadeOnEmptyTablesUseIndexes(t *testing.T) {
 		}
 	}
 }
+
+// Inside an explicit transaction a pinned statement is planned pinned, and the transaction's next statements
+// are not: unpin.sql puts each setting back to its default.
+func TestPinnedStatementInATransactionUnpinsAfter(t *testing.T) {
+	t.Parallel()
+	_, pool := newStore(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	const settings = `SELECT string_agg(current_setting(n), ',' ORDER BY n)
+		FROM unnest('{enable_seqscan,enable_bitmapscan,enable_hashjoin,enable_mergejoin,enable_sort}'::text[]) n`
+	rows, err := pinned(ctx, tx, settings)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var during string
+	for rows.Next() {
+		if err := rows.Scan(&during); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	var after string
+	if err := tx.QueryRow(ctx, settings).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if during != "off,off,off,off,off" || after != "on,on,on,on,on" {
+		t.Fatalf("settings during the pinned statement %s, after it %s", during, after)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -80,7 +80,7 @@ var (
 	backlogSQL      = query("backlog")
 	terminalSQL     = query("terminal")
 	pinSQL          = query("pin")
-	unpinSQL        = query("unpin")
+	unpinSQL        = strings.Split(query("unpin"), ";\n") // one statement each: SET takes one setting
 )
 
 var tracer = otel.Tracer("github.com/oncegate/oncegate/dedup")
@@ -112,7 +112,9 @@ func pinned(ctx context.Context, db DBTX, sql string, args ...any) (pgx.Rows, er
 	b.Queue(pinSQL)
 	b.Queue(sql, args...)
 	if inTx {
-		b.Queue(unpinSQL)
+		for _, q := range unpinSQL {
+			b.Queue(q)
+		}
 	}
 	br := db.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
@@ -143,7 +145,11 @@ func (r *pinnedRows) Close() {
 	r.done = true
 	r.Rows.Close()
 	if r.unpin && r.Rows.Err() == nil {
-		_, r.err = r.br.Exec()
+		for range unpinSQL {
+			if _, r.err = r.br.Exec(); r.err != nil {
+				break
+			}
+		}
 	}
 	if err := r.br.Close(); r.err == nil {
 		r.err = err

@@ -54,9 +54,13 @@ func TestDevCreatesTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(context.Background())
+	// The drop runs after the test function has returned, so the connection is closed there and not by a
+	// defer, which would close it first (and leave the database behind, as it did).
 	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+		if _, err := admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+		_ = admin.Close(context.Background())
 	})
 	if _, err := pgx.Connect(ctx, url); !missingDatabase(err) {
 		t.Fatalf("before: %v, want database does not exist", err)
@@ -89,13 +93,15 @@ func TestMigrateNeedsOnlyTheDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer admin.Close(context.Background())
+	t.Cleanup(func() {
+		if _, err := admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			t.Errorf("drop %s: %v", name, err)
+		}
+		_ = admin.Close(context.Background())
+	})
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		_, _ = admin.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
-	})
 	url := pgtest.WithDatabase(pgtest.AdminURL(), name)
 	t.Setenv("DATABASE_URL", url)
 	var runErr error

@@ -99,7 +99,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		t.Fatal(err)
 	}
 	worker := func(extra ...string) *proctest.Proc {
-		cmd := exec.Command(filepath.Join(bin, "worker"), append([]string{"run", "--queue", q.Name(),
+		cmd := exec.Command(filepath.Join(bin, "worker"), append([]string{"run", "--queue", q.Name(), "--registry", registry,
 			"--gateway", apiBase, "--api-key", apiKey, "--redis", testenv.RedisURL()}, extra...)...)
 		p := proctest.Start(t, cmd)
 		p.WaitLine("worker ", 30*time.Second)
@@ -294,7 +294,7 @@ func TestOncegateQueueCommands(t *testing.T) {
 	if _, _, code := oncegateCLI(t, env, "queue", "pause", q.Name(), "--reason", "again"); code != 4 {
 		t.Fatalf("pause of a paused queue: exit %d", code)
 	}
-	w := proctest.Start(t, exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(),
+	w := proctest.Start(t, exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(), "--registry", registry,
 		"--gateway", "http://127.0.0.1:1", "--api-key", apiKey, "--redis", testenv.RedisURL()))
 	w.WaitLine("worker ", 30*time.Second)
 	defer w.Signal(syscall.SIGTERM)

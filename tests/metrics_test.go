@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -198,6 +199,12 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	w := proctest.Start(t, exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(), "--gateway", base,
 		"--api-key", apiKey, "--redis", testenv.RedisURL(), "--click-type", "clicks", "--metrics", metricsAddr))
 	w.WaitLine("worker ", 30*time.Second)
+	// Stopped before the queue is destroyed (defers run last first): a worker still running then writes its
+	// queue's keys again, and they outlive the test.
+	defer func() {
+		w.Signal(syscall.SIGTERM)
+		_ = w.Wait(30 * time.Second)
+	}()
 	workerMetrics := metricNamesIn(t, "queue/queuemetrics")
 	deadline = time.Now().Add(60 * time.Second)
 	for {

@@ -61,6 +61,8 @@ func run(args []string) error {
 	gatewayURL := fs.String("gateway", env("GATEWAY_URL", "http://127.0.0.1:8080"), "gateway URL (GATEWAY_URL)")
 	apiKey := fs.String("api-key", env("GATEWAY_API_KEY", "oncegate-dev-key-for-loopback-only"), "gateway API key (GATEWAY_API_KEY)")
 	queueName := fs.String("queue", env("QUEUE", "jobs"), "queue name (QUEUE)")
+	registry := fs.String("registry", env("ONCEGATE_QUEUE_REGISTRY", queue.DefaultRegistry),
+		"Redis set of queue names that the operator's tools list (ONCEGATE_QUEUE_REGISTRY, as for the oncegate CLI)")
 	concurrency := fs.Int("concurrency", 10, "jobs run at once")
 	drain := fs.Duration("drain", queue.DefaultDrainTimeout, "graceful close: how long running jobs may finish")
 	work := fs.Duration("work", 0, "time each job spends after its effects (the rest of its work)")
@@ -88,7 +90,7 @@ func run(args []string) error {
 	if err := redisotel.InstrumentTracing(rdb, redisotel.WithTracerProvider(tel.Children)); err != nil {
 		return err
 	}
-	q, err := queue.New(rdb, *queueName, &queue.Options{Logger: log})
+	q, err := queue.New(rdb, *queueName, &queue.Options{Logger: log, Registry: *registry})
 	if err != nil {
 		return err
 	}

@@ -39,10 +39,8 @@ func query(name string) string {
 		panic(err)
 	}
 	cols, _ := sqlFiles.ReadFile("sql/effect_columns.sql")
-	s := strings.ReplaceAll(string(b), "{{columns}}", strings.TrimSpace(string(cols)))
-	// An effect's status as the API reports it: delivering is read from its outbox row's lease (dedup.StatusSQL).
-	s = strings.ReplaceAll(s, "{{status}}", dedup.StatusSQL)
-	return strings.ReplaceAll(s, "{{status_is $3}}", dedup.StatusIs("$3"))
+	// An effect's status as the API reports it: delivering is read from its outbox row's lease.
+	return dedup.ExpandStatus(strings.ReplaceAll(string(b), "{{columns}}", strings.TrimSpace(string(cols))))
 }
 
 var (

@@ -28,29 +28,28 @@ import (
 var sqlFiles embed.FS
 
 // query returns sql/name.sql with its placeholders filled in: {{columns}}, an effect's columns as they are
-// reported (columns.sql, with StatusSQL); {{written}}, the same with the status as stored, for the RETURNING of
-// a statement that has just written it; {{status_is $N}}, StatusIs($N); {{payload}} (payload.sql: how a
-// stored payload is read).
+// reported (columns.sql, its status by ExpandStatus); {{written}}, the same with the status as stored, for the
+// RETURNING of a statement that has just written it; {{status_is $N}} (ExpandStatus); {{payload}}
+// (payload.sql: how a stored payload is read).
 func query(name string) string {
 	cols := sqlFile("columns")
-	s := strings.NewReplacer("{{columns}}", cols, "{{written}}", strings.Replace(cols, "{{status}}", "status", 1),
-		"{{payload}}", sqlFile("payload")).Replace(sqlFile(name))
-	s = statusIsPlaceholder.ReplaceAllStringFunc(s, func(m string) string {
-		return StatusIs(statusIsPlaceholder.FindStringSubmatch(m)[1])
-	})
-	return strings.ReplaceAll(s, "{{status}}", StatusSQL)
+	return ExpandStatus(strings.NewReplacer("{{columns}}", cols, "{{written}}", strings.Replace(cols, "{{status}}",
+		"status", 1), "{{payload}}", sqlFile("payload")).Replace(sqlFile(name)))
 }
 
 var statusIsPlaceholder = regexp.MustCompile(`\{\{status_is (\$[0-9]+)\}\}`)
 
-// StatusSQL is the SQL of an effect's reported status (status.sql), for a select list where the effect's
-// columns are in scope: `delivering` is not stored by a claim, but read from the outbox row's lease.
-var StatusSQL = strings.ReplaceAll(sqlFile("status"), "{{leased}}", sqlFile("leased"))
-
-// StatusIs is the SQL condition that the effect in scope has the reported status named by the parameter
-// param ("$3"), or that the parameter is NULL (status_is.sql).
-func StatusIs(param string) string {
-	return strings.NewReplacer("$S", param, "{{leased}}", sqlFile("leased")).Replace(sqlFile("status_is"))
+// ExpandStatus fills in the placeholders of an effect's status as it is reported, in SQL where the effect's
+// columns are in scope: {{status}}, the status column (status.sql: `delivering` is not stored by a claim but
+// read from the outbox row's lease), and {{status_is $N}}, the condition that it is the status in parameter
+// $N, or that $N is NULL (status_is.sql). The operator's queries (package admin) use it too.
+func ExpandStatus(sql string) string {
+	leased := sqlFile("leased")
+	sql = statusIsPlaceholder.ReplaceAllStringFunc(sql, func(m string) string {
+		param := statusIsPlaceholder.FindStringSubmatch(m)[1]
+		return strings.NewReplacer("$S", param, "{{leased}}", leased).Replace(sqlFile("status_is"))
+	})
+	return strings.ReplaceAll(sql, "{{status}}", strings.ReplaceAll(sqlFile("status"), "{{leased}}", leased))
 }
 
 func sqlFile(name string) string {

@@ -1,9 +1,10 @@
 -- Leases up to $2 due outbox rows of effect type $1 to dispatcher $3 for $4 milliseconds, in one statement, and
 -- returns what delivering their effects needs. The effects' rows are read, not written: an effect whose outbox
 -- row is leased reads as delivering (status.sql), and rewriting the row at every claim cost a new version of it
--- and an entry in each of its indexes (a quarter of Postgres's CPU a delivery, issue 14). SKIP LOCKED lets any number of dispatchers claim at once without
--- waiting on each other or taking the same row. A row whose lease expired is due again: its dispatcher died
--- mid-delivery, and `rescued` tells the caller that the attempt may have reached the provider.
+-- and an entry in each of its indexes (a tenth to a quarter of Postgres's CPU a delivery, issue 14).
+-- SKIP LOCKED lets any number of dispatchers claim at once without waiting on each other or taking the same
+-- row. A row whose lease expired is due again: its dispatcher died mid-delivery, and `rescued` tells the
+-- caller that the attempt may have reached the provider.
 -- Payloads are read by a statement of their own (read_payloads.sql), after these leases commit: see Claim.
 -- Rows of the tenants in $5 are left alone: they have their fair share of this type's deliveries in flight.
 -- A type an operator paused (oncegate_paused_types) is not claimed at all: its rows wait, uncharged.

@@ -90,7 +90,9 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer q.Destroy(context.Background()) //nolint:errcheck
+	// A cleanup, not a defer: it runs after the cleanups that stop the worker processes started below, which
+	// would otherwise write the queue's keys again once it is gone.
+	t.Cleanup(func() { _ = q.Destroy(context.Background()) })
 	payload, _ := json.Marshal(jobs.Effects{Effects: []jobs.Effect{
 		{Name: "notify", Type: "hook", Payload: json.RawMessage(`{"event":"job.done","data":1}`)},
 		{Name: "audit", Type: "clicks", Payload: json.RawMessage(`{"name":"audit"}`)},
@@ -279,7 +281,9 @@ func TestOncegateQueueCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer q.Destroy(context.Background()) //nolint:errcheck
+	// A cleanup, not a defer: it runs after the cleanups that stop the worker processes started below, which
+	// would otherwise write the queue's keys again once it is gone.
+	t.Cleanup(func() { _ = q.Destroy(context.Background()) })
 	env := []string{"DATABASE_URL=" + dbURL, "REDIS_URL=" + testenv.RedisURL(), "ONCEGATE_QUEUE_REGISTRY=" + registry,
 		"ONCEGATE_OPERATOR=bob"}
 	// A signup job without an email fails for good: dead at its first run.

@@ -56,7 +56,9 @@ dispatcher: { poll_interval: 100ms }
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer q.Destroy(context.Background()) //nolint:errcheck
+	// A cleanup, not a defer: it runs after the cleanups that stop the worker processes started below, which
+	// would otherwise write the queue's keys again once it is gone.
+	t.Cleanup(func() { _ = q.Destroy(context.Background()) })
 	payload, _ := json.Marshal(jobs.Effects{Effects: []jobs.Effect{
 		{Name: "notify", Type: "hook", Payload: json.RawMessage(`{"event":"job.done","data":1}`)},
 		{Name: "audit", Type: "clicks", Payload: json.RawMessage(`{"name":"audit"}`)},

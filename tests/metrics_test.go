@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -190,7 +189,9 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = q.Destroy(context.Background()) }()
+	// A cleanup, not a defer: it runs after the cleanup that stops the worker process started below, which
+	// would otherwise write the queue's keys again once it is gone.
+	t.Cleanup(func() { _ = q.Destroy(context.Background()) })
 	if _, err := q.Enqueue(context.Background(), queue.NewJob{ID: "click:user_1", Kind: "click",
 		Payload: []byte(`{"user":"user_1","link":"/x"}`)}); err != nil {
 		t.Fatal(err)
@@ -199,12 +200,6 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	w := proctest.Start(t, exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(), "--gateway", base,
 		"--api-key", apiKey, "--redis", testenv.RedisURL(), "--click-type", "clicks", "--metrics", metricsAddr))
 	w.WaitLine("worker ", 30*time.Second)
-	// Stopped before the queue is destroyed (defers run last first): a worker still running then writes its
-	// queue's keys again, and they outlive the test.
-	defer func() {
-		w.Signal(syscall.SIGTERM)
-		_ = w.Wait(30 * time.Second)
-	}()
 	workerMetrics := metricNamesIn(t, "queue/queuemetrics")
 	deadline = time.Now().Add(60 * time.Second)
 	for {

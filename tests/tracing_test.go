@@ -60,7 +60,9 @@ dispatcher: { poll_interval: 100ms }
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer q.Destroy(context.Background()) //nolint:errcheck
+	// A cleanup, not a defer: it runs after the cleanups that stop the worker processes started below, which
+	// would otherwise write the queue's keys again once it is gone.
+	t.Cleanup(func() { _ = q.Destroy(context.Background()) })
 	enqueue := func(user string) string {
 		payload, _ := json.Marshal(jobs.Signup{User: user, Email: user + "@example.com"})
 		r, err := q.Enqueue(context.Background(), queue.NewJob{ID: "signup:" + user, Kind: jobs.KindSignup, Payload: payload})

@@ -118,6 +118,11 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		"ONCEGATE_OPERATOR=alice", "ONCEGATE_JAEGER_URL=http://jaeger.test:16686"}
 	var audit admin.EffectDetail
 	testenv.Eventually(t, 20*time.Second, "gateway a delivers the analytics effect and logs the attempt", func() bool {
+		// The webhook can reach the receiver before the worker has asked for the second effect: until then
+		// the CLI finds no such effect (exit 3), and the wait goes on.
+		if _, _, code := oncegateCLI(t, env, "effect", "show", "audit:job-1"); code == 3 {
+			return false
+		}
 		cliJSON(t, env, &audit, "effect", "show", "audit:job-1")
 		return audit.Status == "delivered" && len(audit.AttemptLog) == 1
 	})

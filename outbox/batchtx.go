@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"sync"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -16,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/workers"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -43,7 +43,7 @@ type batchRow struct {
 
 // startBatch delivers rows of t, a BatchTxProvider's type, in a goroutine of its own; each is already
 // counted in t.inflight.
-func (d *Dispatcher) startBatch(deliveries context.Context, inflight *sync.WaitGroup, t *effectType, rows []dedup.Claimed) {
+func (d *Dispatcher) startBatch(deliveries context.Context, inflight *workers.Pool, t *effectType, rows []dedup.Claimed) {
 	inflight.Go(func() {
 		batch := make([]*batchRow, len(rows))
 		for i, r := range rows {

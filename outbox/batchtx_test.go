@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/workers"
 	"github.com/oncegate/oncegate/internal/testenv"
 	"github.com/oncegate/oncegate/providers/postgres"
 )
@@ -167,9 +167,10 @@ func TestBatchWritesNothingForALostLease(t *testing.T) {
 		et.admit(r.Tenant, false)
 		et.inflight.Add(1)
 	}
-	var wg sync.WaitGroup
-	d.startBatch(context.Background(), &wg, et, rows)
-	wg.Wait()
+	inflight := workers.New(time.Second)
+	d.startBatch(context.Background(), inflight, et, rows)
+	inflight.Wait()
+	inflight.Close()
 
 	if got := pgtest.Count(t, f.pool, `SELECT count(*) FROM analytics_events WHERE effect_id = $1`, stolen.StableID); got != 0 {
 		t.Fatal("the batch wrote an event for a row whose lease it had lost")

@@ -11,6 +11,7 @@ import (
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/backoff"
+	"github.com/oncegate/oncegate/internal/workers"
 )
 
 // claimBackoff is how long the claim loop leaves a type alone after its claims failed, so that one type's
@@ -42,7 +43,7 @@ type claimState struct {
 // claimLoop claims due rows and starts their deliveries (under deliveries, in inflight) until ctx ends. It
 // claims again at once while claims come back full, and otherwise waits for a notification (Wake), a freed
 // delivery slot, a type's claim backoff to run out, or the poll interval.
-func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *sync.WaitGroup) {
+func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *workers.Pool) {
 	poll := time.NewTicker(d.cfg.PollInterval)
 	defer poll.Stop()
 	states := make(map[*effectType]*claimState, len(d.types))
@@ -98,7 +99,7 @@ func wakeIdle(states map[*effectType]*claimState) {
 // breaker's next probe (deliver.go), uncharged. A type whose claim fails is backed off on its own and the
 // round goes on with the next type. It reports whether some claim came back full, so that more rows may be
 // due, and the earliest time a backed-off type may claim again (zero if none is backed off).
-func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *sync.WaitGroup,
+func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers.Pool,
 	states map[*effectType]*claimState) (more bool, retryAt time.Time) {
 	now := time.Now()
 	for _, t := range d.types {
@@ -208,7 +209,7 @@ func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int, skipTenant
 // the lease of the rows after it, and Postgres reads one suspect row at a time.
 //
 // A database that is unavailable marks nothing: the row is handed back, or its lease runs out.
-func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *sync.WaitGroup, t *effectType,
+func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *workers.Pool, t *effectType,
 	st *claimState, n int) {
 	st.mu.Lock()
 	st.busy = true
@@ -287,7 +288,7 @@ func (d *Dispatcher) readPayload(r dedup.Claimed) ([]byte, error) {
 }
 
 // startDelivery delivers r in a goroutine of its own; r is already counted in t.inflight.
-func (d *Dispatcher) startDelivery(deliveries context.Context, inflight *sync.WaitGroup, t *effectType, r dedup.Claimed) {
+func (d *Dispatcher) startDelivery(deliveries context.Context, inflight *workers.Pool, t *effectType, r dedup.Claimed) {
 	inflight.Go(func() {
 		defer d.release(t, r.Tenant)
 		defer d.recoverDelivery(t, r)

@@ -34,6 +34,7 @@ import (
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/backoff"
 	"github.com/oncegate/oncegate/internal/notifier"
+	"github.com/oncegate/oncegate/internal/workers"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -327,6 +328,9 @@ func (d *Dispatcher) Wake() {
 // flight, cancels the rest and hands their rows back, unattempted, for any gateway to take. The purge and the
 // notifications of finished effects run beside the claim loop, each in its own goroutine, so neither holds up
 // claiming.
+// deliveryIdle is how long a goroutine that ran a delivery waits for the next before it ends (package workers).
+const deliveryIdle = 10 * time.Second
+
 func (d *Dispatcher) Run(ctx context.Context) error {
 	deliveries, cancelDeliveries := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelDeliveries()
@@ -337,8 +341,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	duties.Go(func() { d.purgeLoop(ctx) })
 	defer func() { stopNotify(); duties.Wait() }()
 
-	var inflight sync.WaitGroup
-	d.claimLoop(ctx, deliveries, &inflight)
+	inflight := workers.New(deliveryIdle)
+	defer inflight.Close()
+	d.claimLoop(ctx, deliveries, inflight)
 
 	drained := make(chan struct{})
 	go func() { inflight.Wait(); close(drained) }()

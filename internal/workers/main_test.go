@@ -1,0 +1,9 @@
+package workers
+
+import (
+	"testing"
+
+	"github.com/oncegate/oncegate/internal/leaktest"
+)
+
+func TestMain(m *testing.M) { leaktest.Main(m) }

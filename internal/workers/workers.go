@@ -44,6 +44,7 @@ func (p *Pool) work(fn func()) {
 	defer idle.Stop()
 	for {
 		p.run(fn)
+		fn = nil // what it holds (a delivery's payload) is garbage now, not kept while the goroutine waits
 		idle.Reset(p.idleFor)
 		p.waitingN.Add(1)
 		select {

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/providers"
 )
@@ -148,5 +150,58 @@ func TestConfiguredHeadersAreCheckedAtStartUp(t *testing.T) {
 	if _, err := New(Config{BaseURL: "https://api.example", Headers: map[string]string{"Authorization": "Bearer x",
 		"X-Api-Key": "k", "Cookie": "session=operator"}}); err != nil {
 		t.Errorf("ordinary configured headers refused: %v", err)
+	}
+}
+
+// An outside tester's finding (issue 14's adversary): a payload's headers could set traceparent (malformed, or
+// 6 KB of it), tracestate and baggage, and the upstream got them as sent; baggage and tracestate even when the
+// creating request's own trace context overwrote the traceparent. The trace context is the gateway's to set,
+// from the request that created the effect, and baggage is never sent (as the dedup proxy drops them).
+// Refused at request time; an effect stored before this rule is delivered without them.
+func TestPayloadTraceContextHeadersAreRefusedAndNeverSent(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var got http.Header
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+		w.WriteHeader(204)
+	}))
+	defer up.Close()
+	p, err := New(Config{BaseURL: up.URL, AllowPrivateNetworks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, name := range []string{"traceparent", "Traceparent", "TRACESTATE", "tracestate", "Baggage", "baggage"} {
+		refusedAs(t, p.Validate(headerPayload(name, "v")), name, "trace context header")
+	}
+
+	stored := json.RawMessage(`{"method":"POST","path":"/x","headers":{"traceparent":"ff-garbage","tracestate":"tenant=secret",` +
+		`"baggage":"secret=1","X-Kept":"yes"}}`)
+	for _, withTrace := range []bool{false, true} {
+		ctx := context.Background()
+		want := ""
+		if withTrace {
+			sc := trace.NewSpanContext(trace.SpanContextConfig{TraceID: trace.TraceID{9}, SpanID: trace.SpanID{8},
+				TraceFlags: trace.FlagsSampled, Remote: true})
+			ctx = trace.ContextWithRemoteSpanContext(ctx, sc)
+			want = "00-" + sc.TraceID().String() + "-" + sc.SpanID().String() + "-01"
+		}
+		if out := p.Deliver(ctx, delivery("tc", string(stored))); out.Kind != providers.KindDelivered {
+			t.Fatalf("a stored effect with trace headers in its payload: %v, want delivered without them", out)
+		}
+		mu.Lock()
+		h := got
+		mu.Unlock()
+		if h.Get("Traceparent") != want || h.Get("Tracestate") != "" || h.Get("Baggage") != "" {
+			t.Errorf("with a trace in the delivery's context %v, the upstream got traceparent %q, tracestate %q, baggage %q; "+
+				"want traceparent %q and neither of the others", withTrace, h.Get("Traceparent"), h.Get("Tracestate"),
+				h.Get("Baggage"), want)
+		}
+		if h.Get("X-Kept") != "yes" {
+			t.Error("the payload's other headers were not sent")
+		}
 	}
 }

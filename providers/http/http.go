@@ -293,8 +293,27 @@ func (p *Provider) parse(raw json.RawMessage) (Payload, error) {
 }
 
 func (p *Provider) Validate(payload json.RawMessage) error {
-	_, err := p.parse(payload)
-	return err
+	pl, err := p.parse(payload)
+	if err != nil {
+		return err
+	}
+	// Refused here, when the effect is created, and not in parse: an effect stored before this rule is still
+	// delivered, without them (request).
+	for k := range pl.Headers {
+		if traceContext(fold(k)) {
+			return providers.Invalid("headers."+k, "is trace context, which the gateway sets from the request "+
+				"that created the effect (send it as that request's header); baggage is never sent")
+		}
+	}
+	return nil
+}
+
+// traceContext reports whether a folded name is a W3C trace context header. The upstream gets the trace
+// context of the request that created the effect, as every destination does, never one that a payload
+// writes (a tenant's malformed or outsized traceparent, a tracestate that rides on another request's
+// traceparent); and never baggage, which the dedup proxy drops too.
+func traceContext(folded string) bool {
+	return folded == "traceparent" || folded == "tracestate" || folded == "baggage"
 }
 
 // Destination is the upstream's host (and port, when base_url names one), never its path or query.
@@ -384,7 +403,9 @@ func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, erro
 		req.Header.Set("Content-Type", contentType)
 	}
 	for k, v := range pl.Headers {
-		req.Header.Set(k, v)
+		if !traceContext(fold(k)) {
+			req.Header.Set(k, v)
+		}
 	}
 	for k, v := range p.headers {
 		req.Header[k] = v

@@ -75,7 +75,8 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		} else {
 			o = t.Provider.Deliver(actx, del)
 		}
-		if destinationFailure(o) {
+		// A delivery that the gateway cancelled (its shutdown's drain ran out) says nothing of the destination.
+		if destinationFailure(o) && ctx.Err() == nil {
 			return o, errBreakerFailure
 		}
 		return o, nil

@@ -273,6 +273,36 @@ func TestRescuedRowsFollowOnCrash(t *testing.T) {
 	}
 }
 
+// An outside tester's finding (issue 14's adversary): the deliveries that a shutdown cancels after its drain
+// time were counted against their destination, and opened its breaker (in the last heartbeat the operator
+// sees, `oncegate breaker ls`). The destination did nothing wrong: the gateway gave up on it.
+func TestShutdownCancellationsDoNotOpenBreakers(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, k := range []string{"s1", "s2", "s3"} {
+		f.create(k, "slow")
+	}
+	p := &scripted{outcomes: []providers.Outcome{providers.Delivered(nil)}, block: make(chan struct{})}
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "slow", Provider: p, BreakerFailures: 1}},
+		DrainTimeout: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	testenv.Eventually(t, 5*time.Second, "deliveries start", func() bool { return p.calls.Load() == 3 })
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its drain timeout")
+	}
+	for _, b := range d.Breakers() {
+		if b.State != "closed" {
+			t.Errorf("after shutdown the breaker of %s is %s, want closed: cancelling is not the destination failing",
+				b.Destination, b.State)
+		}
+	}
+}
+
 type rescueRecorder struct{ seen *atomic.Bool }
 
 func (r *rescueRecorder) Validate(json.RawMessage) error { return nil }

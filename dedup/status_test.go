@@ -3,8 +3,10 @@ package dedup
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/pgtest"
@@ -106,5 +108,33 @@ func TestAClaimedEffectIsDeliveringWithoutItsRowRewritten(t *testing.T) {
 	}
 	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE status = 'delivering'"); n != 0 {
 		t.Errorf("%d effects stored as delivering", n)
+	}
+}
+
+// A claim changes only the outbox row's lease, which no index holds: with room left in the row's page, the new
+// version is a heap-only tuple (HOT), and neither of the outbox's indexes gets an entry for it. With full pages
+// (the default fillfactor) every claim added an entry to both, three or four WAL records a row for a table
+// whose rows live for seconds (issue 14).
+func TestAClaimIsAHeapOnlyUpdateOfTheOutboxRow(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS pageinspect"); err != nil {
+		t.Fatal(err)
+	}
+	// Enough rows to fill the outbox's first pages, which the claim takes its rows from (oldest first).
+	const n = 40
+	for i := range 400 {
+		create(t, s, fmt.Sprintf("k%d", i))
+	}
+	rows, err := s.Claim(ctx, ClaimParams{Type: "typ", Limit: n, Owner: "me", Lease: time.Minute})
+	if err != nil || len(rows) != n {
+		t.Fatalf("claim: %d rows, err %v", len(rows), err)
+	}
+	// HEAP_ONLY_TUPLE is bit 0x8000 of t_infomask2: the claimed versions that no index points at.
+	hot := pgtest.Count(t, pool, `SELECT count(*) FROM generate_series(0, pg_relation_size('oncegate_outbox') / 8192 - 1) AS page,
+		LATERAL heap_page_items(get_raw_page('oncegate_outbox', page::int)) WHERE t_infomask2 & 32768 <> 0`)
+	if hot != n {
+		t.Fatalf("%d of %d claims were heap-only updates of the outbox row", hot, n)
 	}
 }

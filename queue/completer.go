@@ -69,7 +69,7 @@ func (w *Worker) completeLoop(ctx context.Context) {
 		k := w.q.keys
 		cctx, cancel := context.WithTimeout(w.records, 10*time.Second)
 		res, err := completeScript.Run(cctx, w.rdb,
-			[]string{k.jobs, k.payloads, k.leases, k.owned, k.done, k.seen}, args...).Int64Slice()
+			[]string{k.jobs, k.payloads, k.leases, k.owned, k.done, k.seen, k.epochFloor}, args...).Int64Slice()
 		cancel()
 		for i, c := range batch {
 			switch {

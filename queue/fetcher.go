@@ -99,7 +99,7 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next, call
 	w.mu.Unlock()
 	res, err := leaseScript.Run(lctx, w.rdb,
 		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq,
-			k.paused},
+			k.paused, k.epochFloor},
 		w.id, n, w.leaseFor().Milliseconds(), w.seenFor().Milliseconds()).Slice()
 	if err != nil {
 		w.mu.Lock()

@@ -115,7 +115,7 @@ func (q *Queue) PurgeDead(ctx context.Context, ids ...string) (int, error) {
 		return 0, nil
 	}
 	k := q.keys
-	n, err := purgeDeadScript.Run(ctx, q.rdb, []string{k.jobs, k.payloads, k.dead}, toArgs(ids)...).Int()
+	n, err := purgeDeadScript.Run(ctx, q.rdb, []string{k.jobs, k.payloads, k.dead, k.epochFloor}, toArgs(ids)...).Int()
 	if err != nil {
 		return 0, fmt.Errorf("queue: purge dead jobs: %w", err)
 	}

@@ -30,7 +30,9 @@ type Job struct {
 	State   JobState
 
 	// Epoch is the fencing token: it grows by one with every lease. Only the holder of the current epoch can
-	// complete, fail or extend the job, and effects performed for the job can carry it to be fenced too.
+	// complete, fail or extend the job, and effects performed for the job can carry it to be fenced too. A
+	// job's first lease starts above every epoch of the jobs of its queue that completed or were purged, so an
+	// ID enqueued again never holds an epoch that its earlier job held (a worker may still be running that).
 	Epoch int64
 	// Attempt is the 1-based number of the attempt a handler is running: failed attempts so far plus one.
 	Attempt int

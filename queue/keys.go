@@ -5,7 +5,7 @@ package queue
 type keys struct {
 	prefix                                                                     string
 	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead string
-	conns, missing, sweeper, sweepGuard, seen, leaseSeq, paused                string
+	conns, missing, sweeper, sweepGuard, seen, leaseSeq, paused, epochFloor    string
 }
 
 func newKeys(name string) keys {
@@ -29,13 +29,16 @@ func newKeys(name string) keys {
 		sweepGuard: p + "sweep",    // string with a TTL: a sweep ran within the interval
 		seen:       p + "seen",     // zset: id -> finished_at ms, completed IDs within the dedup window
 		paused:     p + "paused",   // string: present while an operator has paused the queue (the reason)
+		// string: the highest epoch of the jobs that completed or were purged; a new job's first lease
+		// starts above it, so an ID used again never holds an epoch its earlier job held (lease.lua)
+		epochFloor: p + "epochfloor",
 	}
 }
 
 // all lists every key, for tests and for Queue.Destroy.
 func (k keys) all() []string {
 	return []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.done,
-		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard, k.seen, k.leaseSeq, k.paused}
+		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard, k.seen, k.leaseSeq, k.paused, k.epochFloor}
 }
 
 // wake is a worker process's own wake-up key, which its fetcher blocks on beside the shared marker, so that a

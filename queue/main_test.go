@@ -176,7 +176,7 @@ func completeAs(t *testing.T, q *Queue, id string, epoch int64) bool {
 	t.Helper()
 	k := q.keys
 	res, err := completeScript.Run(context.Background(), q.rdb,
-		[]string{k.jobs, k.payloads, k.leases, k.owned, k.done, k.seen}, 10, 60_000, q.dedupWindowMs(),
+		[]string{k.jobs, k.payloads, k.leases, k.owned, k.done, k.seen, k.epochFloor}, 10, 60_000, q.dedupWindowMs(),
 		id, epoch).Int64Slice()
 	if err != nil {
 		t.Fatal(err)

@@ -6,6 +6,8 @@
 -- KEYS[1] jobs  KEYS[2] payloads  KEYS[3] leases  KEYS[4] owned
 -- KEYS[5] done   zset: id -> finished_at ms, the retained completed jobs
 -- KEYS[6] seen   zset: id -> finished_at ms, the completed IDs inside the dedup window
+-- KEYS[7] epoch floor  raised to the highest epoch completed here: the record goes, now or when trimmed,
+--                 and a job enqueued again under its ID starts above it (lease.lua)
 -- ARGV[1] keep at most this many completed jobs (0 = delete at once)
 -- ARGV[2] keep completed jobs this many ms
 -- ARGV[3] dedup window ms (0 = off: remember nothing, and forget what was remembered)
@@ -17,11 +19,13 @@ local keep_count = tonumber(ARGV[1])
 local keep_ms = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local out = {}
+local top = 0
 for i = 4, #ARGV, 2 do
   local id = ARGV[i]
   local job = load_job(KEYS[1], id)
   if holds(job, ARGV[i + 1]) then
     drop_lease(KEYS[3], KEYS[4], id, job)
+    top = math.max(top, tonumber(job.epoch))
     if keep_count > 0 and keep_ms > 0 then
       job.state = 'completed'
       job.finished_at = now
@@ -42,6 +46,10 @@ for i = 4, #ARGV, 2 do
   else
     out[#out + 1] = 0
   end
+end
+
+if top > tonumber(redis.call('GET', KEYS[7]) or '0') then
+  redis.call('SET', KEYS[7], top)
 end
 
 local function forget(ids)

@@ -10,6 +10,12 @@
 -- KEYS[9] leaseseq  counter: numbers each lease call; the jobs it leases record it (see heartbeat.lua)
 -- KEYS[10] paused   present while an operator has paused the queue: nothing is leased, and no idle worker is
 --                   woken for the ready jobs (Queue.Resume wakes them)
+-- KEYS[11] epoch floor  the highest epoch of the jobs that completed or were purged (complete.lua,
+--                   purge_dead.lua): a job's first lease starts above it. An ID can be enqueued again once its
+--                   job is gone, and a worker that lost that job's lease may still be running it: were the new
+--                   job's epochs to start at 1 again, that worker's epoch would be the new job's, its late
+--                   completion would complete the new job, and the gateway, which keeps the highest epoch it
+--                   saw for a job ID, would refuse the new job's effects until its epochs passed the old ones.
 -- ARGV[1] worker id
 -- ARGV[2] how many jobs at most
 -- ARGV[3] lease TTL ms
@@ -39,10 +45,14 @@ if not paused then
 end
 if ids then
   local deadline = now + tonumber(ARGV[3])
+  local floor = tonumber(redis.call('GET', KEYS[11]) or '0')
   for _, id in ipairs(ids) do
     local job = load_job(KEYS[1], id)
     -- A ready id without a record was purged while it waited; there is nothing to run.
     if job and job.state == 'ready' then
+      if tonumber(job.epoch) == 0 then
+        job.epoch = floor
+      end
       job.epoch = job.epoch + 1
       job.state = 'active'
       job.owner = wid

@@ -1,10 +1,13 @@
 -- Deletes dead jobs for good, by id. Only jobs that are dead are touched; their IDs can be enqueued again.
 --
 -- KEYS[1] jobs  KEYS[2] payloads  KEYS[3] dead
+-- KEYS[4] epoch floor: raised to the highest epoch purged, which a job enqueued again under its ID starts
+--         above (lease.lua)
 -- ARGV[1..] ids
 -- Returns the number of jobs purged.
 
 local n = 0
+local top = 0
 for _, id in ipairs(ARGV) do
   local job = load_job(KEYS[1], id)
   if job and job.state == 'dead' then
@@ -12,6 +15,10 @@ for _, id in ipairs(ARGV) do
     redis.call('HDEL', KEYS[1], id)
     redis.call('HDEL', KEYS[2], id)
     n = n + 1
+    top = math.max(top, tonumber(job.epoch))
   end
+end
+if top > tonumber(redis.call('GET', KEYS[4]) or '0') then
+  redis.call('SET', KEYS[4], top)
 end
 return n

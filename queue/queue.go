@@ -14,6 +14,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
@@ -138,8 +139,11 @@ type Queue struct {
 // New returns a handle on the queue called name. Names are 1 to 200 characters without braces, which
 // would break the hash tag.
 func New(rdb redis.UniversalClient, name string, opts *Options) (*Queue, error) {
-	if name == "" || len(name) > 200 || strings.ContainsAny(name, "{}") {
-		return nil, fmt.Errorf("queue: invalid queue name %q: want 1-200 characters without braces", name)
+	// Control characters and invalid UTF-8 would reach logs, metrics' labels and the operator's terminal.
+	if name == "" || len(name) > 200 || strings.ContainsAny(name, "{}") || !utf8.ValidString(name) ||
+		strings.ContainsFunc(name, unicode.IsControl) {
+		return nil, fmt.Errorf("queue: invalid queue name %q: want 1-200 characters of UTF-8, without braces or "+
+			"control characters", name)
 	}
 	o := opts.WithDefaults()
 	return &Queue{
@@ -281,6 +285,9 @@ func (q *Queue) EnqueueMany(ctx context.Context, jobs []NewJob) ([]*EnqueueResul
 	return results, nil
 }
 
+// MaxPayload is the largest payload a job may carry: Redis's default proto-max-bulk-len, 512 MiB.
+const MaxPayload = 512 << 20
+
 // checkNewJob refuses what the script cannot store and gives an unnamed job a random ID.
 func checkNewJob(nj *NewJob) error {
 	if nj.ID == "" {
@@ -291,6 +298,12 @@ func checkNewJob(nj *NewJob) error {
 	}
 	if nj.Delay < 0 {
 		return fmt.Errorf("queue: negative delay %v", nj.Delay)
+	}
+	// Redis closes the connection on a larger value (proto-max-bulk-len), which fails every job of the batch
+	// that carried this one, other callers' included; refused here, it fails alone and says why.
+	if len(nj.Payload) > MaxPayload {
+		return fmt.Errorf("queue: job %q: payload is %d bytes, over %d, the largest value Redis takes", nj.ID,
+			len(nj.Payload), MaxPayload)
 	}
 	// The record is JSON, which would store invalid UTF-8 as U+FFFD: a job whose record names another ID than
 	// its key could never be completed, extended or buried.

@@ -513,7 +513,7 @@ func TestMuxRoutesByKind(t *testing.T) {
 func TestInvalidInputIsRefused(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.Redis(t)
-	for _, name := range []string{"", "a{b", "a}b", strings.Repeat("x", 201)} {
+	for _, name := range []string{"", "a{b", "a}b", strings.Repeat("x", 201), "a\nb", "a\x00b", "a\x1b[31mb", "bad\xff"} {
 		if _, err := New(rdb, name, nil); err == nil {
 			t.Errorf("New(%q) accepted", name)
 		}

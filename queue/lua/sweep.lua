@@ -56,12 +56,13 @@ local function reclaim(id, why, owner)
   end
   drop_lease(KEYS[3], KEYS[2], id, job)
   job.stalls = job.stalls + 1
+  -- Set on the way to dead too, so that the last stall a job shows is the one that buried it.
+  job.last_stall = why
   if job.stalls > job.max_stalls then
     make_dead(KEYS[1], KEYS[5], id, job, now,
       'stalled ' .. job.stalls .. ' times (max ' .. job.max_stalls .. '), last: ' .. why)
     died = died + 1
   else
-    job.last_stall = why
     make_ready_front(KEYS[1], KEYS[4], id, job)
     reclaimed = reclaimed + 1
   end

@@ -285,21 +285,28 @@ func TestShutdownCancellationsDoNotOpenBreakers(t *testing.T) {
 	p := &scripted{outcomes: []providers.Outcome{providers.Delivered(nil)}, block: make(chan struct{})}
 	d := f.dispatcher(Config{Types: []EffectType{{Name: "slow", Provider: p, BreakerFailures: 1}},
 		DrainTimeout: 200 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(ctx); close(done) }()
-	testenv.Eventually(t, 5*time.Second, "deliveries start", func() bool { return p.calls.Load() == 3 })
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after its drain timeout")
-	}
+	shutDownMidDelivery(t, d, func() bool { return p.calls.Load() == 3 })
 	for _, b := range d.Breakers() {
 		if b.State != "closed" {
 			t.Errorf("after shutdown the breaker of %s is %s, want closed: cancelling is not the destination failing",
 				b.Destination, b.State)
 		}
+	}
+}
+
+// shutDownMidDelivery runs d until started says its deliveries are under way, then shuts it down, and waits
+// for Run to return after its drain timeout.
+func shutDownMidDelivery(t *testing.T, d *Dispatcher, started func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = d.Run(ctx); close(done) }()
+	testenv.Eventually(t, 5*time.Second, "deliveries start", started)
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after its drain timeout")
 	}
 }
 
@@ -319,16 +326,7 @@ func TestShutdownHandsUnfinishedRowsBack(t *testing.T) {
 	f.create("slow", "slow")
 	p := &scripted{outcomes: []providers.Outcome{providers.Delivered(nil)}, block: make(chan struct{})}
 	d := f.dispatcher(Config{Types: []EffectType{{Name: "slow", Provider: p}}, DrainTimeout: 200 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = d.Run(ctx); close(done) }()
-	testenv.Eventually(t, 5*time.Second, "delivery starts", func() bool { return p.calls.Load() == 1 })
-	cancel()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Run did not return after its drain timeout")
-	}
+	shutDownMidDelivery(t, d, func() bool { return p.calls.Load() == 1 })
 	e := f.get("slow")
 	if e.Status != effect.StatusPending || e.Attempts != 0 {
 		t.Fatalf("after shutdown: %+v; want pending with no attempt charged", e)

@@ -68,20 +68,7 @@ func TestPayloadHeadersThatSpeakForTheGatewayAreRefused(t *testing.T) {
 // accepts reaches a real upstream as sent, and what it refuses names the header.
 func TestPayloadHeaderBytesAreRefusedAtRequestTimeOrSent(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var got http.Header
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		got = r.Header.Clone()
-		mu.Unlock()
-		w.WriteHeader(204)
-	}))
-	defer up.Close()
-	p, err := New(Config{BaseURL: up.URL, AllowPrivateNetworks: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, lastHeaders := echoHeaders(t)
 	sentNames, sentValues, refusedNames, refusedValues := 0, 0, 0, 0
 	for b := range 256 {
 		c := string(rune(b)) // as the JSON payload carries it: bytes from 0x80 are UTF-8
@@ -107,9 +94,7 @@ func TestPayloadHeaderBytesAreRefusedAtRequestTimeOrSent(t *testing.T) {
 				t.Errorf("%s with byte %#x accepted, then %v: %v", side, b, o.Kind, o.Err)
 				continue
 			}
-			mu.Lock()
-			v := got.Get(name)
-			mu.Unlock()
+			v := lastHeaders().Get(name)
 			if v != strings.Trim(value, " \t") {
 				t.Errorf("%s with byte %#x: the upstream got %q, want %q", side, b, v, value)
 			}
@@ -160,20 +145,7 @@ func TestConfiguredHeadersAreCheckedAtStartUp(t *testing.T) {
 // Refused at request time; an effect stored before this rule is delivered without them.
 func TestPayloadTraceContextHeadersAreRefusedAndNeverSent(t *testing.T) {
 	t.Parallel()
-	var mu sync.Mutex
-	var got http.Header
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		got = r.Header.Clone()
-		mu.Unlock()
-		w.WriteHeader(204)
-	}))
-	defer up.Close()
-	p, err := New(Config{BaseURL: up.URL, AllowPrivateNetworks: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p, lastHeaders := echoHeaders(t)
 	for _, name := range []string{"traceparent", "Traceparent", "TRACESTATE", "tracestate", "Baggage", "baggage"} {
 		refusedAs(t, p.Validate(headerPayload(name, "v")), name, "trace context header")
 	}
@@ -192,9 +164,7 @@ func TestPayloadTraceContextHeadersAreRefusedAndNeverSent(t *testing.T) {
 		if out := p.Deliver(ctx, delivery("tc", string(stored))); out.Kind != providers.KindDelivered {
 			t.Fatalf("a stored effect with trace headers in its payload: %v, want delivered without them", out)
 		}
-		mu.Lock()
-		h := got
-		mu.Unlock()
+		h := lastHeaders()
 		if h.Get("Traceparent") != want || h.Get("Tracestate") != "" || h.Get("Baggage") != "" {
 			t.Errorf("with a trace in the delivery's context %v, the upstream got traceparent %q, tracestate %q, baggage %q; "+
 				"want traceparent %q and neither of the others", withTrace, h.Get("Traceparent"), h.Get("Tracestate"),
@@ -203,5 +173,30 @@ func TestPayloadTraceContextHeadersAreRefusedAndNeverSent(t *testing.T) {
 		if h.Get("X-Kept") != "yes" {
 			t.Error("the payload's other headers were not sent")
 		}
+	}
+}
+
+// echoHeaders returns a provider whose upstream, a real server on loopback, keeps the headers of the last
+// request it got.
+func echoHeaders(t *testing.T) (*Provider, func() http.Header) {
+	t.Helper()
+	var mu sync.Mutex
+	var got http.Header
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = r.Header.Clone()
+		mu.Unlock()
+		w.WriteHeader(204)
+	}))
+	t.Cleanup(up.Close)
+	p, err := New(Config{BaseURL: up.URL, AllowPrivateNetworks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p, func() http.Header {
+		mu.Lock()
+		defer mu.Unlock()
+		return got
 	}
 }

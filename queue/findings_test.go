@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/oncegate/oncegate/internal/reliability"
 )
 
 // An outside tester's finding (issue 14's adversary, on the queue): a job ID used again, after its dead job was
@@ -18,6 +20,8 @@ import (
 // every epoch that a job of its queue has finished with.
 func TestAnIDUsedAgainNeverReusesAnEpoch(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Queue", "A job ID enqueued again after its dead job was purged (its worker paused past the lease), and after a retried job completed and was forgotten",
+		"The new job's epochs start above the old job's; the old run's late completion is refused")
 	q, _ := newQueue(t, &Options{RetainCompleted: -1, DedupWindow: -1})
 	ctx := context.Background()
 
@@ -67,6 +71,8 @@ func TestAnIDUsedAgainNeverReusesAnEpoch(t *testing.T) {
 		t.Fatalf("y enqueued again was leased with epoch %d, after epoch %d of the completed one", third[0].Epoch,
 			second[0].Epoch)
 	}
+	result(fmt.Sprintf("purged x: epoch %d then %d, stale completion refused; completed y: epoch %d then %d",
+		old[0].Epoch, again[0].Epoch, second[0].Epoch, third[0].Epoch))
 }
 
 // An outside tester's finding: a payload over what Redis takes (512 MiB) reached Redis, which closed the
@@ -74,6 +80,8 @@ func TestAnIDUsedAgainNeverReusesAnEpoch(t *testing.T) {
 // "connection reset by peer". Refused before it joins a batch, it fails alone and says why.
 func TestAnOversizedPayloadFailsAloneWithAClearError(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Hostile input", "A job payload over 512 MiB enqueued while 200 other producers enqueue",
+		"Refused before it reaches Redis, naming the job and the limit; every other enqueue succeeds")
 	q, _ := newQueue(t, nil)
 	ctx := context.Background()
 	huge := make([]byte, MaxPayload+1) // never written: its pages are not touched
@@ -99,6 +107,7 @@ func TestAnOversizedPayloadFailsAloneWithAClearError(t *testing.T) {
 	if _, err := q.Job(ctx, "huge"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("the oversized job was stored: %v", err)
 	}
+	result("refused alone; 200 of 200 other enqueues succeeded")
 }
 
 // An outside tester's finding: a job buried by a stall kept the stall before as its last one (`oncegate job

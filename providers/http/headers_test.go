@@ -145,6 +145,8 @@ func TestConfiguredHeadersAreCheckedAtStartUp(t *testing.T) {
 // Refused at request time; an effect stored before this rule is delivered without them.
 func TestPayloadTraceContextHeadersAreRefusedAndNeverSent(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Hostile input", "http payload headers that set traceparent (malformed), tracestate or baggage",
+		"Refused at request time, 400 naming payload.headers.<name>; an effect stored before is delivered without them")
 	p, lastHeaders := echoHeaders(t)
 	for _, name := range []string{"traceparent", "Traceparent", "TRACESTATE", "tracestate", "Baggage", "baggage"} {
 		refusedAs(t, p.Validate(headerPayload(name, "v")), name, "trace context header")
@@ -174,6 +176,7 @@ func TestPayloadTraceContextHeadersAreRefusedAndNeverSent(t *testing.T) {
 			t.Error("the payload's other headers were not sent")
 		}
 	}
+	result("6/6 refused; a stored effect's upstream got only the delivery's own traceparent")
 }
 
 // echoHeaders returns a provider whose upstream, a real server on loopback, keeps the headers of the last

@@ -78,12 +78,13 @@ func (c *WorkerConfig) WithDefaults() WorkerConfig {
 	if c != nil {
 		o = *c
 	}
+	// Zero is unset; a negative value is kept for validate to refuse, rather than read as "the default".
 	def := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
+		if *d == 0 {
 			*d = v
 		}
 	}
-	if o.Concurrency <= 0 {
+	if o.Concurrency == 0 {
 		o.Concurrency = DefaultConcurrency
 	}
 	def(&o.LeaseTTL, DefaultLeaseTTL)
@@ -101,6 +102,12 @@ func (c *WorkerConfig) WithDefaults() WorkerConfig {
 
 // validate refuses settings under which the worker cannot keep its promises.
 func (c WorkerConfig) validate() error {
+	if c.Concurrency < 0 {
+		return fmt.Errorf("queue: Concurrency %d is negative (0 is the default, %d)", c.Concurrency, DefaultConcurrency)
+	}
+	if c.DrainTimeout < 0 {
+		return fmt.Errorf("queue: DrainTimeout %v is negative (0 is the default, %v)", c.DrainTimeout, DefaultDrainTimeout)
+	}
 	const floor = 10 * time.Millisecond
 	for _, d := range []struct {
 		name string

@@ -48,7 +48,7 @@ for i = 4, #ARGV, 2 do
   end
 end
 
-if top > tonumber(redis.call('GET', KEYS[7]) or '0') then
+if top > 0 and top > tonumber(redis.call('GET', KEYS[7]) or '0') then
   redis.call('SET', KEYS[7], top)
 end
 

@@ -45,12 +45,13 @@ if not paused then
 end
 if ids then
   local deadline = now + tonumber(ARGV[3])
-  local floor = tonumber(redis.call('GET', KEYS[11]) or '0')
+  local floor -- read at the first new job: most calls lease none
   for _, id in ipairs(ids) do
     local job = load_job(KEYS[1], id)
     -- A ready id without a record was purged while it waited; there is nothing to run.
     if job and job.state == 'ready' then
       if tonumber(job.epoch) == 0 then
+        floor = floor or tonumber(redis.call('GET', KEYS[11]) or '0')
         job.epoch = floor
       end
       job.epoch = job.epoch + 1

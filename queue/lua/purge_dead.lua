@@ -18,7 +18,7 @@ for _, id in ipairs(ARGV) do
     top = math.max(top, tonumber(job.epoch))
   end
 end
-if top > tonumber(redis.call('GET', KEYS[4]) or '0') then
+if top > 0 and top > tonumber(redis.call('GET', KEYS[4]) or '0') then
   redis.call('SET', KEYS[4], top)
 end
 return n

@@ -17,10 +17,9 @@ import (
 )
 
 var (
-	insertLeasedSQL     = query("insert_leased")
-	claimEffectSQL      = query("claim_effect")
-	typePausedSQL       = query("type_paused")
-	effectTypePausedSQL = query("effect_type_paused")
+	insertLeasedSQL = query("insert_leased")
+	claimEffectSQL  = query("claim_effect")
+	typePausedSQL   = query("type_paused")
 )
 
 // Holder names who leases a row and for how long: a request that performs its effect at once (the dedup
@@ -96,55 +95,72 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 	return nil, nil, false, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key)
 }
 
+// EffectClaim is what ClaimEffect came to: the row leased to the caller (Found), or else the token of the
+// lease that held it (Holding; nil when the row had no lease, or there is no row because the effect is terminal).
+type EffectClaim struct {
+	Claimed
+	Found   bool
+	Holding *[16]byte
+}
+
 // ClaimEffect leases the outbox row of the effect id to h, due or not, unless another holder's lease on it
-// is still running (then found is false, as it is for an effect without an outbox row: a terminal one). A
-// row whose lease expired comes back Rescued. The Claimed carries its payload. A row of a paused type is
-// not claimed: ErrTypePaused.
-func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder) (c Claimed, found bool, err error) {
-	rs, err := s.db.Query(ctx, claimEffectSQL, id, h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering)
-	if err != nil {
-		return c, false, translate("claim effect", err)
+// is still running. A row whose lease expired comes back Rescued. The Claimed carries its payload. A row of a
+// paused type is not claimed: ErrTypePaused.
+//
+// fence, when not nil, is the lease token of the attempt the caller waited for (an earlier claim's Holding):
+// the row is then taken only while that lease is on it and has run out, its holder gone without an outcome.
+// An attempt that ended is never taken over by a caller that waited for it, in this process or any other:
+// the caller is owed that attempt's answer, not a second call (docs/proxy.md).
+func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder, fence *[16]byte) (EffectClaim, error) {
+	var ec EffectClaim
+	var fenceArg, holding pgtype.UUID
+	var paused *bool
+	if fence != nil {
+		fenceArg = pgtype.UUID{Bytes: *fence, Valid: true}
 	}
-	rows, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
-		var c Claimed
-		var stableID *string
-		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Attempts, &c.CreatedAt,
-			&c.Trace, &stableID)
-		c.StableID = stableIDOf(c.Tenant, c.Key, stableID)
-		return c, err
-	})
+	var (
+		cid              *int64
+		token            pgtype.UUID
+		rescued          *bool
+		tenant, key, typ *string
+		attempts         *int
+		createdAt        *time.Time
+		trace            map[string]string
+		stableID         *string
+	)
+	err := s.db.QueryRow(ctx, claimEffectSQL, id, h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering,
+		fenceArg).Scan(&ec.Found, &holding, &paused, &cid, &token, &rescued, &tenant, &key, &typ, &attempts, &createdAt,
+		&trace, &stableID)
 	if err != nil {
-		return c, false, translate("claim effect", err)
+		return ec, translate("claim effect", err)
 	}
-	if len(rows) == 0 {
-		if paused, err := s.TypePausedFor(ctx, id); err != nil || paused {
-			return c, false, cmp.Or(err, ErrTypePaused)
+	if !ec.Found {
+		if paused != nil && *paused {
+			return ec, ErrTypePaused
 		}
-		return c, false, nil
+		if holding.Valid {
+			ec.Holding = &holding.Bytes
+		}
+		return ec, nil
 	}
-	c = rows[0]
-	if c.Payload, err = s.Payload(ctx, c.Lease); err != nil {
+	ec.Claimed = Claimed{Lease: Lease{EffectID: *cid, Token: token.Bytes}, Rescued: *rescued, Tenant: *tenant,
+		Key: *key, Type: *typ, Attempts: *attempts, CreatedAt: *createdAt, Trace: trace}
+	ec.StableID = stableIDOf(ec.Tenant, ec.Key, stableID)
+	if ec.Payload, err = s.Payload(ctx, ec.Lease); err != nil {
 		// Handed back at once, unattempted, rather than left leased until the lease runs out.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
-		if rerr := s.release(rctx, []Claimed{c}); rerr != nil {
+		if rerr := s.release(rctx, []Claimed{ec.Claimed}); rerr != nil {
 			err = fmt.Errorf("%w; and handing the row back: %w", err, rerr)
 		}
-		return c, false, err
+		return EffectClaim{}, err
 	}
-	return c, true, nil
+	return ec, nil
 }
 
 // TypePaused reports whether an operator paused delivery of effect type typ.
 func (s *Store) TypePaused(ctx context.Context, typ string) (bool, error) {
 	var paused bool
 	err := s.db.QueryRow(ctx, typePausedSQL, typ).Scan(&paused)
-	return paused, translate("read paused types", err)
-}
-
-// TypePausedFor reports whether delivery of the type of effect id is paused, the effect waiting for it.
-func (s *Store) TypePausedFor(ctx context.Context, id int64) (bool, error) {
-	var paused bool
-	err := s.db.QueryRow(ctx, effectTypePausedSQL, id).Scan(&paused)
 	return paused, translate("read paused types", err)
 }

@@ -1,12 +1,13 @@
 package gateway
 
 // The dedup proxy: /v1/proxy/{type}/{path…} for effect types whose provider is http (docs/proxy.md). A client
-// points its HTTP client's base URL here and sends ordinary requests with an Idempotency-Key. An unsafe
-// request is recorded under the key as an http effect, leased to this gateway in the same statement
-// (dedup.Store.CreateLeased), and performed at once by the dispatcher's own path (outbox.Dispatcher.Perform),
-// so the breaker, the timeout, decide and the fenced Finish are those of every other delivery; the answer
-// the client gets is rendered from the result that was stored, so that the first answer and every replay are
-// the same bytes. A crash in flight leaves a leased row, which the outbox rescues by the type's on_crash.
+// points its HTTP client's base URL here and sends ordinary requests with an Idempotency-Key. This file is
+// the HTTP side: it reads the request into an http effect's payload and renders what the request came to.
+// Which request performs and which waits is proxyflow.go's, and the performing is the delivery engine's
+// (outbox.Dispatcher.PerformNew and PerformExisting), so the breaker, the timeout, decide and the fenced
+// Finish are those of every other delivery; the answer the client gets is rendered from the result that was
+// stored, so that the first answer and every replay are the same bytes. A crash in flight leaves a leased
+// row, which the outbox rescues by the type's on_crash.
 
 import (
 	"bytes"
@@ -22,7 +23,6 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -33,6 +33,7 @@ import (
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/outbox"
 	"github.com/oncegate/oncegate/providers"
 	httpprov "github.com/oncegate/oncegate/providers/http"
 )
@@ -143,42 +144,108 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	span := trace.SpanFromContext(r.Context())
 	span.SetAttributes(attribute.String("idempotency.key", key), attribute.String("effect.type", typ),
 		attribute.String("tenant", tenant))
-	holder, ok := g.dispatcher.Holder(typ)
-	if !ok {
-		writeProblem(w, probInternal, "", "")
-		return
+	wait := time.Duration(g.cfg.Proxy.InFlightWait)
+	if wait == 0 {
+		wait = min(time.Duration(g.cfg.EffectTypes[typ].Timeout), MaxWait)
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
-	defer cancel()
-	e, claimed, replayed, err := g.store.CreateLeased(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: typ,
-		Payload: payload}, proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), holder)
+	out := g.proxyFlow().run(r.Context(), dedup.NewEffect{Tenant: tenant, Key: key, Type: typ, Payload: payload},
+		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), wait)
+	span.SetAttributes(attribute.Bool("idempotency.replayed", out.Kind != performedHere))
+	g.answerProxied(w, r, m, typ, key, out)
+}
+
+// proxyFlow is the gateway's flow for proxied requests, over its dispatcher and store.
+func (g *Gateway) proxyFlow() *proxyFlow {
+	return &proxyFlow{engine: proxyEngineOf{g.dispatcher, g}, answers: &g.proxyAnswers, watch: g.waiters.add,
+		wake: g.waiters.wake, recheck: proxyRecheck}
+}
+
+// proxyEngineOf is the gateway's proxyEngine: its dispatcher performs, its store reads.
+type proxyEngineOf struct {
+	*outbox.Dispatcher
+	g *Gateway
+}
+
+func (e proxyEngineOf) Get(ctx context.Context, tenant, key string) (*dedup.Effect, error) {
+	return e.g.get(ctx, tenant, key)
+}
+
+// answerProxied renders what a proxied request came to.
+func (g *Gateway) answerProxied(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, typ, key string, out proxyOutcome) {
 	var reused *dedup.KeyReusedError
 	var unstorable *dedup.UnstorableError
-	switch {
-	case errors.As(err, &reused):
-		m.WithLabelValues("key_reused").Inc()
-		g.metrics.keyReuses.WithLabelValues(typ).Inc()
-		writeProblem(w, probKeyReused, "Idempotency-Key", fmt.Sprintf("the key %q was used for another request "+
-			"(another method, path, query, content type or body); use a new key for a new request, or send "+
-			"exactly the same request to get its answer", key))
-		return
-	case errors.As(err, &unstorable):
-		badRequest(w, "", "the request cannot be stored: "+unstorable.Reason)
-		return
-	case errors.Is(err, dedup.ErrTypePaused):
+	switch out.Kind {
+	case performedHere:
+		p := out.Performed
+		if !p.Recorded {
+			// The lease was lost or the database was away for longer than the lease margin: the row will be
+			// rescued, and the client's retry gets what that comes to. This answer is the upstream's all the same.
+			g.log.Warn("a proxied request's outcome was not recorded; the outbox rescues it after its lease",
+				"type", typ, "key", key, "status", p.Status)
+		}
+		if out.Created {
+			g.metrics.effectsCreated.WithLabelValues(typ).Inc()
+		}
+		if p.Status.Terminal() {
+			m.WithLabelValues("performed").Inc()
+			g.render(w, p.Status, p.Finish.Result, p.Finish.LastError, false)
+			return
+		}
+		// Pending: a transient failure (or a breaker that held the call). Its answer is the client's to see
+		// and is not stored: a retry under the key performs the request again.
+		m.WithLabelValues("retried").Inc()
+		transientAnswer(p.Attempted, p.Outcome.Result, p.Outcome.Err)(w, false)
+	case replayedStored:
+		e := out.Effect
+		m.WithLabelValues("replayed").Inc()
+		g.metrics.replays.WithLabelValues(e.Type).Inc()
+		g.render(w, e.Status, e.Result, deref(e.LastError), true)
+	case sharedTransient:
+		m.WithLabelValues("replayed").Inc()
+		p := out.Performed
+		transientAnswer(p.Attempted, p.Outcome.Result, p.Outcome.Err)(w, true)
+	case attemptEnded:
+		// The attempt it waited for ended transiently in another gateway, whose answer was not stored: say
+		// when to come back.
+		e := out.Effect
+		m.WithLabelValues("replayed").Inc()
+		retry := 1
+		if e.Status == effect.StatusPending && e.NextAttemptAt != nil {
+			retry = max(1, int(time.Until(*e.NextAttemptAt).Seconds()+0.999))
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(retry))
+		writeProblem(w, probUpstreamUnreachable, "", "the attempt this request waited for failed "+
+			"transiently and was not stored: "+deref(e.LastError))
+	case stillInFlight:
+		g.inFlight(w, m, key)
+	case typePausedNow:
 		g.typePaused(w, m, typ)
-		return
-	case err != nil:
-		g.storeError(w, r, err)
-		return
+	case effectGone:
+		// Purged by retention meanwhile: the key is free, and the client's retry records it anew.
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, probInFlight, "Idempotency-Key", "the effect under the key was just purged; retry")
+	case clientGone:
+	case failed:
+		switch err := out.Err; {
+		case errors.As(err, &reused):
+			m.WithLabelValues("key_reused").Inc()
+			g.metrics.keyReuses.WithLabelValues(typ).Inc()
+			writeProblem(w, probKeyReused, "Idempotency-Key", fmt.Sprintf("the key %q was used for another request "+
+				"(another method, path, query, content type or body); use a new key for a new request, or send "+
+				"exactly the same request to get its answer", key))
+		case errors.As(err, &unstorable):
+			badRequest(w, "", "the request cannot be stored: "+unstorable.Reason)
+		default:
+			g.storeError(w, r, err)
+		}
 	}
-	span.SetAttributes(attribute.Bool("idempotency.replayed", replayed))
-	if claimed != nil {
-		g.metrics.effectsCreated.WithLabelValues(typ).Inc()
-		g.perform(w, r, m, *claimed)
-		return
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
 	}
-	g.settle(w, r, m, e, holder)
+	return *s
 }
 
 // proxyFingerprint identifies a proxied request: method, path and query as sent, content type and the
@@ -290,52 +357,6 @@ func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Prov
 	}
 }
 
-// perform delivers a row this request leased, and answers with what became of it.
-func (g *Gateway) perform(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, c dedup.Claimed) {
-	// From here until its answer is shared, a waiter that finds the effect pending (the outcome is recorded
-	// before it is shared) waits for the share rather than take the attempt for another gateway's.
-	g.proxyAnswers.begin(c.EffectID)
-	ended := false
-	end := func() {
-		if !ended {
-			ended = true
-			g.proxyAnswers.end(c.EffectID)
-		}
-	}
-	defer end() // a panic in Perform included
-	res, err := g.dispatcher.Perform(r.Context(), c)
-	if err != nil || res.Status.Terminal() {
-		end() // the waiters read the stored state
-	}
-	if err != nil {
-		g.waiters.wake(c.EffectID)
-		g.log.Error("performing a proxied request", "type", c.Type, "err", err)
-		writeProblem(w, probInternal, "", "")
-		return
-	}
-	if !res.Recorded {
-		// The lease was lost or the database was away for longer than the lease margin: the row will be
-		// rescued, and the client's retry gets what that comes to. This answer is the upstream's all the same.
-		g.log.Warn("a proxied request's outcome was not recorded; the outbox rescues it after its lease",
-			"type", c.Type, "key", c.Key, "status", res.Status)
-	}
-	if res.Status.Terminal() {
-		g.waiters.wake(c.EffectID) // they read the stored answer
-		m.WithLabelValues("performed").Inc()
-		g.render(w, res.Status, res.Finish.Result, res.Finish.LastError, false)
-		return
-	}
-	// Pending: a transient failure (or a breaker that held the call). Its answer is the client's to see and
-	// is not stored: a retry under the key performs the request again. The requests that waited for this
-	// attempt get its answer too, rather than each performing the request again the moment it ended.
-	m.WithLabelValues("retried").Inc()
-	answer := transientAnswer(res.Attempted, res.Outcome.Result, res.Outcome.Err)
-	g.proxyAnswers.share(c.EffectID, answer)
-	end()
-	g.waiters.wake(c.EffectID)
-	answer(w, false)
-}
-
 // transientAnswer writes the answer to an attempt that left its effect pending; replayed marks it as
 // another request's answer.
 func transientAnswer(attempted bool, result json.RawMessage, err error) func(w http.ResponseWriter, replayed bool) {
@@ -371,204 +392,12 @@ func transientAnswer(attempted bool, result json.RawMessage, err error) func(w h
 	}
 }
 
-// attempts keeps, for a short while, the answer of each proxied attempt that left its effect pending, for
-// the requests that waited for that attempt in this gateway.
-type attempts struct {
-	mu         sync.Mutex
-	m          map[int64]sharedAttempt
-	performing map[int64]int // attempts in flight in this gateway, by effect
-}
-
-type sharedAttempt struct {
-	ended  time.Time
-	answer func(http.ResponseWriter, bool)
-}
-
-func (a *attempts) share(id int64, answer func(http.ResponseWriter, bool)) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.m == nil {
-		a.m = map[int64]sharedAttempt{}
-	}
-	now := time.Now()
-	for k, v := range a.m { // the waiters of an attempt read its answer at once: older ones are nobody's
-		if now.Sub(v.ended) > time.Minute {
-			delete(a.m, k)
-		}
-	}
-	a.m[id] = sharedAttempt{ended: now, answer: answer}
-}
-
-// since returns the answer of effect id's attempt that ended after t, if this gateway performed it; and
-// whether a request of this gateway is performing effect id, its answer not yet shared.
-func (a *attempts) since(id int64, t time.Time) (answer func(http.ResponseWriter, bool), ok, performing bool) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	performing = a.performing[id] > 0
-	s, found := a.m[id]
-	if !found || s.ended.Before(t) {
-		return nil, false, performing
-	}
-	return s.answer, true, performing
-}
-
-// begin and end bracket a request's attempt at effect id, up to the share of its answer.
-func (a *attempts) begin(id int64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.performing == nil {
-		a.performing = map[int64]int{}
-	}
-	a.performing[id]++
-}
-
-func (a *attempts) end(id int64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.performing[id]--; a.performing[id] <= 0 {
-		delete(a.performing, id)
-	}
-}
-
-// awaitShare waits until effect id's attempt in this gateway has shared its answer (its waiters are woken
-// then), or a recheck passes; false when the request's wait ran out or it went away first.
-func (g *Gateway) awaitShare(ctx context.Context, id int64, deadline <-chan time.Time) bool {
-	ch, forget := g.waiters.add(id)
-	defer forget()
-	recheck := time.NewTimer(proxyRecheck)
-	defer recheck.Stop()
-	select {
-	case <-ch:
-	case <-recheck.C:
-	case <-deadline:
-		return false
-	case <-ctx.Done():
-		return false
-	}
-	return true
-}
-
 // inFlight answers a request that waited for another's attempt under key as long as it may.
 func (g *Gateway) inFlight(w http.ResponseWriter, m *prometheus.CounterVec, key string) {
 	m.WithLabelValues("in_flight").Inc()
 	w.Header().Set("Retry-After", "1")
 	writeProblem(w, probInFlight, "Idempotency-Key", fmt.Sprintf("a request under the key %q is "+
 		"being performed; retry with the same key and request", key))
-}
-
-// settle answers a request whose key holds an effect already: the stored answer when the effect is
-// terminal; otherwise the effect is performed by this request if it can lease it (it waits for a retry, or its
-// holder died and its lease ran out), or waited for while another holds it, up to proxy.in_flight_wait.
-func (g *Gateway) settle(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, e *dedup.Effect, h dedup.Holder) {
-	wait := time.Duration(g.cfg.Proxy.InFlightWait)
-	if wait == 0 {
-		wait = min(time.Duration(g.cfg.EffectTypes[e.Type].Timeout), MaxWait)
-	}
-	deadline := time.NewTimer(wait)
-	defer deadline.Stop()
-	var waitedSince time.Time // when this request first found another attempt in flight
-	for {
-		if !waitedSince.IsZero() {
-			// The attempt it waited for, if this gateway's, is asked first, before the effect's status: an
-			// attempt that ended transiently after the status was read leaves the effect claimable, and this
-			// request would perform it again (a CI run under load saw a second upstream call).
-			answer, ok, performing := g.proxyAnswers.since(e.ID, waitedSince)
-			if ok {
-				m.WithLabelValues("replayed").Inc()
-				answer(w, true)
-				return
-			}
-			if performing {
-				// Recorded, its answer about to be shared: wait for the share.
-				if !g.awaitShare(r.Context(), e.ID, deadline.C) {
-					g.inFlight(w, m, e.Key)
-					return
-				}
-				next, err := g.get(r.Context(), e.Tenant, e.Key)
-				if err != nil {
-					g.storeError(w, r, err)
-					return
-				}
-				e = next
-				continue
-			}
-		}
-		if !waitedSince.IsZero() && e.Status == effect.StatusPending {
-			// The attempt it waited for ended transiently in another gateway, whose answer was not stored: say
-			// when to come back.
-			m.WithLabelValues("replayed").Inc()
-			retry := 1
-			if e.NextAttemptAt != nil {
-				retry = max(1, int(time.Until(*e.NextAttemptAt).Seconds()+0.999))
-			}
-			w.Header().Set("Retry-After", strconv.Itoa(retry))
-			lastErr := ""
-			if e.LastError != nil {
-				lastErr = *e.LastError
-			}
-			writeProblem(w, probUpstreamUnreachable, "", "the attempt this request waited for failed "+
-				"transiently and was not stored: "+lastErr)
-			return
-		}
-		if e.Status.Terminal() {
-			m.WithLabelValues("replayed").Inc()
-			g.metrics.replays.WithLabelValues(e.Type).Inc()
-			lastErr := ""
-			if e.LastError != nil {
-				lastErr = *e.LastError
-			}
-			g.render(w, e.Status, e.Result, lastErr, true)
-			return
-		}
-		asked := time.Now() // an attempt that holds the effect now ends after this
-		ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
-		c, found, err := g.store.ClaimEffect(ctx, e.ID, h)
-		cancel()
-		if errors.Is(err, dedup.ErrTypePaused) {
-			g.typePaused(w, m, e.Type)
-			return
-		}
-		if err != nil {
-			g.storeError(w, r, err)
-			return
-		}
-		if found {
-			g.perform(w, r, m, c)
-			return
-		}
-		if waitedSince.IsZero() {
-			waitedSince = asked
-		}
-		ch, forget := g.waiters.add(e.ID)
-		recheck := time.NewTimer(proxyRecheck)
-		select {
-		case <-ch:
-		case <-recheck.C:
-		case <-deadline.C:
-			forget()
-			recheck.Stop()
-			g.inFlight(w, m, e.Key)
-			return
-		case <-r.Context().Done():
-			forget()
-			recheck.Stop()
-			return
-		}
-		forget()
-		recheck.Stop()
-		next, err := g.get(r.Context(), e.Tenant, e.Key)
-		switch {
-		case errors.Is(err, dedup.ErrNotFound):
-			// Purged by retention meanwhile: the key is free, and the client's retry records it anew.
-			w.Header().Set("Retry-After", "1")
-			writeProblem(w, probInFlight, "Idempotency-Key", "the effect under the key was just purged; retry")
-			return
-		case err != nil:
-			g.storeError(w, r, err)
-			return
-		}
-		e = next
-	}
 }
 
 // typePausedRetry is the Retry-After of a request refused because its type is paused: an operator's pause

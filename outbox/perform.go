@@ -24,33 +24,96 @@ type Performed struct {
 	Finish dedup.Finish
 }
 
-// Holder returns the lease a caller takes to perform an effect of typ itself (the dedup proxy): this
-// dispatcher's owner name and the type's lease, as a claim would take. ok is false for a type the
-// dispatcher does not deliver.
-func (d *Dispatcher) Holder(typ string) (h dedup.Holder, ok bool) {
-	for _, t := range d.types {
-		if t.Name == typ {
-			return dedup.Holder{Owner: d.cfg.Owner, Lease: t.lease}, true
-		}
-	}
-	return h, false
+// Attempt is what a request that performs effects itself (the dedup proxy) got from PerformNew or
+// PerformExisting: the attempt it made (Performed), or why it made none.
+type Attempt struct {
+	// Performed is set when the row was this request's and it delivered it.
+	Performed *Performed
+	// Lease is the lease the attempt ran under (when Performed is set).
+	Lease dedup.Lease
+	// Existing is, from PerformNew, the effect its key already held (Replayed: the same request), which
+	// this call did not perform.
+	Existing *dedup.Effect
+	Replayed bool
+	// Holding is, when nothing was performed, the token of the lease on the effect's row: an attempt in
+	// flight elsewhere (or one its fence kept the request from). Nil when the row had no lease or is gone.
+	Holding *[16]byte
 }
 
-// Perform delivers a row that the caller leased with Holder's lease (dedup.Store.CreateLeased or
-// ClaimEffect) now, in the caller's goroutine, by the same path as a claimed row: decide (a rescued row
+// holder is the lease a request takes to perform an effect of t itself: this dispatcher's owner name and the
+// type's lease, as a claim would take.
+func (d *Dispatcher) holder(t *effectType) dedup.Holder {
+	return dedup.Holder{Owner: d.cfg.Owner, Lease: t.lease}
+}
+
+func (d *Dispatcher) typeOf(name string) (*effectType, error) {
+	for _, t := range d.types {
+		if t.Name == name {
+			return t, nil
+		}
+	}
+	return nil, fmt.Errorf("outbox: effect type %q is not delivered by this dispatcher", name)
+}
+
+// PerformNew records a new effect already leased to this request (dedup.Store.CreateLeased) and performs it
+// at once, by Perform. started, when not nil, is called with the lease before the provider is: the caller's
+// waiters learn which attempt is theirs. A key that holds an effect already is not performed: Existing and
+// Replayed say what it holds (a *dedup.KeyReusedError when it is another request).
+func (d *Dispatcher) PerformNew(ctx context.Context, ne dedup.NewEffect, fingerprint []byte,
+	started func(dedup.Lease)) (Attempt, error) {
+	t, err := d.typeOf(ne.Type)
+	if err != nil {
+		return Attempt{}, err
+	}
+	dbctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
+	defer cancel()
+	e, c, replayed, err := d.store.CreateLeased(dbctx, ne, fingerprint, d.holder(t))
+	if err != nil || c == nil {
+		return Attempt{Existing: e, Replayed: replayed}, err
+	}
+	return d.performLeased(ctx, *c, started)
+}
+
+// PerformExisting performs the effect id now if, and only if, this request may: its row is not leased by a
+// live attempt, and, when fence is set (the lease token of the attempt this request waited for), that very
+// attempt's lease ran out without an outcome (dedup.Store.ClaimEffect). A request that waited for an attempt
+// that ended is never the one that performs again: it gets Holding, or nothing, and answers what the
+// effect came to. dedup.ErrTypePaused when an operator paused the type.
+func (d *Dispatcher) PerformExisting(ctx context.Context, typ string, id int64, fence *[16]byte,
+	started func(dedup.Lease)) (Attempt, error) {
+	t, err := d.typeOf(typ)
+	if err != nil {
+		return Attempt{}, err
+	}
+	dbctx, cancel := context.WithTimeout(ctx, d.cfg.DBTimeout)
+	defer cancel()
+	ec, err := d.store.ClaimEffect(dbctx, id, d.holder(t), fence)
+	if err != nil || !ec.Found {
+		return Attempt{Holding: ec.Holding}, err
+	}
+	return d.performLeased(ctx, ec.Claimed, started)
+}
+
+func (d *Dispatcher) performLeased(ctx context.Context, c dedup.Claimed, started func(dedup.Lease)) (Attempt, error) {
+	if started != nil {
+		started(c.Lease)
+	}
+	p, err := d.Perform(ctx, c)
+	if err != nil {
+		return Attempt{Lease: c.Lease}, err
+	}
+	return Attempt{Performed: &p, Lease: c.Lease}, nil
+}
+
+// Perform delivers a row that the caller leased with the dispatcher's lease (PerformNew, PerformExisting) now, in the caller's goroutine, by the same path as a claimed row: decide (a rescued row
 // of an at_most_once type is not resent), the destination's breaker, the provider with the type's timeout,
 // decide again, and the outcome recorded under the row's lease. It does not count against the type's
 // Concurrency: the caller's own limits bound it. ctx carries the caller's trace; cancelling it does not stop
 // the attempt, which is bounded by the type's timeout, so that an effect begun is recorded.
 func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, error) {
-	var t *effectType
-	for _, et := range d.types {
-		if et.Name == r.Type {
-			t = et
-		}
-	}
-	if t == nil {
-		return Performed{}, fmt.Errorf("outbox: perform: effect type %q is not delivered by this dispatcher", r.Type)
+	t, err := d.typeOf(r.Type)
+	if err != nil {
+		return Performed{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
 	log := d.rowLog(t, r).With("attempt", r.Attempts+1, "performed", "in request")

@@ -96,7 +96,8 @@ type RateLimit struct {
 
 // EffectType binds an effect type to a provider kind and its settings. The block named after the kind
 // (postgres, smtp, webhook or http) holds the provider's own settings; everything about delivery (timeout,
-// on_crash, concurrency, retries, breaker) is the effect type's, for every kind alike.
+// on_crash, concurrency, retries, breaker) is the effect type's, for every kind alike. A kind's block field
+// here is all it adds to the schema: what the gateway does with it is its entry in providerKinds.
 type EffectType struct {
 	// Provider is the kind: postgres, smtp, webhook or http. Required.
 	Provider string           `yaml:"provider"`
@@ -110,7 +111,8 @@ type EffectType struct {
 	OnCrash outbox.OnCrash `yaml:"on_crash"`
 	// Timeout bounds one attempt; the lease is this plus dispatcher.lease_margin. Defaults to DefaultTimeout.
 	Timeout Duration `yaml:"timeout"`
-	// Concurrency bounds the deliveries of this type in flight in one gateway. Defaults to DefaultConcurrency.
+	// Concurrency bounds the deliveries of this type in flight in one gateway. Defaults to DefaultConcurrency,
+	// or for postgres, whose deliveries are rows in a few shared transactions, DefaultBatchTxConcurrency.
 	Concurrency int `yaml:"concurrency"`
 	// TenantConcurrency bounds one tenant's deliveries of this type in flight in one gateway, so one tenant's
 	// hanging destinations leave slots for the others. Defaults to half of Concurrency (at least 1).

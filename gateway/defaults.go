@@ -81,6 +81,10 @@ const (
 	DefaultLeaseMargin     = outbox.DefaultLeaseMargin
 	DefaultDrainTimeout    = outbox.DefaultDrainTimeout
 
+	// DefaultBatchTxConcurrency is the concurrency of a kind whose deliveries are rows in a few shared
+	// transactions (postgres: providerKinds), not calls that each wait on a destination.
+	DefaultBatchTxConcurrency = outbox.DefaultBatchTxConcurrency
+
 	// DefaultFallbackPollInterval is how often the outbox and the waiting requests are polled while
 	// notifications are off: fast enough that a wait ends well within DefaultPollInterval, and one claim per
 	// effect type and gateway five times a second.
@@ -166,8 +170,8 @@ func (c *Config) WithDefaults() *Config {
 			t.OnCrash = DefaultOnCrash
 		}
 		def(&t.Timeout, DefaultTimeout)
-		if t.Provider == "postgres" {
-			defInt(&t.Concurrency, outbox.DefaultBatchTxConcurrency)
+		if k, ok := kindNamed(t.Provider); ok && k.concurrency != 0 {
+			defInt(&t.Concurrency, k.concurrency)
 		}
 		defInt(&t.Concurrency, DefaultConcurrency)
 		r := o.Retry

@@ -91,7 +91,7 @@ func hoistTypeKnobs(root *yaml.Node) error {
 		}
 		for j := 0; j+1 < len(typ.Content); j += 2 {
 			kind, block := typ.Content[j].Value, typ.Content[j+1]
-			if block.Kind != yaml.MappingNode || kind == "retry" || kind == "breaker" {
+			if _, ok := kindNamed(kind); !ok || block.Kind != yaml.MappingNode {
 				continue
 			}
 			for _, knob := range typeKnobs {

@@ -1,7 +1,7 @@
 package gateway
 
-// The provider kinds: checking an effect type's settings block and building its provider, and turning the
-// effect types into the dispatcher's.
+// The provider kinds, in one table (providerKinds): each kind's settings block, how it is checked and how its
+// provider is built; and the effect types turned into the registry's providers and the dispatcher's types.
 
 import (
 	"errors"

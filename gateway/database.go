@@ -96,3 +96,24 @@ func newPool(ctx context.Context, c *Config, log *slog.Logger, tune func(*pgxpoo
 	}
 	return pool, probe, nil
 }
+
+// poolConfig is the database pool's configuration: database_url as given, with defaults only for what it
+// leaves out. pgxpool fills in a pool_max_conns of its own when the URL has none, so whether the user set
+// it is read from the URL itself.
+func (c *Config) poolConfig() (*pgxpool.Config, error) {
+	pcfg, err := pgxpool.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database_url: %w", err)
+	}
+	cc, err := pgconn.ParseConfig(c.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database_url: %w", err)
+	}
+	if _, set := cc.RuntimeParams["pool_max_conns"]; !set {
+		pcfg.MaxConns = DefaultMaxConns
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 { // connect_timeout (or PGCONNECT_TIMEOUT) was not set
+		pcfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
+	}
+	return pcfg, nil
+}

@@ -1,0 +1,190 @@
+package gateway
+
+// Reading the configuration file: ${VAR} expansion, the type knobs a provider block may spell, and the
+// refusal of unknown keys, before the defaults are filled and the result checked.
+
+import (
+	"fmt"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Load reads the configuration file at path ("" for none), expanding ${VAR} in values from the environment,
+// refusing unknown fields with their path, filling defaults (WithDefaults) and checking the result. A file
+// must name its tenants.
+func Load(path string) (*Config, error) { return load(path, false) }
+
+// LoadDev is Load for `gateway serve --dev`: Config.Dev is set, so a file without tenants (or no file) serves
+// the built-in dev tenant, on a loopback address only.
+func LoadDev(path string) (*Config, error) { return load(path, true) }
+
+func load(path string, dev bool) (*Config, error) {
+	c := Config{Dev: dev}
+	if path != "" {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		if err := parse(raw, &c); err != nil {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	out := c.WithDefaults()
+	if err := out.validate(); err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	return out, nil
+}
+
+func parse(raw []byte, c *Config) error {
+	var root yaml.Node
+	if err := yaml.Unmarshal(raw, &root); err != nil {
+		return err
+	}
+	if len(root.Content) == 0 {
+		return nil // an empty file: all defaults
+	}
+	expand(&root)
+	if err := hoistTypeKnobs(root.Content[0]); err != nil {
+		return err
+	}
+	if err := checkKnown(root.Content[0], reflect.TypeOf(Config{}), ""); err != nil {
+		return err
+	}
+	return root.Content[0].Decode(c)
+}
+
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+
+// expand replaces ${VAR} in scalar values with the environment's VAR (empty when unset).
+func expand(n *yaml.Node) {
+	if n.Kind == yaml.ScalarNode {
+		n.Value = envRef.ReplaceAllStringFunc(n.Value, func(ref string) string {
+			return os.Getenv(ref[2 : len(ref)-1])
+		})
+	}
+	for _, c := range n.Content {
+		expand(c)
+	}
+}
+
+// typeKnobs are settings of the effect type that SPEC §7 also lets a provider block spell (`smtp: {on_crash:
+// …}`, `webhook: {timeout: …}`): one knob written in either place. hoistTypeKnobs moves them up to the type
+// before decoding, so the rest of the gateway reads one field; a type that sets one in both places with
+// different values is refused, rather than one silently winning.
+var typeKnobs = []string{"on_crash", "timeout"}
+
+func hoistTypeKnobs(root *yaml.Node) error {
+	types := mapValue(root, "effect_types")
+	if types == nil || types.Kind != yaml.MappingNode {
+		return nil
+	}
+	for i := 0; i+1 < len(types.Content); i += 2 {
+		name, typ := types.Content[i].Value, types.Content[i+1]
+		if typ.Kind != yaml.MappingNode {
+			continue
+		}
+		for j := 0; j+1 < len(typ.Content); j += 2 {
+			kind, block := typ.Content[j].Value, typ.Content[j+1]
+			if _, ok := kindNamed(kind); !ok || block.Kind != yaml.MappingNode {
+				continue
+			}
+			for _, knob := range typeKnobs {
+				k, v := cutKey(block, knob)
+				if v == nil {
+					continue
+				}
+				if prev := mapValue(typ, knob); prev != nil {
+					if prev.Value != v.Value {
+						return fmt.Errorf("effect_types.%s: %s is set twice, %q on the type (line %d) and %q in its %s "+
+							"block (line %d): it is one setting, set it once", name, knob, prev.Value, prev.Line,
+							v.Value, kind, v.Line)
+					}
+					continue
+				}
+				typ.Content = append(typ.Content, k, v)
+			}
+		}
+	}
+	return nil
+}
+
+// mapValue returns the value under key in mapping node n, or nil.
+func mapValue(n *yaml.Node, key string) *yaml.Node {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			return n.Content[i+1]
+		}
+	}
+	return nil
+}
+
+// cutKey removes key from mapping node n and returns its key and value nodes, or nils.
+func cutKey(n *yaml.Node, key string) (k, v *yaml.Node) {
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if n.Content[i].Value == key {
+			k, v = n.Content[i], n.Content[i+1]
+			n.Content = append(n.Content[:i:i], n.Content[i+2:]...)
+			return k, v
+		}
+	}
+	return nil, nil
+}
+
+// checkKnown walks a mapping node against the struct type it decodes into and returns the first key the
+// struct does not have, with its dotted path, so a typo fails start-up instead of being ignored.
+func checkKnown(n *yaml.Node, t reflect.Type, path string) error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch {
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Struct:
+		fields := map[string]reflect.Type{}
+		for i := 0; i < t.NumField(); i++ {
+			if tag := strings.Split(t.Field(i).Tag.Get("yaml"), ",")[0]; tag != "" && tag != "-" {
+				fields[tag] = t.Field(i).Type
+			}
+		}
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k := n.Content[i].Value
+			ft, ok := fields[k]
+			if !ok {
+				known := make([]string, 0, len(fields))
+				for f := range fields {
+					known = append(known, f)
+				}
+				sort.Strings(known)
+				return fmt.Errorf("%s: unknown field (line %d); known fields: %s", join(path, k),
+					n.Content[i].Line, strings.Join(known, ", "))
+			}
+			if err := checkKnown(n.Content[i+1], ft, join(path, k)); err != nil {
+				return err
+			}
+		}
+	case n.Kind == yaml.MappingNode && t.Kind() == reflect.Map:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if err := checkKnown(n.Content[i+1], t.Elem(), join(path, n.Content[i].Value)); err != nil {
+				return err
+			}
+		}
+	case n.Kind == yaml.SequenceNode && t.Kind() == reflect.Slice:
+		for i, c := range n.Content {
+			if err := checkKnown(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func join(path, k string) string {
+	if path == "" {
+		return k
+	}
+	return path + "." + k
+}

@@ -1,0 +1,123 @@
+package gateway
+
+// The routes: the API under /v1, the probes, /metrics, the OpenAPI document and the problem pages, and the
+// 404 and 405 answers.
+
+import (
+	"context"
+	"database/sql"
+	_ "embed"
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/oncegate/oncegate/migrations"
+)
+
+//go:embed openapi.yaml
+var openAPI []byte
+
+func (g *Gateway) routes() *mux.Router {
+	r := mux.NewRouter()
+	// Keys may contain "/": keep %2F encoded while routing, and unescape the variable ourselves.
+	r.UseEncodedPath()
+	// mux would otherwise answer a path with a dot segment or an empty one with a 301 to its cleaned form,
+	// which is another resource ("/v1/effects/." to the list) that a client follows without knowing. A path
+	// is routed as it is sent, and one that is not a route is a 404.
+	r.SkipClean(true)
+	r.Use(g.recoverer, traced(!g.noServerSpans))
+	// RFC 9110 §9.1: HEAD wherever GET. net/http answers a HEAD with the status and headers the handler
+	// writes and drops its body.
+	get := []string{http.MethodGet, http.MethodHead}
+	r.HandleFunc("/healthz", g.healthz).Methods(get...)
+	r.HandleFunc("/readyz", g.readyz).Methods(get...)
+	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
+	r.HandleFunc("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/yaml")
+		_, _ = w.Write(openAPI)
+	}).Methods(get...)
+	r.HandleFunc(problemsPath+"{name}", problemPage).Methods(get...)
+
+	// The API's routes sit on the root router, each wrapped, rather than on a "/v1" subrouter: a subrouter's
+	// routes repeat its prefix matcher, whose match erases a sibling route's method mismatch, so a wrong
+	// method on a /v1 path came out as a 404.
+	v1 := func(h http.HandlerFunc) http.Handler { return g.authenticate(g.limitTenant(h)) }
+	r.Handle("/v1/effects", v1(g.createEffect)).Methods(http.MethodPost)
+	r.Handle("/v1/effects", v1(g.listEffects)).Methods(get...)
+	r.Handle("/v1/effects/{key}", v1(g.getEffect)).Methods(get...)
+	r.Handle("/v1/effects/{key}/retry", v1(g.retryEffect)).Methods(http.MethodPost)
+	// The dedup proxy takes every method; its key header is its own (proxy.api_key_header).
+	proxied := g.authenticateBy(g.proxyKeyHeader(), g.limitTenant(http.HandlerFunc(g.proxy)))
+	// Methods upper-cases the slice it is given in place: each route gets a copy, or gateways built at once race.
+	r.Handle("/v1/proxy/{type}", proxied).Methods(slices.Clone(proxyMethods)...)
+	r.Handle("/v1/proxy/{type}/{path:.*}", proxied).Methods(slices.Clone(proxyMethods)...)
+
+	// Neither answer reads the body or asks for an API key: the path, or its method, exists for no one.
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		refuseUnread(w, req, probNotFound, "no such route")
+	})
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Allow", strings.Join(allowedMethods(r, req), ", "))
+		refuseUnread(w, req, probMethodNotAllowed, fmt.Sprintf("%s is not a method of this path", req.Method))
+	})
+	return r
+}
+
+// allowedMethods lists the methods that root serves at req's path, for the Allow header of a 405.
+func allowedMethods(root *mux.Router, req *http.Request) []string {
+	seen := map[string]bool{}
+	_ = root.Walk(func(route *mux.Route, _ *mux.Router, _ []*mux.Route) error {
+		methods, err := route.GetMethods()
+		if err != nil {
+			return nil // a route of no particular method: none here
+		}
+		for _, m := range methods {
+			probe := *req
+			probe.Method = m
+			var match mux.RouteMatch
+			if route.Match(&probe, &match) && match.MatchErr == nil {
+				seen[m] = true
+			}
+		}
+		return nil
+	})
+	out := make([]string, 0, len(seen))
+	for m := range seen {
+		out = append(out, m)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (g *Gateway) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
+}
+
+// readyz is ready when the database answers and its schema has every migration this binary knows.
+func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Ready))
+	defer cancel()
+	if err := g.pool.Ping(ctx); err != nil {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, probUnavailable, "", "the database cannot be reached")
+		return
+	}
+	db := stdlib.OpenDBFromPool(g.pool)
+	defer func(db *sql.DB) { _ = db.Close() }(db)
+	pending, err := migrations.Pending(ctx, db)
+	if err != nil || pending {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, probUnavailable, "", "the database schema is not current: run `gateway migrate`")
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+}

@@ -1,0 +1,76 @@
+package gateway
+
+// Serving: the HTTP server on a listener, with every client-controlled wait and size bounded, the
+// background loops beside it, and the graceful shutdown.
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"golang.org/x/net/netutil"
+)
+
+// Serve runs the HTTP API on l and the dispatcher until ctx ends, then shuts down gracefully: it stops
+// accepting, lets requests in flight finish (up to timeouts.shutdown), stops the dispatcher (which drains its
+// deliveries and hands back the rest) and returns.
+//
+// Everything a client controls is bounded: the time to send headers (timeouts.read_header) and the whole
+// request (timeouts.read), the time until the answer is written (timeouts.write), how long a keep-alive
+// connection may sit idle (timeouts.idle), the size of headers (limits.max_header) and of bodies
+// (limits.max_body), and the number of open connections (limits.max_connections).
+func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
+	t := g.cfg.Timeouts
+	srv := &http.Server{Handler: g.handler, ReadHeaderTimeout: time.Duration(t.ReadHeader),
+		ReadTimeout: time.Duration(t.Read), WriteTimeout: time.Duration(t.Write), IdleTimeout: time.Duration(t.Idle),
+		MaxHeaderBytes: int(g.cfg.Limits.MaxHeader),
+		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
+	// Over the cap, Accept waits: the kernel holds further connections in the listen backlog, costing this
+	// process no descriptor, and they are served, in order, as soon as a connection closes, which the timeouts
+	// above bound. Refusing them instead (accept, answer 503, close) would spend a descriptor and a write on
+	// each and turn a wait of seconds into an error the client must retry. netutil.LimitListener is that gate.
+	l = netutil.LimitListener(l, g.connectionCap())
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	// New effects are announced until the last request has been answered, and what is queued then is sent.
+	announce, stopAnnounce := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopAnnounce()
+	var wg sync.WaitGroup
+	wg.Go(func() { g.newEffects.Run(announce) })
+	wg.Go(func() { g.replays.Run(announce) })
+	wg.Go(func() { g.listen(bg) })
+	wg.Go(func() { g.poll(bg) })
+	wg.Go(func() { g.heartbeat(bg, l.Addr().String()) })
+	if g.cfg.Dispatcher.Disabled {
+		g.log.Info("dispatcher disabled: this gateway records effects, other gateways deliver them")
+	} else {
+		// The attempt log outlives the dispatcher, so that the attempts of its last deliveries are written.
+		attemptsCtx, stopAttempts := context.WithCancel(context.WithoutCancel(ctx))
+		wg.Go(func() { g.attempts.Run(attemptsCtx) })
+		wg.Go(func() { defer stopAttempts(); _ = g.dispatcher.Run(bg) })
+	}
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(l) }()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-served:
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(g.cfg.Timeouts.Shutdown))
+	defer cancel()
+	if serr := srv.Shutdown(sctx); serr != nil {
+		g.log.Warn("HTTP shutdown", "err", serr)
+	}
+	stopAnnounce()
+	stopBG()
+	wg.Wait()
+	if errors.Is(err, http.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}

@@ -285,18 +285,37 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 		return o
 	}
 	truncated = truncated || rerr != nil // another status decides by itself; its body is only a note
-	kept := map[string]string{}
+	// Bytes stay bytes, as in a proxied answer: what JSON cannot carry as text is base64.
+	kept, keptBytes := map[string]string{}, map[string]string{}
 	for _, h := range p.keep {
 		if _, configured := p.headers[textproto.CanonicalMIMEHeaderKey(h)]; configured {
 			continue // refused by New; kept out here too, by name, whatever the value looks like
 		}
-		if v := resp.Header.Get(h); v != "" {
-			kept[h] = p.redact.Replace(v)
+		switch v := p.redact.Replace(resp.Header.Get(h)); {
+		case v == "":
+		case utf8.ValidString(v):
+			kept[h] = v
+		default:
+			keptBytes[h] = base64.StdEncoding.EncodeToString([]byte(v))
 		}
 	}
-	result := map[string]any{"status": resp.StatusCode, "headers": kept, "body": p.redact.Replace(string(answer))}
+	result := map[string]any{"status": resp.StatusCode, "headers": kept}
+	if len(keptBytes) > 0 {
+		result["headers_base64"] = keptBytes
+	}
 	if truncated {
 		result["body_truncated"] = true
+		// A text cut inside a character is still text.
+		for i := 1; i < utf8.UTFMax && i <= len(answer) && !utf8.Valid(answer); i++ {
+			if utf8.Valid(answer[:len(answer)-i]) {
+				answer = answer[:len(answer)-i]
+			}
+		}
+	}
+	if body := p.redact.Replace(string(answer)); utf8.ValidString(body) && !strings.Contains(body, "\x00") {
+		result["body"] = body
+	} else {
+		result["body_base64"] = base64.StdEncoding.EncodeToString([]byte(body))
 	}
 	return safehttp.Classify(resp.StatusCode, resp.Header, result)
 }

@@ -235,3 +235,55 @@ func TestBinaryAnswersAreMasked(t *testing.T) {
 		}
 	}
 }
+
+// The result of an effect posted to /v1/effects keeps its bytes too: a body that is not UTF-8 text was stored
+// with U+FFFD in place of its bytes (and a NUL as U+FFFD by the store). It is body_base64, masked as text is,
+// and a kept header whose value is not UTF-8 is in headers_base64; a body cut at MaxBody inside a character
+// stays text.
+func TestResultsKeepTheirBytes(t *testing.T) {
+	t.Parallel()
+	long := strings.Repeat("x", MaxBody-1) + "é"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Location", "/caf\xe9")
+		w.Header().Set("Content-Type", "text/plain")
+		switch r.URL.Path {
+		case "/binary":
+			_, _ = w.Write([]byte("\xff\x00auth=" + r.Header.Get("Authorization")))
+		case "/long":
+			_, _ = w.Write([]byte(long))
+		}
+	}))
+	t.Cleanup(up.Close)
+	p, err := New(Config{BaseURL: up.URL, AllowPrivateNetworks: true, Headers: map[string]string{
+		"Authorization": "Bearer sk_live_secret123"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	o := p.Deliver(context.Background(), delivery("bin", `{"method":"GET","path":"/binary"}`))
+	var res struct {
+		Headers       map[string]string `json:"headers"`
+		HeadersBase64 map[string]string `json:"headers_base64"`
+		Body          *string           `json:"body"`
+		BodyBase64    string            `json:"body_base64"`
+		Truncated     bool              `json:"body_truncated"`
+	}
+	if err := json.Unmarshal(o.Result, &res); err != nil {
+		t.Fatal(err)
+	}
+	body, _ := base64.StdEncoding.DecodeString(res.BodyBase64)
+	location, _ := base64.StdEncoding.DecodeString(res.HeadersBase64["Location"])
+	if res.Body != nil || string(body) != "\xff\x00auth=[redacted]" || string(location) != "/caf\xe9" ||
+		res.Headers["Content-Type"] != "text/plain" || res.Headers["Location"] != "" {
+		t.Errorf("a binary answer's result: %s", o.Result)
+	}
+	o = p.Deliver(context.Background(), delivery("long", `{"method":"GET","path":"/long"}`))
+	res.Body, res.BodyBase64 = nil, ""
+	if err := json.Unmarshal(o.Result, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Body == nil || *res.Body != long[:MaxBody-1] || !res.Truncated || res.BodyBase64 != "" {
+		t.Errorf("a text answer cut inside a character: body %v, truncated %v, base64 %d bytes", res.Body != nil,
+			res.Truncated, len(res.BodyBase64))
+	}
+}

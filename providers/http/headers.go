@@ -9,7 +9,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -48,8 +50,9 @@ type headerClass struct {
 	prefixes []string        // folded
 	payload  Decision        // for a payload's headers
 	proxied  Decision        // for a request's headers at /v1/proxy
-	// stored marks a class refused in payloads only since effects were stored with it: such an effect is
-	// still delivered, without the header, rather than failing at every attempt.
+	// stored marks a class that payloads could hold before it was refused (all of it, or names added to it
+	// since): an effect stored with one is still delivered, without the header, rather than failing at every
+	// attempt. Validate refuses it in a new payload all the same.
 	stored bool
 }
 
@@ -85,7 +88,9 @@ var (
 		names: set("forwarded", "via", "x-real-ip", "x-client-ip", "true-client-ip", "cf-connecting-ip",
 			"cf-connecting-ipv6", "x-cluster-client-ip", "fastly-client-ip", "x-original-forwarded-for",
 			"x-azure-clientip", "x-azure-socketip", "x-envoy-external-address"),
-		prefixes: []string{"x-forwarded-"}, payload: Refuse, proxied: Drop}
+		// stored: Via and the client-IP names from CF-Connecting-IPv6 on were sent from payloads until issue 27
+		// (the proxy recorded them too).
+		prefixes: []string{"x-forwarded-"}, payload: Refuse, proxied: Drop, stored: true}
 	// routingClass: which session a request holds, and where and by which method a front end routes it: it
 	// would leave base_url's path or the allowed methods, or act as someone's session.
 	routingClass = headerClass{name: "routing", why: "holds a session, or says how a front end routes the request " +
@@ -203,8 +208,10 @@ func (pl Payload) headers() (map[string]string, error) {
 
 // checkHeaders refuses a payload's header that net/http would refuse to send, or that a class refuses in a
 // payload; with stored, a class refused only since effects were stored with it passes (request leaves it out).
+// Names are tried in order, so that the error names the same header every time.
 func (p *Provider) checkHeaders(h map[string]string, stored bool) error {
-	for k, v := range h {
+	for _, k := range slices.Sorted(maps.Keys(h)) {
+		v := h[k]
 		if err := checkHeader(k, v); err != nil {
 			return providers.Invalid("headers."+k, "%v", err)
 		}

@@ -448,9 +448,8 @@ func (p *Provider) answer(resp *http.Response) providers.Outcome {
 
 // AnswerHeaders returns the headers of an upstream's answer that go to a client: without the hop-by-hop
 // ones (hopClass, in any spelling, as for a request; and those the Connection header names), Content-Length
-// (the gateway frames its own answer), and any
-// header that a server would read as a configured request header (a credential echoed back); values
-// holding a configured value as it was sent are masked.
+// (the gateway frames its own answer), and any header that a server would read as a configured request
+// header (a credential echoed back); values holding a configured value as it was sent are masked.
 func (p *Provider) AnswerHeaders(h http.Header) http.Header {
 	out := h.Clone()
 	for _, c := range h.Values("Connection") {

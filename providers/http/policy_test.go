@@ -287,3 +287,20 @@ func TestResultsKeepTheirBytes(t *testing.T) {
 			res.Truncated, len(res.BodyBase64))
 	}
 }
+
+// Names added to a refused class (Via, Fastly-Client-IP and the client-IP family beyond the first few) were
+// sent from payloads, and recorded by the proxy, before: an effect stored with one is delivered without it,
+// not failed at every attempt, while a new payload with one is refused.
+func TestStoredPayloadsWithNewlyRefusedHeadersAreDeliveredWithoutThem(t *testing.T) {
+	t.Parallel()
+	p, lastHeaders := echoHeaders(t)
+	stored := `{"method":"POST","path":"/x","headers":{"Via":"1.1 cdn","Fastly-Client-IP":"203.0.113.7",` +
+		`"X-Kept":"yes"},"proxied":true}`
+	refusedAs(t, p.Validate(json.RawMessage(stored)), "Fastly-Client-IP", "a new payload")
+	if o := p.Deliver(context.Background(), delivery("stored", stored)); o.Kind != providers.KindDelivered {
+		t.Fatalf("a stored payload: %v %v", o.Kind, o.Err)
+	}
+	if h := lastHeaders(); h.Get("Via") != "" || h.Get("Fastly-Client-IP") != "" || h.Get("X-Kept") != "yes" {
+		t.Errorf("the upstream got %v", h)
+	}
+}

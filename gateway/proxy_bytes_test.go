@@ -15,6 +15,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oncegate/oncegate/internal/reliability"
 	httpprov "github.com/oncegate/oncegate/providers/http"
 )
 
@@ -47,6 +48,9 @@ func sendRaw(t *testing.T, h *harness, method, path string, body []byte, lines .
 // the retry the dispatcher makes from the stored row; repeated lines are joined with ", " as before.
 func TestProxyRequestHeaderBytesReachTheUpstream(t *testing.T) {
 	t.Parallel()
+	reliability.Record(t, "Hostile input", "Proxied request header values that are not UTF-8 (caf\\xe9), and repeated lines "+
+		"UTF-8 only when joined", "The upstream gets the bytes sent (lines joined with \", \"), on the first attempt, "+
+		"the retry from the stored payload and a pass-through GET")("bytes kept on all three")
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
 		if n == 1 {
 			w.WriteHeader(http.StatusServiceUnavailable) // the retry is sent from the stored payload
@@ -86,6 +90,8 @@ func TestProxyRequestHeaderBytesReachTheUpstream(t *testing.T) {
 // and the client gets the same two lines of the same bytes, first and on replay.
 func TestProxyAnswerHeaderLinesKeepTheirBytes(t *testing.T) {
 	t.Parallel()
+	reliability.Record(t, "Hostile input", "An upstream answer header sent as lines \\xc3 and \\xa9 (UTF-8 only when joined)",
+		"The client gets the same lines of the same bytes, first and on replay")("same lines, same bytes, twice")
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
 		w.Header()["X-Split"] = []string{"\xc3", "\xa9"}
 		w.Header()["X-Mixed"] = []string{"plain", "caf\xe9", "last"}
@@ -112,6 +118,8 @@ func TestProxyAnswerHeaderLinesKeepTheirBytes(t *testing.T) {
 // the stored result.
 func TestProxyMasksBinaryAnswers(t *testing.T) {
 	t.Parallel()
+	reliability.Record(t, "Hostile input", "An upstream whose non-UTF-8 answer body echoes the configured credential",
+		"Masked as a text answer is: in the answer, its replay, the stored result and a pass-through GET")("masked in all four")
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.WriteHeader(http.StatusCreated)
@@ -161,6 +169,9 @@ func TestProxyMasksBinaryAnswers(t *testing.T) {
 // refused, naming it.
 func TestProxyDropsWhatAProxyInFrontAdds(t *testing.T) {
 	t.Parallel()
+	reliability.Record(t, "Gateway", "Proxied requests through a CDN that adds CF-Connecting-IP, True-Client-IP, X-Client-IP, "+
+		"X-Cluster-Client-IP, Fastly-Client-IP, X-Forwarded-*, Forwarded, Via", "Performed (not a 400), the upstream sees "+
+		"none of them; Cookie and method overrides still a 400 naming them")("POST and GET performed, none forwarded")
 	up := newUpstream(t, chargeAnswer)
 	h := proxyGateway(t, up, nil)
 	front := [][2]string{{"CF-Connecting-IP", "203.0.113.7"}, {"True-Client-IP", "203.0.113.7"},

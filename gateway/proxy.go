@@ -10,10 +10,8 @@ package gateway
 // row, which the outbox rescues by the type's on_crash.
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -24,7 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/gorilla/mux"
 	"github.com/prometheus/client_golang/prometheus"
@@ -111,20 +108,10 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		badRequest(w, "", "could not read the request body")
 		return
 	}
-	pl := httpprov.Payload{Method: r.Method, Path: path, Headers: g.forwardHeaders(r.Header, hp), Proxied: true}
-	switch {
-	case len(body) == 0:
-	case utf8.Valid(body) && bytes.IndexByte(body, 0) < 0:
-		pl.Body, _ = json.Marshal(string(body))
-	default:
-		pl.BodyBase64 = base64.StdEncoding.EncodeToString(body)
-	}
-	payload, err := json.Marshal(pl)
+	// Which headers are sent on, dropped or refused, and how bytes are carried, is the http provider's header
+	// policy (providers/http, headers.go), the same table a payload posted to /v1/effects is checked by.
+	payload, err := hp.Proxied(r.Method, path, r.Header, body, g.proxyKeyHeader())
 	if err != nil {
-		badRequest(w, "", "the request cannot be recorded: "+err.Error())
-		return
-	}
-	if err := hp.Validate(payload); err != nil {
 		m.WithLabelValues("refused").Inc()
 		field, detail := "", err.Error()
 		var fe *providers.FieldError
@@ -257,54 +244,6 @@ func proxyFingerprint(typ, method, path, contentType string, body []byte) []byte
 		"body_sha256": hex.EncodeToString(sum[:])})
 	fp, _ := dedup.Fingerprint(typ, doc)
 	return fp
-}
-
-// droppedHeaders are request headers never forwarded: those of one connection, the gateway's own (its
-// credential, the client's key, which the upstream gets as the effect's stable id instead, and trace context,
-// which the gateway's client span sets), those a proxy in front of the gateway adds, and Accept-Encoding, so
-// the gateway's client negotiates compression itself and stores the body decoded.
-var droppedHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true,
-	"Te": true, "Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true, "Host": true,
-	"Expect": true, "Authorization": true, "Proxy-Authorization": true, "Idempotency-Key": true,
-	"Traceparent": true, "Tracestate": true, "Baggage": true, "Accept-Encoding": true, "Forwarded": true,
-	"Via": true, "X-Real-Ip": true}
-
-// forwardHeaders returns the request headers sent on to the upstream, each once (repeated values joined as
-// RFC 9110 §5.3 allows). A header the effect type configures is the gateway's (a credential) and is dropped,
-// never taken from a client. What is left is checked by the http provider's rules like any payload's headers.
-func (g *Gateway) forwardHeaders(h http.Header, hp *httpprov.Provider) map[string]string {
-	keyHeader := foldName(g.proxyKeyHeader())
-	drop := map[string]bool{}
-	for _, c := range h.Values("Connection") {
-		for _, name := range strings.Split(c, ",") {
-			drop[http.CanonicalHeaderKey(strings.TrimSpace(name))] = true
-		}
-	}
-	out := map[string]string{}
-	for name, vs := range h {
-		canon := http.CanonicalHeaderKey(name)
-		folded := foldName(canon)
-		if droppedHeaders[canon] || drop[canon] || strings.HasPrefix(canon, "X-Forwarded-") || folded == keyHeader ||
-			strings.HasPrefix(folded, "oncegate-") || hp.Configured(canon) {
-			continue
-		}
-		out[canon] = strings.Join(vs, ", ")
-	}
-	return out
-}
-
-// foldName spells a header name as servers that conflate names read it (nginx, CGI, WSGI, PHP: "_" and "."
-// are "-", case never counts), so that Oncegate_Api_Key is the gateway's own header as Oncegate-Api-Key is.
-func foldName(name string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r == '_' || r == '.':
-			return '-'
-		case r >= 'A' && r <= 'Z':
-			return r + 'a' - 'A'
-		}
-		return r
-	}, name)
 }
 
 // answerHeaders copies an upstream's answer headers to w: without Idempotent-Replayed, which is the

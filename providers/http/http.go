@@ -8,7 +8,14 @@
 //
 // A payload's headers never speak for the gateway: one that reframes the request, belongs to one hop, says
 // who is calling or how a proxy routes it, or that a server would read as a configured header, is refused at
-// request time, and so is any header net/http would refuse to send.
+// request time, and so is any header net/http would refuse to send. The same table of header classes
+// (headers.go) decides what the dedup proxy drops from a client's request and what it refuses: this package
+// owns which request header reaches an upstream, for both.
+//
+// Bytes stay bytes: a header value or a body that JSON cannot carry as text (not UTF-8, or a body with NUL)
+// is carried as base64 (headers_base64, body_base64) in payloads and in proxied answers, and reaches the
+// upstream or the client as the bytes it was. Masking a configured value echoed in an answer works on bytes,
+// so it covers base64 answers as it does text ones.
 package http
 
 import (
@@ -21,10 +28,9 @@ import (
 	"net/http"
 	"net/textproto"
 	"net/url"
+	"slices"
 	"strings"
 	"unicode/utf8"
-
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/oncegate/oncegate/internal/safehttp"
 	"github.com/oncegate/oncegate/providers"
@@ -119,7 +125,9 @@ func (c Config) resolve() (*Provider, error) {
 		if err := checkHeader(k, v); err != nil {
 			return nil, fmt.Errorf("http: headers: %w", err)
 		}
-		if gatewayOwned(fold(k)) {
+		if f := fold(k); hopClass.names[f] || gatewayClass.has(f) {
+			// The names, not hopClass's Proxy-* prefix: an operator may address a forward proxy on the way
+			// (Proxy-Authorization), which a tenant may not.
 			return nil, fmt.Errorf("http: headers: %s is set by the gateway, or belongs to one connection", k)
 		}
 		p.headers.Set(k, v)
@@ -159,6 +167,9 @@ type Payload struct {
 	Method  string            `json:"method"`
 	Path    string            `json:"path"`
 	Headers map[string]string `json:"headers,omitempty"`
+	// HeadersBase64 are headers whose value is raw bytes, standard base64: the proxy records a value that is
+	// not UTF-8 (obs-text) this way, which JSON would turn into U+FFFD. A name is in one of the two maps.
+	HeadersBase64 map[string]string `json:"headers_base64,omitempty"`
 	// Body is a string, sent as it is, or any other JSON value (null included), sent as JSON with
 	// Content-Type application/json. Absent, the request has no body.
 	Body json.RawMessage `json:"body,omitempty"`
@@ -172,60 +183,6 @@ type Payload struct {
 
 var methods = map[string]bool{"GET": true, "POST": true, "PUT": true, "PATCH": true, "DELETE": true,
 	"HEAD": true, "OPTIONS": true}
-
-// fold spells a header name as the servers that conflate names read it: nginx (underscores_in_headers), CGI,
-// WSGI and PHP turn "-" and "_" (and some, "." too) into one, and case never counts. Two names with one fold
-// are one header to such an upstream.
-func fold(name string) string {
-	return strings.Map(func(r rune) rune {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			return r
-		case r >= 'A' && r <= 'Z':
-			return r + 'a' - 'A'
-		}
-		return '-'
-	}, name)
-}
-
-// gatewayOwned reports whether a folded name is a header that the gateway sets (Idempotency-Key, and the
-// framing that net/http derives from the request), or one that belongs to one connection (RFC 9110 §7.6.1):
-// from a tenant or an operator they would reframe the request or speak to a proxy that is not there.
-func gatewayOwned(folded string) bool {
-	switch folded {
-	case "idempotency-key", "host", "content-length", "transfer-encoding", "trailer", "te", "connection",
-		"keep-alive", "upgrade", "proxy-connection":
-		return true
-	}
-	return false
-}
-
-// speaksForTheGateway reports whether a folded name is one that upstreams and the proxies before them trust
-// to say who is calling and from where (X-Forwarded-*, Forwarded, the client-IP headers), which session it
-// holds (Cookie), which proxy credential it carries (Proxy-*), or where and by which method a front end
-// routes it (X-Original-URL and its kin, the method overrides): a tenant's value would pass for the gateway's
-// own, or leave base_url's path or the allowed methods.
-func speaksForTheGateway(folded string) bool {
-	switch folded {
-	case "forwarded", "x-real-ip", "x-client-ip", "true-client-ip", "cf-connecting-ip", "x-cluster-client-ip",
-		"cookie", "x-original-url", "x-rewrite-url", "x-http-method-override", "x-http-method", "x-method-override":
-		return true
-	}
-	return strings.HasPrefix(folded, "x-forwarded-") || strings.HasPrefix(folded, "proxy-")
-}
-
-// checkHeader refuses what net/http would refuse when sending: a name that is not an HTTP token (RFC 9110
-// §5.6.2), a value with a control byte other than tab (CR, LF and NUL among them). Caught here, such a
-// header is a 400 at request time rather than an effect that fails at every attempt.
-func checkHeader(k, v string) error {
-	if !httpguts.ValidHeaderFieldName(k) {
-		return fmt.Errorf("%q is not a header name: letters, digits and !#$%%&'*+-.^_`|~ only", k)
-	}
-	if !httpguts.ValidHeaderFieldValue(v) {
-		return fmt.Errorf("header %s: value has a control character (a line break, NUL, DEL; tab is allowed)", k)
-	}
-	return nil
-}
 
 func (p *Provider) parse(raw json.RawMessage) (Payload, error) {
 	var pl Payload
@@ -272,24 +229,13 @@ func (p *Provider) parse(raw json.RawMessage) (Payload, error) {
 				"read as ..): a request stays under base_url")
 		}
 	}
-	for k, v := range pl.Headers {
-		if err := checkHeader(k, v); err != nil {
-			return pl, providers.Invalid("headers."+k, "%v", err)
-		}
-		f := fold(k)
-		if gatewayOwned(f) {
-			return pl, providers.Invalid("headers."+k, "is set by the gateway, or belongs to one connection")
-		}
-		if configured, ok := p.folded[f]; ok {
-			return pl, providers.Invalid("headers."+k, "is this effect type's configured header %s "+
-				"(servers read - and _ alike, and case never counts)", configured)
-		}
-		if speaksForTheGateway(f) {
-			return pl, providers.Invalid("headers."+k, "says who is calling, or how a proxy routes the request: "+
-				"the upstream would take a tenant's value for the gateway's")
-		}
+	h, err := pl.headers()
+	if err != nil {
+		return pl, err
 	}
-	return pl, nil
+	// A stored effect is delivered whatever a class refused only since it was stored (request leaves those
+	// headers out); Validate refuses them when an effect is created.
+	return pl, p.checkHeaders(h, true)
 }
 
 func (p *Provider) Validate(payload json.RawMessage) error {
@@ -297,23 +243,8 @@ func (p *Provider) Validate(payload json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	// Refused here, when the effect is created, and not in parse: an effect stored before this rule is still
-	// delivered, without them (request).
-	for k := range pl.Headers {
-		if traceContext(fold(k)) {
-			return providers.Invalid("headers."+k, "is trace context, which the gateway sets from the request "+
-				"that created the effect (send it as that request's header); baggage is never sent")
-		}
-	}
-	return nil
-}
-
-// traceContext reports whether a folded name is a W3C trace context header. The upstream gets the trace
-// context of the request that created the effect, as every destination does, never one that a payload
-// writes (a tenant's malformed or outsized traceparent, a tracestate that rides on another request's
-// traceparent); and never baggage, which the dedup proxy drops too.
-func traceContext(folded string) bool {
-	return folded == "traceparent" || folded == "tracestate" || folded == "baggage"
+	h, _ := pl.headers() // checked by parse
+	return p.checkHeaders(h, false)
 }
 
 // Destination is the upstream's host (and port, when base_url names one), never its path or query.
@@ -354,18 +285,37 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 		return o
 	}
 	truncated = truncated || rerr != nil // another status decides by itself; its body is only a note
-	kept := map[string]string{}
+	// Bytes stay bytes, as in a proxied answer: what JSON cannot carry as text is base64.
+	kept, keptBytes := map[string]string{}, map[string]string{}
 	for _, h := range p.keep {
 		if _, configured := p.headers[textproto.CanonicalMIMEHeaderKey(h)]; configured {
 			continue // refused by New; kept out here too, by name, whatever the value looks like
 		}
-		if v := resp.Header.Get(h); v != "" {
-			kept[h] = p.redact.Replace(v)
+		switch v := p.redact.Replace(resp.Header.Get(h)); {
+		case v == "":
+		case utf8.ValidString(v):
+			kept[h] = v
+		default:
+			keptBytes[h] = base64.StdEncoding.EncodeToString([]byte(v))
 		}
 	}
-	result := map[string]any{"status": resp.StatusCode, "headers": kept, "body": p.redact.Replace(string(answer))}
+	result := map[string]any{"status": resp.StatusCode, "headers": kept}
+	if len(keptBytes) > 0 {
+		result["headers_base64"] = keptBytes
+	}
 	if truncated {
 		result["body_truncated"] = true
+		// A text cut inside a character is still text.
+		for i := 1; i < utf8.UTFMax && i <= len(answer) && !utf8.Valid(answer); i++ {
+			if utf8.Valid(answer[:len(answer)-i]) {
+				answer = answer[:len(answer)-i]
+			}
+		}
+	}
+	if body := p.redact.Replace(string(answer)); utf8.ValidString(body) && !strings.Contains(body, "\x00") {
+		result["body"] = body
+	} else {
+		result["body_base64"] = base64.StdEncoding.EncodeToString([]byte(body))
 	}
 	return safehttp.Classify(resp.StatusCode, resp.Header, result)
 }
@@ -402,8 +352,9 @@ func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, erro
 	if contentType != "" {
 		req.Header.Set("Content-Type", contentType)
 	}
-	for k, v := range pl.Headers {
-		if !traceContext(fold(k)) {
+	h, _ := pl.headers() // checked by parse
+	for k, v := range h {
+		if c, _ := p.class(k); c == nil || !c.stored {
 			req.Header.Set(k, v)
 		}
 	}
@@ -420,8 +371,9 @@ func (p *Provider) request(ctx context.Context, pl Payload) (*http.Request, erro
 type Answer struct {
 	Status  int                 `json:"status"`
 	Headers map[string][]string `json:"headers"`
-	// HeadersBase64 holds the headers with a value that is not UTF-8 (obs-text, Latin-1 most often), each
-	// value standard base64: JSON would turn its bytes into U+FFFD.
+	// HeadersBase64 holds the headers with a line that is not UTF-8 (obs-text, Latin-1 most often), each
+	// line standard base64: JSON would turn its bytes into U+FFFD. Each line is checked by itself, and a header
+	// with one such line has all its lines here, in their order.
 	HeadersBase64 map[string][]string `json:"headers_base64,omitempty"`
 	Body          *string             `json:"body,omitempty"`
 	BodyBase64    *string             `json:"body_base64,omitempty"`
@@ -468,7 +420,8 @@ func (p *Provider) answer(resp *http.Response) providers.Outcome {
 	}
 	a := Answer{Status: resp.StatusCode, Headers: map[string][]string{}}
 	for k, vs := range p.AnswerHeaders(resp.Header) {
-		if utf8.ValidString(strings.Join(vs, "")) {
+		// Line by line, never joined: "\xc3" and "\xa9" are UTF-8 only together, and each would be U+FFFD.
+		if !slices.ContainsFunc(vs, func(v string) bool { return !utf8.ValidString(v) }) {
 			a.Headers[k] = vs
 			continue
 		}
@@ -486,20 +439,17 @@ func (p *Provider) answer(resp *http.Response) providers.Outcome {
 		s := p.redact.Replace(string(body))
 		a.Body = &s
 	default:
-		s := base64.StdEncoding.EncodeToString(body)
+		// Masked as text is: the values are bytes, and so is the body.
+		s := base64.StdEncoding.EncodeToString([]byte(p.redact.Replace(string(body))))
 		a.BodyBase64 = &s
 	}
 	return safehttp.Classify(resp.StatusCode, resp.Header, a)
 }
 
-// hopByHop are the headers of one connection (RFC 9110 §7.6.1), with the framing net/http sets itself.
-var hopByHop = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length"}
-
 // AnswerHeaders returns the headers of an upstream's answer that go to a client: without the hop-by-hop
-// ones (and those the Connection header names), Content-Length (the gateway frames its own answer), and any
-// header that a server would read as a configured request header (a credential echoed back); values
-// holding a configured value as it was sent are masked.
+// ones (hopClass, in any spelling, as for a request; and those the Connection header names), Content-Length
+// (the gateway frames its own answer), and any header that a server would read as a configured request
+// header (a credential echoed back); values holding a configured value as it was sent are masked.
 func (p *Provider) AnswerHeaders(h http.Header) http.Header {
 	out := h.Clone()
 	for _, c := range h.Values("Connection") {
@@ -507,11 +457,8 @@ func (p *Provider) AnswerHeaders(h http.Header) http.Header {
 			out.Del(strings.TrimSpace(name))
 		}
 	}
-	for _, name := range hopByHop {
-		out.Del(name)
-	}
 	for name, vs := range out {
-		if _, configured := p.folded[fold(name)]; configured {
+		if _, configured := p.folded[fold(name)]; configured || hopClass.has(fold(name)) {
 			delete(out, name)
 			continue
 		}
@@ -520,13 +467,6 @@ func (p *Provider) AnswerHeaders(h http.Header) http.Header {
 		}
 	}
 	return out
-}
-
-// Configured reports whether a request header of this name is one of the effect type's configured headers,
-// in any spelling a server reads as the same: the gateway's, never a client's.
-func (p *Provider) Configured(name string) bool {
-	_, ok := p.folded[fold(name)]
-	return ok
 }
 
 // Pass sends a request recorded nowhere (a safe method through the proxy) and returns the upstream's answer

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/proctest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // startWorkerProcess starts a real worker process on q (see workerProcess) and waits until it runs.

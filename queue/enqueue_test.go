@@ -15,7 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // completeAll runs a worker that completes every job, enqueues ids one at a time and waits for each to be

@@ -7,9 +7,9 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // The crash demo, as the README runs it: real worker, gateway and SMTP processes, a real SIGKILL, and the

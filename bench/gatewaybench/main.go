@@ -44,7 +44,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 var (

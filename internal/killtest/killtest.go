@@ -22,7 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/oncegate/oncegate/internal/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/queue"
 )

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/providers"
 	"github.com/oncegate/oncegate/providers/providertest"
 )

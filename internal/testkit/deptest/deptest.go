@@ -21,19 +21,31 @@ type Rule struct {
 // Deps lists the import paths pkg links, itself included, test files excluded.
 func Deps(t testing.TB, pkg string) []string {
 	t.Helper()
+	return goList(t, "list", "-deps", pkg)
+}
+
+// goList runs the go command and returns the words it printed.
+func goList(t testing.TB, args ...string) []string {
+	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("deptest needs the go command: %v", err)
 	}
-	out, err := exec.Command(goBin, "list", "-deps", pkg).Output()
+	out, err := exec.Command(goBin, args...).Output()
 	if err != nil {
 		msg := ""
 		if ee, ok := err.(*exec.ExitError); ok {
 			msg = string(ee.Stderr)
 		}
-		t.Fatalf("go list -deps %s: %v\n%s", pkg, err, msg)
+		t.Fatalf("go %s: %v\n%s", strings.Join(args, " "), err, msg)
 	}
 	return strings.Fields(string(out))
+}
+
+// Packages lists the import paths that pattern (an import path, or one ending in "/...") matches.
+func Packages(t testing.TB, pattern string) []string {
+	t.Helper()
+	return goList(t, "list", pattern)
 }
 
 // Check fails t once for every entry of r.Forbidden that r.Package links, naming one linked package of it.

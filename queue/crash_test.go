@@ -297,6 +297,22 @@ func TestJobThatKeepsKillingWorkersGoesDead(t *testing.T) {
 	}
 }
 
+// An outside tester's finding: a job buried by a stall kept the stall before as its last one (`oncegate job
+// show` named the first worker lost, the dead reason the second).
+func TestTheLastStallIsTheOneThatBuriedTheJob(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	mustEnqueue(t, q, NewJob{ID: "z", MaxStalls: -1})
+	primeSweeper(t, q)
+	leaseAs(t, q, "cccccccccccccccc", 1, 20*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	sweepNow(t, q)
+	j := waitState(t, q, "z", StateDead, 5*time.Second)
+	if j.LastStall == "" || !strings.HasSuffix(j.DeadReason, "last: "+j.LastStall) {
+		t.Fatalf("dead reason %q, last stall %q: want the stall that buried it in both", j.DeadReason, j.LastStall)
+	}
+}
+
 // SIGTERM closes a worker gracefully: finished handlers complete, and a job still running when the drain time
 // is up is back in ready the moment the process exits, with no attempt or stall counted.
 func TestGracefulCloseHandsUnfinishedJobsBackAtOnce(t *testing.T) {

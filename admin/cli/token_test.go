@@ -10,7 +10,8 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
-// `oncegate token create | ls | revoke`, as cmd/oncegate runs them: commands of the one table, with its errors and exit codes.
+// `oncegate token create | ls | revoke`, as cmd/oncegate runs them: commands of the one table, with its
+// errors and exit codes.
 func TestTokenCommands(t *testing.T) {
 	t.Parallel()
 	dbURL := pgtest.Database(t)

@@ -20,6 +20,12 @@ var rules = []Rule{
 			"test helper it drags in (internal/testkit/...) fails or skips where a binary must return an error",
 	},
 	{
+		Package:   module + "/bench/...",
+		Forbidden: []string{"testing"},
+		Dir:       "bench",
+		Why:       "the benchmarks are binaries too: what they measure must not carry test code the product does not",
+	},
+	{
 		Package:   module + "/cmd/gateway",
 		Forbidden: []string{"github.com/redis/go-redis/v9", module + "/queue"},
 		Why:       "the gateway speaks HTTP and Postgres; the Redis queue belongs to workers",
@@ -81,12 +87,12 @@ func TestLayering(t *testing.T) {
 	for _, r := range rules {
 		t.Run(r.Package, func(t *testing.T) {
 			t.Parallel()
-			pkgs := Packages(t, r.Package)
+			pkgs := PackagesOf(t, r)
 			if len(pkgs) == 0 {
 				t.Fatalf("%s matches no package: the rule checks nothing", r.Package)
 			}
 			for _, p := range pkgs {
-				Check(t, Rule{Package: p, Forbidden: r.Forbidden, Why: r.Why})
+				Check(t, Rule{Package: p, Forbidden: r.Forbidden, Why: r.Why, Dir: r.Dir})
 			}
 		})
 	}

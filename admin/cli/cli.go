@@ -1,6 +1,8 @@
 // Package cli is the `oncegate` command line, one face of package admin (the web console is the other): it
 // parses noun-then-verb commands, calls the service, and prints aligned tables or JSON. It adds no operation
-// of its own.
+// of its own. Every command is in its one table (commands.go), the web console (`oncegate console`, which
+// serves package console) and its tokens' commands too, so help, usage errors and exit codes are the same
+// for all.
 //
 // Exit codes: 0 done, 1 error, 2 usage (bad input names the flag), 3 not found, 4 wrong state (a retry of a
 // delivered effect), 5 a bulk action partly applied. docs/cli.md documents every command and JSON field.

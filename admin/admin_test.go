@@ -14,7 +14,7 @@ import (
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 var (
@@ -205,6 +205,32 @@ func TestBulkRetryInAuditedBatches(t *testing.T) {
 	}
 	if _, err := svc.RetryEffects(ctx, alice, admin.EffectFilter{Status: effect.StatusDelivered}, "x", nil); !errors.Is(err, admin.ErrWrongState) {
 		t.Fatalf("bulk retry of delivered effects: %v", err)
+	}
+}
+
+// A bulk retry with no filter at all would resend every failed, dead and unknown effect of every tenant
+// (the console's "Retry all matching…" once sent exactly that): the service refuses it, for every face, and
+// a status no retry applies to is a wrong state in the dry run too, not "0 match".
+func TestBulkRetryNeedsAFilter(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "dead", 3, effect.StatusDead)
+	var ie *admin.InvalidError
+	if _, err := svc.RetryEffects(ctx, alice, admin.EffectFilter{}, "oops", nil); !errors.As(err, &ie) || ie.Field != "filter" {
+		t.Fatalf("a bulk retry without a filter: %v", err)
+	}
+	if _, err := svc.CountRetryable(ctx, alice, admin.EffectFilter{}); !errors.Is(err, admin.ErrInvalid) {
+		t.Fatalf("its dry run: %v", err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE status = 'dead'"); n != 3 {
+		t.Fatalf("%d of 3 dead effects left dead", n)
+	}
+	if _, err := svc.CountRetryable(ctx, alice, admin.EffectFilter{Status: effect.StatusDelivered}); !errors.Is(err, admin.ErrWrongState) {
+		t.Fatalf("the dry run of a retry of delivered effects: %v", err)
+	}
+	if res, err := svc.RetryEffects(ctx, alice, admin.EffectFilter{Status: effect.StatusDead}, "fixed", nil); err != nil || res.Applied != 3 {
+		t.Fatalf("with a filter: %+v %v", res, err)
 	}
 }
 

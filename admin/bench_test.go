@@ -8,8 +8,8 @@ import (
 
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/queue"
 )
 

@@ -20,7 +20,7 @@ import (
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/gateway"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 const key = "client-test-key-5d2b8f4a6c1e3d7b9f0a"

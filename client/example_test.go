@@ -17,9 +17,9 @@ import (
 
 	"github.com/oncegate/oncegate/client"
 	"github.com/oncegate/oncegate/gateway"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/smtptest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/providers/smtp"
 	"github.com/oncegate/oncegate/queue"
 )

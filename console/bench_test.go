@@ -12,9 +12,9 @@ import (
 
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/console"
-	"github.com/oncegate/oncegate/internal/consoletest"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/consoletest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/queue"
 )
 

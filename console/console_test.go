@@ -22,10 +22,10 @@ import (
 
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/console"
-	"github.com/oncegate/oncegate/internal/consoletest"
-	"github.com/oncegate/oncegate/internal/leaktest"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/consoletest"
+	"github.com/oncegate/oncegate/internal/testkit/leaktest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/queue"
 )
 
@@ -688,55 +688,5 @@ func TestPausedStatesAndBulkPageRender(t *testing.T) {
 	checkPage(t, bulk, hdr, body)
 	if code, _, _ := e.get(c, "/bulk/nope"); code != 404 {
 		t.Fatalf("unknown bulk run: %d", code)
-	}
-}
-
-// `oncegate token create | ls | revoke`, as cmd/oncegate runs them.
-func TestTokenCommands(t *testing.T) {
-	t.Parallel()
-	dbURL := pgtest.Database(t)
-	run := func(args ...string) (int, string, string) {
-		var out, errOut strings.Builder
-		code := console.Main(context.Background(), args, console.Env{Stdout: &out, Stderr: &errOut,
-			Getenv: func(k string) string {
-				return map[string]string{"DATABASE_URL": dbURL, "ONCEGATE_OPERATOR": "lead"}[k]
-			}})
-		return code, out.String(), errOut.String()
-	}
-	code, out, _ := run("token", "create", "ann", "--role", "operator")
-	if code != 0 || !strings.HasPrefix(out, admin.TokenPrefix) || len(strings.TrimSpace(out)) != len(admin.TokenPrefix)+43 {
-		t.Fatalf("create: %d %q", code, out)
-	}
-	if code, _, errOut := run("token", "create", "bob"); code != 2 || !strings.Contains(errOut, "--role") {
-		t.Fatalf("create without a role: %d %s", code, errOut)
-	}
-	if code, _, errOut := run("token", "create", "bob", "--role", "root"); code != 2 || !strings.Contains(errOut, "root") {
-		t.Fatalf("create with a bad role: %d %s", code, errOut)
-	}
-	code, out, _ = run("token", "ls")
-	if code != 0 || !strings.Contains(out, "ann") || !strings.Contains(out, "operator") || !strings.Contains(out, "lead") {
-		t.Fatalf("ls: %d %s", code, out)
-	}
-	// A token's name is an operator's, shown on terminals: its control characters come out escaped.
-	if code, _, errOut := run("token", "create", "eve\x1b[2J", "--role", "viewer"); code != 0 {
-		t.Fatalf("create eve: %d %s", code, errOut)
-	}
-	if code, out, _ = run("token", "ls"); code != 0 || strings.Contains(out, "\x1b") || !strings.Contains(out, `eve\x1b[2J`) {
-		t.Fatalf("ls shows a name's ESC raw: %d %q", code, out)
-	}
-	if code, _, errOut := run("token", "revoke", "ann"); code != 2 || !strings.Contains(errOut, "reason") {
-		t.Fatalf("revoke without a reason: %d %s", code, errOut)
-	}
-	if code, _, _ := run("token", "revoke", "ann", "--reason", "left"); code != 0 {
-		t.Fatalf("revoke: %d", code)
-	}
-	if code, _, _ := run("token", "revoke", "ann", "--reason", "left"); code != 3 {
-		t.Fatalf("revoke twice: %d, want 3 (not found)", code)
-	}
-	if code, _, _ := run("console", "--listen"); code != 2 {
-		t.Fatalf("console with a bad flag: %d", code)
-	}
-	if code, _, _ := run("token"); code != 2 {
-		t.Fatalf("token alone: %d", code)
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/oncegate/oncegate/admin"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 var (

@@ -19,7 +19,7 @@ import (
 
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/console"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 // stallProxy forwards TCP to a target until frozen: then it passes nothing either way, as a stuck network

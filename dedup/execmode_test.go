@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 // Behind PgBouncer in transaction pooling mode (1.18, without max_prepared_statements) a connection cannot

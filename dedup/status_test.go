@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 // rowVersion is the effect row's physical version: a statement that writes the row changes it.

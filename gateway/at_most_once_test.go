@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/outbox"
 	httpprov "github.com/oncegate/oncegate/providers/http"
 	"github.com/oncegate/oncegate/providers/webhook"

@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // The probe tells a pooler from Postgres itself, and through PgBouncer in transaction mode the gateway

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/smtptest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	httpprov "github.com/oncegate/oncegate/providers/http"
 	"github.com/oncegate/oncegate/providers/smtp"
 	"github.com/oncegate/oncegate/providers/webhook"

@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/oncegate/oncegate/dedup"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/migrations"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/providers"
 )
 

@@ -12,7 +12,7 @@ import (
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/providers"
 )
 

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // A worker's clock never reaches Redis: every deadline (lease, liveness, delay, retry, retention) is computed

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/proctest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // startWorkerProcess starts a real worker process on q (see workerProcess) and waits until it runs.
@@ -270,7 +270,6 @@ func TestConcurrentSweepsReclaimEachJobOnce(t *testing.T) {
 func TestJobThatKeepsKillingWorkersGoesDead(t *testing.T) {
 	t.Parallel()
 	result := reliability.Record(t, "Queue", "Two worker processes SIGKILLed by the same job", "The job is dead after max stalls with the reason, and never runs again")
-	result("dead: stalled 2 times (max 1)")
 	q, _ := newQueue(t, nil)
 	mustEnqueue(t, q, NewJob{ID: "poison"})
 	env := []string{"WORKER_HANDLER=block"}
@@ -294,6 +293,24 @@ func TestJobThatKeepsKillingWorkersGoesDead(t *testing.T) {
 	}
 	if dead, _ := q.DeadJobs(context.Background(), 0, 10); len(dead) != 1 || dead[0].ID != "poison" {
 		t.Fatalf("dead letters = %v", ids(dead))
+	}
+	reason, _, _ := strings.Cut(j.DeadReason, ", last:")
+	result(fmt.Sprintf("dead: %s; %d runs after", reason, runs.Load()))
+}
+
+// An outside tester's finding: a job buried by a stall kept the stall before as its last one (`oncegate job
+// show` named the first worker lost, the dead reason the second).
+func TestTheLastStallIsTheOneThatBuriedTheJob(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	mustEnqueue(t, q, NewJob{ID: "z", MaxStalls: -1})
+	primeSweeper(t, q)
+	leaseAs(t, q, "cccccccccccccccc", 1, 20*time.Millisecond)
+	time.Sleep(50 * time.Millisecond)
+	sweepNow(t, q)
+	j := waitState(t, q, "z", StateDead, 5*time.Second)
+	if j.LastStall == "" || !strings.HasSuffix(j.DeadReason, "last: "+j.LastStall) {
+		t.Fatalf("dead reason %q, last stall %q: want the stall that buried it in both", j.DeadReason, j.LastStall)
 	}
 }
 

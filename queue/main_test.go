@@ -15,9 +15,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/oncegate/oncegate/internal/leaktest"
-	"github.com/oncegate/oncegate/internal/proctest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/leaktest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // A paused queue leases nothing, to any worker, until it is resumed; enqueues go on meanwhile.

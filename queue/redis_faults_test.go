@@ -10,10 +10,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/oncegate/oncegate/internal/proctest"
-	"github.com/oncegate/oncegate/internal/redistest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/redistest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // holders starts procs worker processes on a queue of server's, each running perProc jobs that sleep for

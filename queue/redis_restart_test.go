@@ -10,10 +10,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/oncegate/oncegate/internal/proctest"
-	"github.com/oncegate/oncegate/internal/redistest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/redistest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // Redis stopped and restarted under a running queue: every acknowledged enqueue survives, the jobs leased

@@ -14,8 +14,8 @@ import (
 	"testing"
 
 	"github.com/oncegate/oncegate/gateway"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
 )
 
 const (

@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/proctest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // The postgres provider's rows claimed together insert their events and record them in one transaction

@@ -9,9 +9,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // Chaos mode at a small size: workers and gateways SIGKILLed at random and restarted while jobs of all three

@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/leaktest"
+	"github.com/oncegate/oncegate/internal/testkit/leaktest"
 )
 
 // bin holds the project's binaries, built once for the whole package.

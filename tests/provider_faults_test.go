@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // flakyReceiver is a webhook receiver on a fixed port whose behaviour the test changes: down (nothing

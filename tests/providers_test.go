@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/smtptest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 var whsec = "whsec_" + base64.StdEncoding.EncodeToString([]byte("tests-webhook-secret-32-bytes!!!"))

@@ -18,9 +18,9 @@ import (
 	"github.com/stripe/stripe-go/v82"
 
 	"github.com/oncegate/oncegate/client"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/stripemocktest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/stripemocktest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // countingProxy is a reverse proxy in front of an upstream that counts the unsafe requests reaching it,

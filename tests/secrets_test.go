@@ -14,12 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/jaegertest"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/proctest"
 	"github.com/oncegate/oncegate/internal/reliability"
-	"github.com/oncegate/oncegate/internal/smtptest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/jaegertest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // API keys, webhook secrets, upstream credentials and SMTP passwords never appear in the gateway's logs (at

@@ -16,11 +16,11 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/oncegate/oncegate/internal/jaegertest"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/proctest"
-	"github.com/oncegate/oncegate/internal/smtptest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/jaegertest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/queue"
 )

@@ -21,8 +21,8 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
 	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 // webhookCheck verifies the webhooks a receiver gets as a receiver built on the official Standard Webhooks Go

@@ -1,6 +1,8 @@
 // Package cli is the `oncegate` command line, one face of package admin (the web console is the other): it
 // parses noun-then-verb commands, calls the service, and prints aligned tables or JSON. It adds no operation
-// of its own.
+// of its own. Every command is in its one table (commands.go), the web console (`oncegate console`, which
+// serves package console) and its tokens' commands too, so help, usage errors and exit codes are the same
+// for all.
 //
 // Exit codes: 0 done, 1 error, 2 usage (bad input names the flag), 3 not found, 4 wrong state (a retry of a
 // delivered effect), 5 a bulk action partly applied. docs/cli.md documents every command and JSON field.
@@ -64,11 +66,14 @@ const usage = `usage: oncegate <noun> <verb> [args] [flags]
   dead   ls Q [--limit N] [--cursor C] | dead requeue Q ID... --reason R | dead purge Q ID... --reason R
   gateway ls | worker ls Q | breaker ls
   audit  ls [--actor A] [--action A] [--since D] [--limit N] [--cursor C]
-  console --listen ADDR [--jaeger-url U] [--read-only]     the web console (docs/console.md)
-  token  create|ls|revoke                                  the console's operator tokens (docs/console.md)
+  console [--listen 127.0.0.1:8090] [--jaeger-url U] [--read-only] [--refresh 5s] [--secure-cookie]
+                 the web console (docs/console.md); REDIS_URL is optional for it
+  token  create NAME --role viewer|operator|admin   prints the new token once; only its hash is kept
+  token  ls [-o json] | token revoke NAME --reason R (ends its console sessions too)
 
-Every command: -o table|json, --operator NAME (default $ONCEGATE_OPERATOR, else the OS user),
---role viewer|operator|admin (default $ONCEGATE_ROLE, else operator). DATABASE_URL and REDIS_URL name the stores.
+Every command but console and token: -o table|json, --operator NAME (default $ONCEGATE_OPERATOR, else the OS
+user), --role viewer|operator|admin (default $ONCEGATE_ROLE, else operator). Token commands act as an admin
+named by --operator (same default): whoever holds DATABASE_URL is one. DATABASE_URL and REDIS_URL name the stores.
 Exit codes: 0 done, 1 error, 2 usage, 3 not found, 4 wrong state, 5 bulk partly applied.`
 
 // Quiet is go-redis's logger for the CLI's process (redis.SetLogger, once, in main): the pool's own retries
@@ -134,6 +139,8 @@ type command struct {
 	svc    *admin.Service
 	actor  admin.Actor
 	closer func()
+	// jaeger, when set, overrides ONCEGATE_JAEGER_URL (the console's --jaeger-url).
+	jaeger *string
 }
 
 func newCommand(ctx context.Context, env Env, name string) *command {
@@ -215,6 +222,9 @@ func (c *command) connect(needDB, needRedis bool) error {
 	c.actor = admin.Actor{Name: name, Role: admin.Role(role)}
 	cfg := admin.Config{QueueRegistry: c.env.Getenv("ONCEGATE_QUEUE_REGISTRY"),
 		JaegerURL: c.env.Getenv("ONCEGATE_JAEGER_URL")}
+	if c.jaeger != nil {
+		cfg.JaegerURL = *c.jaeger
+	}
 	var closers []func()
 	c.closer = func() {
 		for _, f := range closers {
@@ -270,36 +280,41 @@ func parseSince(s string) (time.Time, error) {
 }
 
 func run(ctx context.Context, args []string, env Env) error {
-	if len(args) < 2 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		if len(args) == 1 && (args[0] == "help" || args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(env.Stdout, usage)
-			return nil
-		}
-		if len(args) == 1 {
-			if verbs := verbsOf(args[0]); verbs != "" {
-				return usagef("%s: needs a verb: %s; run `oncegate help`", args[0], verbs)
-			}
-			return usagef("unknown command %q; run `oncegate help`", args[0])
-		}
+	help := func(a string) bool { return a == "help" || a == "-h" || a == "--help" }
+	if len(args) == 1 && help(args[0]) {
+		fmt.Fprintln(env.Stdout, usage)
+		return nil
+	}
+	if len(args) == 0 || help(args[0]) {
 		return usagef("%s", usage)
 	}
 	if strings.HasPrefix(args[0], "-") {
 		return usagef("%s: flags go after the command: oncegate <noun> <verb> [args] [flags]", args[0])
 	}
-	noun, verb, rest := args[0], args[1], args[2:]
-	h, ok := commands[noun+" "+verb]
-	if !ok {
-		if verbs := verbsOf(noun); verbs != "" {
-			return usagef("unknown command %q: %s takes %s; run `oncegate help`", noun+" "+verb, noun, verbs)
+	// A command is a noun and a verb, or a noun alone (console).
+	name, rest := args[0], args[1:]
+	h, ok := commands[name]
+	if !ok && len(args) == 1 {
+		if verbs := verbsOf(name); verbs != "" {
+			return usagef("%s: needs a verb: %s; run `oncegate help`", name, verbs)
 		}
-		return usagef("unknown command %q; run `oncegate help`", noun+" "+verb)
+		return usagef("unknown command %q; run `oncegate help`", name)
 	}
-	// Every command but a bulk retry that applies (which bounds each of its batches instead) has
+	if !ok {
+		name, rest = args[0]+" "+args[1], args[2:]
+		if h, ok = commands[name]; !ok {
+			if verbs := verbsOf(args[0]); verbs != "" {
+				return usagef("unknown command %q: %s takes %s; run `oncegate help`", name, args[0], verbs)
+			}
+			return usagef("unknown command %q; run `oncegate help`", name)
+		}
+	}
+	// Every command but a bulk retry that applies (which bounds each of its batches instead) and the console has
 	// CommandTimeout to finish: a store that stopped answering mid-call ends the command with an error.
 	base := ctx
 	ctx, cancel := context.WithTimeout(ctx, CommandTimeout)
 	defer cancel()
-	c := newCommand(ctx, env, noun+" "+verb)
+	c := newCommand(ctx, env, name)
 	c.base = base
 	defer func() {
 		if c.closer != nil {
@@ -316,7 +331,7 @@ const CommandTimeout = 60 * time.Second
 func verbsOf(noun string) string {
 	var verbs []string
 	for k := range commands {
-		if n, v, _ := strings.Cut(k, " "); n == noun {
+		if n, v, ok := strings.Cut(k, " "); ok && n == noun {
 			verbs = append(verbs, v)
 		}
 	}
@@ -324,7 +339,7 @@ func verbsOf(noun string) string {
 	return strings.Join(verbs, ", ")
 }
 
-// commands maps "noun verb" to its handler (commands.go).
+// commands maps "noun verb" (or a noun alone) to its handler (commands.go).
 var commands map[string]func(*command, []string) error
 
 // IsTerminal reports whether f is a terminal, for Env.Terminal.

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/oncegate/oncegate/admin/cli"
-	"github.com/oncegate/oncegate/internal/leaktest"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/leaktest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 func TestMain(m *testing.M) { leaktest.Main(m) }

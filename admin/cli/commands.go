@@ -37,6 +37,10 @@ func init() {
 		"worker ls":      workerLs,
 		"breaker ls":     breakerLs,
 		"audit ls":       auditLs,
+		"console":        consoleServe,
+		"token create":   tokenCreate,
+		"token ls":       tokenLs,
+		"token revoke":   tokenRevoke,
 	}
 }
 
@@ -51,9 +55,6 @@ func (c *command) out(v any, table func(w *tabwriter.Writer)) error {
 	table(w)
 	return w.Flush()
 }
-
-// PrintableWriter is printableWriter for the console's own commands (`oncegate token ls`).
-func PrintableWriter(w io.Writer) io.Writer { return printableWriter{w} }
 
 // Printable makes s safe to show on an operator's terminal. Keys, job IDs, error texts and reasons come
 // from tenants, workers and other operators: an ESC in one would otherwise start a terminal escape sequence

@@ -29,6 +29,7 @@ import (
 	"log"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -43,8 +44,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/oncegate/oncegate/internal/pgtest"
 )
 
 var (
@@ -69,7 +68,11 @@ func main() {
 		counts = append(counts, n)
 	}
 	ctx := context.Background()
-	admin := pgtest.AdminURL()
+	// The Postgres the tests use (DATABASE_URL, as internal/testkit/pgtest reads it), without linking test code.
+	admin := os.Getenv("DATABASE_URL")
+	if admin == "" {
+		admin = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+	}
 	name := fmt.Sprintf("oncegate_bench_%d", time.Now().Unix())
 	conn, err := pgx.Connect(ctx, admin)
 	if err != nil {
@@ -82,7 +85,12 @@ func main() {
 		_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 		conn.Close(ctx)
 	}()
-	dbURL := pgtest.WithDatabase(admin, name)
+	u, err := url.Parse(admin)
+	if err != nil {
+		log.Fatalf("DATABASE_URL: %v", err)
+	}
+	u.Path = "/" + name
+	dbURL := u.String()
 	var sync_, version string
 	_ = conn.QueryRow(ctx, "SELECT current_setting('synchronous_commit'), current_setting('server_version')").Scan(&sync_, &version)
 

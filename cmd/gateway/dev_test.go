@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncegate/oncegate/gateway"
-	"github.com/oncegate/oncegate/internal/pgtest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // keygen prints a key that a configuration accepts, then its sha256: form; no two runs print the same.

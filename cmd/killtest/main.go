@@ -22,13 +22,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"time"
-
-	"github.com/oncegate/oncegate/internal/killtest"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "child" {
-		os.Exit(killtest.Child(os.Args[2:]))
+		os.Exit(Child(os.Args[2:]))
 	}
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "killtest:", err)
@@ -50,7 +48,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	env := killtest.Env{RedisURL: envOr("REDIS_URL", "redis://127.0.0.1:6379/0"),
+	env := Env{RedisURL: envOr("REDIS_URL", "redis://127.0.0.1:6379/0"),
 		DatabaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
 		Self:        self, Log: io.Discard}
 	if *verbose {
@@ -65,9 +63,9 @@ func run() error {
 	if *chaosJobs > 0 {
 		return chaos(ctx, env, *chaosJobs, *killEvery, *spare, *asJSON)
 	}
-	var rows []killtest.Row
-	for _, s := range []func(context.Context, killtest.Env) (killtest.Row, error){
-		killtest.InMemory, killtest.LeaseDirect, killtest.Oncegate} {
+	var rows []Row
+	for _, s := range []func(context.Context, Env) (Row, error){
+		InMemory, LeaseDirect, Oncegate} {
 		r, err := s(ctx, env)
 		if err != nil {
 			return err
@@ -78,17 +76,17 @@ func run() error {
 		rows = append(rows, r)
 	}
 	og := rows[len(rows)-1]
-	ok := og.UsersEmailed == killtest.Users && og.UsersNeverEmailed == 0 && og.DuplicateEmails == 0
+	ok := og.UsersEmailed == Users && og.UsersNeverEmailed == 0 && og.DuplicateEmails == 0
 	if *asJSON {
-		out, _ := json.MarshalIndent(map[string]any{"users": killtest.Users, "killed_after": killtest.KillAfter,
+		out, _ := json.MarshalIndent(map[string]any{"users": Users, "killed_after": KillAfter,
 			"strategies": rows, "oncegate_exactly_once": ok}, "", "  ")
 		fmt.Println(string(out))
 	} else {
-		fmt.Printf("\n20 sign-ups; the worker is SIGKILLed right after the SMTP server received %s's email.\n\n", killtest.KillAfter)
-		fmt.Print(killtest.Table(rows))
+		fmt.Printf("\n20 sign-ups; the worker is SIGKILLed right after the SMTP server received %s's email.\n\n", KillAfter)
+		fmt.Print(Table(rows))
 		for _, r := range rows {
 			if r.TakeoverSeconds > 0 {
-				fmt.Printf("\n%s: the new worker re-ran %s's job %.2fs after the kill.", r.Strategy, killtest.KillAfter, r.TakeoverSeconds)
+				fmt.Printf("\n%s: the new worker re-ran %s's job %.2fs after the kill.", r.Strategy, KillAfter, r.TakeoverSeconds)
 			}
 		}
 		fmt.Println()
@@ -102,8 +100,8 @@ func run() error {
 	return nil
 }
 
-func chaos(ctx context.Context, env killtest.Env, n int, every time.Duration, spare, asJSON bool) error {
-	r, err := killtest.Chaos(ctx, env, killtest.ChaosConfig{Jobs: n, KillEvery: every, Spare: spare})
+func chaos(ctx context.Context, env Env, n int, every time.Duration, spare, asJSON bool) error {
+	r, err := Chaos(ctx, env, ChaosConfig{Jobs: n, KillEvery: every, Spare: spare})
 	if err != nil {
 		return err
 	}
@@ -113,7 +111,7 @@ func chaos(ctx context.Context, env killtest.Env, n int, every time.Duration, sp
 	} else {
 		fmt.Printf("\nchaos: %d jobs, a worker or gateway SIGKILLed about every %v and restarted; %.1fs\n", n, every, r.Seconds)
 		fmt.Printf("kills: %v\n\n", r.Kills)
-		fmt.Print(killtest.ChaosTable(r))
+		fmt.Print(ChaosTable(r))
 		fmt.Println("\nLost must be 0 everywhere, and analytics duplicates 0: the insert commits with its record.")
 		fmt.Println("Email and webhook duplicates are possible only when a gateway dies after the destination accepted")
 		fmt.Println("and before it recorded that: the resend carries the same Message-ID / webhook-id, so a receiver can drop it.")

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/testkit/providertest"
 	"github.com/oncegate/oncegate/providers"
-	"github.com/oncegate/oncegate/providers/providertest"
 )
 
 // upstream is a real HTTP API on loopback that counts requests by Idempotency-Key.

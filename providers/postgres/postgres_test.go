@@ -11,9 +11,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/providertest"
 	"github.com/oncegate/oncegate/providers"
-	"github.com/oncegate/oncegate/providers/providertest"
 )
 
 // dest is the gateway's own database; a transient failure is a table that is missing, a hang is a table that

@@ -3,7 +3,7 @@ package smtp
 import (
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/leaktest"
+	"github.com/oncegate/oncegate/internal/testkit/leaktest"
 )
 
 func TestMain(m *testing.M) { leaktest.Main(m) }

@@ -20,7 +20,7 @@ import (
 
 	gosmtp "github.com/emersion/go-smtp"
 
-	"github.com/oncegate/oncegate/internal/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
 	"github.com/oncegate/oncegate/providers"
 )
 

@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/providertest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
 	"github.com/oncegate/oncegate/providers"
-	"github.com/oncegate/oncegate/providers/providertest"
 )
 
 type dest struct {

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/oncegate/oncegate/internal/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
 	"github.com/oncegate/oncegate/providers"
 )
 

@@ -19,8 +19,8 @@ import (
 
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/internal/testkit/providertest"
 	"github.com/oncegate/oncegate/providers"
-	"github.com/oncegate/oncegate/providers/providertest"
 )
 
 var (

@@ -10,7 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/oncegate/oncegate/internal/redistest"
+	"github.com/oncegate/oncegate/internal/testkit/redistest"
 )
 
 func TestRedisServerStarts(t *testing.T) {

@@ -1,4 +1,4 @@
-package killtest
+package main
 
 import (
 	"context"

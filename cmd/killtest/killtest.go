@@ -1,7 +1,8 @@
-// Package killtest is the crash demo: the seeds' experiment run against the real system with real processes.
-// Twenty users sign up; the worker process is SIGKILLed the moment the SMTP server has received the welcome
-// email for user_6; a new worker takes over. The counts come from what the SMTP server received.
-package killtest
+// The demo itself: the three strategies, each against its own database, queue and SMTP server, with the
+// worker process SIGKILLed the moment the SMTP server has received the welcome email for user_6. The counts
+// come from what the SMTP server received.
+
+package main
 
 import (
 	"context"
@@ -22,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/oncegate/oncegate/internal/smtptest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/queue"
 )

@@ -17,7 +17,6 @@ import (
 	"net/mail"
 	"strings"
 	"sync"
-	"testing"
 	"time"
 
 	"github.com/emersion/go-smtp"
@@ -96,8 +95,18 @@ func New(addr string) (*Server, error) {
 	return s, nil
 }
 
+// TB is what Start needs of a test: testing.TB satisfies it. The package does not import testing itself,
+// because the crash demo (cmd/killtest), a binary, runs this server, and no binary links package testing
+// (internal/testkit/deptest checks it).
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Errorf(format string, args ...any)
+	Cleanup(func())
+}
+
 // Start runs a server on loopback until the test ends.
-func Start(t testing.TB) *Server {
+func Start(t TB) *Server {
 	t.Helper()
 	s, err := New("127.0.0.1:0")
 	if err != nil {

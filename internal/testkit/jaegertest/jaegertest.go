@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/proctest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // Version is the Jaeger release the project tests against.

@@ -9,9 +9,22 @@ import (
 
 const module = "github.com/oncegate/oncegate"
 
-// rules are the project's layering. A violation names the import path; `go list -deps` and `go mod why`
-// show how it gets in.
+// rules are the project's layering. A Package ending in "/..." is every package below it, each checked on its
+// own so that a violation names the one that links it. A violation names the import path; `go list -deps`
+// and `go mod why` show how it gets in.
 var rules = []Rule{
+	{
+		Package:   module + "/cmd/...",
+		Forbidden: []string{"testing"},
+		Why: "a binary links no test code: package testing registers its -test.* flags in the binary, and a " +
+			"test helper it drags in (internal/testkit/...) fails or skips where a binary must return an error",
+	},
+	{
+		Package:   module + "/bench/...",
+		Forbidden: []string{"testing"},
+		Dir:       "bench",
+		Why:       "the benchmarks are binaries too: what they measure must not carry test code the product does not",
+	},
 	{
 		Package:   module + "/cmd/gateway",
 		Forbidden: []string{"github.com/redis/go-redis/v9", module + "/queue"},
@@ -26,6 +39,23 @@ var rules = []Rule{
 		Package:   module + "/queue",
 		Forbidden: []string{"github.com/jackc/pgx/v5", module + "/gateway", module + "/outbox", module + "/dedup"},
 		Why:       "the queue is Redis alone: an application using it must not link the gateway's Postgres stack",
+	},
+	{
+		Package:   module + "/providers/...",
+		Forbidden: []string{module + "/dedup", module + "/outbox", module + "/gateway"},
+		Why: "a provider turns a payload into one delivery and its outcome; whether it runs, again or once, is " +
+			"the outbox's and the effect store's decision, which a provider must not reach around",
+	},
+	{
+		Package:   module + "/dedup",
+		Forbidden: []string{module + "/outbox"},
+		Why:       "the effect store is below the dispatcher: the outbox calls dedup, never the other way round",
+	},
+	{
+		Package:   module + "/admin/...",
+		Forbidden: []string{module + "/gateway"},
+		Why: "the operator's tools act on the stores (Postgres, Redis) as the gateway does, not through its " +
+			"HTTP layer: the CLI and console must not link the gateway's server, configuration and providers' wiring",
 	},
 }
 
@@ -57,7 +87,13 @@ func TestLayering(t *testing.T) {
 	for _, r := range rules {
 		t.Run(r.Package, func(t *testing.T) {
 			t.Parallel()
-			Check(t, r)
+			pkgs := PackagesOf(t, r)
+			if len(pkgs) == 0 {
+				t.Fatalf("%s matches no package: the rule checks nothing", r.Package)
+			}
+			for _, p := range pkgs {
+				Check(t, Rule{Package: p, Forbidden: r.Forbidden, Why: r.Why, Dir: r.Dir})
+			}
 		})
 	}
 }

@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/proctest"
-	"github.com/oncegate/oncegate/internal/testenv"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // Version is the stripe-mock release the project tests against.

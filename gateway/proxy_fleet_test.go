@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/oncegate/oncegate/internal/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	httpprov "github.com/oncegate/oncegate/providers/http"
 )
 

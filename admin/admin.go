@@ -8,6 +8,10 @@
 // change to the database commits in the same transaction as its audit row, so there is never one without the
 // other. Reads are bounded: every listing is a keyset (or, in Redis, a range) page, never a COUNT or a scan.
 //
+// admin owns roles, the audit log and the operator's read models; it writes no effect, outbox or paused-type
+// row itself. Those changes are dedup.Store methods, run inside admin's audit transaction (the way riverui
+// calls River's JobRetryTx), so a tenant's retry and an operator's are one statement.
+//
 // The API is plain Go types with stable JSON field names (docs/cli.md lists them), filters as structs and
 // pages with opaque cursors, so that a web console serves the same values as JSON.
 package admin
@@ -44,21 +48,17 @@ func query(name string) string {
 }
 
 var (
-	effectsListSQL       = query("effects_list")
-	effectsCountSQL      = query("effects_count")
-	effectGetSQL         = query("effect_get")
-	effectTenantsSQL     = query("effect_tenants")
-	attemptsListSQL      = query("attempts_list")
-	effectResolveSQL     = query("effect_resolve")
-	effectResendSQL      = query("effect_resend")
-	effectsRetryBatchSQL = query("effects_retry_batch")
-	auditInsertSQL       = query("audit_insert")
-	auditListSQL         = query("audit_list")
-	typePauseSQL         = query("type_pause")
-	typeResumeSQL        = query("type_resume")
-	typesPausedSQL       = query("types_paused")
-	gatewaysListSQL      = query("gateways_list")
-	jobEffectsSQL        = query("job_effects")
+	effectsListSQL   = query("effects_list")
+	effectsCountSQL  = query("effects_count")
+	effectGetSQL     = query("effect_get")
+	effectTenantsSQL = query("effect_tenants")
+	attemptsListSQL  = query("attempts_list")
+	effectByIDSQL    = query("effect_by_id")
+	auditInsertSQL   = query("audit_insert")
+	auditListSQL     = query("audit_list")
+	typesPausedSQL   = query("types_paused")
+	gatewaysListSQL  = query("gateways_list")
+	jobEffectsSQL    = query("job_effects")
 )
 
 // Role is what an operator may do. Each role may do what the ones before it may.

@@ -10,8 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/notifier"
 )
 
 // EffectFilter selects effects. Empty fields select everything.
@@ -45,6 +45,12 @@ func (f EffectFilter) likePattern() *string {
 }
 
 func (f EffectFilter) status() *string { return nullString(string(f.Status)) }
+
+// match is f as the store's bulk changes take it.
+func (f EffectFilter) match() dedup.Match {
+	return dedup.Match{Tenant: f.Tenant, Type: f.Type, Status: f.Status, KeyPrefix: f.KeyPrefix, Since: f.Since,
+		JobID: f.JobID}
+}
 
 // empty reports whether f selects every effect.
 func (f EffectFilter) empty() bool { return f == EffectFilter{} }
@@ -299,15 +305,13 @@ func (s *Service) ResolveEffect(ctx context.Context, a Actor, tenant, key, as, r
 	}
 	var out *Effect
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		e, err := scanEffect(tx.QueryRow(ctx, effectResolveSQL, tenant, key, as, a.Name, reason,
-			string(notifier.TopicEffectDone)))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return s.whyNot(ctx, tx, tenant, key, "resolve", []effect.Status{effect.StatusUnknown})
-		}
+		e, err := dedup.NewStore(tx).Resolve(ctx, tenant, key, effect.Status(as), a.Name, reason)
 		if err != nil {
-			return dbError("resolve the effect", err)
+			return changeError("resolve", key, tenant, err)
 		}
-		out = e
+		if out, err = s.effectByID(ctx, tx, e.ID); err != nil {
+			return err
+		}
 		_, err = s.audit(ctx, tx, a, Audit{Action: "effect.resolve", Target: tenant + "/" + key, Count: 1,
 			Filter: mustJSON(map[string]string{"as": as}), Reason: reason})
 		return err
@@ -343,15 +347,17 @@ func (s *Service) resend(ctx context.Context, a Actor, action, tenant, key, reas
 	}
 	var out *Effect
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		e, err := scanEffect(tx.QueryRow(ctx, effectResendSQL, tenant, key, statusStrings(from), resolution, a.Name,
-			reason, string(notifier.TopicOutbox)))
-		if errors.Is(err, pgx.ErrNoRows) {
-			return s.whyNot(ctx, tx, tenant, key, strings.TrimPrefix(action, "effect."), from)
+		var res *dedup.Resolution
+		if resolution != nil {
+			res = &dedup.Resolution{As: *resolution, By: a.Name, Reason: reason}
 		}
+		e, err := dedup.NewStore(tx).SendBack(ctx, tenant, key, from, res)
 		if err != nil {
-			return dbError(action, err)
+			return changeError(strings.TrimPrefix(action, "effect."), key, tenant, err)
 		}
-		out = e
+		if out, err = s.effectByID(ctx, tx, e.ID); err != nil {
+			return err
+		}
 		var filter json.RawMessage
 		if resolution != nil {
 			filter = mustJSON(map[string]string{"as": *resolution})
@@ -363,18 +369,26 @@ func (s *Service) resend(ctx context.Context, a Actor, action, tenant, key, reas
 	return out, err
 }
 
-// whyNot explains an update that matched no row: the effect is missing, or in a state the action refuses.
-func (s *Service) whyNot(ctx context.Context, tx pgx.Tx, tenant, key, verb string, from []effect.Status) error {
-	var status string
-	err := tx.QueryRow(ctx, "SELECT status FROM oncegate_effects WHERE tenant = $1 AND key = $2", tenant, key).Scan(&status)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
-	}
+// effectByID reads an effect as an operator sees it, inside the change's transaction.
+func (s *Service) effectByID(ctx context.Context, tx pgx.Tx, id int64) (*Effect, error) {
+	e, err := scanEffect(tx.QueryRow(ctx, effectByIDSQL, id))
 	if err != nil {
-		return dbError("read the effect", err)
+		return nil, dbError("read the effect", err)
 	}
-	return &StateError{Msg: fmt.Sprintf("cannot %s effect %q: it is %s, and only %s can be", verb, key, status,
-		joinStatuses(from))}
+	return e, nil
+}
+
+// changeError explains a change the store refused: the effect is missing, or in a state the change refuses.
+func changeError(verb, key, tenant string, err error) error {
+	var wrong *dedup.WrongStatusError
+	switch {
+	case errors.Is(err, dedup.ErrNotFound):
+		return &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
+	case errors.As(err, &wrong):
+		return &StateError{Msg: fmt.Sprintf("cannot %s effect %q: it is %s, and only %s can be", verb, key,
+			wrong.Status, joinStatuses(wrong.Allowed))}
+	}
+	return dbError(verb+" the effect", err)
 }
 
 // CountEffects counts the effects that match f: the dry run of a bulk action. It is one COUNT, asked for on
@@ -498,39 +512,15 @@ func (s *Service) RetryEffects(ctx context.Context, a Actor, f EffectFilter, rea
 	var below *int64
 	for {
 		var ids []int64
-		types := map[string]bool{}
 		// A bulk action may run for minutes over a million effects, so the caller need not bound it; each
 		// batch is bounded instead, so that one that stops answering ends the action with an error.
 		bctx, cancel := context.WithTimeout(ctx, BatchTimeout)
 		err := pgx.BeginFunc(bctx, s.db, func(tx pgx.Tx) error {
 			ctx := bctx
-			rows, err := tx.Query(ctx, effectsRetryBatchSQL, nullString(f.Tenant), nullString(f.Type), f.status(),
-				f.likePattern(), nullTime(f.Since), nullString(f.JobID), below, BulkBatch,
-				statusStrings(effect.RetryableStatuses()))
-			if err != nil {
+			var err error
+			ids, err = dedup.NewStore(tx).SendBackMatching(ctx, f.match(), effect.RetryableStatuses(), below, BulkBatch)
+			if err != nil || len(ids) == 0 {
 				return err
-			}
-			ids = ids[:0]
-			for rows.Next() {
-				var id int64
-				var typ string
-				if err := rows.Scan(&id, &typ); err != nil {
-					rows.Close()
-					return err
-				}
-				ids = append(ids, id)
-				types[typ] = true
-			}
-			if err := rows.Err(); err != nil {
-				return err
-			}
-			if len(ids) == 0 {
-				return nil
-			}
-			for typ := range types {
-				if _, err := tx.Exec(ctx, "SELECT pg_notify($1, $2)", string(notifier.TopicOutbox), typ); err != nil {
-					return err
-				}
 			}
 			_, err = s.audit(ctx, tx, a, Audit{Action: "effect.retry-matching", Count: int64(len(ids)),
 				Filter: f.json(), Reason: reason})

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/oncegate/oncegate/internal/notifier"
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/outbox"
 )
 
@@ -147,18 +147,14 @@ func (s *Service) PausedTypes(ctx context.Context, a Actor) ([]PausedType, error
 // type is a wrong state.
 func (s *Service) PauseType(ctx context.Context, a Actor, typ, reason string) error {
 	return s.typeAction(ctx, a, "type.pause", typ, reason, func(tx pgx.Tx) (bool, error) {
-		var ok bool
-		err := tx.QueryRow(ctx, typePauseSQL, typ, a.Name, reason).Scan(&ok)
-		return ok, err
+		return dedup.NewStore(tx).PauseType(ctx, typ, a.Name, reason)
 	}, "is paused already")
 }
 
 // ResumeType lets the dispatchers claim the type's rows again and wakes them.
 func (s *Service) ResumeType(ctx context.Context, a Actor, typ, reason string) error {
 	return s.typeAction(ctx, a, "type.resume", typ, reason, func(tx pgx.Tx) (bool, error) {
-		var ok bool
-		err := tx.QueryRow(ctx, typeResumeSQL, typ, string(notifier.TopicOutbox)).Scan(&ok)
-		return ok, err
+		return dedup.NewStore(tx).ResumeType(ctx, typ)
 	}, "is not paused")
 }
 

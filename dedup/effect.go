@@ -1,7 +1,10 @@
-// Package dedup is the effect store: it owns every write to the effect and outbox rows (oncegate_effects,
-// oncegate_outbox), as typed lifecycle operations, so that the effect's state machine (docs/effects.md) is
-// written down in one package. Create records an effect under an idempotency key; Claim, Finish and
-// Reschedule move it through delivery under a lease; Retry is an operator's; Purge applies retention.
+// Package dedup is the effect store: it owns every write to the effect, outbox and paused-type rows
+// (oncegate_effects, oncegate_outbox, oncegate_paused_types), as typed lifecycle operations, so that the
+// effect's state machine (docs/effects.md) is written down in one package. Create records an effect under an
+// idempotency key; Claim, Finish and Reschedule move it through delivery under a lease; SendBack (a tenant's
+// Retry, an operator's retry or resend), Resolve, SendBackMatching and PauseType/ResumeType are the changes an
+// operator makes, which package admin calls inside its audited transaction (Store.WithTx); Purge applies
+// retention. internal/testkit/deptest fails when another package's code writes these tables.
 //
 // Create's guarantee: a Postgres unique constraint on (tenant, key) decides which of any number of concurrent
 // requests with one key creates the effect; every other request, and every later one, gets the stored effect
@@ -12,6 +15,8 @@
 //
 // CreateLeased records an effect with its outbox row already leased to the caller, which performs it at
 // once (the dedup proxy); it is fenced like any claim, so a caller that dies leaves a row the outbox rescues.
+// ClaimEffect takes an existing effect's row for such a caller, fenced, when it waited, by the lease of the
+// attempt it waited for: a waiter never takes over a row whose awaited attempt ended.
 //
 // Driver errors are translated here: ErrUnavailable (try again later) and ErrUnstorable (the data is at
 // fault) wrap them, so callers never read SQLSTATE codes.

@@ -16,7 +16,7 @@ import (
 // replays and attempts): each runs as a prepared statement on long-lived connections, and Postgres keeps a
 // generic plan for it once it has run five times, made from the table sizes of that moment.
 var planned = []string{"insert", "insert_batch", "get", "get_batch", "fence", "read_payloads", "finish",
-	"reschedule", "replays", "attempts", "insert_leased", "claim_effect", "type_paused", "retry",
+	"reschedule", "replays", "attempts", "insert_leased", "claim_effect", "type_paused", "send_back", "resolve",
 	"lock_leases"}
 
 // pinnedStatements are run behind pin.sql (pinned): an UPDATE, DELETE or locking read joined to a batch,

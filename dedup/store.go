@@ -21,7 +21,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/effect"
-	"github.com/oncegate/oncegate/internal/notifier"
 )
 
 //go:embed sql/*.sql
@@ -67,7 +66,6 @@ var (
 	fenceSQL        = query("fence")
 	getSQL          = query("get")
 	listSQL         = query("list")
-	retrySQL        = query("retry")
 	claimSQL        = query("claim")
 	readPayloadsSQL = query("read_payloads")
 	releaseSQL      = query("release")
@@ -369,20 +367,14 @@ func (s *Store) List(ctx context.Context, tenant string, f Filter) (*Page, error
 }
 
 // Retry sends a retryable effect (effect.RetryableStatuses) back to pending, with a fresh count of attempts,
-// and wakes the dispatchers.
+// and wakes the dispatchers: SendBack, as an operator's retry is. ErrNotRetryable in another status.
 func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) {
-	e, err := scan(s.db.QueryRow(ctx, retrySQL, tenant, key, effect.StatusPending,
-		statusStrings(effect.RetryableStatuses()), notifier.TopicOutbox))
-	if err == nil {
-		return e, nil
+	e, err := s.SendBack(ctx, tenant, key, effect.RetryableStatuses(), nil)
+	var wrong *WrongStatusError
+	if errors.As(err, &wrong) {
+		return nil, ErrNotRetryable
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return nil, translate("retry effect", err)
-	}
-	if _, err := s.Get(ctx, tenant, key); err != nil {
-		return nil, err
-	}
-	return nil, ErrNotRetryable
+	return e, err
 }
 
 // createFenced raises the job's fence and records the effect in one transaction; pgx.ErrNoRows means the

@@ -1,8 +1,9 @@
--- One batch of a bulk retry: up to $8 retryable effects (failed, dead, unknown) matching the filter, below
--- the id the previous batch ended at, back to pending with due outbox rows, newest first. SKIP LOCKED leaves
--- rows that another operator's action holds. Returns the ids retried and their types.
+-- One batch of an operator's bulk retry: up to $8 effects in one of the statuses $9 matching the filter, below
+-- the id the previous batch ended at, back to pending with due outbox rows, newest first, as send_back.sql
+-- does for one (an earlier resolution cleared). SKIP LOCKED leaves rows that another operator's action holds.
+-- Returns the ids retried and their types.
 -- $1 tenant, $2 type, $3 status, $4 key LIKE pattern, $5 created at or after, $6 job id, $7 id below, $8 size,
--- $9 the retryable statuses
+-- $9 the statuses it may be in, $10 pending
 WITH picked AS (
     SELECT id FROM oncegate_effects
     WHERE ($1::text IS NULL OR tenant = $1)
@@ -16,17 +17,17 @@ WITH picked AS (
     ORDER BY id DESC
     LIMIT $8
     FOR UPDATE SKIP LOCKED
-), e AS (
+), effect AS (
     UPDATE oncegate_effects x
-    SET status = 'pending', attempts = 0, next_attempt_at = now(), finished_at = NULL, updated_at = now(),
+    SET status = $10, attempts = 0, next_attempt_at = now(), finished_at = NULL, updated_at = now(),
         resolution = NULL, resolved_by = NULL, resolved_at = NULL, resolution_reason = NULL
     FROM picked
     WHERE x.id = picked.id
     RETURNING x.id, x.type
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type)
-    SELECT id, type FROM e
+    SELECT id, type FROM effect
     ON CONFLICT (effect_id) DO UPDATE
     SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
 )
-SELECT id, type FROM e
+SELECT id, type FROM effect

@@ -1,0 +1,24 @@
+-- Sends an effect back to pending with a fresh count of attempts and a due outbox row, and wakes the
+-- dispatchers: the one statement behind a tenant's retry (POST /v1/effects/{key}/retry), an operator's retry
+-- and an operator's "resend" resolution of an `unknown` effect. A resend keeps its resolution on the effect; a
+-- retry clears an earlier one, so that an effect retried after an operator resolved it never reads "delivered
+-- (resolved failed)". Its last error stays for reference. Returns no row when the effect is missing or in a
+-- status not in $3.
+-- $1 tenant, $2 key, $3 the statuses it may be in, $4 resolution (resend) or NULL (retry), $5 operator,
+-- $6 reason, $7 the outbox channel (notifier.TopicOutbox), $8 pending
+WITH effect AS (
+    UPDATE oncegate_effects
+    SET status = $8, attempts = 0, next_attempt_at = now(), finished_at = NULL, updated_at = now(),
+        resolution = $4,
+        resolved_by = CASE WHEN $4::text IS NULL THEN NULL ELSE $5::text END,
+        resolved_at = CASE WHEN $4::text IS NULL THEN NULL ELSE now() END,
+        resolution_reason = CASE WHEN $4::text IS NULL THEN NULL ELSE $6::text END
+    WHERE tenant = $1 AND key = $2 AND status = ANY ($3::text[])
+    RETURNING {{written}}
+), queued AS (
+    INSERT INTO oncegate_outbox (effect_id, type)
+    SELECT id, type FROM effect
+    ON CONFLICT (effect_id) DO UPDATE
+    SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+)
+SELECT {{written}} FROM effect, pg_notify($7::text, effect.type)

@@ -31,95 +31,64 @@ type createRequest struct {
 	Wait    string          `json:"wait"`
 }
 
-func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	tenant := tenantOf(r)
 	// application/json alone, as openapi.yaml lists it (parameters such as charset=utf-8 are fine): a +json
 	// type is JSON that means something else (merge-patch+json is a patch), which this API does not take.
 	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "application/json" {
-		writeProblem(w, probUnsupportedMedia, "", "send the request body as Content-Type: application/json")
-		return
+		return refuse(probUnsupportedMedia, "", "send the request body as Content-Type: application/json")
 	}
 	if len(r.Header.Values("Idempotency-Key")) > 1 {
 		// Which one would count is a guess a proxy and the gateway could make differently: refuse both.
-		badRequest(w, "Idempotency-Key", "the header is sent more than once; send one key")
-		return
+		return invalid("Idempotency-Key", "the header is sent more than once; send one key")
 	}
 	key, err := dedup.ParseKey(r.Header.Get("Idempotency-Key"))
 	if err != nil {
-		badRequest(w, "Idempotency-Key", err.Error())
-		return
+		return invalid("Idempotency-Key", err.Error())
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(g.cfg.Limits.MaxBody)))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeProblem(w, probBodyTooLarge, "", fmt.Sprintf("the body is over the limit of %d bytes", g.cfg.Limits.MaxBody))
-			return
+			return refuse(probBodyTooLarge, "", fmt.Sprintf("the body is over the limit of %d bytes", g.cfg.Limits.MaxBody))
 		}
-		badRequest(w, "", "could not read the request body")
-		return
+		return invalid("", "could not read the request body")
 	}
 	req, field, err := decodeCreate(body)
 	if err != nil {
-		badRequest(w, field, err.Error())
-		return
+		return invalid(field, err.Error())
 	}
 	if !g.allows(tenant, req.Type) {
-		g.typeNotAllowed(w, tenant, req.Type)
-		return
+		return g.typeNotAllowed(tenant, req.Type)
 	}
 	p, ok := g.providers.Get(req.Type)
 	if !ok {
-		badRequest(w, "type", fmt.Sprintf("unknown effect type %q", req.Type))
-		return
+		return invalid("type", fmt.Sprintf("unknown effect type %q", req.Type))
 	}
 	if err := p.Validate(req.Payload); err != nil {
 		var fe *providers.FieldError
 		if errors.As(err, &fe) {
-			badRequest(w, fe.Field, fe.Error())
-		} else {
-			badRequest(w, "payload", err.Error())
+			return invalid(fe.Field, fe.Error())
 		}
-		return
+		return invalid("payload", err.Error())
 	}
 	wait, err := parseWait(req.Wait)
 	if err != nil {
-		badRequest(w, "wait", err.Error())
-		return
+		return invalid("wait", err.Error())
 	}
 
 	jobID, epoch, err := jobHeaders(r)
 	if err != nil {
-		badRequest(w, "Oncegate-Job-Epoch", err.Error())
-		return
+		return invalid("Oncegate-Job-Epoch", err.Error())
 	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload,
 		JobID: jobID, JobEpoch: epoch})
-	var reused *dedup.KeyReusedError
-	var fenced *dedup.FencedError
-	var unstorable *dedup.UnstorableError
-	switch {
-	case errors.As(err, &fenced):
-		writeProblem(w, probFenced, "Oncegate-Job-Epoch", fmt.Sprintf("job %q was leased again under a newer epoch "+
-			"than %d: this worker lost the job and may not start effects for it; stop the handler", fenced.JobID, fenced.Epoch))
-		return
-	case errors.As(err, &reused):
-		g.metrics.keyReuses.WithLabelValues(req.Type).Inc()
-		writeProblem(w, probKeyReused, "Idempotency-Key", fmt.Sprintf("the key %q was used for another request "+
-			"(a different type or payload); use a new key for a new request, or send exactly the same request to "+
-			"get its result", key))
-		return
-	case errors.As(err, &unstorable):
-		// Valid JSON that Postgres cannot store, such as a \u0000 escape.
-		badRequest(w, "payload", "the payload cannot be stored: "+unstorable.Reason)
-		return
-	case err != nil:
-		g.storeError(w, r, err)
-		return
+	if err != nil {
+		return about(err, key, req.Type)
 	}
 	span := trace.SpanFromContext(r.Context())
 	span.SetAttributes(attribute.String("idempotency.key", key), attribute.Bool("idempotency.replayed", replayed),
@@ -142,6 +111,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) {
 		status = http.StatusOK
 	}
 	writeJSON(w, status, e)
+	return nil
 }
 
 // jobHeaders reads Oncegate-Job-Id and Oncegate-Job-Epoch, which a worker sends to have its effects fenced
@@ -296,30 +266,27 @@ func pathKey(r *http.Request) (string, error) {
 // effectPath is the effect's API path: effect.Path, shared with the Go client.
 func effectPath(key string) string { return effect.Path(key) }
 
-func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) error {
 	key, err := pathKey(r)
 	if err != nil {
-		badRequest(w, "key", "the key in the path is not validly escaped")
-		return
+		return invalid("key", "the key in the path is not validly escaped")
 	}
 	wait, err := parseWait(r.URL.Query().Get("wait"))
 	if err != nil {
-		badRequest(w, "wait", err.Error())
-		return
+		return invalid("wait", err.Error())
 	}
 	e, err := g.get(r.Context(), tenantOf(r), key)
 	if errors.Is(err, dedup.ErrNotFound) {
-		writeProblem(w, probNotFound, "", fmt.Sprintf("no effect under the key %q", key))
-		return
+		return refuse(probNotFound, "", fmt.Sprintf("no effect under the key %q", key))
 	}
 	if err != nil {
-		g.storeError(w, r, err)
-		return
+		return err
 	}
 	if wait > 0 {
 		e = g.waitTerminal(r.Context(), tenantOf(r), e, wait)
 	}
 	writeJSON(w, http.StatusOK, e)
+	return nil
 }
 
 type listResponse struct {
@@ -327,66 +294,53 @@ type listResponse struct {
 	NextCursor *string         `json:"next_cursor"`
 }
 
-func (g *Gateway) listEffects(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) listEffects(w http.ResponseWriter, r *http.Request) error {
 	q := r.URL.Query()
 	f := dedup.Filter{Status: effect.Status(q.Get("status")), Type: q.Get("type"), Cursor: q.Get("cursor"),
 		Limit: g.cfg.Limits.PageSize}
 	if f.Status != "" && !f.Status.Valid() {
-		badRequest(w, "status", fmt.Sprintf("unknown status %q; one of %v", f.Status, effect.Statuses()))
-		return
+		return invalid("status", fmt.Sprintf("unknown status %q; one of %v", f.Status, effect.Statuses()))
 	}
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
 		if err != nil || n < 1 || n > g.cfg.Limits.MaxPageSize {
-			badRequest(w, "limit", fmt.Sprintf("limit must be a whole number from 1 to %d", g.cfg.Limits.MaxPageSize))
-			return
+			return invalid("limit", fmt.Sprintf("limit must be a whole number from 1 to %d", g.cfg.Limits.MaxPageSize))
 		}
 		f.Limit = n
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	page, err := g.store.List(ctx, tenantOf(r), f)
-	if errors.Is(err, dedup.ErrBadCursor) {
-		badRequest(w, "cursor", "the cursor is not one this API handed out")
-		return
-	}
 	if err != nil {
-		g.storeError(w, r, err)
-		return
+		return err
 	}
 	resp := listResponse{Data: page.Effects}
 	if page.Next != "" {
 		resp.NextCursor = &page.Next
 	}
 	writeJSON(w, http.StatusOK, resp)
+	return nil
 }
 
-func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) error {
 	key, err := pathKey(r)
 	if err != nil {
-		badRequest(w, "key", "the key in the path is not validly escaped")
-		return
+		return invalid("key", "the key in the path is not validly escaped")
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	if _, listed := g.allowed[tenantOf(r)]; listed { // a retry delivers again: only a type the tenant may use
 		if e, err := g.store.Get(ctx, tenantOf(r), key); err == nil && !g.allows(tenantOf(r), e.Type) {
-			g.typeNotAllowed(w, tenantOf(r), e.Type)
-			return
+			return g.typeNotAllowed(tenantOf(r), e.Type)
 		}
 	}
 	e, err := g.store.Retry(ctx, tenantOf(r), key)
-	switch {
-	case errors.Is(err, dedup.ErrNotFound):
-		writeProblem(w, probNotFound, "", fmt.Sprintf("no effect under the key %q", key))
-	case errors.Is(err, dedup.ErrNotRetryable):
-		writeProblem(w, probNotRetryable, "", "only dead, failed and unknown effects can be retried")
-	case err != nil:
-		g.storeError(w, r, err)
-	default:
-		g.dispatcher.Wake() // retry.sql notifies the other gateways
-		writeJSON(w, http.StatusOK, e)
+	if err != nil {
+		return about(err, key, "")
 	}
+	g.dispatcher.Wake() // send_back.sql notifies the other gateways
+	writeJSON(w, http.StatusOK, e)
+	return nil
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

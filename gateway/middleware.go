@@ -196,13 +196,13 @@ func (g *Gateway) allows(tenant, typ string) bool {
 
 // typeNotAllowed answers a request for an effect type outside the tenant's list. It answers alike whether
 // the type exists or not, and names only the tenant's own types, so a tenant learns nothing of the others'.
-func (g *Gateway) typeNotAllowed(w http.ResponseWriter, tenant, typ string) {
+func (g *Gateway) typeNotAllowed(tenant, typ string) error {
 	mine := make([]string, 0, len(g.allowed[tenant]))
 	for t := range g.allowed[tenant] {
 		mine = append(mine, t)
 	}
 	sort.Strings(mine)
-	writeProblem(w, probTypeNotAllowed, "type", fmt.Sprintf("this tenant may not use the effect type %q; its "+
+	return refuse(probTypeNotAllowed, "type", fmt.Sprintf("this tenant may not use the effect type %q; its "+
 		"types are %s", typ, strings.Join(mine, ", ")))
 }
 

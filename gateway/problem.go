@@ -3,13 +3,10 @@ package gateway
 import (
 	_ "embed"
 	"encoding/json"
-	"errors"
 	"html/template"
 	"net/http"
 
 	"github.com/gorilla/mux"
-
-	"github.com/oncegate/oncegate/dedup"
 )
 
 // Problem is an RFC 9457 problem detail. Type is a URI reference naming the kind of problem: the path of the
@@ -172,10 +169,6 @@ func writeProblem(w http.ResponseWriter, k *ProblemKind, field, detail string) {
 	_ = json.NewEncoder(w).Encode(Problem{Type: k.Type(), Title: k.Title, Status: k.Status, Detail: detail, Field: field})
 }
 
-func badRequest(w http.ResponseWriter, field, detail string) {
-	writeProblem(w, probInvalid, field, detail)
-}
-
 //go:embed problem.html
 var problemHTML string
 
@@ -190,18 +183,4 @@ func problemPage(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	_ = problemPageTemplate.Execute(w, k)
-}
-
-// storeError answers for an unexpected store error: 503 with Retry-After when the database is unreachable
-// (dedup.ErrUnavailable), else a 500 that says no more than that.
-func (g *Gateway) storeError(w http.ResponseWriter, r *http.Request, err error) {
-	if errors.Is(err, dedup.ErrUnavailable) {
-		g.log.Warn("database unavailable", "path", r.URL.Path, "err", err)
-		w.Header().Set("Retry-After", "1")
-		writeProblem(w, probUnavailable, "", "the database cannot be reached; retry with the same Idempotency-Key: "+
-			"it records the effect once, or returns it if the connection failed after it was recorded")
-		return
-	}
-	g.log.Error("request failed", "path", r.URL.Path, "err", err)
-	writeProblem(w, probInternal, "", "the request failed; it is safe to retry with the same Idempotency-Key")
 }

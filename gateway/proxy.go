@@ -56,23 +56,22 @@ func safeMethod(m string) bool {
 // being woken when this gateway finishes one: the other may run in another gateway, or end pending.
 const proxyRecheck = 100 * time.Millisecond
 
-func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) error {
 	tenant := tenantOf(r)
 	typ, err := url.PathUnescape(mux.Vars(r)["type"])
 	if err != nil {
 		refuseUnread(w, r, probNotFound, "the effect type in the path is not validly escaped")
-		return
+		return nil
 	}
 	if !g.allows(tenant, typ) {
-		g.typeNotAllowed(w, tenant, typ)
-		return
+		return g.typeNotAllowed(tenant, typ)
 	}
 	p, _ := g.providers.Get(typ)
 	hp, ok := p.(*httpprov.Provider)
 	if !ok {
 		refuseUnread(w, r, probNotFound, fmt.Sprintf("no effect type %q whose provider is http: only those "+
 			"can be proxied", typ))
-		return
+		return nil
 	}
 	m := g.metrics.proxied.MustCurryWith(map[string]string{"type": typ})
 	// The path under the type, as it was sent (percent-encoding kept), and the query.
@@ -88,25 +87,22 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 		if len(r.Header.Values("Idempotency-Key")) > 1 {
 			m.WithLabelValues("refused").Inc()
 			refuseUnread(w, r, probInvalid, "Idempotency-Key is sent more than once; send one key")
-			return
+			return nil
 		}
 		if key, err = dedup.ParseKey(r.Header.Get("Idempotency-Key")); err != nil {
 			m.WithLabelValues("refused").Inc()
 			w.Header().Set("Connection", "close")
-			writeProblem(w, probInvalid, "Idempotency-Key", r.Method+" through the proxy needs an Idempotency-Key "+
+			return invalid("Idempotency-Key", r.Method+" through the proxy needs an Idempotency-Key "+
 				"(GET, HEAD and OPTIONS pass through unrecorded): "+err.Error())
-			return
 		}
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, int64(g.cfg.Limits.MaxBody)))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeProblem(w, probBodyTooLarge, "", fmt.Sprintf("the body is over the limit of %d bytes", g.cfg.Limits.MaxBody))
-			return
+			return refuse(probBodyTooLarge, "", fmt.Sprintf("the body is over the limit of %d bytes", g.cfg.Limits.MaxBody))
 		}
-		badRequest(w, "", "could not read the request body")
-		return
+		return invalid("", "could not read the request body")
 	}
 	// Which headers are sent on, dropped or refused, and how bytes are carried, is the http provider's header
 	// policy (providers/http, headers.go), the same table a payload posted to /v1/effects is checked by.
@@ -119,13 +115,12 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 			// payload.headers.X is the request's header X, payload.path its path: say it the client's way.
 			field = strings.TrimPrefix(strings.TrimPrefix(fe.Field, "payload."), "headers.")
 		}
-		badRequest(w, field, detail)
-		return
+		return invalid(field, detail)
 	}
 	if !unsafe {
 		m.WithLabelValues("passed").Inc()
 		g.pass(w, r, hp, typ, payload)
-		return
+		return nil
 	}
 
 	span := trace.SpanFromContext(r.Context())
@@ -138,7 +133,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) {
 	out := g.proxyFlow().run(r.Context(), dedup.NewEffect{Tenant: tenant, Key: key, Type: typ, Payload: payload},
 		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), wait)
 	span.SetAttributes(attribute.Bool("idempotency.replayed", out.Kind != performedHere))
-	g.answerProxied(w, r, m, typ, key, out)
+	return g.answerProxied(w, m, typ, key, out)
 }
 
 // proxyFlow is the gateway's flow for proxied requests, over its dispatcher and store.
@@ -158,9 +153,7 @@ func (e proxyEngineOf) Get(ctx context.Context, tenant, key string) (*dedup.Effe
 }
 
 // answerProxied renders what a proxied request came to.
-func (g *Gateway) answerProxied(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, typ, key string, out proxyOutcome) {
-	var reused *dedup.KeyReusedError
-	var unstorable *dedup.UnstorableError
+func (g *Gateway) answerProxied(w http.ResponseWriter, m *prometheus.CounterVec, typ, key string, out proxyOutcome) error {
 	switch out.Kind {
 	case performedHere:
 		p := out.Performed
@@ -176,7 +169,7 @@ func (g *Gateway) answerProxied(w http.ResponseWriter, r *http.Request, m *prome
 		if p.Status.Terminal() {
 			m.WithLabelValues("performed").Inc()
 			g.render(w, p.Status, p.Finish.Result, p.Finish.LastError, false)
-			return
+			return nil
 		}
 		// Pending: a transient failure (or a breaker that held the call). Its answer is the client's to see
 		// and is not stored: a retry under the key performs the request again.
@@ -206,26 +199,21 @@ func (g *Gateway) answerProxied(w http.ResponseWriter, r *http.Request, m *prome
 	case stillInFlight:
 		g.inFlight(w, m, key)
 	case typePausedNow:
-		g.typePaused(w, m, typ)
+		m.WithLabelValues("paused").Inc()
+		return about(dedup.ErrTypePaused, key, typ)
 	case effectGone:
 		// Purged by retention meanwhile: the key is free, and the client's retry records it anew.
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, probInFlight, "Idempotency-Key", "the effect under the key was just purged; retry")
+		return refuse(probInFlight, "Idempotency-Key", "the effect under the key was just purged; retry")
 	case clientGone:
 	case failed:
-		switch err := out.Err; {
-		case errors.As(err, &reused):
+		var reused *dedup.KeyReusedError
+		if errors.As(out.Err, &reused) {
 			m.WithLabelValues("key_reused").Inc()
-			g.metrics.keyReuses.WithLabelValues(typ).Inc()
-			writeProblem(w, probKeyReused, "Idempotency-Key", fmt.Sprintf("the key %q was used for another request "+
-				"(another method, path, query, content type or body); use a new key for a new request, or send "+
-				"exactly the same request to get its answer", key))
-		case errors.As(err, &unstorable):
-			badRequest(w, "", "the request cannot be stored: "+unstorable.Reason)
-		default:
-			g.storeError(w, r, err)
 		}
+		return about(out.Err, key, typ)
 	}
+	return nil
 }
 
 func deref(s *string) string {
@@ -337,18 +325,6 @@ func (g *Gateway) inFlight(w http.ResponseWriter, m *prometheus.CounterVec, key 
 	w.Header().Set("Retry-After", "1")
 	writeProblem(w, probInFlight, "Idempotency-Key", fmt.Sprintf("a request under the key %q is "+
 		"being performed; retry with the same key and request", key))
-}
-
-// typePausedRetry is the Retry-After of a request refused because its type is paused: an operator's pause
-// lasts minutes, and a client that comes back every second would only add load to an incident.
-const typePausedRetry = 30
-
-// typePaused refuses a proxied request that would reach the upstream of a type an operator paused.
-func (g *Gateway) typePaused(w http.ResponseWriter, m *prometheus.CounterVec, typ string) {
-	m.WithLabelValues("paused").Inc()
-	w.Header().Set("Retry-After", strconv.Itoa(typePausedRetry))
-	writeProblem(w, probTypePaused, "", fmt.Sprintf("an operator paused delivery of effect type %q; retry "+
-		"with the same Idempotency-Key after the type is resumed", typ))
 }
 
 // render answers with a terminal effect of the proxy: the stored answer as it came, or the problem its

@@ -49,12 +49,12 @@ func (g *Gateway) routes() *mux.Router {
 	// routes repeat its prefix matcher, whose match erases a sibling route's method mismatch, so a wrong
 	// method on a /v1 path came out as a 404.
 	v1 := func(h http.HandlerFunc) http.Handler { return g.authenticate(g.limitTenant(h)) }
-	r.Handle("/v1/effects", v1(g.createEffect)).Methods(http.MethodPost)
-	r.Handle("/v1/effects", v1(g.listEffects)).Methods(get...)
-	r.Handle("/v1/effects/{key}", v1(g.getEffect)).Methods(get...)
-	r.Handle("/v1/effects/{key}/retry", v1(g.retryEffect)).Methods(http.MethodPost)
+	r.Handle("/v1/effects", v1(g.api(g.createEffect))).Methods(http.MethodPost)
+	r.Handle("/v1/effects", v1(g.api(g.listEffects))).Methods(get...)
+	r.Handle("/v1/effects/{key}", v1(g.api(g.getEffect))).Methods(get...)
+	r.Handle("/v1/effects/{key}/retry", v1(g.api(g.retryEffect))).Methods(http.MethodPost)
 	// The dedup proxy takes every method; its key header is its own (proxy.api_key_header).
-	proxied := g.authenticateBy(g.proxyKeyHeader(), g.limitTenant(http.HandlerFunc(g.proxy)))
+	proxied := g.authenticateBy(g.proxyKeyHeader(), g.limitTenant(g.api(g.proxy)))
 	// Methods upper-cases the slice it is given in place: each route gets a copy, or gateways built at once race.
 	r.Handle("/v1/proxy/{type}", proxied).Methods(slices.Clone(proxyMethods)...)
 	r.Handle("/v1/proxy/{type}/{path:.*}", proxied).Methods(slices.Clone(proxyMethods)...)

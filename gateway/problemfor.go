@@ -1,0 +1,129 @@
+package gateway
+
+// The API's handlers return errors, and problemFor maps each to the problem it is answered with, once for
+// every route: a reused key, a fenced job, an unstorable payload, a missing effect or a database away read
+// the same on /v1/effects and on /v1/proxy. A handler's own refusals are *problemError values (invalid,
+// refuse); everything else is the store's, named by its type.
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/oncegate/oncegate/dedup"
+)
+
+// problemError is a refusal as a handler returns it: the problem it is answered with.
+type problemError struct {
+	kind       *ProblemKind
+	field      string
+	detail     string
+	retryAfter int // seconds; 0 sends no Retry-After
+}
+
+func (e *problemError) Error() string { return e.kind.Slug + ": " + e.detail }
+
+// refuse is a refusal with the problem kind k.
+func refuse(k *ProblemKind, field, detail string) error {
+	return &problemError{kind: k, field: field, detail: detail}
+}
+
+// invalid refuses a request whose field (or body, when field is "") is at fault.
+func invalid(field, detail string) error { return refuse(probInvalid, field, detail) }
+
+// subjectError names the key and the effect type a store error was about, for its problem's detail.
+type subjectError struct {
+	key, typ string
+	err      error
+}
+
+func (e *subjectError) Error() string { return e.err.Error() }
+func (e *subjectError) Unwrap() error { return e.err }
+
+// about names the key and effect type (either may be "") that err, a store's, was about.
+func about(err error, key, typ string) error {
+	if err == nil {
+		return nil
+	}
+	return &subjectError{key: key, typ: typ, err: err}
+}
+
+// typePausedRetry is the Retry-After of a request refused because its type is paused: an operator's pause
+// lasts minutes, and a client that comes back every second would only add load to an incident.
+const typePausedRetry = 30
+
+// problemFor maps an error a handler returned to the problem it is answered with.
+func problemFor(err error) *problemError {
+	var (
+		pe         *problemError
+		subject    subjectError
+		on         *subjectError
+		fenced     *dedup.FencedError
+		reused     *dedup.KeyReusedError
+		unstorable *dedup.UnstorableError
+	)
+	if errors.As(err, &on) {
+		subject = *on
+	}
+	switch {
+	case errors.As(err, &pe):
+		return pe
+	case errors.As(err, &fenced):
+		return &problemError{kind: probFenced, field: "Oncegate-Job-Epoch", detail: fmt.Sprintf("job %q was "+
+			"leased again under a newer epoch than %d: this worker lost the job and may not start effects for "+
+			"it; stop the handler", fenced.JobID, fenced.Epoch)}
+	case errors.As(err, &reused):
+		return &problemError{kind: probKeyReused, field: "Idempotency-Key", detail: fmt.Sprintf("the key %q was "+
+			"used for another request; use a new key for a new request, or send exactly the same request to get "+
+			"its answer", reused.Key)}
+	case errors.As(err, &unstorable):
+		// Valid JSON that Postgres cannot store, such as a \u0000 escape.
+		return &problemError{kind: probInvalid, field: "payload", detail: "the payload cannot be stored: " +
+			unstorable.Reason}
+	case errors.Is(err, dedup.ErrNotFound):
+		return &problemError{kind: probNotFound, detail: fmt.Sprintf("no effect under the key %q", subject.key)}
+	case errors.Is(err, dedup.ErrNotRetryable):
+		return &problemError{kind: probNotRetryable, detail: "only dead, failed and unknown effects can be retried"}
+	case errors.Is(err, dedup.ErrTypePaused):
+		return &problemError{kind: probTypePaused, retryAfter: typePausedRetry, detail: fmt.Sprintf("an operator "+
+			"paused delivery of effect type %q; retry with the same Idempotency-Key after the type is resumed",
+			subject.typ)}
+	case errors.Is(err, dedup.ErrBadCursor):
+		return &problemError{kind: probInvalid, field: "cursor", detail: "the cursor is not one this API handed out"}
+	case errors.Is(err, dedup.ErrUnavailable):
+		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database cannot be reached; retry " +
+			"with the same Idempotency-Key: it records the effect once, or returns it if the connection failed " +
+			"after it was recorded"}
+	}
+	return &problemError{kind: probInternal, detail: "the request failed; it is safe to retry with the same " +
+		"Idempotency-Key"}
+}
+
+// fail answers a request with the problem of err, and logs what the client is not told.
+func (g *Gateway) fail(w http.ResponseWriter, r *http.Request, err error) {
+	p := problemFor(err)
+	var reused *dedup.KeyReusedError
+	var on *subjectError
+	switch {
+	case p.kind == probUnavailable:
+		g.log.Warn("database unavailable", "path", r.URL.Path, "err", err)
+	case p.kind == probInternal:
+		g.log.Error("request failed", "path", r.URL.Path, "err", err)
+	case errors.As(err, &reused) && errors.As(err, &on):
+		g.metrics.keyReuses.WithLabelValues(on.typ).Inc()
+	}
+	if p.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(p.retryAfter))
+	}
+	writeProblem(w, p.kind, p.field, p.detail)
+}
+
+// api adapts a handler that returns its refusal as an error.
+func (g *Gateway) api(h func(w http.ResponseWriter, r *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			g.fail(w, r, err)
+		}
+	}
+}

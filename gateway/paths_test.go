@@ -1,9 +1,13 @@
 package gateway
 
 import (
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
+
+	httpprov "github.com/oncegate/oncegate/providers/http"
 )
 
 // Keys that are, or hold, dot segments and empty segments round-trip: the Location the gateway answers with
@@ -98,5 +102,44 @@ func TestHeadIsServedWhereverGetIs(t *testing.T) {
 			!strings.Contains(r.header.Get("Allow"), "GET") {
 			t.Errorf("DELETE %s: %d, Allow %q: want 405 listing GET and HEAD", path, r.status, r.header.Get("Allow"))
 		}
+	}
+}
+
+// the path's percent-encoding reaches the upstream as sent, and a path that decodes to a leading "//"
+// (an authority, to an upstream that reads the request line as a URL) is refused as the literal one is.
+// a request without a path after the type goes to base_url as written.
+func TestProxyKeepsPercentEncoding(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		_, _ = io.WriteString(w, r.RequestURI)
+	})
+	h := proxyGateway(t, up, func(c *Config) {
+		c.EffectTypes["root"] = EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL,
+			AllowPrivateNetworks: true}}
+	})
+	for i, tc := range []struct{ path, want string }{
+		{"/v1/proxy/payments/files/a%2Fb", "/api/files/a%2Fb"},
+		{"/v1/proxy/payments/x%3By", "/api/x%3By"},
+		{"/v1/proxy/payments/%41?q=%2F", "/api/%41?q=%2F"},
+		{"/v1/proxy/payments", "/api"},
+		{"/v1/proxy/payments?q=1", "/api?q=1"},
+		{"/v1/proxy/payments/", "/api/"},
+	} {
+		if g := h.req("GET", tc.path, acmeKey, ""); g.status != 200 || g.raw != tc.want {
+			t.Errorf("GET %s: %d %q, want %q", tc.path, g.status, g.raw, tc.want)
+		}
+		p := h.req("POST", tc.path, acmeKey, "{}", fmt.Sprintf("Idempotency-Key: enc-%d", i))
+		if p.status != 200 || p.raw != tc.want {
+			t.Errorf("POST %s: %d %q, want %q", tc.path, p.status, p.raw, tc.want)
+		}
+	}
+	for _, path := range []string{"/v1/proxy/root//evil.example/x", "/v1/proxy/root/%2F%2Fevil.example/x",
+		"/v1/proxy/root/%2f/evil.example/x"} {
+		if p := h.req("POST", path, acmeKey, "{}", "Idempotency-Key: evil"+path); p.status != 400 {
+			t.Errorf("POST %s: %d %q", path, p.status, p.raw)
+		}
+	}
+	if n := up.calls.Load(); n != 12 {
+		t.Errorf("upstream calls: %d", n)
 	}
 }

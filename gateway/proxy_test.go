@@ -425,3 +425,169 @@ func TestProxyHonoursAPausedType(t *testing.T) {
 		t.Fatalf("the waiting key after the resume: %d %s", a.status, a.raw)
 	}
 }
+
+// an upstream's 1xx final answer (101 Switching Protocols) is never forwarded: the client gets a 502
+// problem, and its connection stays HTTP.
+func TestProxyInterimFinalStatusIsBadGateway(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		conn, buf, _ := w.(http.Hijacker).Hijack()
+		_, _ = buf.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: evil\r\nConnection: Upgrade\r\n\r\nraw bytes")
+		_ = buf.Flush()
+		conn.Close()
+	})
+	h := proxyGateway(t, up, nil)
+	for i := range 2 {
+		p := h.req("POST", "/v1/proxy/payments/ws", acmeKey, "{}", "Idempotency-Key: ws")
+		if p.status != 502 || p.header.Get("Content-Type") != "application/problem+json" || p.header.Get("Upgrade") != "" ||
+			(i == 1) != (p.header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("POST %d: %d %v %s", i, p.status, p.header, p.raw)
+		}
+	}
+	if g := h.req("GET", "/v1/proxy/payments/ws", acmeKey, ""); g.status != 502 || g.header.Get("Upgrade") != "" {
+		t.Fatalf("GET: %d %v %s", g.status, g.header, g.raw)
+	}
+}
+
+// an effect whose retries are used up answers 502 /problems/upstream-gave-up, on the attempt that made
+// it dead and on every request after, never the last 5xx it got.
+func TestProxyDeadEffectGaveUp(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		w.Header().Set("Retry-After", "0")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, "upstream broke")
+	})
+	h := proxyGateway(t, up, func(c *Config) {
+		et := c.EffectTypes["payments"]
+		et.Retry = &Retry{MaxAttempts: 2}
+		c.EffectTypes["payments"] = et
+	})
+	first := h.req("POST", "/v1/proxy/payments/status/500", acmeKey, "{}", "Idempotency-Key: fd-1")
+	if first.status != 500 || first.raw != "upstream broke" {
+		t.Fatalf("first attempt: %d %s", first.status, first.raw)
+	}
+	for i := range 2 {
+		r := h.req("POST", "/v1/proxy/payments/status/500", acmeKey, "{}", "Idempotency-Key: fd-1")
+		if r.status != 502 || !strings.Contains(r.raw, "/problems/upstream-gave-up") ||
+			(i == 1) != (r.header.Get("Idempotent-Replayed") == "true") {
+			t.Fatalf("request %d after the last attempt: %d %v %s", i, r.status, r.header, r.raw)
+		}
+	}
+	if e := h.req("GET", "/v1/effects/fd-1", acmeKey, ""); e.body["status"] != "dead" {
+		t.Fatalf("effect: %s", e.raw)
+	}
+	if n := up.calls.Load(); n != 2 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+}
+
+// requests that wait for another's attempt under their key get that attempt's answer when it fails
+// transiently, instead of each performing the request again as soon as it ends: twenty identical requests
+// against a failing upstream make one call.
+func TestProxyWaitersShareATransientFailure(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		<-release
+		// Not due again for a minute: the dispatcher, which would otherwise retry the row at once, leaves it
+		// to the requests (a waiter that meets the dispatcher's attempt instead gets the 502 docs/proxy.md
+		// names, which a loaded machine made this test see).
+		w.Header().Set("Retry-After", "60")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, "overloaded")
+	})
+	h := proxyGateway(t, up, nil)
+	answers := make([]response, 20)
+	var wg sync.WaitGroup
+	send := func(i int) {
+		answers[i] = h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: fail-20")
+	}
+	wg.Go(func() { send(0) })
+	for up.calls.Load() == 0 {
+		runtime.Gosched()
+	}
+	for i := 1; i < len(answers); i++ {
+		wg.Go(func() { send(i) })
+	}
+	waiting := func() int {
+		h.g.waiters.mu.Lock()
+		defer h.g.waiters.mu.Unlock()
+		n := 0
+		for _, list := range h.g.waiters.m {
+			n += len(list)
+		}
+		return n
+	}
+	for waiting() < len(answers)-1 {
+		runtime.Gosched()
+	}
+	close(release)
+	wg.Wait()
+	for i, a := range answers {
+		if a.status != 503 || a.raw != "overloaded" || (i > 0) != (a.header.Get("Idempotent-Replayed") == "true") {
+			t.Errorf("request %d: %d %v %s", i, a.status, a.header, a.raw)
+		}
+	}
+	if n := up.calls.Load(); n != 1 {
+		t.Fatalf("upstream calls: %d", n)
+	}
+	// The next request under the key performs it again: it waited for no attempt.
+	if a := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: fail-20"); a.status != 503 ||
+		up.calls.Load() != 2 {
+		t.Fatalf("a later retry: %d %s, %d calls", a.status, a.raw, up.calls.Load())
+	}
+}
+
+// the Bearer scheme is case-insensitive (RFC 9110 §11.1). an API key sent twice is refused, not
+// read first-wins. the gateway's own Oncegate-* headers are dropped in any spelling a server reads as the
+// same (Oncegate_Api_Key). a 405 names the methods in Allow.
+func TestProxyAuthenticationHeaders(t *testing.T) {
+	t.Parallel()
+	up := newUpstream(t, chargeAnswer)
+	h := proxyGateway(t, up, nil)
+	for _, scheme := range []string{"bearer", "BEARER", "Bearer"} {
+		if r := h.req("GET", "/v1/proxy/payments/x", "", "", "Authorization: "+scheme+" "+acmeKey); r.status != 201 {
+			t.Errorf("L2: scheme %q: %d %s", scheme, r.status, r.raw)
+		}
+		if r := h.req("GET", "/v1/effects", "", "", "Authorization: "+scheme+" "+acmeKey); r.status != 200 {
+			t.Errorf("L2: scheme %q on /v1/effects: %d %s", scheme, r.status, r.raw)
+		}
+	}
+	if r := h.req("GET", "/v1/proxy/payments/x", "", "", "Authorization: Bearer "+acmeKey,
+		"Authorization: Bearer og_someone_else"); r.status != 401 {
+		t.Errorf("L3: two Authorization headers: %d %s", r.status, r.raw)
+	}
+	calls := up.calls.Load()
+	r := h.req("POST", "/v1/proxy/payments/x", acmeKey, "{}", "Idempotency-Key: u", "Oncegate_Api_Key: leaked",
+		"Oncegate.Trace: leaked")
+	if r.status != 201 {
+		t.Fatalf("%d %s", r.status, r.raw)
+	}
+	req, _ := up.last()
+	for name := range req.Header {
+		if strings.HasPrefix(strings.ToLower(name), "oncegate") {
+			t.Errorf("L4: %s reached the upstream", name)
+		}
+	}
+	for _, m := range []string{"TRACE", "PROPFIND", "CONNECT"} {
+		for _, path := range []string{"/v1/proxy/payments/x", "/v1/proxy/payments", "/v1/proxy/payments/"} {
+			r := h.req(m, path, acmeKey, "")
+			if r.status != 405 || r.header.Get("Allow") == "" {
+				t.Errorf("L9: %s %s: %d, Allow %q", m, path, r.status, r.header.Get("Allow"))
+			}
+		}
+	}
+	if up.calls.Load() != calls+1 {
+		t.Errorf("upstream calls: %d", up.calls.Load()-calls)
+	}
+
+	two := proxyGateway(t, up, func(c *Config) { c.Proxy.APIKeyHeader = "Oncegate-Api-Key" })
+	if r := two.req("GET", "/v1/proxy/payments/x", "", "", "Oncegate-Api-Key: "+acmeKey,
+		"Oncegate-Api-Key: og_someone_else"); r.status != 401 {
+		t.Errorf("L3: the key header twice: %d %s", r.status, r.raw)
+	}
+	if r := two.req("GET", "/v1/proxy/payments/x", "", "", "Oncegate-Api-Key: bearer "+acmeKey); r.status != 201 {
+		t.Errorf("L2: bearer in the key header: %d %s", r.status, r.raw)
+	}
+}

@@ -94,6 +94,9 @@ const (
 
 	// MaxWait is the longest "wait" a request may ask for.
 	MaxWait = 30 * time.Second
+
+	// DefaultProxyAPIKeyHeader carries the tenant's API key on proxied requests, as Bearer or bare.
+	DefaultProxyAPIKeyHeader = "Authorization"
 )
 
 // WithDefaults returns a copy of the configuration with every unset field set to its default (see each
@@ -115,6 +118,9 @@ func (c *Config) WithDefaults() *Config {
 	}
 	if o.Listen == "" {
 		o.Listen = DefaultListen
+	}
+	if o.Proxy.APIKeyHeader == "" {
+		o.Proxy.APIKeyHeader = DefaultProxyAPIKeyHeader
 	}
 	if o.DatabaseURL == "" {
 		o.DatabaseURL = os.Getenv("DATABASE_URL")
@@ -216,4 +222,13 @@ func (r Retry) withDefaults() Retry {
 		r.MaxDelay = Duration(DefaultMaxDelay)
 	}
 	return r
+}
+
+// inFlightWait is how long a proxied request of type typ waits for another's attempt: proxy.in_flight_wait,
+// whose default is per type (the type's timeout, at most MaxWait), so it is read here rather than filled in.
+func (c *Config) inFlightWait(typ string) time.Duration {
+	if c.Proxy.InFlightWait != 0 {
+		return time.Duration(c.Proxy.InFlightWait)
+	}
+	return min(time.Duration(c.EffectTypes[typ].Timeout), MaxWait)
 }

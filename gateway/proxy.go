@@ -36,12 +36,7 @@ import (
 )
 
 // proxyKeyHeader is the header that carries the tenant's API key on proxied requests.
-func (g *Gateway) proxyKeyHeader() string {
-	if g.cfg != nil && g.cfg.Proxy.APIKeyHeader != "" {
-		return g.cfg.Proxy.APIKeyHeader
-	}
-	return "Authorization"
-}
+func (g *Gateway) proxyKeyHeader() string { return g.cfg.Proxy.APIKeyHeader }
 
 // proxyMethods are the methods the proxy takes: those the http provider sends.
 var proxyMethods = []string{http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodPost, http.MethodPut,
@@ -126,12 +121,8 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) error {
 	span := trace.SpanFromContext(r.Context())
 	span.SetAttributes(attribute.String("idempotency.key", key), attribute.String("effect.type", typ),
 		attribute.String("tenant", tenant))
-	wait := time.Duration(g.cfg.Proxy.InFlightWait)
-	if wait == 0 {
-		wait = min(time.Duration(g.cfg.EffectTypes[typ].Timeout), MaxWait)
-	}
 	out := g.proxyFlow().run(r.Context(), dedup.NewEffect{Tenant: tenant, Key: key, Type: typ, Payload: payload},
-		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), wait)
+		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), g.cfg.inFlightWait(typ))
 	span.SetAttributes(attribute.Bool("idempotency.replayed", out.Kind != performedHere))
 	return g.answerProxied(w, m, typ, key, out)
 }

@@ -11,7 +11,9 @@
 // back no other, and what a crash between a provider's success and the
 // commit that records it can do is decided per effect type (OnCrash) and per provider (providers.TxProvider).
 //
-// Perform (perform.go) runs the same delivery for a row a request leased itself (the dedup proxy), in the
+// PerformNew and PerformExisting (perform.go) are the dedup proxy's one call into delivery: they lease a row
+// for a request (a new effect, or an existing one the request is entitled to: a request that waited for an
+// attempt may not take a row whose awaited attempt ended, in any gateway) and run the same delivery in the
 // request, so that path has the same breaker, outcomes and fenced record as every other.
 //
 // What happens to a row after each attempt is decided by one pure function, decide (decide.go). Each

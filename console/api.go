@@ -145,14 +145,17 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	get := func(pattern string, h func(r *http.Request, a admin.Actor) (any, error)) {
 		mux.Handle("GET /api/v1/"+pattern, s.api(false, h))
 	}
-	post := func(pattern string, h func(r *http.Request, a admin.Actor, b actionBody) (any, error)) {
-		mux.Handle("POST /api/v1/"+pattern, s.api(true, func(r *http.Request, a admin.Actor) (any, error) {
+	postAs := func(mutates bool, pattern string, h func(r *http.Request, a admin.Actor, b actionBody) (any, error)) {
+		mux.Handle("POST /api/v1/"+pattern, s.api(mutates, func(r *http.Request, a admin.Actor) (any, error) {
 			b, err := readBody(r)
 			if err != nil {
 				return nil, err
 			}
 			return h(r, a, b)
 		}))
+	}
+	post := func(pattern string, h func(r *http.Request, a admin.Actor, b actionBody) (any, error)) {
+		postAs(true, pattern, h)
 	}
 	get("whoami", func(r *http.Request, a admin.Actor) (any, error) { return a, nil })
 	get("overview", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.EffectsOverview(r.Context(), a) })
@@ -172,13 +175,24 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 		return s.adm.Effects(r.Context(), a, f, p)
 	})
 	get("effect", func(r *http.Request, a admin.Actor) (any, error) {
+		if r.URL.Query().Has("reveal") {
+			// A GET changes nothing, and a reveal is audited: a link or an <img> on any page the operator
+			// visits would otherwise write reveals in the operator's name.
+			return nil, &admin.InvalidError{Field: "reveal", Reason: "a reveal is audited, so it is a POST: " +
+				"POST /api/v1/effect/reveal {\"tenant\": …, \"key\": …}"}
+		}
 		d, err := s.adm.Effect(r.Context(), a, r.URL.Query().Get("tenant"), r.URL.Query().Get("key"))
 		if err != nil {
 			return nil, err
 		}
-		if r.URL.Query().Get("reveal") != "true" {
-			d.Payload = json.RawMessage(redactJSON(d.Payload))
-			return d, nil
+		d.Payload = json.RawMessage(redactJSON(d.Payload))
+		return d, nil
+	})
+	// A reveal changes nothing but the audit log, so --read-only allows it, as the page's Reveal.
+	postAs(false, "effect/reveal", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		d, err := s.adm.Effect(r.Context(), a, b.Tenant, b.Key)
+		if err != nil {
+			return nil, err
 		}
 		d.Payload, err = s.adm.RevealPayload(r.Context(), a, d.Tenant, d.Key)
 		return d, err

@@ -543,9 +543,19 @@ func TestJSONAPI(t *testing.T) {
 	if code != 200 || strings.Contains(body, "@example.com") || !strings.Contains(body, "attempt_log") {
 		t.Fatalf("effect (payload redacted): %d %s", code, body)
 	}
+	// A GET changes nothing: an <img> on any page the operator visits could otherwise write effect.reveal
+	// entries in the operator's name. The reveal is a POST.
+	reveals := func() int {
+		return pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_audit WHERE action = 'effect.reveal'")
+	}
+	before := reveals()
 	code, _, body = e.apiGet(op, "/api/v1/effect?tenant="+tenant+"&key="+key+"&reveal=true")
-	if code != 200 || !strings.Contains(body, "@example.com") {
-		t.Fatalf("effect revealed: %d", code)
+	if code != 400 || strings.Contains(body, "@example.com") || reveals() != before {
+		t.Fatalf("a GET that asks to reveal: %d %s, %d reveals audited", code, body, reveals()-before)
+	}
+	code, _, body = e.apiPost(op, "/api/v1/effect/reveal", map[string]any{"tenant": tenant, "key": key})
+	if code != 200 || !strings.Contains(body, "@example.com") || reveals() != before+1 {
+		t.Fatalf("effect revealed: %d %s", code, body)
 	}
 	code, _, body = e.apiPost(op, "/api/v1/effects/retry-matching", map[string]any{"filter": map[string]any{"status": "dead"}})
 	if code != 200 || !strings.Contains(body, `"dry_run": true`) {

@@ -269,18 +269,40 @@ func (s *Service) allowAudited(ctx context.Context, a Actor, needs Role, e Audit
 	}
 	err := &ForbiddenError{Action: e.Action, Needs: needs, Has: a.Role}
 	if needs != RoleViewer && s.db != nil {
-		e.Count, e.Outcome = 0, "denied"
+		// Written before the reason is checked: only so much of it is kept.
+		e.Count, e.Outcome, e.Reason = 0, "denied", clip(e.Reason, MaxReason)
 		_, _ = s.audit(ctx, s.db, a, e)
 	}
 	return err
 }
 
-// requireReason refuses a mutating action without a reason.
+// MaxReason bounds a change's reason, in bytes: a sentence or a ticket link, not a document. The audit log
+// is append-only, so what goes in stays.
+const MaxReason = 2000
+
+// requireReason refuses a mutating action without a reason, or with one over MaxReason.
 func requireReason(reason string) error {
 	if strings.TrimSpace(reason) == "" {
 		return &InvalidError{Field: "reason", Reason: "a reason is required for every change (it goes to the audit log)"}
 	}
+	if len(reason) > MaxReason {
+		return &InvalidError{Field: "reason", Reason: fmt.Sprintf("%d bytes, over the limit of %d: say why in a "+
+			"sentence, and link to the rest", len(reason), MaxReason)}
+	}
 	return checkText("reason", reason)
+}
+
+// clip cuts s to at most n bytes, on a character boundary, marking the cut.
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	const mark = "…"
+	cut := n - len(mark)
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + mark
 }
 
 // Audit is one entry of the audit log.

@@ -3,6 +3,7 @@ package admin_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/oncegate/oncegate/admin"
@@ -58,4 +59,27 @@ func errOrNil(err error) string {
 		return "nil"
 	}
 	return err.Error()
+}
+
+// A reason is bounded: a change with a reason over MaxReason is refused, and a denied change (whose entry
+// is written before its reason is read) stores at most MaxReason bytes of it. An outside test stored a
+// 1.5 MB reason with each refused attempt.
+func TestReasonsAreBounded(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "u", 1, effect.StatusDead)
+	huge := strings.Repeat("é", 750_000) // 1.5 MB
+	if _, err := svc.RetryEffect(ctx, alice, "acme", "u0", huge); !errors.Is(err, admin.ErrInvalid) {
+		t.Fatalf("a 1.5 MB reason: %v", err)
+	}
+	if _, err := svc.RetryEffect(ctx, viv, "acme", "u0", huge); !errors.Is(err, admin.ErrForbidden) {
+		t.Fatalf("a viewer's change: %v", err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT max(octet_length(reason)) FROM oncegate_audit"); n > admin.MaxReason {
+		t.Fatalf("an audit entry holds a reason of %d bytes", n)
+	}
+	if _, err := svc.RetryEffect(ctx, alice, "acme", "u0", strings.Repeat("é", admin.MaxReason/2)); err != nil {
+		t.Fatalf("a reason of MaxReason bytes: %v", err)
+	}
 }

@@ -3,6 +3,8 @@ package cli_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -44,6 +46,36 @@ func TestTablesShowControlCharactersAsEscapes(t *testing.T) {
 		}
 		if code == 0 && !strings.Contains(out, `\x1b`) {
 			t.Errorf("%v: the escape is not shown: %q", args[:2], out)
+		}
+	}
+}
+
+// -o json is read by people too (piped to less, shown in a terminal): what a terminal would obey is escaped
+// there as \uXXXX, which every JSON reader decodes back to the same string. Go's encoder wrote C1 controls
+// (U+009B, a CSI on many terminals) and bidi overrides raw (an outside tester's finding).
+func TestJSONShowsControlCharactersAsEscapes(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	key := "c1\u009b31mRED \u202egnp.exe \u2066x\u2069 zw\u200b tag\U000E0041"
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, last_error, finished_at)
+		VALUES ('acme', $1, 'hook', '\x00', '{}'::json, 'dead', $1, now())`, key); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"effect", "ls", "-o", "json"}, {"effect", "show", key, "-o", "json"}} {
+		out, errOut, code := run(t, url, args...)
+		if code != 0 || strings.ContainsFunc(out, func(r rune) bool {
+			return r == 0x9b || r == 0x202e || r == 0x2066 || r == 0x200b || r == 0xE0041
+		}) {
+			t.Errorf("%v (exit %d) printed a control character raw:\n%q\n%q", args[:2], code, out, errOut)
+		}
+		if !strings.Contains(out, `\u009b`) || !strings.Contains(out, `\udb40\udc41`) {
+			t.Errorf("%v: the escapes are not there: %q", args[:2], out)
+		}
+		var doc any
+		if err := json.Unmarshal([]byte(out), &doc); err != nil || !strings.Contains(fmt.Sprint(doc), key) {
+			t.Errorf("%v: the JSON does not decode to the key: %v", args[:2], err)
 		}
 	}
 }

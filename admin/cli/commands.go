@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 	"unicode"
+	"unicode/utf16"
 
 	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/effect"
@@ -47,9 +49,14 @@ func init() {
 // out prints v as JSON (one document, indented) or calls table.
 func (c *command) out(v any, table func(w *tabwriter.Writer)) error {
 	if c.json() {
-		enc := json.NewEncoder(c.env.Stdout)
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
 		enc.SetIndent("", "  ")
-		return enc.Encode(v)
+		if err := enc.Encode(v); err != nil {
+			return err
+		}
+		_, err := io.WriteString(c.env.Stdout, jsonEscaped(buf.String()))
+		return err
 	}
 	w := tabwriter.NewWriter(printableWriter{c.env.Stdout}, 0, 0, 2, ' ', 0)
 	table(w)
@@ -73,6 +80,30 @@ func Printable(s string) string {
 		} else {
 			b.WriteRune(r)
 		}
+	}
+	return b.String()
+}
+
+// jsonEscaped escapes, in encoded JSON, every character a terminal would obey as \uXXXX (a surrogate pair
+// beyond the BMP), which every JSON reader decodes to the same string: encoding/json writes C1 controls
+// (U+009B is a CSI on many terminals), bidi overrides and zero-width characters raw. Only strings can hold
+// them, so the document's structure is untouched; its own newlines and indentation are not in strings.
+func jsonEscaped(doc string) string {
+	if !strings.ContainsFunc(doc, obeyed) {
+		return doc
+	}
+	var b strings.Builder
+	for _, r := range doc {
+		if !obeyed(r) {
+			b.WriteRune(r)
+			continue
+		}
+		if r > 0xFFFF {
+			hi, lo := utf16.EncodeRune(r)
+			fmt.Fprintf(&b, `\u%04x\u%04x`, hi, lo)
+			continue
+		}
+		fmt.Fprintf(&b, `\u%04x`, r)
 	}
 	return b.String()
 }

@@ -117,6 +117,30 @@ limits: { max_body: 1MiB }
 	}
 }
 
+// An unset ${VAR} is refused at start, naming it: read as empty, a missing API_TOKEN became an empty
+// credential, silently (an outside tester's finding). ${VAR:-default} is the way to say "empty is fine".
+func TestUnsetEnvironmentVariablesAreRefused(t *testing.T) {
+	t.Setenv("OG_SET_EMPTY", "")
+	_, err := Load(writeConfig(t, `
+tenants:
+  acme:
+    api_keys: ["${OG_NEVER_SET_ANYWHERE}"]
+`))
+	if err == nil || !strings.Contains(err.Error(), "OG_NEVER_SET_ANYWHERE") || !strings.Contains(err.Error(), "line 4") {
+		t.Fatalf("an unset variable: %v", err)
+	}
+	c, err := Load(writeConfig(t, `
+listen: "${OG_NEVER_SET_LISTEN:-127.0.0.1:9998}"
+database_url: "postgres://x/${OG_SET_EMPTY}db${OG_NEVER_SET_SUFFIX:-}"
+tenants:
+  acme:
+    api_keys: ["k-0123456789abcdef0123456789abcdef"]
+`))
+	if err != nil || c.Listen != "127.0.0.1:9998" || c.DatabaseURL != "postgres://x/db" {
+		t.Fatalf("defaults and a variable set empty: %+v %v", c, err)
+	}
+}
+
 func TestConfigErrorsNameTheField(t *testing.T) {
 	for _, c := range []struct{ yaml, want string }{
 		{"listne: x", "listne: unknown field (line 1)"},

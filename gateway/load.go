@@ -49,7 +49,9 @@ func parse(raw []byte, c *Config) error {
 	if len(root.Content) == 0 {
 		return nil // an empty file: all defaults
 	}
-	expand(&root)
+	if err := expand(&root); err != nil {
+		return err
+	}
 	if err := hoistTypeKnobs(root.Content[0]); err != nil {
 		return err
 	}
@@ -59,18 +61,37 @@ func parse(raw []byte, c *Config) error {
 	return root.Content[0].Decode(c)
 }
 
-var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+// envRef is ${VAR}, or ${VAR:-default}, whose default is used when VAR is unset or empty (as a shell does).
+var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}`)
 
-// expand replaces ${VAR} in scalar values with the environment's VAR (empty when unset).
-func expand(n *yaml.Node) {
+// expand replaces ${VAR} in scalar values with the environment's VAR, and ${VAR:-default} with VAR or, when
+// VAR is unset or empty, default. An unset VAR without a default is an error naming it and its line: read
+// as empty, a missing secret became an empty credential, silently.
+func expand(n *yaml.Node) error {
+	var missing []string
 	if n.Kind == yaml.ScalarNode {
 		n.Value = envRef.ReplaceAllStringFunc(n.Value, func(ref string) string {
-			return os.Getenv(ref[2 : len(ref)-1])
+			m := envRef.FindStringSubmatch(ref)
+			v, set := os.LookupEnv(m[1])
+			switch {
+			case m[2] != "" && v == "":
+				return m[3]
+			case !set:
+				missing = append(missing, m[1])
+			}
+			return v
 		})
 	}
-	for _, c := range n.Content {
-		expand(c)
+	if len(missing) > 0 {
+		return fmt.Errorf("line %d: ${%s} is not set in the environment (write ${%s:-} where empty is meant)",
+			n.Line, missing[0], missing[0])
 	}
+	for _, c := range n.Content {
+		if err := expand(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // typeKnobs are settings of the effect type that SPEC §7 also lets a provider block spell (`smtp: {on_crash:

@@ -36,7 +36,12 @@ import (
 )
 
 // proxyKeyHeader is the header that carries the tenant's API key on proxied requests.
-func (g *Gateway) proxyKeyHeader() string { return g.cfg.Proxy.APIKeyHeader }
+func (g *Gateway) proxyKeyHeader() string {
+	if g.cfg == nil || g.cfg.Proxy.APIKeyHeader == "" { // a Gateway built without New, as the route tests do
+		return DefaultProxyAPIKeyHeader
+	}
+	return g.cfg.Proxy.APIKeyHeader
+}
 
 // proxyMethods are the methods the proxy takes: those the http provider sends.
 var proxyMethods = []string{http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodPost, http.MethodPut,

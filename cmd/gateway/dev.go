@@ -18,6 +18,28 @@ import (
 
 // keygen prints a new API key (32 random bytes, base64url, behind "og_") and, on the next line, its sha256:
 // form, which a configuration may hold instead of the key.
+// keygenCmd is `gateway keygen [--webhook]`.
+func keygenCmd(args []string, w io.Writer) error {
+	switch {
+	case len(args) == 0:
+		return keygen(w)
+	case len(args) == 1 && (args[0] == "--webhook" || args[0] == "-webhook"):
+		return webhookSecret(w)
+	}
+	return errUsage
+}
+
+// webhookSecret prints a new webhook signing secret as Standard Webhooks writes one: whsec_ and the base64 of
+// 32 random bytes (a webhook type refuses fewer than 24).
+func webhookSecret(w io.Writer) error {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, "whsec_"+base64.StdEncoding.EncodeToString(b))
+	return err
+}
+
 func keygen(w io.Writer) error {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -40,6 +42,36 @@ func TestKeygen(t *testing.T) {
 				t.Fatalf("a configuration with the key's form %q: %v", form, err)
 			}
 		}
+	}
+}
+
+// keygen --webhook prints a whsec_ secret that a webhook type accepts (nothing made one, so a first
+// configuration was refused until one was written by hand); no two runs print the same.
+func TestKeygenWebhookSecret(t *testing.T) {
+	t.Parallel()
+	seen := map[string]bool{}
+	for range 3 {
+		var out bytes.Buffer
+		if err := keygenCmd([]string{"--webhook"}, &out); err != nil {
+			t.Fatal(err)
+		}
+		secret := strings.TrimSpace(out.String())
+		if !strings.HasPrefix(secret, "whsec_") || strings.Contains(secret, "\n") || seen[secret] {
+			t.Fatalf("keygen --webhook printed %q", out.String())
+		}
+		seen[secret] = true
+		p := filepath.Join(t.TempDir(), "gateway.yaml")
+		cfg := "tenants: {acme: {api_keys: ['og_0123456789abcdef0123456789abcdef']}}\n" +
+			"effect_types: {hook: {provider: webhook, webhook: {url: 'https://hooks.example.com/in', secret: '" + secret + "'}}}\n"
+		if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := gateway.Load(p); err != nil {
+			t.Fatalf("a webhook type with the secret %q: %v", secret, err)
+		}
+	}
+	if err := keygenCmd([]string{"--bogus"}, io.Discard); !errors.Is(err, errUsage) {
+		t.Fatalf("keygen --bogus: %v", err)
 	}
 }
 

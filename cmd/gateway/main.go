@@ -4,6 +4,7 @@
 //	gateway serve [--config FILE] [--dev] [--no-migrate] [--no-dispatch]   serve until SIGTERM, then shut down gracefully
 //	gateway migrate [--config FILE]                apply database migrations (DATABASE_URL alone will do)
 //	gateway keygen                                 print a new API key and its sha256: form
+//	gateway keygen --webhook                       print a new webhook signing secret (whsec_…)
 //
 // A configuration must name its tenants. `serve --dev` alone runs without: it serves a built-in dev tenant
 // on loopback, and creates the database when the server does not have it.
@@ -36,7 +37,7 @@ func main() {
 
 // errUsage is a command line the gateway does not understand.
 var errUsage = errors.New("usage: gateway serve [--config FILE] [--dev] [--no-migrate] [--no-dispatch] | " +
-	"gateway migrate [--config FILE] | gateway keygen")
+	"gateway migrate [--config FILE] | gateway keygen [--webhook]")
 
 // run is the gateway's life. Every error it returns has been logged, once, and telemetry flushed: the
 // deferred calls run before main exits.
@@ -45,8 +46,8 @@ func run(args []string) (err error) {
 		return errUsage
 	}
 	cmd, args := args[0], args[1:]
-	if cmd == "keygen" && len(args) == 0 {
-		return keygen(os.Stdout)
+	if cmd == "keygen" {
+		return keygenCmd(args, os.Stdout)
 	}
 	if cmd != "serve" && cmd != "migrate" {
 		return errUsage

@@ -216,6 +216,17 @@ func Origin(u *url.URL) string {
 	return u.Scheme + "://" + u.Host
 }
 
+// SetIdempotencyKey sets a request's Idempotency-Key, in a spelling net/http's Transport does not look for.
+// The Transport takes a request carrying "Idempotency-Key" for idempotent and, when a reused connection fails
+// after the request was written and before an answer came, sends it again by itself: two requests at the
+// destination for one attempt, and an at_most_once effect resent. A resend is the outbox's to decide (with
+// its attempt counted and its outcome recorded), never the HTTP client's. Servers read header names
+// case-insensitively (RFC 9110 §5.1), and HTTP/2 sends them lower-case anyway.
+func SetIdempotencyKey(h http.Header, key string) {
+	h.Del("Idempotency-Key")
+	h["idempotency-key"] = []string{key}
+}
+
 // NewRequest returns a request for u built from its parts, so that no error of building it can quote the
 // URL (http.NewRequest parses a string, and its error holds it all).
 func NewRequest(ctx context.Context, method string, u *url.URL, body []byte) (*http.Request, error) {

@@ -259,7 +259,7 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	if err != nil {
 		return providers.Failed(err, true)
 	}
-	req.Header.Set("Idempotency-Key", d.StableID)
+	safehttp.SetIdempotencyKey(req.Header, d.StableID)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return safehttp.TransportError(req.Context(), err)

@@ -225,3 +225,33 @@ func TestPathsStayUnderTheBaseURL(t *testing.T) {
 		}
 	}
 }
+
+// One attempt is one request at the upstream: when a reused connection is reset after the request was
+// written, the attempt ends in doubt, and Go's Transport must not resend it by itself because the request
+// carries an Idempotency-Key (an outside tester saw two upstream calls within a millisecond, the second
+// answer stored, under at_most_once too).
+func TestAResetConnectionIsNotRetriedBehindTheAttempt(t *testing.T) {
+	t.Parallel()
+	srv := providertest.NewResetting(t)
+	p, err := New(Config{BaseURL: srv.URL, AllowPrivateNetworks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, method := range []string{"POST", "DELETE"} { // with a body, and without one
+		before := srv.Requests()
+		payload := `{"method":"` + method + `","path":"/x","body":{"a":1}}`
+		if method == "DELETE" {
+			payload = `{"method":"DELETE","path":"/x"}`
+		}
+		if o := p.Deliver(context.Background(), delivery("first-"+method, payload)); o.Kind != providers.KindDelivered {
+			t.Fatalf("%s on a new connection: %v %v", method, o.Kind, o.Err)
+		}
+		o := p.Deliver(context.Background(), delivery("second-"+method, payload))
+		if o.Kind == providers.KindDelivered {
+			t.Fatalf("%s: delivered on a connection that was reset", method)
+		}
+		if n := srv.Requests() - before; n != 2 {
+			t.Fatalf("%s: the upstream read %d requests for two attempts", method, n)
+		}
+	}
+}

@@ -351,7 +351,7 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	req.Header.Set("webhook-id", d.StableID)
 	req.Header.Set("webhook-timestamp", strconv.FormatInt(ts, 10))
 	req.Header.Set("webhook-signature", Sign(p.keys, d.StableID, ts, body))
-	req.Header.Set("Idempotency-Key", d.StableID)
+	safehttp.SetIdempotencyKey(req.Header, d.StableID)
 	resp, err := p.client.Do(req)
 	if err != nil {
 		return safehttp.TransportError(req.Context(), err)

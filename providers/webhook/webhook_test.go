@@ -262,3 +262,27 @@ func TestPrivateDestinationsAndRedirectsAreRefused(t *testing.T) {
 		t.Fatal("the redirect was followed")
 	}
 }
+
+// One attempt is one request at the receiver: a reused connection reset after the request was written is not
+// resent by Go's Transport behind the attempt's back (it would, for a request with an Idempotency-Key).
+func TestAResetConnectionIsNotRetriedBehindTheAttempt(t *testing.T) {
+	t.Parallel()
+	srv := providertest.NewResetting(t)
+	p, err := New(Config{URL: srv.URL + "/hooks", Secret: secretA, AllowPrivateNetworks: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	del := func(key string) providers.Delivery {
+		return providers.Delivery{Tenant: "acme", Key: key, StableID: effect.NewStableID("acme", key),
+			Payload: json.RawMessage(`{"event":"order.paid","data":{"order":42}}`), Attempt: 1, CreatedAt: time.Now()}
+	}
+	if o := p.Deliver(context.Background(), del("first")); o.Kind != providers.KindDelivered {
+		t.Fatalf("on a new connection: %v %v", o.Kind, o.Err)
+	}
+	if o := p.Deliver(context.Background(), del("second")); o.Kind == providers.KindDelivered {
+		t.Fatal("delivered on a connection that was reset")
+	}
+	if n := srv.Requests(); n != 2 {
+		t.Fatalf("the receiver read %d requests for two attempts", n)
+	}
+}

@@ -129,7 +129,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) error {
 	out := g.proxyFlow().run(r.Context(), dedup.NewEffect{Tenant: tenant, Key: key, Type: typ, Payload: payload},
 		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), g.cfg.inFlightWait(typ))
 	span.SetAttributes(attribute.Bool("idempotency.replayed", out.Kind != performedHere))
-	return g.answerProxied(w, m, typ, key, out)
+	return g.answerProxied(w, r, m, tenant, typ, key, out)
 }
 
 // proxyFlow is the gateway's flow for proxied requests, over its dispatcher and store.
@@ -149,15 +149,17 @@ func (e proxyEngineOf) Get(ctx context.Context, tenant, key string) (*dedup.Effe
 }
 
 // answerProxied renders what a proxied request came to.
-func (g *Gateway) answerProxied(w http.ResponseWriter, m *prometheus.CounterVec, typ, key string, out proxyOutcome) error {
+func (g *Gateway) answerProxied(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, tenant, typ, key string, out proxyOutcome) error {
 	switch out.Kind {
 	case performedHere:
 		p := out.Performed
 		if !p.Recorded {
-			// The lease was lost or the database was away for longer than the lease margin: the row will be
-			// rescued, and the client's retry gets what that comes to. This answer is the upstream's all the same.
-			g.log.Warn("a proxied request's outcome was not recorded; the outbox rescues it after its lease",
+			// The lease was lost (this gateway was paused past it, and another rescued the effect) or the
+			// database stayed away: the upstream's answer is not the effect's, and every replay will give
+			// the one that is recorded. The client gets that one, or is told to come back for it.
+			g.log.Warn("a proxied request's outcome was not recorded; its client gets the effect's recorded answer",
 				"type", typ, "key", key, "status", p.Status)
+			return g.unrecorded(w, r, m, tenant, key, typ)
 		}
 		if out.Created {
 			g.metrics.effectsCreated.WithLabelValues(typ).Inc()
@@ -185,6 +187,7 @@ func (g *Gateway) answerProxied(w http.ResponseWriter, m *prometheus.CounterVec,
 		// when to come back.
 		e := out.Effect
 		m.WithLabelValues("replayed").Inc()
+		w.Header().Set("Idempotent-Replayed", "true") // the answer is another request's attempt's
 		retry := 1
 		if e.Status == effect.StatusPending && e.NextAttemptAt != nil {
 			retry = max(1, int(time.Until(*e.NextAttemptAt).Seconds()+0.999))
@@ -210,6 +213,26 @@ func (g *Gateway) answerProxied(w http.ResponseWriter, m *prometheus.CounterVec,
 		return about(out.Err, key, typ)
 	}
 	return nil
+}
+
+// unrecorded answers a request whose attempt's outcome could not be recorded: with the effect's recorded
+// answer when it is terminal (another attempt's, marked as a replay), else with 409 and Retry-After, so
+// that the client's retry gets the answer the effect comes to.
+func (g *Gateway) unrecorded(w http.ResponseWriter, r *http.Request, m *prometheus.CounterVec, tenant, key, typ string) error {
+	e, err := g.get(context.WithoutCancel(r.Context()), tenant, key)
+	switch {
+	case err == nil && e.Status.Terminal():
+		m.WithLabelValues("replayed").Inc()
+		g.render(w, e.Status, e.Result, deref(e.LastError), true)
+		return nil
+	case err != nil && !errors.Is(err, dedup.ErrNotFound):
+		return about(err, key, typ)
+	}
+	m.WithLabelValues("in_flight").Inc()
+	w.Header().Set("Retry-After", "1")
+	return refuse(probInFlight, "Idempotency-Key", fmt.Sprintf("the request under the key %q reached the "+
+		"upstream, but its outcome could not be recorded (this gateway lost the effect's lease, or the database "+
+		"was away), and the effect is being settled; retry with the same key and request for its answer", key))
 }
 
 func deref(s *string) string {

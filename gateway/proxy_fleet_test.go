@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -86,7 +87,7 @@ func TestProxyWaiterInAnotherGatewayNeverPerformsAgain(t *testing.T) {
 		for i, r := range answers[1:] {
 			// A waiter in another gateway cannot have the attempt's answer (it was not stored): it is told to
 			// come back when the effect is due again.
-			if r.status != 502 || r.header.Get("Retry-After") == "" {
+			if r.status != 502 || r.header.Get("Idempotent-Replayed") != "true" || r.header.Get("Retry-After") == "" {
 				t.Fatalf("round %d: waiter %d got %d %v %s", round, i+1, r.status, r.header, r.raw)
 			}
 		}
@@ -114,4 +115,38 @@ func proxyGatewayOn(t *testing.T, db string, up *upstream) *harness {
 func proxyType(up *upstream) EffectType {
 	return EffectType{Provider: "http", HTTP: &httpprov.Config{BaseURL: up.URL + "/api",
 		AllowPrivateNetworks: true, Headers: map[string]string{"Authorization": "Bearer sk_upstream_secret_1"}}}
+}
+
+// A gateway that was paused (SIGSTOP, a long GC, a VM migration) past its lease finds, when its upstream
+// answers, that another gateway rescued the effect and stored another answer. It must not give its client
+// the answer it could not record: the client gets the stored one, as every replay does (an outside tester
+// saw 201 {"n":1} on the first request and {"n":2} on every replay).
+func TestProxyAnAnswerThatCouldNotBeRecordedIsNotGiven(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
+		<-release
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"n":%d}`, n)
+	})
+	h := proxyGateway(t, up, nil)
+	done := make(chan response)
+	go func() { done <- h.req("POST", "/v1/proxy/payments/c", acmeKey, `{}`, "Idempotency-Key: paused") }()
+	for up.calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	// Meanwhile the lease ran out and another gateway's rescue stored its own answer.
+	if _, err := h.pool.Exec(context.Background(), `
+		WITH e AS (UPDATE oncegate_effects SET status = 'delivered', finished_at = now(), delivered_at = now(),
+			result = '{"status":201,"headers":{},"body":"{\"n\":2}"}' WHERE key = 'paused' RETURNING id)
+		DELETE FROM oncegate_outbox o USING e WHERE o.effect_id = e.id`); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	first := <-done
+	replay := h.req("POST", "/v1/proxy/payments/c", acmeKey, `{}`, "Idempotency-Key: paused")
+	if first.status != 201 || first.raw != `{"n":2}` || first.raw != replay.raw {
+		t.Fatalf("the request whose outcome was not recorded got %d %s; the replay %d %s", first.status, first.raw,
+			replay.status, replay.raw)
+	}
 }

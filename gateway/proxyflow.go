@@ -139,8 +139,17 @@ func (f *proxyFlow) settle(ctx context.Context, e *dedup.Effect, wait time.Durat
 		case fence == nil && a.Holding != nil:
 			fence = a.Holding // from now on this request waits for that attempt, and never makes one
 		case fence != nil && (a.Holding == nil || *a.Holding != *fence):
-			// The attempt it waited for ended (its row handed back, or leased anew by another): its answer.
-			return f.ended(ctx, e, *fence, deadline.C)
+			// The attempt it waited for ended: its own answer, when this gateway made it.
+			if out, ok := f.shared(ctx, e, *fence, deadline.C); ok {
+				return out
+			}
+			if a.Holding == nil {
+				return f.ended(ctx, e) // handed back, or finished: what the effect came to
+			}
+			// Another attempt holds the row now: a dispatcher's retry, a fresh request's, or the rescue of
+			// an attempt whose gateway died. The effect's answer is that attempt's to give: wait for it,
+			// still never making one.
+			fence = a.Holding
 		}
 		if !f.pause(ctx, e.ID, deadline.C) {
 			if ctx.Err() != nil {
@@ -156,24 +165,31 @@ func (f *proxyFlow) settle(ctx context.Context, e *dedup.Effect, wait time.Durat
 	}
 }
 
-// ended answers a request whose awaited attempt (fence) ended: that attempt's own answer when this gateway
-// made it (waiting while it is recorded but not yet shared), else what the effect came to.
-func (f *proxyFlow) ended(ctx context.Context, e *dedup.Effect, fence [16]byte, deadline <-chan time.Time) proxyOutcome {
+// shared returns the answer of the attempt under fence when this gateway made it and it ended transiently,
+// waiting while that attempt is recorded but its answer not yet shared; ok is false when this gateway has no
+// answer of it (another gateway's attempt, or one that ended terminal, whose answer is stored). A wait that
+// ran out, or a client gone, is an outcome too.
+func (f *proxyFlow) shared(ctx context.Context, e *dedup.Effect, fence [16]byte, deadline <-chan time.Time) (proxyOutcome, bool) {
 	for {
 		p, ok, performing := f.answers.answerOf(fence)
 		if ok {
-			return proxyOutcome{Kind: sharedTransient, Performed: &p, Effect: e}
+			return proxyOutcome{Kind: sharedTransient, Performed: &p, Effect: e}, true
 		}
 		if !performing {
-			break
+			return proxyOutcome{}, false
 		}
 		if !f.pause(ctx, e.ID, deadline) {
 			if ctx.Err() != nil {
-				return proxyOutcome{Kind: clientGone}
+				return proxyOutcome{Kind: clientGone}, true
 			}
-			return proxyOutcome{Kind: stillInFlight, Effect: e}
+			return proxyOutcome{Kind: stillInFlight, Effect: e}, true
 		}
 	}
+}
+
+// ended answers a request whose awaited attempt ended with no attempt after it: the stored answer when the
+// effect is terminal, else when it is due again.
+func (f *proxyFlow) ended(ctx context.Context, e *dedup.Effect) proxyOutcome {
 	next, out, ok := f.reread(ctx, e)
 	if !ok {
 		return out

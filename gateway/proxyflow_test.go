@@ -171,12 +171,16 @@ func TestProxyFlowWaiterWhoseAttemptEndedElsewhereNeverPerforms(t *testing.T) {
 			eng.holdBy()
 			stale := *eng.e
 			eng.afterClaim = func(n int) {
-				if n == 1 { // B found A's attempt in flight; now A's attempt ends
+				switch {
+				case n == 1: // B found A's attempt in flight; now A's attempt ends
 					eng.endTransiently()
 					if then == "leased anew by a dispatcher" {
 						eng.holdBy()
 					}
 					eng.staleGet = &stale // and B's next read is from before that
+				case n == 2 && then == "leased anew by a dispatcher":
+					// B follows the dispatcher's attempt, which ends transiently too.
+					eng.endTransiently()
 				}
 			}
 			out := flowOn(eng, &attempts{}, newWaiters()).run(context.Background(), flowRequest, nil, time.Second)

@@ -200,8 +200,10 @@ func (b *batcher) finish(ctx context.Context, lease Lease, f Finish) error {
 	case err := <-fin.done:
 		return err
 	case <-ctx.Done():
-		// The batch may still record it; if not, the lease expires and the row is rescued.
-		return ctx.Err()
+		// The batch may still record it. Its wait ran out as a statement's would: a database that is slow or
+		// away is unavailable to the caller (translate), who may try again under the same lease; a bare
+		// context error made the dispatcher give up at once and leave the row to be rescued and resent.
+		return translate("finish effect", ctx.Err())
 	}
 }
 

@@ -306,3 +306,45 @@ func TestBatchedFinishesKeepEachLease(t *testing.T) {
 		t.Errorf("finish batches: %+v, want one of 39", st)
 	}
 }
+
+// A Finish whose wait for its batch runs out (the database is slow or away) is unavailable, as a statement
+// that ran out of time is: its caller may try again under the same lease. A bare context error made the
+// dispatcher give up on the outcome at once and leave the row to be rescued and resent (issue 28).
+func TestQueuedFinishThatRunsOutOfTimeIsUnavailable(t *testing.T) {
+	t.Parallel()
+	base, pool := newStore(t)
+	s := base.WithGroupCommit(GroupCommit{MaxBatch: 100, Parallel: 1, Timeout: 30 * time.Second})
+	ctx := context.Background()
+	create(t, base, "a")
+	create(t, base, "b")
+	rows, err := base.Claim(ctx, ClaimParams{Type: "typ", Limit: 2, Owner: "me", Lease: time.Minute})
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("claim: %d rows, %v", len(rows), err)
+	}
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx) //nolint:errcheck
+	if _, err := locker.Exec(ctx, "SELECT 1 FROM oncegate_outbox WHERE effect_id = $1 FOR UPDATE", rows[0].EffectID); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	go func() { first <- s.Finish(ctx, rows[0].Lease, Finish{Status: effect.StatusDelivered, Attempted: true}) }()
+	testenv.Eventually(t, 10*time.Second, "the first finish waits on the lock", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database()`) > 0
+	})
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err = s.Finish(short, rows[1].Lease, Finish{Status: effect.StatusDelivered, Attempted: true})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a queued finish that ran out of time: %v, want ErrUnavailable", err)
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}

@@ -75,6 +75,7 @@ var (
 	finishBatchSQL  = query("finish_batch")
 	lockLeasesSQL   = query("lock_leases")
 	rescheduleSQL   = query("reschedule")
+	extendLeaseSQL  = query("extend_lease")
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")
 	terminalSQL     = query("terminal")

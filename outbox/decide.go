@@ -47,6 +47,8 @@ type event struct {
 	stopping bool
 	// err is why the payload could not be read (stageUnreadable).
 	err error
+	// at is when the provider's answer came (stageAttempted): for a delivery, the destination's acceptance.
+	at time.Time
 }
 
 type actionKind int

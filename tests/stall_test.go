@@ -11,11 +11,13 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
@@ -202,4 +204,70 @@ func TestPostgresRestartShorterThanLeaseDoesNotResend(t *testing.T) {
 		t.Fatalf("%d webhooks sent twice across a Postgres restart", resent)
 	}
 	result(fmt.Sprintf("%d webhooks, %d answered while Postgres was down, 0 sent twice", ids, during))
+}
+
+// A rolling deploy: gateways SIGTERMed one after the other under a full load of webhooks, each restarted
+// while the other serves. A graceful stop finishes its deliveries in flight and records their outcomes, or
+// hands back rows it never sent: the receiver gets every webhook once (issue 34).
+func TestGracefulStopUnderLoadResendsNothing(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Gateway", "Rolling deploy: 6 SIGTERMs to two gateways delivering webhooks under load, each restarted",
+		"Every SIGTERMed gateway exits 0; 0 webhooks sent twice; every effect delivered")
+	dbURL := pgtest.Database(t)
+	hooks := newHookCounter(t, 100*time.Millisecond)
+	config := hookConfig(t, dbURL, hooks.srv.URL, "")
+	type gw struct {
+		p    *proctest.Proc
+		base string
+	}
+	var mu sync.Mutex
+	gws := make([]gw, 2)
+	for i := range gws {
+		p, base := startServe(t, config)
+		gws[i] = gw{p, base}
+	}
+	bases := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return []string{gws[0].base, gws[1].base}
+	}
+	load := startHookLoad(t, bases, 6, 5*time.Millisecond)
+	testenv.Eventually(t, 60*time.Second, "webhooks flowing", func() bool { return hooks.total.Load() >= 100 })
+	stops := 0
+	for round := range 6 {
+		i := round % 2
+		mu.Lock()
+		old := gws[i].p
+		mu.Unlock()
+		before := hooks.total.Load()
+		testenv.Eventually(t, 30*time.Second, "deliveries in flight", func() bool { return hooks.total.Load() > before+20 })
+		old.Signal(syscall.SIGTERM)
+		if err := old.Wait(60 * time.Second); err != nil {
+			t.Fatalf("gateway %d's graceful stop: %v\n%s", i, err, old.Log())
+		}
+		if strings.Contains(old.Log(), "rescued after its lease") || strings.Contains(old.Log(), "drain timeout") {
+			t.Errorf("gateway %d left a delivery to be rescued at its stop:\n%s", i, old.Log())
+		}
+		stops++
+		p, base := startServe(t, config)
+		mu.Lock()
+		gws[i] = gw{p, base}
+		mu.Unlock()
+	}
+	time.Sleep(time.Second)
+	load.end()
+	pool := pgtest.Pool(t, dbURL)
+	testenv.Eventually(t, 120*time.Second, "the outbox drained", func() bool {
+		return pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox") == 0
+	})
+	ids, resent := hooks.counts()
+	if want := int(load.accepted.Load()); ids != want {
+		t.Fatalf("%d webhook ids received for %d effects accepted", ids, want)
+	}
+	rescued := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effect_attempts WHERE outcome = 'interrupted'")
+	t.Logf("%d SIGTERMs: %d webhooks, %d sent twice, %d deliveries interrupted", stops, ids, resent, rescued)
+	if resent != 0 {
+		t.Fatalf("%d webhooks sent twice across %d graceful stops", resent, stops)
+	}
+	result(fmt.Sprintf("%d SIGTERMs, %d webhooks, 0 sent twice, %d interrupted", stops, ids, rescued))
 }

@@ -47,7 +47,7 @@ func NewMetrics() *Metrics {
 			Name: "oncegate_outcome_record_seconds",
 			Help: "Time from a destination's acceptance of an effect to the commit that records it: the window " +
 				"in which a gateway killed resends.",
-			Buckets: prometheus.ExponentialBuckets(0.00025, 2, 17),
+			Buckets: prometheus.ExponentialBucketsRange(0.0001, 30, 60), // fine enough (×1.24) for a p99 to read
 		}, []string{"type", "provider"}),
 		LeaseExtensions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "oncegate_lease_extensions_total",

@@ -195,6 +195,10 @@ type Finish struct {
 	// Attempted counts an attempt: false when no provider was called (a breaker's refusal, an unreadable
 	// payload). An at-most-once rescue counts the attempt that was interrupted.
 	Attempted bool
+	// External is set for the outcome of an effect that happened outside the database (an email accepted, a
+	// webhook answered): until it commits, a gateway killed resends the effect. A store that batches
+	// (WithGroupCommit) never queues it behind other writes (batch.go).
+	External bool
 }
 
 // Finish records a terminal outcome under lease: the outbox row goes and the effect takes its final status.

@@ -60,6 +60,8 @@ var (
 
 const apiKey = "bench-api-key-4a7c1e9f3b5d8a2c6e0f"
 
+const tableHeader = "| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | requests a statement | gateway RSS max | CPU µs a request: gateway / Postgres / load |\n|---|---|---|---|---|---|---|---|---|---|"
+
 func main() {
 	flag.Parse()
 	log.SetFlags(0)
@@ -156,12 +158,11 @@ effect_types:
 
 	fmt.Printf("Postgres %s (synchronous_commit=%s), %v a phase, GOMAXPROCS of the machine: %d cores\n\n", version,
 		sync_, *duration, runtime.NumCPU())
-	fmt.Println("| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | requests a statement | gateway RSS max | CPU µs a request: gateway / Postgres / load |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	if *windowOnly {
 		windowPhase(ctx, cfg, dbconn, *windowConc)
 		return
 	}
+	fmt.Println(tableHeader)
 	var next atomic.Int64
 	var lastAccepts float64
 	var lastCreated int64
@@ -216,10 +217,11 @@ effect_types:
 	if *proxyConc > 0 {
 		proxyPhases(cfg, upstream.URL, *proxyConc)
 	}
+	fmt.Printf("\n%d effects accepted in all; the receiver got %d webhooks for %d effects\n", lastCreated, received.Load(), *hooks)
 	if *windowConc > 0 {
+		fmt.Println()
 		windowPhase(ctx, cfg, dbconn, *windowConc)
 	}
-	fmt.Printf("\n%d effects accepted in all; the receiver got %d webhooks for %d effects\n", lastCreated, received.Load(), *hooks)
 }
 
 // proxyPhases measures the dedup proxy against calling the upstream directly, with c clients.

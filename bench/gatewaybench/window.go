@@ -71,6 +71,7 @@ func windowPhase(ctx context.Context, cfg string, conn *pgx.Conn, c int) {
 	rate := float64(sent) / time.Since(start).Seconds()
 	cpu := perRequest(cpu0, sampleCPU(g.pid), float64(sent))
 	hist := scrapeHistograms(g.url, "oncegate_outcome_record_seconds")
+	fmt.Println(tableHeader)
 	fmt.Printf("| accepts and deliveries together (half analytics, the rest smtp, webhook, http) | %d | %.0f | | | | | | %.0f MiB | %s |\n",
 		c, rate, g.maxRSS(), cpu)
 	var cells []string

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -84,32 +85,55 @@ func (s *Store) BatchStats() (creates, finishes BatchStats) {
 
 // group is the queue and the slots of one kind of batched write: what arrives waits, and whenever one of
 // Parallel slots is free, up to MaxBatch of what waits goes to run, in a goroutine of its own.
+//
+// An urgent item (the outcome of an effect that happened outside the database: until it commits, a gateway
+// killed resends the effect) is never queued behind other work: it goes before every item that is not
+// urgent, first in the next statement, and when the Parallel slots are busy it has reserve slots more, for a
+// statement of its own at once rather than a wait for a statement to end and the next to run.
 type group[T any] struct {
-	cfg GroupCommit
-	run func(batch []T) // answers every item of the batch
+	cfg     GroupCommit
+	reserve int             // slots beyond Parallel that only urgent items may use
+	run     func(batch []T) // answers every item of the batch
 
 	mu       sync.Mutex
-	waiting  []T
+	waiting  []T // the urgent first
+	urgent   int // how many of waiting are urgent
 	inflight int
 	stats    BatchStats
 }
 
 // add queues an item and starts a batch when a slot is free: at once, when nothing else is in flight.
-func (g *group[T]) add(item T) {
+func (g *group[T]) add(item T) { g.addItem(item, false) }
+
+// addItem queues an item, an urgent one after the urgent ones waiting and before the rest.
+func (g *group[T]) addItem(item T, urgent bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.waiting = append(g.waiting, item)
+	if urgent {
+		g.waiting = slices.Insert(g.waiting, g.urgent, item)
+		g.urgent++
+	} else {
+		g.waiting = append(g.waiting, item)
+	}
 	g.startLocked()
 }
 
 func (g *group[T]) startLocked() {
-	if len(g.waiting) == 0 || g.inflight >= g.cfg.Parallel {
+	if len(g.waiting) == 0 {
 		return
 	}
 	n := min(len(g.waiting), g.cfg.MaxBatch)
+	switch {
+	case g.inflight < g.cfg.Parallel:
+	case g.urgent > 0 && g.inflight < g.cfg.Parallel+g.reserve:
+		n = min(n, g.urgent) // a reserve slot carries urgent items only
+	default:
+		return
+	}
 	batch := make([]T, n)
 	copy(batch, g.waiting)
 	g.waiting = append(g.waiting[:0], g.waiting[n:]...)
+	g.urgent -= min(n, g.urgent)
 	g.inflight++
 	g.stats.Batches++
 	g.stats.Requests += int64(n)
@@ -127,10 +151,15 @@ func (g *group[T]) startLocked() {
 
 // claimInline takes a slot for one item that its caller records itself, in a statement of its own, when
 // nothing waits and a slot is free: a lone request pays no hand-off to a goroutine and no batch statement.
-func (g *group[T]) claimInline() bool {
+// An urgent item needs only that no urgent item waits, and may take a reserve slot.
+func (g *group[T]) claimInline(urgent bool) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.waiting) > 0 || g.inflight >= g.cfg.Parallel {
+	limit := g.cfg.Parallel
+	if urgent {
+		limit += g.reserve
+	}
+	if (urgent && g.urgent > 0) || (!urgent && len(g.waiting) > 0) || g.inflight >= limit {
 		return false
 	}
 	g.inflight++
@@ -177,7 +206,7 @@ type batcher struct {
 func newBatcher(db DBTX, gc GroupCommit) *batcher {
 	b := &batcher{db: db, timeout: gc.Timeout}
 	b.creates = &group[*insertion]{cfg: gc, run: b.run}
-	b.finishes = &group[*finishing]{cfg: gc, run: b.runFinishes}
+	b.finishes = &group[*finishing]{cfg: gc, reserve: gc.Parallel, run: b.runFinishes}
 	return b
 }
 
@@ -190,18 +219,20 @@ type finishing struct {
 
 // finish records f under lease through a batch.
 func (b *batcher) finish(ctx context.Context, lease Lease, f Finish) error {
-	if b.finishes.claimInline() {
+	if b.finishes.claimInline(f.External) {
 		defer b.finishes.releaseInline()
 		return finishOne(ctx, b.db, lease, f)
 	}
 	fin := &finishing{lease: lease, f: f, done: make(chan error, 1)}
-	b.finishes.add(fin)
+	b.finishes.addItem(fin, f.External)
 	select {
 	case err := <-fin.done:
 		return err
 	case <-ctx.Done():
-		// The batch may still record it; if not, the lease expires and the row is rescued.
-		return ctx.Err()
+		// The batch may still record it. Its wait ran out as a statement's would: a database that is slow or
+		// away is unavailable to the caller (translate), who may try again under the same lease; a bare
+		// context error made the dispatcher give up at once and leave the row to be rescued and resent.
+		return translate("finish effect", ctx.Err())
 	}
 }
 

@@ -306,3 +306,135 @@ func TestBatchedFinishesKeepEachLease(t *testing.T) {
 		t.Errorf("finish batches: %+v, want one of 39", st)
 	}
 }
+
+// A Finish whose wait for its batch runs out (the database is slow or away) is unavailable, as a statement
+// that ran out of time is: its caller may try again under the same lease. A bare context error made the
+// dispatcher give up on the outcome at once and leave the row to be rescued and resent (issue 28).
+func TestQueuedFinishThatRunsOutOfTimeIsUnavailable(t *testing.T) {
+	t.Parallel()
+	base, pool := newStore(t)
+	s := base.WithGroupCommit(GroupCommit{MaxBatch: 100, Parallel: 1, Timeout: 30 * time.Second})
+	ctx := context.Background()
+	create(t, base, "a")
+	create(t, base, "b")
+	rows, err := base.Claim(ctx, ClaimParams{Type: "typ", Limit: 2, Owner: "me", Lease: time.Minute})
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("claim: %d rows, %v", len(rows), err)
+	}
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx) //nolint:errcheck
+	if _, err := locker.Exec(ctx, "SELECT 1 FROM oncegate_outbox WHERE effect_id = $1 FOR UPDATE", rows[0].EffectID); err != nil {
+		t.Fatal(err)
+	}
+	first := make(chan error, 1)
+	go func() { first <- s.Finish(ctx, rows[0].Lease, Finish{Status: effect.StatusDelivered, Attempted: true}) }()
+	testenv.Eventually(t, 10*time.Second, "the first finish waits on the lock", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database()`) > 0
+	})
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	err = s.Finish(short, rows[1].Lease, Finish{Status: effect.StatusDelivered, Attempted: true})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a queued finish that ran out of time: %v, want ErrUnavailable", err)
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The outcome of an effect that happened outside the database is never queued behind other writes: with
+// the batch slot held (a statement waiting on a lock) and another Finish queued for the next batch, an
+// External Finish commits at once, in a statement of its own; a gateway killed meanwhile would resend it.
+func TestExternalFinishIsNotQueuedBehindOtherWrites(t *testing.T) {
+	t.Parallel()
+	base, pool := newStore(t)
+	s := base.WithGroupCommit(GroupCommit{MaxBatch: 100, Parallel: 1, Timeout: 30 * time.Second})
+	ctx := context.Background()
+	for _, k := range []string{"held", "queued", "external", "external-queued"} {
+		create(t, base, k)
+	}
+	rows, err := base.Claim(ctx, ClaimParams{Type: "typ", Limit: 4, Owner: "me", Lease: time.Minute})
+	if err != nil || len(rows) != 4 {
+		t.Fatalf("claim: %d rows, %v", len(rows), err)
+	}
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx) //nolint:errcheck
+	if _, err := locker.Exec(ctx, "SELECT 1 FROM oncegate_outbox WHERE effect_id = ANY($1) FOR UPDATE",
+		[]int64{rows[0].EffectID, rows[3].EffectID}); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 3)
+	go func() { errs <- s.Finish(ctx, rows[0].Lease, Finish{Status: effect.StatusFailed, Attempted: true}) }()
+	testenv.Eventually(t, 10*time.Second, "the first finish waits on the lock", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database()`) > 0
+	})
+	go func() { errs <- s.Finish(ctx, rows[1].Lease, Finish{Status: effect.StatusFailed, Attempted: true}) }()
+	testenv.Eventually(t, 10*time.Second, "a finish queued", func() bool { return s.batcher.finishes.queued() == 1 })
+	// An External finish does not queue behind that one: it takes the reserve slot, and here waits on the
+	// lock too, since its row is locked as well.
+	go func() {
+		errs <- s.Finish(ctx, rows[3].Lease, Finish{Status: effect.StatusDelivered, Attempted: true, External: true})
+	}()
+	testenv.Eventually(t, 10*time.Second, "two finishes wait on the lock", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database()`) == 2
+	})
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Now with the slot held again and a finish queued, an External finish commits alone, at once.
+	locker, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx) //nolint:errcheck
+	create(t, base, "held-2")
+	create(t, base, "queued-2")
+	more, err := base.Claim(ctx, ClaimParams{Type: "typ", Limit: 2, Owner: "me", Lease: time.Minute})
+	if err != nil || len(more) != 2 {
+		t.Fatalf("claim: %d rows, %v", len(more), err)
+	}
+	if _, err := locker.Exec(ctx, "SELECT 1 FROM oncegate_outbox WHERE effect_id = $1 FOR UPDATE", more[0].EffectID); err != nil {
+		t.Fatal(err)
+	}
+	go func() { errs <- s.Finish(ctx, more[0].Lease, Finish{Status: effect.StatusFailed, Attempted: true}) }()
+	testenv.Eventually(t, 10*time.Second, "the held finish waits on the lock", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database()`) > 0
+	})
+	go func() { errs <- s.Finish(ctx, more[1].Lease, Finish{Status: effect.StatusFailed, Attempted: true}) }()
+	testenv.Eventually(t, 10*time.Second, "a finish queued", func() bool { return s.batcher.finishes.queued() == 1 })
+	short, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := s.Finish(short, rows[2].Lease, Finish{Status: effect.StatusDelivered, Attempted: true, External: true}); err != nil {
+		t.Fatalf("an External finish behind a held batch: %v (after %v)", err, time.Since(start))
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox WHERE effect_id = $1", rows[2].EffectID); n != 0 {
+		t.Fatal("the External finish did not commit")
+	}
+	if err := locker.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -39,6 +39,10 @@ type Claimed struct {
 	// Interrupted is, for a rescued row, the lease it was rescued from: which gateway held it, under which
 	// token, until when. Zero when that is not known (a row handed back after its rescue).
 	Interrupted InterruptedLease
+	// LeasedAt is when the statement that leased the row was sent, by this process's clock: never after the
+	// database began the lease, so LeasedAt plus the lease's length never overstates how long it runs. The
+	// dispatcher keeps trying to record an outcome, and extends the lease, against that bound.
+	LeasedAt time.Time
 }
 
 // InterruptedLease is a lease that ran out before its holder recorded an outcome.
@@ -95,6 +99,7 @@ const releaseTimeout = 10 * time.Second
 
 // ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, for Payload to read.
 func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
+	sent := time.Now()
 	rs, err := pinned(ctx, s.db, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
 		append([]string{}, p.SkipTenants...))
 	if err != nil {
@@ -108,6 +113,7 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Attempts, &c.CreatedAt,
 			&c.Trace, &stableID, &prevOwner, &prevToken, &prevExpires)
 		c.StableID = stableIDOf(c.Tenant, c.Key, stableID)
+		c.LeasedAt = sent
 		if prevOwner != nil {
 			c.Interrupted.Owner = *prevOwner
 		}
@@ -189,6 +195,10 @@ type Finish struct {
 	// Attempted counts an attempt: false when no provider was called (a breaker's refusal, an unreadable
 	// payload). An at-most-once rescue counts the attempt that was interrupted.
 	Attempted bool
+	// External is set for the outcome of an effect that happened outside the database (an email accepted, a
+	// webhook answered): until it commits, a gateway killed resends the effect. A store that batches
+	// (WithGroupCommit) never queues it behind other writes (batch.go).
+	External bool
 }
 
 // Finish records a terminal outcome under lease: the outbox row goes and the effect takes its final status.
@@ -273,6 +283,20 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error
 		return ErrLeaseLost
 	}
 	return translate("reschedule effect", err)
+}
+
+// ExtendLease makes lease run for d from now (by the database's clock), if the row is still under it: the
+// token fences it as it fences Finish, so a lease that ran out is extended only when no one took the row
+// since. A dispatcher that knows an outcome but cannot record it yet (the database is slow or coming back)
+// keeps the row from being rescued, and resent, meanwhile. It returns ErrLeaseLost when the lease is no
+// longer the row's.
+func (s *Store) ExtendLease(ctx context.Context, lease Lease, d time.Duration) error {
+	var id int64
+	err := s.db.QueryRow(ctx, extendLeaseSQL, lease.EffectID, uuidArg(lease.Token), d.Milliseconds()).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost
+	}
+	return translate("extend lease", err)
 }
 
 // Purge deletes up to limit effects that became terminal more than retention ago, and returns how many it

@@ -54,6 +54,7 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 	tc := traceContext(ctx)
 	stableID := effect.NewStableID(ne.Tenant, ne.Key)
 	for range 2 {
+		sent := time.Now()
 		var e Effect
 		var stored *string
 		var created bool
@@ -67,7 +68,7 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 		case err == nil && created:
 			e.StableID = stableIDOf(e.Tenant, e.Key, stored)
 			c := &Claimed{Lease: Lease{EffectID: e.ID, Token: token.Bytes}, Tenant: e.Tenant, Key: e.Key, Type: e.Type,
-				Payload: ne.Payload, CreatedAt: e.CreatedAt, StableID: e.StableID}
+				Payload: ne.Payload, CreatedAt: e.CreatedAt, StableID: e.StableID, LeasedAt: sent}
 			return &e, c, false, nil
 		case err == nil:
 			e.StableID = stableIDOf(e.Tenant, e.Key, stored)
@@ -128,6 +129,7 @@ func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder, fence *[16]
 		trace            map[string]string
 		stableID         *string
 	)
+	sent := time.Now()
 	err := s.db.QueryRow(ctx, claimEffectSQL, id, h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering,
 		fenceArg).Scan(&ec.Found, &holding, &paused, &cid, &token, &rescued, &tenant, &key, &typ, &attempts, &createdAt,
 		&trace, &stableID)
@@ -144,7 +146,7 @@ func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder, fence *[16]
 		return ec, nil
 	}
 	ec.Claimed = Claimed{Lease: Lease{EffectID: *cid, Token: token.Bytes}, Rescued: *rescued, Tenant: *tenant,
-		Key: *key, Type: *typ, Attempts: *attempts, CreatedAt: *createdAt, Trace: trace}
+		Key: *key, Type: *typ, Attempts: *attempts, CreatedAt: *createdAt, Trace: trace, LeasedAt: sent}
 	ec.StableID = stableIDOf(ec.Tenant, ec.Key, stableID)
 	if ec.Payload, err = s.Payload(ctx, ec.Lease); err != nil {
 		// Handed back at once, unattempted, rather than left leased until the lease runs out.

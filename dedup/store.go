@@ -73,6 +73,7 @@ var (
 	finishBatchSQL  = query("finish_batch")
 	lockLeasesSQL   = query("lock_leases")
 	rescheduleSQL   = query("reschedule")
+	extendLeaseSQL  = query("extend_lease")
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")
 	terminalSQL     = query("terminal")
@@ -270,7 +271,7 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 // insert records a new effect: through a batch when the store batches, else in a statement of its own. It
 // returns pgx.ErrNoRows when the key is taken, or a *takenError when a batch read the key's effect already.
 func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.RawMessage, stableID string) (*Effect, error) {
-	if s.batcher == nil || s.batcher.creates.claimInline() {
+	if s.batcher == nil || s.batcher.creates.claimInline(false) {
 		if s.batcher != nil {
 			defer s.batcher.creates.releaseInline()
 		}

@@ -210,3 +210,43 @@ func TestPurgeTakesAnOutboxRowWithItsEffect(t *testing.T) {
 		t.Fatal("the outbox's foreign key is still there")
 	}
 }
+
+// ExtendLease moves a lease's expiry under its token: a lease held, or one that ran out while no claim took
+// the row since, is extended; a lease another claim took is not, and nothing changes.
+func TestExtendLeaseIsFencedByTheToken(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t)
+	ctx := context.Background()
+	create(t, s, "k")
+	rows, err := s.Claim(ctx, ClaimParams{Type: "typ", Limit: 1, Owner: "me", Lease: 100 * time.Millisecond})
+	if err != nil || len(rows) != 1 {
+		t.Fatalf("claim: %d rows, %v", len(rows), err)
+	}
+	first := rows[0]
+	if first.LeasedAt.IsZero() || first.LeasedAt.After(time.Now()) {
+		t.Fatalf("LeasedAt %v", first.LeasedAt)
+	}
+	time.Sleep(150 * time.Millisecond) // run out, unclaimed
+	if err := s.ExtendLease(ctx, first.Lease, time.Minute); err != nil {
+		t.Fatalf("extending a lease that ran out with nobody taking the row: %v", err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox WHERE lease_expires_at > now() + interval '50 seconds'"); n != 1 {
+		t.Fatal("the lease was not extended")
+	}
+	if rows, err := s.Claim(ctx, ClaimParams{Type: "typ", Limit: 1, Owner: "other", Lease: time.Minute}); err != nil || len(rows) != 0 {
+		t.Fatalf("an extended lease was rescued: %d rows, %v", len(rows), err)
+	}
+	if _, err := pool.Exec(ctx, "UPDATE oncegate_outbox SET lease_expires_at = now() - interval '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	second := claimOne(t, s)
+	if err := s.ExtendLease(ctx, first.Lease, time.Hour); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("extending a lease another claim took: %v, want ErrLeaseLost", err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox WHERE lease_expires_at > now() + interval '2 minutes'"); n != 0 {
+		t.Fatal("a lost lease's extension changed the row")
+	}
+	if err := s.Finish(ctx, second.Lease, Finish{Status: effect.StatusDelivered, Attempted: true}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -156,7 +156,7 @@ func (c *Config) outboxTypes(reg *providers.Registry) []outbox.EffectType {
 		t := c.EffectTypes[name]
 		p, _ := reg.Get(name)
 		out = append(out, outbox.EffectType{
-			Name: name, Provider: p, Concurrency: t.Concurrency, TenantConcurrency: t.TenantConcurrency,
+			Name: name, Provider: p, ProviderKind: t.Provider, Concurrency: t.Concurrency, TenantConcurrency: t.TenantConcurrency,
 			Timeout:     time.Duration(t.Timeout),
 			MaxAttempts: t.Retry.MaxAttempts,
 			Retry:       backoff.Policy{Base: time.Duration(t.Retry.BaseDelay), Max: time.Duration(t.Retry.MaxDelay)},

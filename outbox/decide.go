@@ -47,6 +47,8 @@ type event struct {
 	stopping bool
 	// err is why the payload could not be read (stageUnreadable).
 	err error
+	// at is when the provider's answer came (stageAttempted): for a delivery, the destination's acceptance.
+	at time.Time
 }
 
 type actionKind int
@@ -129,7 +131,9 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 		errText = out.Err.Error()
 	}
 	finish := func(s effect.Status, lastErr string) dedup.Finish {
-		return dedup.Finish{Status: s, Result: out.Result, LastError: lastErr, Attempted: true}
+		// A TxProvider's outcome commits with its effect; any other's effect happened outside the database,
+		// and a crash before its record commits resends it: its record is never queued behind other writes.
+		return dedup.Finish{Status: s, Result: out.Result, LastError: lastErr, Attempted: true, External: !p.tx}
 	}
 	switch out.Kind {
 	case providers.KindDelivered:

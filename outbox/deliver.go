@@ -41,25 +41,27 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
 		d.recordAttempt(r, leaseStart(r, t.lease), providers.Outcome{}, false)
 	}
+	lc := newLeaseClock(r, t.lease)
 	act := decide(event{stage: stageClaimed}, r, t.policy)
+	var accepted time.Time
 	if act.kind == actDeliver {
-		ev, recorded := d.attempt(ctx, log, t, r, stableID)
+		ev, recorded := d.attempt(ctx, log, t, r, stableID, lc)
 		if ev.stage == stageAttempted {
 			traceOutcome(span, ev.outcome)
 		}
 		if recorded {
 			return
 		}
-		act = decide(ev, r, t.policy)
+		act, accepted = decide(ev, r, t.policy), ev.at
 	}
-	d.apply(log, t, r, act)
+	d.applyUnder(log, t, r, act, lc, accepted)
 }
 
 // attempt calls the provider through the breaker of the delivery's destination, timed and counted, and says
 // what became of the call. recorded is set when a TxProvider's delivery was recorded (or lost its lease) in
 // the provider's transaction.
 func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectType, r dedup.Claimed,
-	stableID string) (ev event, recorded bool) {
+	stableID string, lc *leaseClock) (ev event, recorded bool) {
 	del := delivery(r)
 	b := d.breakers.get(t, r.Tenant, providers.Destination(t.Provider, r.Payload))
 	b.inflight.Add(1)
@@ -73,7 +75,10 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		if txp, ok := t.Provider.(providers.TxProvider); ok {
 			o, recorded = d.attemptTx(actx, log, txp, t, r, del)
 		} else {
-			o = t.Provider.Deliver(actx, del)
+			o = func() providers.Outcome {
+				defer d.keepLease(r, lc)() // stopped even when the provider panics (recoverDelivery)
+				return t.Provider.Deliver(actx, del)
+			}()
 		}
 		// A delivery that the gateway cancelled (its shutdown's drain ran out) says nothing of the destination.
 		if destinationFailure(o) && ctx.Err() == nil {
@@ -86,7 +91,8 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		// would be claimed and refused again in a loop while the breaker's probe is in flight.
 		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false
 	}
-	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(time.Since(start).Seconds())
+	answered := time.Now()
+	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
 	// The attempt log and the metric say what the attempt came to: one that decide will finish unknown is
 	// in doubt, not a retry.
 	seen := out
@@ -95,7 +101,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	}
 	d.recordAttempt(r, start, seen, true)
 	d.metrics.Attempts.WithLabelValues(t.Name, seen.Kind.String()).Inc()
-	return event{stage: stageAttempted, outcome: out, stopping: ctx.Err() != nil}, recorded
+	return event{stage: stageAttempted, outcome: out, stopping: ctx.Err() != nil, at: answered}, recorded
 }
 
 // destinationFailure reports whether an outcome counts against the destination in its breaker: transient
@@ -151,6 +157,17 @@ func traceOutcome(span trace.Span, out providers.Outcome) {
 // leased: it is rescued when the lease runs out, so the failure costs time, never the effect. It returns the
 // write's error (dedup.ErrLeaseLost when another holder owns the row), which the dispatcher only logs.
 func (d *Dispatcher) apply(log *slog.Logger, t *effectType, r dedup.Claimed, act action) error {
+	return d.applyUnder(log, t, r, act, nil, time.Time{})
+}
+
+// applyUnder is apply for a delivery that keeps the clock of its lease (lc; nil makes one from the claim),
+// and whose destination accepted the effect at accepted (zero when it did not, or had nothing to accept):
+// the time from then to the commit that records it is the crash window (oncegate_outcome_record_seconds).
+func (d *Dispatcher) applyUnder(log *slog.Logger, t *effectType, r dedup.Claimed, act action, lc *leaseClock,
+	accepted time.Time) error {
+	if lc == nil {
+		lc = newLeaseClock(r, t.lease)
+	}
 	if act.msg != "" {
 		args := []any{"err", act.err}
 		if act.kind == actReschedule {
@@ -160,18 +177,21 @@ func (d *Dispatcher) apply(log *slog.Logger, t *effectType, r dedup.Claimed, act
 	}
 	switch act.kind {
 	case actFinish:
-		err := d.record(log, func(ctx context.Context) error { return d.store.Finish(ctx, r.Lease, act.finish) })
+		err := d.record(log, r, lc, func(ctx context.Context) error { return d.store.Finish(ctx, r.Lease, act.finish) })
 		switch {
 		case errors.Is(err, dedup.ErrLeaseLost):
 			log.Warn("lease lost before the outcome was recorded; another dispatcher owns the row", "status", act.finish.Status)
 		case err != nil:
 			log.Error("recording the outcome failed; the row will be rescued after its lease", "status", act.finish.Status, "err", err)
 		default:
+			if !accepted.IsZero() && act.finish.Status == effect.StatusDelivered {
+				d.metrics.OutcomeRecord.WithLabelValues(t.Name, t.kind).Observe(time.Since(accepted).Seconds())
+			}
 			d.finishedEffect(t, act.finish.Status, r.EffectID)
 		}
 		return err
 	case actReschedule:
-		err := d.record(log, func(ctx context.Context) error { return d.store.Reschedule(ctx, r.Lease, act.reschedule) })
+		err := d.record(log, r, lc, func(ctx context.Context) error { return d.store.Reschedule(ctx, r.Lease, act.reschedule) })
 		switch {
 		case errors.Is(err, dedup.ErrLeaseLost):
 			log.Warn("lease lost before the row was rescheduled; another dispatcher owns it")
@@ -183,33 +203,54 @@ func (d *Dispatcher) apply(log *slog.Logger, t *effectType, r dedup.Claimed, act
 	return nil
 }
 
-// record runs a write that records an outcome under a lease, and tries it again while the database is
-// unavailable, for up to LeaseMargin. A write that failed for good leaves the row to be rescued when its lease
-// runs out, and a rescue resends (at_least_once) or gives up to an operator (at_most_once) an effect that was
-// in fact delivered: a pooler restart or a failover of a few seconds must not do that (an outside test saw
-// 39 webhooks sent twice across a PgBouncer restart, no gateway dying). The write is fenced by the lease
-// token, so trying again is safe even if the lease has meanwhile gone to another dispatcher.
-func (d *Dispatcher) record(log *slog.Logger, write func(ctx context.Context) error) error {
-	deadline := time.Now().Add(d.cfg.LeaseMargin)
+// record runs a write that records an outcome under r's lease, and tries it again while the database is
+// unavailable, for as long as the lease runs and LeaseMargin more (lease.go says why). When the next try
+// might end after the lease, the lease is extended first, if the database lets it be. A write that failed
+// for good leaves the row to be rescued when its lease runs out, and a rescue resends (at_least_once) or
+// gives up to an operator (at_most_once) an effect that was in fact delivered: a pooler's PAUSE or a
+// failover of a few seconds must not do that (an outside test saw webhooks sent twice at every PgBouncer
+// PAUSE of 5 or 8 s: one try may take timeouts.database, and the tries stopped after lease_margin). The
+// write is fenced by the lease token, so trying again is safe even if the lease has meanwhile gone to
+// another dispatcher.
+func (d *Dispatcher) record(log *slog.Logger, r dedup.Claimed, lc *leaseClock, write func(ctx context.Context) error) error {
+	doubt := false
 	for try := 1; ; try++ {
 		ctx, cancel := d.dbContext()
 		err := write(ctx)
 		cancel()
+		if errors.Is(err, dedup.ErrLeaseLost) && doubt {
+			return fmt.Errorf("%w, or an earlier try that ran out of time recorded the outcome after all", err)
+		}
 		if err == nil || !errors.Is(err, dedup.ErrUnavailable) {
 			return err
 		}
+		// A try that ran out of time may still commit: the token then refuses the next one.
+		doubt = doubt || errors.Is(err, context.DeadlineExceeded)
 		wait := recordBackoff.Delay(try)
-		if time.Now().Add(wait).After(deadline) {
+		if time.Now().Add(wait).After(lc.expires().Add(d.cfg.LeaseMargin)) {
 			return err
 		}
-		log.Warn("recording an outcome failed, the database is unavailable; trying again", "err", err,
-			"in", wait.String())
+		if time.Until(lc.expires()) < wait+d.cfg.DBTimeout {
+			xerr := d.extendLease(r, lc, min(d.cfg.DBTimeout, extendTimeout))
+			if errors.Is(xerr, dedup.ErrLeaseLost) {
+				if doubt {
+					return fmt.Errorf("%w, or an earlier try that ran out of time recorded the outcome after all", xerr)
+				}
+				return xerr
+			}
+		}
+		log.Warn("recording an outcome failed, the database is unavailable; trying again while the lease lasts",
+			"err", err, "in", wait.String(), "lease_left", time.Until(lc.expires()).Round(time.Millisecond).String())
 		time.Sleep(wait)
 	}
 }
 
+// extendTimeout bounds one extension of a lease: short, so that an extension the database cannot answer
+// delays the next try of the write by little.
+const extendTimeout = time.Second
+
 // recordBackoff spaces the tries of record.
-var recordBackoff = backoff.Policy{Base: 50 * time.Millisecond, Max: time.Second}
+var recordBackoff = backoff.Policy{Base: 50 * time.Millisecond, Max: 500 * time.Millisecond}
 
 // finishedEffect counts an effect this dispatcher brought to a terminal status, wakes this gateway's waiters
 // at once, and queues the ID for the other gateways (notify.go).

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +77,8 @@ const (
 type EffectType struct {
 	Name     string
 	Provider providers.Provider
+	// ProviderKind names the provider's kind (smtp, webhook, ...) in metrics. Defaults to its Go package.
+	ProviderKind string
 	// Concurrency bounds the deliveries of this type in flight in one gateway. Defaults to DefaultConcurrency.
 	Concurrency int
 	// TenantConcurrency bounds the deliveries of this type in flight in one gateway for one tenant, so that one
@@ -223,7 +226,8 @@ type effectType struct {
 	EffectType
 	policy   policy
 	lease    time.Duration
-	batchTx  bool // a providers.BatchTxProvider with group commit on: rows claimed together deliver together
+	kind     string // ProviderKind
+	batchTx  bool   // a providers.BatchTxProvider with group commit on: rows claimed together deliver together
 	inflight atomic.Int32
 
 	tenantsMu sync.Mutex
@@ -311,11 +315,23 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 		_, isBatchTx := t.Provider.(providers.BatchTxProvider)
 		et := &effectType{EffectType: t, lease: t.Timeout + c.LeaseMargin, policy: policy{onCrash: t.OnCrash,
 			tx: isTx, maxAttempts: t.MaxAttempts, retryDelay: t.Retry.Delay},
-			batchTx: isBatchTx && c.GroupCommit.MaxBatch > 1}
+			batchTx: isBatchTx && c.GroupCommit.MaxBatch > 1, kind: providerKind(t)}
 		d.metrics.BreakersOpen.WithLabelValues(t.Name).Set(0)
 		d.types = append(d.types, et)
 	}
 	return d, nil
+}
+
+// providerKind is t's ProviderKind, or the Go package of its provider.
+func providerKind(t EffectType) string {
+	if t.ProviderKind != "" {
+		return t.ProviderKind
+	}
+	name := strings.TrimPrefix(fmt.Sprintf("%T", t.Provider), "*")
+	if i := strings.IndexByte(name, '.'); i > 0 {
+		name = name[:i]
+	}
+	return name
 }
 
 // Wake makes the dispatcher look for due rows now; a notification on notifier.TopicOutbox calls it.

@@ -11,6 +11,10 @@ type Metrics struct {
 	BreakerState    *prometheus.GaugeVec     // oncegate_breaker_state{type, tenant, destination}
 	BreakersOpen    *prometheus.GaugeVec     // oncegate_breakers_open{type}
 	Rescued         *prometheus.CounterVec   // oncegate_rescued_total{type}
+	// OutcomeRecord is the crash window: from the destination's acceptance of an effect (SMTP's reply to the
+	// end of DATA, a webhook's status line, an upstream's answer) to the commit that records it.
+	OutcomeRecord   *prometheus.HistogramVec // oncegate_outcome_record_seconds{type, provider}
+	LeaseExtensions prometheus.Counter       // oncegate_lease_extensions_total
 }
 
 // NewMetrics returns a new set of the dispatcher's collectors.
@@ -39,11 +43,21 @@ func NewMetrics() *Metrics {
 		Rescued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "oncegate_rescued_total", Help: "Outbox rows claimed again after their dispatcher's lease expired.",
 		}, []string{"type"}),
+		OutcomeRecord: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "oncegate_outcome_record_seconds",
+			Help: "Time from a destination's acceptance of an effect to the commit that records it: the window " +
+				"in which a gateway killed resends.",
+			Buckets: prometheus.ExponentialBucketsRange(0.0001, 30, 60), // fine enough (×1.24) for a p99 to read
+		}, []string{"type", "provider"}),
+		LeaseExtensions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "oncegate_lease_extensions_total",
+			Help: "Leases extended by a dispatcher holding an outcome it could not record yet, or a long provider call.",
+		}),
 	}
 }
 
 // Collectors lists the collectors, for prometheus.Registerer.MustRegister.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Attempts, m.Finished, m.DispatchLatency, m.BreakerState, m.BreakersOpen,
-		m.Rescued}
+		m.Rescued, m.OutcomeRecord, m.LeaseExtensions}
 }

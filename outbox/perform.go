@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
@@ -121,10 +122,14 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
 	}
 	var p Performed
+	var lc *leaseClock
+	var accepted time.Time
 	act := decide(event{stage: stageClaimed}, r, t.policy)
 	if act.kind == actDeliver {
 		ctx, span := tracer.Start(ctx, "outbox.perform "+t.Name)
-		ev, recorded := d.attempt(ctx, log, t, r, r.StableID)
+		lc = newLeaseClock(r, t.lease)
+		ev, recorded := d.attempt(ctx, log, t, r, r.StableID, lc)
+		accepted = ev.at
 		if ev.stage == stageAttempted {
 			traceOutcome(span, ev.outcome)
 			p.Attempted, p.Outcome = true, ev.outcome
@@ -142,6 +147,6 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 	default:
 		p.Status = effect.StatusPending
 	}
-	p.Recorded = d.apply(log, t, r, act) == nil
+	p.Recorded = d.applyUnder(log, t, r, act, lc, accepted) == nil
 	return p, nil
 }

@@ -44,6 +44,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
 )
 
 var (
@@ -52,9 +54,13 @@ var (
 	gwBin      = flag.String("gateway", "bin/gateway", "the gateway binary")
 	hooks      = flag.Int("webhooks", 20000, "webhook effects in the webhook delivery phase")
 	proxyConc  = flag.Int("proxy-clients", 8, "concurrent clients of the dedup proxy phases; 0 skips them")
+	windowConc = flag.Int("window-clients", 32, "concurrent clients of the crash-window phase; 0 skips it")
+	windowOnly = flag.Bool("window-only", false, "run the crash-window phase alone")
 )
 
 const apiKey = "bench-api-key-4a7c1e9f3b5d8a2c6e0f"
+
+const tableHeader = "| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | requests a statement | gateway RSS max | CPU µs a request: gateway / Postgres / load |\n|---|---|---|---|---|---|---|---|---|---|"
 
 func main() {
 	flag.Parse()
@@ -116,6 +122,10 @@ func main() {
 		_, _ = io.WriteString(w, `{"id":"ch_1","amount":2000,"currency":"usd","status":"succeeded"}`)
 	}))
 	defer upstream.Close()
+	// The mail server of the window phase: it accepts every message.
+	mail, err := smtptest.New("127.0.0.1:0")
+	must(err)
+	defer mail.Close()
 
 	cfg := filepath.Join(dir, "gateway.yaml")
 	// The tenant's rates are far above what one machine serves: the limiter runs on every request, so its
@@ -136,15 +146,23 @@ effect_types:
     concurrency: 64
     tenant_concurrency: 64
     webhook: { url: "%s/hook", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
-`, dbURL, apiKey, os.Getenv("GATEWAYBENCH_CONFIG"), upstream.URL, receiver.URL)), 0o600))
+  mail:
+    provider: smtp
+    concurrency: 64
+    tenant_concurrency: 64
+    smtp: { addr: "%s", from: "Bench <bench@example.test>", starttls: "off" }
+`, dbURL, apiKey, os.Getenv("GATEWAYBENCH_CONFIG"), upstream.URL, receiver.URL, mail.Addr)), 0o600))
 	dbconn, err := pgx.Connect(ctx, dbURL)
 	must(err)
 	defer dbconn.Close(ctx)
 
 	fmt.Printf("Postgres %s (synchronous_commit=%s), %v a phase, GOMAXPROCS of the machine: %d cores\n\n", version,
 		sync_, *duration, runtime.NumCPU())
-	fmt.Println("| phase | clients | per second | p50 | p99 | pgbench, same clients | ratio | requests a statement | gateway RSS max | CPU µs a request: gateway / Postgres / load |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
+	if *windowOnly {
+		windowPhase(ctx, cfg, dbconn, *windowConc)
+		return
+	}
+	fmt.Println(tableHeader)
 	var next atomic.Int64
 	var lastAccepts float64
 	var lastCreated int64
@@ -200,6 +218,10 @@ effect_types:
 		proxyPhases(cfg, upstream.URL, *proxyConc)
 	}
 	fmt.Printf("\n%d effects accepted in all; the receiver got %d webhooks for %d effects\n", lastCreated, received.Load(), *hooks)
+	if *windowConc > 0 {
+		fmt.Println()
+		windowPhase(ctx, cfg, dbconn, *windowConc)
+	}
 }
 
 // proxyPhases measures the dedup proxy against calling the upstream directly, with c clients.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -54,6 +55,12 @@ type ChaosReport struct {
 	Memory      map[string][]float64 `json:"memory_mib,omitempty"`
 	LostTotal   int                  `json:"lost_total"`
 	AnalyticDup int                  `json:"analytics_duplicates"`
+	// Resends are the emails and webhooks received more than once: each a gateway killed after the
+	// destination accepted and before it recorded that (the crash window). ResendsPerGatewayKill is them
+	// over the gateways' SIGKILLs (0 when no gateway was killed).
+	Resends               int     `json:"resends"`
+	GatewayKills          int     `json:"gateway_kills"`
+	ResendsPerGatewayKill float64 `json:"resends_per_gateway_kill"`
 }
 
 // OK is true when nothing was lost and no analytics event was recorded twice.
@@ -283,6 +290,15 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		report.LostTotal += r.Lost
 	}
 	report.AnalyticDup = clicks.Duplicated
+	report.Resends = email.Duplicated + orders.Duplicated
+	for name, n := range kills {
+		if strings.HasPrefix(name, "gateway-") {
+			report.GatewayKills += n
+		}
+	}
+	if report.GatewayKills > 0 {
+		report.ResendsPerGatewayKill = math.Round(float64(report.Resends)/float64(report.GatewayKills)*1000) / 1000
+	}
 	report.Seconds = time.Since(started).Round(100 * time.Millisecond).Seconds()
 	return report, nil
 }
@@ -325,6 +341,8 @@ func ChaosTable(r ChaosReport) string {
 		fmt.Fprintf(&b, "| %-23s | %4d | %9d | %4d | %10d | %s |\n", row.Type, row.Jobs, row.Delivered, row.Lost,
 			row.Duplicated, row.CountedBy)
 	}
+	fmt.Fprintf(&b, "\nresends_per_gateway_kill: %.3f (%d emails and webhooks resent, %d gateway kills)\n",
+		r.ResendsPerGatewayKill, r.Resends, r.GatewayKills)
 	names := make([]string, 0, len(r.Memory))
 	for n := range r.Memory {
 		names = append(names, n)

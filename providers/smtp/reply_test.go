@@ -1,6 +1,7 @@
 package smtp
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -210,4 +211,67 @@ func selfSigned(t *testing.T) *tls.Config {
 		t.Fatal(err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+}
+
+// The delivery is done when the server answers the end of DATA: the attempt does not wait for the reply to
+// QUIT, which is said in the background. Until the dispatcher records the delivery, a gateway killed resends
+// the message, and QUIT's round trip would have widened that window (issue 34). The server still gets its
+// QUIT.
+func TestDeliveredAtTheReplyToTheEndOfData(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	quit := make(chan struct{})
+	go func() {
+		conn, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		r := bufio.NewReader(conn)
+		say := func(s string) { _, _ = io.WriteString(conn, s+"\r\n") }
+		say("220 slow-quit.invalid ESMTP")
+		for data := false; ; {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			line = strings.TrimRight(line, "\r\n")
+			switch cmd := strings.ToUpper(strings.Fields(line + " x")[0]); {
+			case data:
+				if line == "." {
+					data = false
+					say("250 2.0.0 queued")
+				}
+			case cmd == "DATA":
+				data = true
+				say("354 go ahead")
+			case cmd == "QUIT":
+				close(quit)
+				time.Sleep(2 * time.Second) // a server slow to say goodbye
+				say("221 bye")
+				return
+			default:
+				say("250 ok")
+			}
+		}
+	}()
+	p, err := New(Config{Addr: l.Addr().String(), From: "a@acme.test", StartTLS: "off"}, providers.Type{Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	o := p.Deliver(context.Background(), delivery("k", `{"to":["a@example.com"],"subject":"s","text":"t"}`))
+	took := time.Since(start)
+	if o.Kind != providers.KindDelivered || took > time.Second {
+		t.Fatalf("%v (%v) after %v, want delivered at the reply to the end of DATA, before QUIT's", o.Kind, o.Err, took)
+	}
+	select {
+	case <-quit:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the server never got QUIT")
+	}
 }

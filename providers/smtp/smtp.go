@@ -231,11 +231,11 @@ func (c boundConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteD
 
 // dial connects to the server for one attempt: every read and write ends at ctx's deadline, and the
 // connection is closed when ctx is cancelled (a dispatcher that shuts down).
-func (p *Provider) dial(ctx context.Context) (net.Conn, func(), error) {
+func (p *Provider) dial(ctx context.Context) (net.Conn, attemptConn, error) {
 	var dialer net.Dialer
 	raw, err := dialer.DialContext(ctx, "tcp", p.cfg.Addr)
 	if err != nil {
-		return nil, nil, err
+		return nil, attemptConn{}, err
 	}
 	conn := boundConn{Conn: raw}
 	if dl, ok := ctx.Deadline(); ok {
@@ -243,8 +243,20 @@ func (p *Provider) dial(ctx context.Context) (net.Conn, func(), error) {
 		_ = raw.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { _ = raw.Close() })
-	return conn, func() { stop(); _ = raw.Close() }, nil
+	return conn, attemptConn{raw: raw, stop: stop}, nil
 }
+
+// attemptConn is the connection of one attempt, closed when the attempt's context ends.
+type attemptConn struct {
+	raw  net.Conn
+	stop func() bool
+}
+
+func (a attemptConn) close() { a.stop(); _ = a.raw.Close() }
+
+// detach keeps the end of the attempt's context from closing the connection, whose user then closes it
+// (its deadline still bounds it); false when that end has come already.
+func (a attemptConn) detach() bool { return a.stop() }
 
 func (p *Provider) newClient(conn net.Conn) *gosmtp.Client {
 	c := gosmtp.NewClient(conn)
@@ -262,39 +274,39 @@ func (p *Provider) setTimeouts(c *gosmtp.Client) {
 // connect opens a session ready for MAIL FROM: greeting, EHLO, STARTTLS when wanted and offered, EHLO again
 // over TLS. go-smtp deliberately offers STARTTLS only as a way to open a client (a server must forget
 // whatever was said before TLS), so the server's offer is read on one connection and TLS started on a second.
-func (p *Provider) connect(ctx context.Context) (*gosmtp.Client, func(), providers.Outcome, bool) {
+func (p *Provider) connect(ctx context.Context) (*gosmtp.Client, attemptConn, providers.Outcome, bool) {
 	conn, closeConn, err := p.dial(ctx)
 	if err != nil {
-		return nil, nil, providers.Retry(fmt.Errorf("connect: %w", err)), false
+		return nil, attemptConn{}, providers.Retry(fmt.Errorf("connect: %w", err)), false
 	}
 	c := p.newClient(conn)
 	if o, failed := step("greeting/EHLO", c.Hello(p.cfg.Helo)); failed {
-		closeConn()
-		return nil, nil, o, false
+		closeConn.close()
+		return nil, attemptConn{}, o, false
 	}
 	offered, _ := c.Extension("STARTTLS")
 	switch {
 	case !offered && p.cfg.StartTLS == "required":
-		closeConn()
-		return nil, nil, providers.Failed(errors.New("the server does not offer STARTTLS, which starttls: required demands"), true), false
+		closeConn.close()
+		return nil, attemptConn{}, providers.Failed(errors.New("the server does not offer STARTTLS, which starttls: required demands"), true), false
 	case !offered || p.cfg.StartTLS == "off":
 		return c, closeConn, providers.Outcome{}, true
 	}
 	_ = c.Quit()
-	closeConn()
+	closeConn.close()
 
 	if conn, closeConn, err = p.dial(ctx); err != nil {
-		return nil, nil, providers.Retry(fmt.Errorf("connect: %w", err)), false
+		return nil, attemptConn{}, providers.Retry(fmt.Errorf("connect: %w", err)), false
 	}
 	c, err = gosmtp.NewClientStartTLS(conn, &tls.Config{ServerName: p.host, MinVersion: tls.VersionTLS12})
 	if o, failed := step("STARTTLS", err); failed {
-		closeConn()
-		return nil, nil, o, false
+		closeConn.close()
+		return nil, attemptConn{}, o, false
 	}
 	p.setTimeouts(c)
 	if o, failed := step("EHLO", c.Hello(p.cfg.Helo)); failed {
-		closeConn()
-		return nil, nil, o, false
+		closeConn.close()
+		return nil, attemptConn{}, o, false
 	}
 	return c, closeConn, providers.Outcome{}, true
 }
@@ -309,7 +321,14 @@ func (p *Provider) deliver(ctx context.Context, d providers.Delivery) providers.
 	if !ok {
 		return o
 	}
-	defer closeConn()
+	quitLater := false
+	defer func() {
+		if !quitLater {
+			closeConn.close()
+			return
+		}
+		go func() { _ = c.Quit(); closeConn.close() }()
+	}()
 	if p.cfg.Username != "" {
 		if o, failed := step("AUTH", p.auth(c)); failed {
 			return o
@@ -347,7 +366,10 @@ func (p *Provider) deliver(ctx context.Context, d providers.Delivery) providers.
 		}
 		return providers.Retry(err)
 	}
-	_ = c.Quit()
+	// The server took the message with its reply to the end of DATA: the delivery is done. QUIT's round trip
+	// is said off the delivery's path, on the attempt's deadline, so that the commit recording the delivery
+	// does not wait for it: a gateway killed before that commit resends the message (issue 34).
+	quitLater = closeConn.detach()
 	return providers.Delivered(map[string]any{"message_id": p.MessageID(d), "recipients": len(pl.rcpts)})
 }
 

@@ -126,11 +126,22 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	}))
 	defer receiver.Close()
 
+	pool, hint, err := connectionBudget(ctx, env.DatabaseURL, cfg.Gateways)
+	if err != nil {
+		return ChaosReport{}, err
+	}
+	if hint != "" {
+		fmt.Fprintln(os.Stderr, "killtest: "+hint)
+	}
 	dbURL, drop, err := createDatabase(ctx, env.DatabaseURL)
 	if err != nil {
 		return ChaosReport{}, err
 	}
 	defer drop()
+	gatewayURL, err := withPool(dbURL, pool) // the gateways' pools; killtest's own connections take no such parameter
+	if err != nil {
+		return ChaosReport{}, err
+	}
 
 	secret := "whsec_Y2hhb3Mtd2ViaG9vay1zZWNyZXQtMzItYnl0ZXMh"
 	types := map[string]string{
@@ -147,7 +158,7 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		}
 		gateways = append(gateways, "http://"+addr)
 		members = append(members, &member{name: fmt.Sprintf("gateway-%d", i), start: func() (*proc, error) {
-			p, _, _, err := StartGateway(env, dbURL, addr, types)
+			p, _, _, err := StartGateway(env, gatewayURL, addr, types)
 			return p, err
 		}})
 	}

@@ -95,8 +95,8 @@ func (f *proxyFlow) run(ctx context.Context, ne dedup.NewEffect, fingerprint []b
 }
 
 // attempt runs one call into the engine that may perform, and brackets the attempt it makes: announced
-// to this gateway's waiters under its lease token before the provider is called, and its transient answer
-// shared before they are woken (a terminal one they read from the database).
+// to this gateway's waiters under its lease token before the provider is called, and its transient answer,
+// once recorded, shared before they are woken (a terminal one they read from the database).
 func (f *proxyFlow) attempt(call func(started func(dedup.Lease)) (outbox.Attempt, error)) (outbox.Attempt, error) {
 	var lease *dedup.Lease
 	defer func() { // a panic in the provider included
@@ -109,7 +109,9 @@ func (f *proxyFlow) attempt(call func(started func(dedup.Lease)) (outbox.Attempt
 		lease = &l
 		f.answers.begin(l.Token)
 	})
-	if err == nil && a.Performed != nil && !a.Performed.Status.Terminal() && lease != nil {
+	// Only a recorded outcome is shared: an attempt whose gateway lost its lease meanwhile (paused past it)
+	// has an answer that no replay repeats, and its waiters get what the effect comes to instead.
+	if err == nil && a.Performed != nil && a.Performed.Recorded && !a.Performed.Status.Terminal() && lease != nil {
 		f.answers.share(lease.Token, *a.Performed)
 	}
 	return a, err

@@ -254,6 +254,48 @@ func TestProxyFlowWaitersInOneGatewayShareTheAnswer(t *testing.T) {
 	}
 }
 
+// An attempt whose outcome was not recorded (its gateway paused past its lease, another took the effect
+// over) shares nothing: its waiters here follow the attempt that took over, and get what that comes to.
+func TestProxyFlowAnUnrecordedAnswerIsNotShared(t *testing.T) {
+	t.Parallel()
+	eng := newFakeEngine(effect.StatusPending)
+	eng.e = nil
+	release := make(chan struct{})
+	var rescue [16]byte
+	eng.outcome = func(l dedup.Lease) outbox.Performed {
+		<-release
+		// Meanwhile the lease ran out and another gateway rescued the effect: it holds the row now.
+		rescue = eng.holdBy()
+		p := transient503(l)
+		p.Recorded = false
+		return p
+	}
+	answers, w := &attempts{}, newWaiters()
+	first := make(chan proxyOutcome)
+	go func() { first <- flowOn(eng, answers, w).run(context.Background(), flowRequest, nil, time.Second) }()
+	for eng.performed() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	eng.afterClaim = func(int) {
+		eng.mu.Lock()
+		defer eng.mu.Unlock()
+		if eng.token != nil && *eng.token == rescue { // the rescue ends: the effect is delivered
+			eng.token, eng.e.Status, eng.e.Result = nil, effect.StatusDelivered, json.RawMessage(`{"status":201}`)
+		}
+	}
+	waiter := make(chan proxyOutcome)
+	go func() { waiter <- flowOn(eng, answers, w).run(context.Background(), flowRequest, nil, time.Second) }()
+	time.Sleep(10 * time.Millisecond)
+	close(release)
+	<-first
+	if o := <-waiter; o.Kind != replayedStored || string(o.Effect.Result) != `{"status":201}` {
+		t.Fatalf("the waiter got %+v", o)
+	}
+	if n := eng.performed(); n != 1 {
+		t.Fatalf("%d attempts", n)
+	}
+}
+
 // A wait that runs out while the attempt is in flight is answered as in flight, and performs nothing; a
 // terminal effect is its stored answer; a paused type performs nothing.
 func TestProxyFlowInFlightTerminalAndPaused(t *testing.T) {

@@ -57,6 +57,8 @@ var (
 	auditInsertSQL   = query("audit_insert")
 	auditListSQL     = query("audit_list")
 	typesPausedSQL   = query("types_paused")
+	typesListSQL     = query("types_list")
+	typeKnownSQL     = query("type_known")
 	gatewaysListSQL  = query("gateways_list")
 	jobEffectsSQL    = query("job_effects")
 )

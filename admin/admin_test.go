@@ -137,6 +137,7 @@ func TestAuditLogIsAppendOnly(t *testing.T) {
 	t.Parallel()
 	svc, pool := newService(t)
 	ctx := context.Background()
+	seed(t, pool, "d", 1, effect.StatusDelivered) // a type is one that something knows
 	if err := svc.PauseType(ctx, alice, "hook", "maintenance"); err != nil {
 		t.Fatal(err)
 	}

@@ -116,6 +116,61 @@ type PausedType struct {
 	Reason   string    `json:"reason"`
 }
 
+// EffectType is an effect type as an operator sees it: whether it is paused, and how many live gateways
+// deliver it (0 for a type only effects still have, after it left every configuration).
+type EffectType struct {
+	Type     string     `json:"type"`
+	Paused   bool       `json:"paused"`
+	PausedBy *string    `json:"paused_by"`
+	PausedAt *time.Time `json:"paused_at"`
+	Reason   *string    `json:"reason"`
+	Gateways int        `json:"gateways"`
+}
+
+// Types lists every effect type an operator may name: those the gateways seen within the last day deliver
+// (their heartbeat writes them), those effects have, and the paused ones.
+func (s *Service) Types(ctx context.Context, a Actor) ([]EffectType, error) {
+	if err := s.allow(ctx, a, "type.list", RoleViewer, ""); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, typesListSQL, s.cfg.GatewayGoneAfter.Seconds())
+	if err != nil {
+		return nil, dbError("list effect types", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (EffectType, error) {
+		var t EffectType
+		err := r.Scan(&t.Type, &t.PausedBy, &t.PausedAt, &t.Reason, &t.Gateways)
+		t.Paused = t.PausedBy != nil
+		return t, err
+	})
+	if err != nil {
+		return nil, dbError("list effect types", err)
+	}
+	if out == nil {
+		out = []EffectType{}
+	}
+	return out, nil
+}
+
+// knownType refuses a type no gateway delivers, no effect has and no pause names: a misspelt type was
+// paused before, changing nothing, and the command said it had.
+func (s *Service) knownType(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, typ string) error {
+	var known bool
+	if err := q.QueryRow(ctx, typeKnownSQL, typ).Scan(&known); err != nil {
+		return dbError("look the type up", err)
+	}
+	if known {
+		return nil
+	}
+	return &NotFoundError{What: fmt.Sprintf("effect type %q (no gateway seen in the last day delivers it, no "+
+		"effect has it: `oncegate type ls` lists the types)", typ)}
+}
+
 // PausedTypes lists the paused effect types.
 func (s *Service) PausedTypes(ctx context.Context, a Actor) ([]PausedType, error) {
 	if err := s.allow(ctx, a, "type.list", RoleViewer, ""); err != nil {
@@ -170,6 +225,9 @@ func (s *Service) typeAction(ctx context.Context, a Actor, action, typ, reason s
 		return err
 	}
 	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if err := s.knownType(ctx, tx, typ); err != nil {
+			return err
+		}
 		ok, err := do(tx)
 		if err != nil {
 			return dbError(action, err)

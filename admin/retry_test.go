@@ -19,7 +19,10 @@ func TestTenantRetryAndOperatorRetryAreOne(t *testing.T) {
 	seed(t, pool, "u", 2, effect.StatusUnknown)
 	for i, retry := range []func(key string) error{
 		func(key string) error { _, err := dedup.NewStore(pool).Retry(ctx, "acme", key); return err },
-		func(key string) error { _, err := svc.RetryEffect(ctx, alice, "acme", key, "the receiver lost it"); return err },
+		func(key string) error {
+			_, err := svc.RetryEffect(ctx, alice, "acme", key, "the receiver lost it")
+			return err
+		},
 	} {
 		key := []string{"u0", "u1"}[i]
 		if _, err := svc.ResolveEffect(ctx, alice, "acme", key, admin.ResolveFailed, "no record of it"); err != nil {

@@ -4,7 +4,9 @@ import (
 	"context"
 	_ "embed"
 	"encoding/json"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"time"
 )
 
@@ -15,16 +17,17 @@ var heartbeatSQL string
 // a gateway not seen for three intervals as gone.
 const HeartbeatInterval = 5 * time.Second
 
-// heartbeat keeps this gateway's row (id, address, version, breakers) current until ctx ends. A failed write
+// heartbeat keeps this gateway's row (id, address, version, breakers, the types it delivers) current until ctx ends. A failed write
 // is only logged: the row is for operators, and the next beat tries again.
 func (g *Gateway) heartbeat(ctx context.Context, addr string) {
 	started := time.Now()
 	version := Version()
+	types := slices.Sorted(maps.Keys(g.cfg.EffectTypes))
 	beat := func() {
 		b, _ := json.Marshal(g.dispatcher.Breakers())
 		wctx, cancel := context.WithTimeout(ctx, HeartbeatInterval)
 		defer cancel()
-		if _, err := g.pool.Exec(wctx, heartbeatSQL, g.dispatcher.Owner(), addr, version, started, string(b)); err != nil && ctx.Err() == nil {
+		if _, err := g.pool.Exec(wctx, heartbeatSQL, g.dispatcher.Owner(), addr, version, started, string(b), types); err != nil && ctx.Err() == nil {
 			g.log.Warn("writing the gateway's heartbeat row failed", "err", err)
 		}
 	}

@@ -119,3 +119,25 @@ func TestBulkRetryOfDeliveredIsAWrongState(t *testing.T) {
 		}
 	}
 }
+
+// A type nothing knows is not paused: exit 3, as for any name that names nothing.
+func TestTypePauseOfAnUnknownTypeExits3(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	if _, err := pool.Exec(context.Background(), `INSERT INTO oncegate_gateways (id, started_at, last_seen, types)
+		VALUES ('gw-1', now(), now(), '{order-webhook}')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, errOut, code := run(t, url, "type", "pause", "ordr-webhook", "--reason", "typo"); code != cli.ExitNotFound ||
+		!strings.Contains(errOut, "type ls") {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if _, errOut, code := run(t, url, "type", "pause", "order-webhook", "--reason", "receiver down"); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	out, _, code := run(t, url, "type", "ls")
+	if code != 0 || !strings.Contains(out, "order-webhook") || !strings.Contains(out, "paused") {
+		t.Fatalf("type ls (exit %d):\n%s", code, out)
+	}
+}

@@ -452,14 +452,23 @@ func typeLs(c *command, args []string) error {
 	if err := c.connect(true, false); err != nil {
 		return err
 	}
-	ts, err := c.svc.PausedTypes(c.ctx, c.actor)
+	ts, err := c.svc.Types(c.ctx, c.actor)
 	if err != nil {
 		return err
 	}
-	return c.out(map[string]any{"paused": ts}, func(w *tabwriter.Writer) {
-		row(w, "PAUSED TYPE", "BY", "SINCE", "REASON")
+	paused, err := c.svc.PausedTypes(c.ctx, c.actor)
+	if err != nil {
+		return err
+	}
+	// "paused" stays, as it was before every type was listed: fields are added, never removed.
+	return c.out(map[string]any{"types": ts, "paused": paused}, func(w *tabwriter.Writer) {
+		row(w, "TYPE", "STATE", "GATEWAYS", "PAUSED BY", "SINCE", "REASON")
 		for _, t := range ts {
-			row(w, t.Type, t.PausedBy, t.PausedAt, t.Reason)
+			state := "delivering"
+			if t.Paused {
+				state = "paused"
+			}
+			row(w, t.Type, state, strconv.Itoa(t.Gateways), t.PausedBy, t.PausedAt, t.Reason)
 		}
 	})
 }

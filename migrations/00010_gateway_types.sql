@@ -1,0 +1,8 @@
+-- +goose Up
+
+-- The effect types each gateway delivers, written with its heartbeat: with them an operator's `type pause`
+-- refuses a type that no gateway knows (a misspelt one was paused, exit 0, and nothing was paused for real),
+-- and `type ls` lists every type, not only the paused ones. Adding a column with a constant default rewrites
+-- nothing.
+ALTER TABLE oncegate_gateways ADD COLUMN types text[] NOT NULL DEFAULT '{}';
+

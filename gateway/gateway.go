@@ -53,6 +53,7 @@ type Gateway struct {
 	noServerSpans bool // Options.NoServerSpans
 	keys          []apiKey
 	limiter       *tenantlimit.Limiter
+	held          *held                      // each tenant's requests held open (held.go)
 	allowed       map[string]map[string]bool // tenant → the effect types it may use; none listed: all
 	waiters       *waiters
 	proxyAnswers  attempts // the answers of proxied attempts that ended transiently, for their waiters
@@ -153,6 +154,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		}
 	}
 	g.limiter = tenantlimit.New(func(tenant string) tenantlimit.Limits { return cfg.Tenants[tenant].Rate.limits() })
+	g.held = newHeld(func(tenant string) int { return cfg.Tenants[tenant].HeldRequests }, m.held)
 	g.router = g.routes()
 	g.handler = refuseDotSegments(g.router)
 	return g, nil

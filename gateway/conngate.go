@@ -1,0 +1,236 @@
+package gateway
+
+// The connection gate: how many client connections the gateway holds, and which it closes to make room. A
+// connection is counted before anyone knows whose it is, so a plain cap (accept nothing more once it is
+// reached) lets whoever fills it, with idle connections or with requests that wait, keep every other tenant's
+// first request in the kernel's accept queue. The gate tells the connections apart instead: those serving a
+// request are kept, their number bounded per tenant where it can last (held.go); those that hold no request
+// (opened and silent, idle between requests, or still sending their headers) share a smaller part of the cap,
+// and past it the oldest of them are closed, so that a new connection is accepted at once. Only when every
+// connection serves a request does the gate end a wait (of the tenant that holds the most) and, until
+// something frees, leave new connections in the backlog.
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+const (
+	// newGrace is how long a new connection may stay silent before it may be closed to make room: a client
+	// sends its request as soon as it has connected, so one silent this long is idle or an attacker's.
+	newGrace = 250 * time.Millisecond
+	// headerGrace is how long a connection may take sending its headers before it may be closed to make room.
+	headerGrace = time.Second
+	// gateRecheck is how often a gate that cannot accept looks again: connections age into being closable
+	// without an event to wake it.
+	gateRecheck = 50 * time.Millisecond
+)
+
+// connState is what a connection is doing, as far as the gate is concerned.
+type connState int
+
+const (
+	connNew     connState = iota // accepted, nothing read yet
+	connHeaders                  // a request's first bytes read, its handler not yet running
+	connServing                  // a handler runs: never closed by the gate
+	connIdle                     // between requests on a keep-alive connection
+)
+
+// gatedConn is one connection the gate counts.
+type gatedConn struct {
+	net.Conn
+	state  connState
+	since  time.Time
+	closed bool // by the gate, or reported closed by the server
+}
+
+// connGate is a net.Listener that holds at most max connections, of which at most spare hold no request.
+type connGate struct {
+	net.Listener
+	max, spare int
+	// shed asks for a held wait to end (held.shedOne), false when there is none.
+	shed func() bool
+	// reaped counts the connections closed to make room, by what they were doing.
+	reaped  *prometheus.CounterVec
+	gauge   *prometheus.GaugeVec
+	mu      sync.Mutex
+	conns   map[net.Conn]*gatedConn
+	serving int
+	changed chan struct{} // closed and replaced whenever a connection changes state or closes
+	// lastShed is when a wait was last shed for room.
+	lastShed time.Time
+}
+
+func newConnGate(l net.Listener, max int, shed func() bool, reaped *prometheus.CounterVec,
+	gauge *prometheus.GaugeVec) *connGate {
+	return &connGate{Listener: l, max: max, spare: spareConnections(max), shed: shed, reaped: reaped,
+		gauge: gauge, conns: map[net.Conn]*gatedConn{}, changed: make(chan struct{})}
+}
+
+// spareConnections is the share of max that connections holding no request may take: a quarter, at least one.
+func spareConnections(conns int) int { return max(1, conns/4) }
+
+// Accept waits until the gate may hold one more connection, closing the oldest connections that hold no
+// request when they are over their share or the gate is full, then accepts.
+func (g *connGate) Accept() (net.Conn, error) {
+	g.mu.Lock()
+	for {
+		g.reapLocked(time.Now())
+		if len(g.conns) < g.max {
+			break
+		}
+		// Every connection serves a request: a wait can give its connection back at once. One at a time:
+		// the wait shed answers, its connection turns idle and is closed above, and the gate looks again.
+		now := time.Now()
+		if now.Sub(g.lastShed) >= gateRecheck {
+			g.lastShed = now
+			g.shed()
+		}
+		changed := g.changed
+		g.mu.Unlock()
+		select {
+		case <-changed:
+		case <-time.After(gateRecheck):
+		}
+		g.mu.Lock()
+	}
+	g.mu.Unlock()
+	c, err := g.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	gc := &gatedConn{Conn: c, state: connNew, since: time.Now()}
+	g.mu.Lock()
+	g.conns[gc] = gc
+	g.publishLocked()
+	g.mu.Unlock()
+	return gc, nil
+}
+
+// reapLocked closes connections that hold no request, oldest first, while they are over their share or the
+// gate is full. A connection is closable once idle, or silent past newGrace, or sending headers past
+// headerGrace.
+func (g *connGate) reapLocked(now time.Time) {
+	for len(g.conns)-g.serving > g.spare || len(g.conns) >= g.max {
+		var oldest *gatedConn
+		for _, c := range g.conns {
+			if c.closable(now) && (oldest == nil || c.since.Before(oldest.since)) {
+				oldest = c
+			}
+		}
+		if oldest == nil {
+			return
+		}
+		g.reaped.WithLabelValues(oldest.state.String()).Inc()
+		g.forgetLocked(oldest)
+		_ = oldest.Conn.Close() // the server sees its read fail and reports the connection closed
+	}
+}
+
+func (c *gatedConn) closable(now time.Time) bool {
+	switch c.state {
+	case connIdle:
+		return true
+	case connNew:
+		return now.Sub(c.since) >= newGrace
+	case connHeaders:
+		return now.Sub(c.since) >= headerGrace
+	}
+	return false
+}
+
+func (s connState) String() string {
+	return [...]string{"new", "headers", "serving", "idle"}[s]
+}
+
+func (g *connGate) forgetLocked(c *gatedConn) {
+	if c.closed {
+		return
+	}
+	c.closed = true
+	if c.state == connServing {
+		g.serving--
+	}
+	delete(g.conns, c)
+	g.signalLocked()
+	g.publishLocked()
+}
+
+func (g *connGate) setLocked(c *gatedConn, s connState) {
+	if c.closed || c.state == s {
+		return
+	}
+	if c.state == connServing {
+		g.serving--
+	}
+	if s == connServing {
+		g.serving++
+	}
+	c.state, c.since = s, time.Now()
+	g.signalLocked()
+	g.publishLocked()
+}
+
+func (g *connGate) signalLocked() {
+	close(g.changed)
+	g.changed = make(chan struct{})
+}
+
+func (g *connGate) publishLocked() {
+	if g.gauge == nil {
+		return
+	}
+	var n [4]int
+	for _, c := range g.conns {
+		n[c.state]++
+	}
+	for s, v := range n {
+		g.gauge.WithLabelValues(connState(s).String()).Set(float64(v))
+	}
+}
+
+// connStateHook is http.Server.ConnState: it follows each connection from request to request.
+func (g *connGate) connStateHook(c net.Conn, s http.ConnState) {
+	gc, ok := c.(*gatedConn)
+	if !ok {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch s {
+	case http.StateActive:
+		g.setLocked(gc, connHeaders)
+	case http.StateIdle:
+		g.setLocked(gc, connIdle)
+	case http.StateClosed, http.StateHijacked:
+		g.forgetLocked(gc)
+	}
+}
+
+type gatedConnKey struct{}
+
+// connContext is http.Server.ConnContext: it gives each request its connection, for serve.
+func (g *connGate) connContext(ctx context.Context, c net.Conn) context.Context {
+	if gc, ok := c.(*gatedConn); ok {
+		return context.WithValue(ctx, gatedConnKey{}, gc)
+	}
+	return ctx
+}
+
+// serve marks the request's connection serving while next runs, so the gate never closes it under a request.
+func (g *connGate) serve(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if gc, ok := r.Context().Value(gatedConnKey{}).(*gatedConn); ok {
+			g.mu.Lock()
+			g.setLocked(gc, connServing)
+			g.mu.Unlock()
+			// The server reports the connection idle (or closed) once the answer is written.
+		}
+		next.ServeHTTP(w, r)
+	})
+}

@@ -1,0 +1,140 @@
+package gateway
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// heldMetric reads one tenant's oncegate_held_requests from /metrics.
+func (h *harness) heldMetric(tenant string) string {
+	h.t.Helper()
+	r := h.req("GET", "/metrics", "", "")
+	for _, line := range strings.Split(r.raw, "\n") {
+		if strings.HasPrefix(line, `oncegate_held_requests{tenant="`+tenant+`"}`) {
+			return strings.Fields(line)[1]
+		}
+	}
+	return ""
+}
+
+// awaitHeld polls /metrics until tenant holds want requests.
+func (h *harness) awaitHeld(tenant, want string) {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.heldMetric(tenant) != want {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("tenant %s never held %s requests (it holds %q)", tenant, want, h.heldMetric(tenant))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A tenant's waits are bounded by its held_requests: past them a wait is answered at once with the effect as
+// it is, and Retry-After, while another tenant's waits still wait, and /metrics shows what each holds.
+func TestHeldWaitsAreBoundedPerTenant(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.Dispatcher.Disabled = true // effects stay pending: every wait runs to its end
+		acme := c.Tenants["acme"]
+		acme.HeldRequests = 2
+		c.Tenants["acme"] = acme
+	})
+	if r := h.post("held-1", analytics("held")); r.status != 202 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if r := h.req("GET", "/v1/effects/held-1?wait=3s", acmeKey, ""); r.status != 200 || r.header.Get("Retry-After") != "" {
+				t.Errorf("a wait within held_requests: %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
+			}
+		})
+	}
+	h.awaitHeld("acme", "2")
+
+	start := time.Now()
+	r := h.req("GET", "/v1/effects/held-1?wait=3s", acmeKey, "")
+	if took := time.Since(start); took > time.Second || r.status != 200 || r.body["status"] != "pending" ||
+		r.header.Get("Retry-After") != "1" {
+		t.Fatalf("a wait over held_requests: %d after %v, Retry-After %q: %s", r.status, took,
+			r.header.Get("Retry-After"), r.raw)
+	}
+	// A create with wait over the bound is recorded, and answered at once.
+	start = time.Now()
+	r = h.req("POST", "/v1/effects", acmeKey, `{"type":"analytics","payload":{"name":"x"},"wait":"3s"}`,
+		"Idempotency-Key: held-2")
+	if took := time.Since(start); took > time.Second || r.status != 202 || r.header.Get("Retry-After") != "1" {
+		t.Fatalf("a create with wait over held_requests: %d after %v: %s", r.status, took, r.raw)
+	}
+	// Another tenant's wait is its own.
+	start = time.Now()
+	r = h.req("POST", "/v1/effects", globexKey, `{"type":"analytics","payload":{"name":"x"},"wait":"1s"}`,
+		"Idempotency-Key: held-3")
+	if took := time.Since(start); took < time.Second || r.status != 202 || r.header.Get("Retry-After") != "" {
+		t.Fatalf("another tenant's create with wait: %d after %v, Retry-After %q", r.status, took, r.header.Get("Retry-After"))
+	}
+	metrics := h.req("GET", "/metrics", "", "").raw
+	if !strings.Contains(metrics, `oncegate_held_cut_total{tenant="acme",what="wait"} 2`) {
+		t.Errorf("/metrics does not count acme's 2 cut waits:\n%s", grepLines(metrics, "oncegate_held"))
+	}
+	wg.Wait()
+	h.awaitHeld("acme", "0")
+}
+
+// When every connection the gateway may hold serves a wait, a new connection is not left in the accept queue:
+// the wait of the tenant holding the most is ended early (answered with Retry-After) to make room.
+func TestAFullGateShedsAWait(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.Dispatcher.Disabled = true
+		c.Limits.MaxConnections = 2
+	})
+	for _, k := range []string{acmeKey, globexKey} {
+		if r := h.req("POST", "/v1/effects", k, analytics("shed"), "Idempotency-Key: shed"); r.status != 202 {
+			t.Fatalf("create: %d %s", r.status, r.raw)
+		}
+	}
+	// The creates' connections are idle now: the gate closes them to make room for the waits.
+	var wg sync.WaitGroup
+	cut := make(chan string, 2)
+	for _, k := range []string{acmeKey, globexKey} {
+		wg.Go(func() {
+			r := h.req("GET", "/v1/effects/shed?wait=5s", k, "")
+			if r.header.Get("Retry-After") == "1" {
+				cut <- k
+			}
+		})
+	}
+	for deadline := time.Now().Add(5 * time.Second); h.g.held.count("acme")+h.g.held.count("globex") < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the two waits never both held")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	r := h.req("GET", "/v1/effects/shed", acmeKey, "")
+	took := time.Since(start)
+	if r.status != 200 || took > 2*time.Second {
+		t.Fatalf("a request while both connections wait: %d after %v", r.status, took)
+	}
+	select {
+	case <-cut:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no wait was cut short")
+	}
+	t.Logf("answered in %v", took.Round(time.Millisecond))
+	wg.Wait()
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return fmt.Sprint(strings.Join(out, "\n"))
+}

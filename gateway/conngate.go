@@ -47,6 +47,8 @@ type gatedConn struct {
 	state  connState
 	since  time.Time
 	closed bool // by the gate, or reported closed by the server
+	// owner is the tenant whose key its last request carried, "" before one did.
+	owner string
 }
 
 // connGate is a net.Listener that holds at most max connections, of which at most spare hold no request.
@@ -61,6 +63,8 @@ type connGate struct {
 	mu      sync.Mutex
 	conns   map[net.Conn]*gatedConn
 	serving int
+	// owned counts the connections by owner ("" for those that have carried no valid key yet).
+	owned   map[string]int
 	changed chan struct{} // closed and replaced whenever a connection changes state or closes
 	// lastShed is when a wait was last shed for room.
 	lastShed time.Time
@@ -69,7 +73,7 @@ type connGate struct {
 func newConnGate(l net.Listener, max int, shed func() bool, reaped *prometheus.CounterVec,
 	gauge *prometheus.GaugeVec) *connGate {
 	return &connGate{Listener: l, max: max, spare: spareConnections(max), shed: shed, reaped: reaped,
-		gauge: gauge, conns: map[net.Conn]*gatedConn{}, changed: make(chan struct{})}
+		gauge: gauge, conns: map[net.Conn]*gatedConn{}, owned: map[string]int{}, changed: make(chan struct{})}
 }
 
 // spareConnections is the share of max that connections holding no request may take: a quarter, at least one.
@@ -107,29 +111,56 @@ func (g *connGate) Accept() (net.Conn, error) {
 	gc := &gatedConn{Conn: c, state: connNew, since: time.Now()}
 	g.mu.Lock()
 	g.conns[gc] = gc
+	g.owned[""]++
 	g.publishLocked()
 	g.mu.Unlock()
 	return gc, nil
 }
 
-// reapLocked closes connections that hold no request, oldest first, while they are over their share or the
-// gate is full. A connection is closable once idle, or silent past newGrace, or sending headers past
-// headerGrace.
+// reapLocked closes connections that hold no request while they are over their share or the gate is full:
+// of those closable (idle, or silent past newGrace, or sending headers past headerGrace), one of the owner
+// with the most connections, the oldest of its. A tenant's first keptConns connections are closed only when
+// the gate is full and nothing else can be, now or later. So the connections of whoever opens many are closed before the
+// few another tenant keeps alive between its requests, which then never go back to the accept queue, where
+// they would wait behind every connection the first one opens.
 func (g *connGate) reapLocked(now time.Time) {
 	for len(g.conns)-g.serving > g.spare || len(g.conns) >= g.max {
-		var oldest *gatedConn
-		for _, c := range g.conns {
-			if c.closable(now) && (oldest == nil || c.since.Before(oldest.since)) {
-				oldest = c
-			}
+		victim, later := g.victimLocked(now, false)
+		if victim == nil && !later && len(g.conns) >= g.max {
+			victim, _ = g.victimLocked(now, true)
 		}
-		if oldest == nil {
+		if victim == nil {
 			return
 		}
-		g.reaped.WithLabelValues(oldest.state.String()).Inc()
-		g.forgetLocked(oldest)
-		_ = oldest.Conn.Close() // the server sees its read fail and reports the connection closed
+		g.reaped.WithLabelValues(victim.state.String()).Inc()
+		g.forgetLocked(victim)
+		_ = victim.Conn.Close() // the server sees its read fail and reports the connection closed
 	}
+}
+
+// keptConns is how many connections of each tenant the gate keeps while it can close others.
+const keptConns = 8
+
+// victimLocked is the connection to close, or nil; later is whether some connection that is not a kept one
+// will be closable once it has aged or its request has ended, in which case the kept ones are left alone
+// meanwhile: the gate waits for it rather than send a tenant that keeps a few connections back to the accept
+// queue.
+func (g *connGate) victimLocked(now time.Time, kept bool) (victim *gatedConn, later bool) {
+	for _, c := range g.conns {
+		isKept := c.owner != "" && g.owned[c.owner] <= keptConns
+		if !kept && isKept {
+			continue
+		}
+		if !c.closable(now) {
+			later = true // it ages into closable, or its request ends (or its wait is shed) and it idles
+			continue
+		}
+		if victim == nil || g.owned[c.owner] > g.owned[victim.owner] ||
+			(g.owned[c.owner] == g.owned[victim.owner] && c.since.Before(victim.since)) {
+			victim = c
+		}
+	}
+	return victim, later
 }
 
 func (c *gatedConn) closable(now time.Time) bool {
@@ -155,6 +186,9 @@ func (g *connGate) forgetLocked(c *gatedConn) {
 	c.closed = true
 	if c.state == connServing {
 		g.serving--
+	}
+	if g.owned[c.owner]--; g.owned[c.owner] == 0 {
+		delete(g.owned, c.owner)
 	}
 	delete(g.conns, c)
 	g.signalLocked()
@@ -233,4 +267,23 @@ func (g *connGate) serve(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// claim records that the request's connection carried tenant's valid key (authenticateBy), so that the gate
+// counts it as the tenant's when it chooses which connection to close.
+func (g *connGate) claim(r *http.Request, tenant string) {
+	gc, ok := r.Context().Value(gatedConnKey{}).(*gatedConn)
+	if !ok {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if gc.closed || gc.owner == tenant {
+		return
+	}
+	if g.owned[gc.owner]--; g.owned[gc.owner] == 0 {
+		delete(g.owned, gc.owner)
+	}
+	gc.owner = tenant
+	g.owned[tenant]++
 }

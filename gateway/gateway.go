@@ -54,6 +54,7 @@ type Gateway struct {
 	keys          []apiKey
 	limiter       *tenantlimit.Limiter
 	held          *held                      // each tenant's requests held open (held.go)
+	gate          *connGate                  // the connections, set when Serve begins (conngate.go)
 	allowed       map[string]map[string]bool // tenant → the effect types it may use; none listed: all
 	waiters       *waiters
 	proxyAnswers  attempts // the answers of proxied attempts that ended transiently, for their waiters

@@ -114,6 +114,9 @@ func (g *Gateway) authenticateBy(header string, next http.Handler) http.Handler 
 			refuseUnread(w, r, probUnauthorized, "the API key is not valid")
 			return
 		}
+		if g.gate != nil {
+			g.gate.claim(r, tenant)
+		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
 	})
 }

@@ -35,6 +35,7 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	conns := g.connectionCap()
 	g.held.setCeiling(conns)
 	gate := newConnGate(l, conns, g.held.shedOne, g.metrics.connectionsClosed, g.metrics.connections)
+	g.gate = gate
 	srv.ConnState, srv.ConnContext, srv.Handler = gate.connStateHook, gate.connContext, gate.serve(g.handler)
 	l = gate
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))

@@ -270,20 +270,24 @@ func (g *connGate) serve(next http.Handler) http.Handler {
 }
 
 // claim records that the request's connection carried tenant's valid key (authenticateBy), so that the gate
-// counts it as the tenant's when it chooses which connection to close.
-func (g *connGate) claim(r *http.Request, tenant string) {
+// counts it as the tenant's when it chooses which connection to close. It returns false when the gate is
+// pressed (three quarters full) and the tenant owns more than a quarter of its connections: the request is
+// then refused at once, with no database work, and its connection closed. Under pressure the gateway can
+// answer only as fast as it works, and every connection in the accept queue waits for those ahead of it: a
+// tenant that keeps thousands there must not have each of them cost more than a refusal.
+func (g *connGate) claim(r *http.Request, tenant string) bool {
 	gc, ok := r.Context().Value(gatedConnKey{}).(*gatedConn)
 	if !ok {
-		return
+		return true
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if gc.closed || gc.owner == tenant {
-		return
+	if !gc.closed && gc.owner != tenant {
+		if g.owned[gc.owner]--; g.owned[gc.owner] == 0 {
+			delete(g.owned, gc.owner)
+		}
+		gc.owner = tenant
+		g.owned[tenant]++
 	}
-	if g.owned[gc.owner]--; g.owned[gc.owner] == 0 {
-		delete(g.owned, gc.owner)
-	}
-	gc.owner = tenant
-	g.owned[tenant]++
+	return len(g.conns) < g.max*3/4 || g.owned[tenant] <= heldCeiling(g.max)
 }

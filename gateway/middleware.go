@@ -114,8 +114,14 @@ func (g *Gateway) authenticateBy(header string, next http.Handler) http.Handler 
 			refuseUnread(w, r, probUnauthorized, "the API key is not valid")
 			return
 		}
-		if g.gate != nil {
-			g.gate.claim(r, tenant)
+		if g.gate != nil && !g.gate.claim(r, tenant) {
+			g.metrics.rateLimited.WithLabelValues(tenant, "connections").Inc()
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Connection", "close")
+			refuseUnread(w, r, probRateLimited, "this API key's tenant holds more than its share of this "+
+				"gateway's connections while they are scarce; retry after the time in Retry-After (with the "+
+				"same Idempotency-Key: nothing was recorded)")
+			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
 	})

@@ -30,7 +30,7 @@ type providerKind struct {
 	// pooled kinds deliver through the gateway's database pool: a delivery in flight holds no descriptor of
 	// its own (connectionCap).
 	pooled bool
-	block       settingsBlock
+	block  settingsBlock
 }
 
 // settingsBlock is a kind's settings block: its field in EffectType, how the block is checked, and how the

@@ -1,7 +1,10 @@
 package gateway
 
 import (
+	"bufio"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -137,4 +140,39 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return fmt.Sprint(strings.Join(out, "\n"))
+}
+
+// While connections are scarce (the gate three quarters full), a tenant that owns over a quarter of them is
+// refused at once, 429 with Retry-After and its connection closed, and another tenant is served.
+func TestATenantOverItsShareOfScarceConnectionsIsRefused(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) { c.Limits.MaxConnections = 8 }) // scarce from 6; a quarter is 2
+	send := func(key string) *http.Response {
+		c := h.dial()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, "GET /v1/effects?limit=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+key+"\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp // its connection stays open, idle
+	}
+	for i := range 5 {
+		if r := send(acmeKey); r.StatusCode != 200 {
+			t.Fatalf("acme's request %d on 5 connections of 8: %d", i, r.StatusCode)
+		}
+	}
+	r := send(acmeKey)
+	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" || !r.Close {
+		t.Fatalf("acme's request on its 6th connection of 8: %d, Retry-After %q, close %v", r.StatusCode,
+			r.Header.Get("Retry-After"), r.Close)
+	}
+	if r := send(globexKey); r.StatusCode != 200 {
+		t.Fatalf("globex's request: %d", r.StatusCode)
+	}
+	if m := h.req("GET", "/metrics", "", "").raw; !strings.Contains(m, `oncegate_rate_limited_total{bucket="connections",tenant="acme"} 1`) {
+		t.Errorf("/metrics does not count the refusal:\n%s", grepLines(m, "rate_limited"))
+	}
 }

@@ -88,10 +88,11 @@ func (g *connGate) Accept() (net.Conn, error) {
 		if len(g.conns) < g.max {
 			break
 		}
-		// Every connection serves a request: a wait can give its connection back at once. One at a time:
-		// the wait shed answers, its connection turns idle and is closed above, and the gate looks again.
+		// Every connection serves a request: a wait can give its connection back at once, to a connection
+		// that waits in the accept queue (none waits for Accept to be called). One at a time: the wait shed
+		// answers, its connection turns idle and is closed above, and the gate looks again.
 		now := time.Now()
-		if now.Sub(g.lastShed) >= gateRecheck {
+		if now.Sub(g.lastShed) >= gateRecheck && backlogged(g.Listener) {
 			g.lastShed = now
 			g.shed()
 		}

@@ -87,6 +87,8 @@ func TestHeldWaitsAreBoundedPerTenant(t *testing.T) {
 	h.awaitHeld("acme", "0")
 }
 
+const thirdKey = "initech-api-key-5d7f9b1c3e5a7c9e1b3d"
+
 // When every connection the gateway may hold serves a wait, a new connection is not left in the accept queue:
 // the wait of the tenant holding the most is ended early (answered with Retry-After) to make room.
 func TestAFullGateShedsAWait(t *testing.T) {
@@ -94,6 +96,9 @@ func TestAFullGateShedsAWait(t *testing.T) {
 	h := startGateway(t, func(c *Config) {
 		c.Dispatcher.Disabled = true
 		c.Limits.MaxConnections = 2
+		third := c.Tenants["acme"]
+		third.APIKeys = []string{thirdKey}
+		c.Tenants["initech"] = third
 	})
 	for _, k := range []string{acmeKey, globexKey} {
 		if r := h.req("POST", "/v1/effects", k, analytics("shed"), "Idempotency-Key: shed"); r.status != 202 {
@@ -118,7 +123,8 @@ func TestAFullGateShedsAWait(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	start := time.Now()
-	r := h.req("GET", "/v1/effects/shed", acmeKey, "")
+	// A third tenant's: each of the others owns a connection, and one over its share would be refused.
+	r := h.req("GET", "/v1/effects?limit=1", thirdKey, "")
 	took := time.Since(start)
 	if r.status != 200 || took > 2*time.Second {
 		t.Fatalf("a request while both connections wait: %d after %v", r.status, took)

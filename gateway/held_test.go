@@ -182,3 +182,48 @@ func TestATenantOverItsShareOfScarceConnectionsIsRefused(t *testing.T) {
 		t.Errorf("/metrics does not count the refusal:\n%s", grepLines(m, "rate_limited"))
 	}
 }
+
+// A tenant that holds all its held_requests gets a second for a body, not timeouts.read: a dribbled body is
+// cut off after heldBodyGrace, and the request answered without recording anything.
+func TestASlowBodyOverHeldRequestsIsCutOffAfterASecond(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.Dispatcher.Disabled = true
+		c.Timeouts.Read = Duration(10 * time.Second)
+		acme := c.Tenants["acme"]
+		acme.HeldRequests = 1
+		c.Tenants["acme"] = acme
+	})
+	if r := h.post("held-body", analytics("held")); r.status != 202 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	go h.req("GET", "/v1/effects/held-body?wait=5s", acmeKey, "")
+	for deadline := time.Now().Add(5 * time.Second); h.g.held.count("acme") < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the wait never held")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c := h.dial()
+	start := time.Now()
+	fmt.Fprintf(c, "POST /v1/effects HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+		"Idempotency-Key: slow\r\nContent-Length: 1000\r\n\r\n{", acmeKey)
+	go func() {
+		for range 20 {
+			time.Sleep(250 * time.Millisecond)
+			if _, err := c.Write([]byte(" ")); err != nil {
+				return
+			}
+		}
+	}()
+	closedWithin(t, c, 4*time.Second)
+	if took := time.Since(start); took < heldBodyGrace || took > 3*time.Second {
+		t.Fatalf("the slow body's connection was closed after %v; want about %v, far below timeouts.read", took, heldBodyGrace)
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_effects WHERE key = 'slow'"); n != 0 {
+		t.Fatalf("%d effects recorded from a body cut off", n)
+	}
+	if m := h.req("GET", "/metrics", "", "").raw; !strings.Contains(m, `oncegate_held_cut_total{tenant="acme",what="body"} 1`) {
+		t.Errorf("/metrics does not count the cut body:\n%s", grepLines(m, "oncegate_held"))
+	}
+}

@@ -68,6 +68,17 @@ type connGate struct {
 	changed chan struct{} // closed and replaced whenever a connection changes state or closes
 	// lastShed is when a wait was last shed for room.
 	lastShed time.Time
+	// closed is set by Close: an Accept waiting for room goes on to the closed listener's error.
+	closed bool
+}
+
+// Close closes the listener, and ends an Accept that waits for room.
+func (g *connGate) Close() error {
+	g.mu.Lock()
+	g.closed = true
+	g.signalLocked()
+	g.mu.Unlock()
+	return g.Listener.Close()
 }
 
 func newConnGate(l net.Listener, max int, shed func() bool, reaped *prometheus.CounterVec,
@@ -85,7 +96,7 @@ func (g *connGate) Accept() (net.Conn, error) {
 	g.mu.Lock()
 	for {
 		g.reapLocked(time.Now())
-		if len(g.conns) < g.max {
+		if len(g.conns) < g.max || g.closed {
 			break
 		}
 		// Every connection serves a request: a wait can give its connection back at once, to a connection

@@ -82,6 +82,12 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 			Help: "Connections that held no request, closed to make room for new ones, by state: new, headers, idle.",
 		}, []string{"state"}),
 	}
+	for _, state := range []connState{connNew, connHeaders, connServing, connIdle} {
+		m.connections.WithLabelValues(state.String())
+		if state != connServing { // never closed by the gate
+			m.connectionsClosed.WithLabelValues(state.String())
+		}
+	}
 	m.registry.MustRegister(m.held, m.heldCut, m.connections, m.connectionsClosed)
 	m.registry.MustRegister(m.effectsCreated, m.replays, m.proxied, m.keyReuses, m.rateLimited, m.notificationsWorking,
 		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout}, groupCommitCollector{store: store},

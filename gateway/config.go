@@ -77,6 +77,11 @@ type Tenant struct {
 	EffectTypes []string `yaml:"effect_types"`
 	// Rate is this tenant's rate; a field it leaves out takes limits.tenant_rate's.
 	Rate RateLimit `yaml:"rate"`
+	// HeldRequests bounds this tenant's requests held open in one gateway: waiting (wait, or a proxied request
+	// waiting for another's attempt) or sending their body. Past it a wait is answered at once with the
+	// effect as it is, and a body must arrive within a second. It is lowered to a quarter of the connections
+	// the gateway holds. Defaults to limits.tenant_held_requests.
+	HeldRequests int `yaml:"held_requests"`
 }
 
 // RateLimit is a tenant's rate in one gateway process: token buckets of requests and of request-body bytes. A
@@ -159,9 +164,14 @@ type Limits struct {
 	MaxPageSize int `yaml:"max_page_size"`
 	// MaxHeader bounds a request's headers (a 431 beyond). Defaults to DefaultMaxHeader.
 	MaxHeader ByteSize `yaml:"max_header"`
-	// MaxConnections caps the open client connections; more wait, unaccepted, in the kernel's backlog until one
-	// closes. It is lowered to fit the process's open-file limit. Defaults to DefaultMaxConnections.
+	// MaxConnections caps the open client connections. A quarter of them may hold no request (new, idle,
+	// sending headers); past that, or at the cap, the oldest of those are closed to make room. Only when every
+	// connection serves a request do more wait, unaccepted, in the kernel's backlog. It is lowered to fit the
+	// process's open-file limit. Defaults to DefaultMaxConnections.
 	MaxConnections int `yaml:"max_connections"`
+	// TenantHeldRequests is every tenant's held_requests, unless the tenant sets its own. Defaults to
+	// DefaultTenantHeldRequests.
+	TenantHeldRequests int `yaml:"tenant_held_requests"`
 	// TenantRate is every tenant's rate, unless the tenant sets its own. Each field defaults as RateLimit's
 	// doc says.
 	TenantRate RateLimit `yaml:"tenant_rate"`

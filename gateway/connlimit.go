@@ -7,7 +7,8 @@ import "math"
 const fdSlack = 32
 
 // connectionCap is limits.max_connections, lowered when the process's open-file limit could not hold that
-// many client connections besides the database pool and one connection per delivery in flight. A process out
+// many client connections besides the database pool and one connection per delivery in flight (of the
+// kinds that open one). A process out
 // of descriptors fails at accept, and then the connections waiting for a slot fail with it instead of waiting.
 func (g *Gateway) connectionCap() int {
 	want := g.cfg.Limits.MaxConnections
@@ -17,7 +18,10 @@ func (g *Gateway) connectionCap() int {
 	}
 	reserve := int(g.pool.Config().MaxConns) + fdSlack
 	for _, t := range g.cfg.EffectTypes {
-		reserve += t.Concurrency
+		// A postgres type's deliveries are rows in the pool's transactions, not connections of their own.
+		if k, _ := kindNamed(t.Provider); !k.pooled {
+			reserve += t.Concurrency
+		}
 	}
 	got := capConnections(want, nofile, reserve)
 	if got < want {

@@ -45,9 +45,12 @@ const (
 	// most), a job id (512) and trace context, far below it.
 	DefaultMaxHeader = 16 << 10
 	// DefaultMaxConnections caps open client connections. It is high, since waiting requests (wait, up to
-	// MaxWait) hold theirs, and the timeouts are short, so connections an attacker opens and leaves idle are
-	// closed within seconds and cannot hold the slots for long.
+	// MaxWait) hold theirs; connections that hold no request are closed to make room past a quarter of it.
 	DefaultMaxConnections = 1024
+
+	// DefaultTenantHeldRequests is each tenant's held requests (waits, bodies arriving) per gateway process:
+	// enough for a worker fleet's waits on one gateway of several, a sixteenth of the default connections.
+	DefaultTenantHeldRequests = 64
 
 	// The default rate of each tenant, per gateway process.
 	DefaultTenantRequestsPerSecond = 500
@@ -146,8 +149,10 @@ func (c *Config) WithDefaults() *Config {
 	o.Limits.TenantRate = o.Limits.TenantRate.or(RateLimit{RequestsPerSecond: DefaultTenantRequestsPerSecond,
 		RequestBurst: DefaultTenantRequestBurst, BytesPerSecond: DefaultTenantBytesPerSecond,
 		ByteBurst: DefaultTenantByteBurst})
+	defInt(&o.Limits.TenantHeldRequests, DefaultTenantHeldRequests)
 	for name, t := range o.Tenants {
 		t.Rate = t.Rate.or(o.Limits.TenantRate)
+		defInt(&t.HeldRequests, o.Limits.TenantHeldRequests)
 		o.Tenants[name] = t
 	}
 	def(&o.Timeouts.Database, DefaultDatabaseTimeout)

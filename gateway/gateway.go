@@ -53,6 +53,8 @@ type Gateway struct {
 	noServerSpans bool // Options.NoServerSpans
 	keys          []apiKey
 	limiter       *tenantlimit.Limiter
+	held          *held                      // each tenant's requests held open (held.go)
+	gate          *connGate                  // the connections, set when Serve begins (conngate.go)
 	allowed       map[string]map[string]bool // tenant → the effect types it may use; none listed: all
 	waiters       *waiters
 	proxyAnswers  attempts // the answers of proxied attempts that ended transiently, for their waiters
@@ -153,6 +155,14 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		}
 	}
 	g.limiter = tenantlimit.New(func(tenant string) tenantlimit.Limits { return cfg.Tenants[tenant].Rate.limits() })
+	g.held = newHeld(func(tenant string) int { return cfg.Tenants[tenant].HeldRequests }, m.held)
+	// Every tenant's series from the start, at 0, so that a rate over them is defined before the first cut.
+	for _, t := range tenants {
+		m.held.WithLabelValues(t).Set(0)
+		for _, what := range []string{"wait", "shed", "body"} {
+			m.heldCut.WithLabelValues(t, what)
+		}
+	}
 	g.router = g.routes()
 	g.handler = refuseDotSegments(g.router)
 	return g, nil

@@ -103,7 +103,9 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 		g.announce(e.Type)
 	}
 	if wait > 0 && !e.Status.Terminal() {
-		e = g.waitTerminal(r.Context(), tenant, e, wait)
+		var cut bool
+		e, cut = g.waitTerminal(r.Context(), tenant, e, wait)
+		waitCut(w, cut)
 	}
 	w.Header().Set("Location", effectPath(key))
 	status := http.StatusAccepted
@@ -217,8 +219,16 @@ func parseWait(s string) (time.Duration, error) {
 // waitTerminal re-reads the effect until it is terminal or wait runs out, woken by this gateway's dispatcher
 // when it records the outcome, by the notification another gateway's sends, or by the poll that reads every
 // waited-for effect at once (poll, in notify.go), which alone ends waits while notifications are off. It
-// returns the latest state it read.
-func (g *Gateway) waitTerminal(ctx context.Context, tenant string, e *dedup.Effect, wait time.Duration) *dedup.Effect {
+// returns the latest state it read, and whether the wait was cut short: not begun because the tenant holds
+// all its held_requests, or shed to free the connection for another tenant (held.go). Either way the caller
+// answers with the effect as it is, as when a wait runs out, and Retry-After says when to look again.
+func (g *Gateway) waitTerminal(ctx context.Context, tenant string, e *dedup.Effect, wait time.Duration) (*dedup.Effect, bool) {
+	shed, release, ok := g.held.holdWait(ctx, tenant)
+	if !ok {
+		g.metrics.heldCut.WithLabelValues(tenant, "wait").Inc()
+		return e, true
+	}
+	defer release()
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
 	for !e.Status.Terminal() {
@@ -236,13 +246,24 @@ func (g *Gateway) waitTerminal(ctx context.Context, tenant string, e *dedup.Effe
 		case <-ch:
 		case <-deadline.C:
 			forget()
-			return g.latest(ctx, tenant, e)
-		case <-ctx.Done():
+			return g.latest(ctx, tenant, e), false
+		case <-shed.Done():
 			forget()
-			return e
+			if ctx.Err() != nil {
+				return e, false
+			}
+			g.metrics.heldCut.WithLabelValues(tenant, "shed").Inc()
+			return g.latest(ctx, tenant, e), true
 		}
 	}
-	return e
+	return e, false
+}
+
+// waitCut marks an answer whose wait was cut short (waitTerminal): the client polls again after Retry-After.
+func waitCut(w http.ResponseWriter, cut bool) {
+	if cut {
+		w.Header().Set("Retry-After", "1")
+	}
 }
 
 // latest re-reads e, so a wait that ran out answers with the state at its end, not at its start.
@@ -282,8 +303,10 @@ func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if wait > 0 {
-		e = g.waitTerminal(r.Context(), tenantOf(r), e, wait)
+	if wait > 0 && !e.Status.Terminal() {
+		var cut bool
+		e, cut = g.waitTerminal(r.Context(), tenantOf(r), e, wait)
+		waitCut(w, cut)
 	}
 	writeJSON(w, http.StatusOK, e)
 	return nil

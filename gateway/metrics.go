@@ -25,6 +25,13 @@ type metrics struct {
 	// notificationsWorking is 1 while the notification self-check passes, 0 while the gateway polls instead.
 	notificationsWorking prometheus.Gauge
 	notificationChecks   *prometheus.CounterVec
+	// held is each tenant's held requests (held.go); heldCut counts the waits and bodies it cut short.
+	held    *prometheus.GaugeVec
+	heldCut *prometheus.CounterVec
+	// connections is the client connections by state, connectionsClosed those the gate closed for room
+	// (conngate.go).
+	connections       *prometheus.GaugeVec
+	connectionsClosed *prometheus.CounterVec
 }
 
 func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
@@ -57,7 +64,31 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 			Name: "oncegate_notification_checks_total",
 			Help: "Notification self-checks, by result: ok (the notification arrived) or lost.",
 		}, []string{"result"}),
+		held: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "oncegate_held_requests",
+			Help: "Requests of each tenant held open: waiting (wait, a proxied request waiting for another's attempt) or reading a body.",
+		}, []string{"tenant"}),
+		heldCut: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_held_cut_total",
+			Help: "Held requests cut short, by tenant and what: wait (over the tenant's held_requests, answered at " +
+				"once), shed (a wait ended early to free a connection), body (over held_requests, given 1 s to arrive).",
+		}, []string{"tenant", "what"}),
+		connections: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "oncegate_connections",
+			Help: "Open client connections by state: new (nothing sent yet), headers (a request arriving), serving, idle.",
+		}, []string{"state"}),
+		connectionsClosed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_connections_closed_total",
+			Help: "Connections that held no request, closed to make room for new ones, by state: new, headers, idle.",
+		}, []string{"state"}),
 	}
+	for _, state := range []connState{connNew, connHeaders, connServing, connIdle} {
+		m.connections.WithLabelValues(state.String())
+		if state != connServing { // never closed by the gate
+			m.connectionsClosed.WithLabelValues(state.String())
+		}
+	}
+	m.registry.MustRegister(m.held, m.heldCut, m.connections, m.connectionsClosed)
 	m.registry.MustRegister(m.effectsCreated, m.replays, m.proxied, m.keyReuses, m.rateLimited, m.notificationsWorking,
 		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout}, groupCommitCollector{store: store},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -114,6 +114,15 @@ func (g *Gateway) authenticateBy(header string, next http.Handler) http.Handler 
 			refuseUnread(w, r, probUnauthorized, "the API key is not valid")
 			return
 		}
+		if g.gate != nil && !g.gate.claim(r, tenant) {
+			g.metrics.rateLimited.WithLabelValues(tenant, "connections").Inc()
+			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Connection", "close")
+			refuseUnread(w, r, probRateLimited, "this API key's tenant holds more than its share of this "+
+				"gateway's connections while they are scarce; retry after the time in Retry-After (with the "+
+				"same Idempotency-Key: nothing was recorded)")
+			return
+		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant)))
 	})
 }
@@ -161,8 +170,40 @@ func (g *Gateway) limitTenant(next http.Handler) http.Handler {
 			r.Body = body
 			defer func() { g.limiter.Charge(tenant, time.Now(), body.n) }()
 		}
+		if r.ContentLength != 0 {
+			defer g.holdBody(w, r, tenant)()
+		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// holdBody counts a request's body, while it arrives, among the tenant's held requests (held.go), and
+// returns what ends the hold. A tenant that holds all of them gets heldBodyGrace for the body instead: one
+// sent with its headers is read, one dribbled is cut off, and the handler answers that it could not read it.
+func (g *Gateway) holdBody(w http.ResponseWriter, r *http.Request, tenant string) func() {
+	release, ok := g.held.hold(tenant)
+	if !ok {
+		g.metrics.heldCut.WithLabelValues(tenant, "body").Inc()
+		_ = http.NewResponseController(w).SetReadDeadline(time.Now().Add(heldBodyGrace))
+		return release
+	}
+	r.Body = &releasingReader{ReadCloser: r.Body, release: release}
+	return release
+}
+
+// releasingReader ends a body's hold once it has been read to its end (or failed): what follows, the work
+// and the answer, holds the connection no longer than the gateway takes.
+type releasingReader struct {
+	io.ReadCloser
+	release func()
+}
+
+func (b *releasingReader) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.release()
+	}
+	return n, err
 }
 
 // tooMany answers 429 for the tenant's bucket ("requests" or "bytes"), with the time the tokens will be there.

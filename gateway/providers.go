@@ -27,7 +27,10 @@ type providerKind struct {
 	optional bool
 	// concurrency is the kind's default concurrency, if not DefaultConcurrency.
 	concurrency int
-	block       settingsBlock
+	// pooled kinds deliver through the gateway's database pool: a delivery in flight holds no descriptor of
+	// its own (connectionCap).
+	pooled bool
+	block  settingsBlock
 }
 
 // settingsBlock is a kind's settings block: its field in EffectType, how the block is checked, and how the
@@ -56,7 +59,7 @@ func blockOf[C interface{ Validate() error }](field func(*EffectType) **C,
 
 // providerKinds are the provider kinds, in the order messages list them.
 var providerKinds = []providerKind{
-	{name: "postgres", optional: true, concurrency: DefaultBatchTxConcurrency,
+	{name: "postgres", optional: true, concurrency: DefaultBatchTxConcurrency, pooled: true,
 		block: blockOf(func(t *EffectType) **postgres.Config { return &t.Postgres },
 			func(c postgres.Config, _ providers.Type) (providers.Provider, error) { return postgres.New(c) })},
 	{name: "smtp", block: blockOf(func(t *EffectType) **smtp.Config { return &t.SMTP },

@@ -126,8 +126,17 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) error {
 	span := trace.SpanFromContext(r.Context())
 	span.SetAttributes(attribute.String("idempotency.key", key), attribute.String("effect.type", typ),
 		attribute.String("tenant", tenant))
+	wait := g.cfg.inFlightWait(typ)
+	// The request holds its connection while it performs or waits: one of the tenant's held requests
+	// (held.go). Past them it does not wait for another's attempt, and is answered 409 at once.
+	release, ok := g.held.hold(tenant)
+	defer release()
+	if !ok {
+		g.metrics.heldCut.WithLabelValues(tenant, "wait").Inc()
+		wait = 0
+	}
 	out := g.proxyFlow().run(r.Context(), dedup.NewEffect{Tenant: tenant, Key: key, Type: typ, Payload: payload},
-		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), g.cfg.inFlightWait(typ))
+		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), wait)
 	span.SetAttributes(attribute.Bool("idempotency.replayed", out.Kind != performedHere))
 	return g.answerProxied(w, r, m, tenant, typ, key, out)
 }

@@ -11,8 +11,6 @@ import (
 	"net/http"
 	"sync"
 	"time"
-
-	"golang.org/x/net/netutil"
 )
 
 // Serve runs the HTTP API on l and the dispatcher until ctx ends, then shuts down gracefully: it stops
@@ -29,11 +27,17 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 		ReadTimeout: time.Duration(t.Read), WriteTimeout: time.Duration(t.Write), IdleTimeout: time.Duration(t.Idle),
 		MaxHeaderBytes: int(g.cfg.Limits.MaxHeader),
 		ErrorLog:       slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
-	// Over the cap, Accept waits: the kernel holds further connections in the listen backlog, costing this
-	// process no descriptor, and they are served, in order, as soon as a connection closes, which the timeouts
-	// above bound. Refusing them instead (accept, answer 503, close) would spend a descriptor and a write on
-	// each and turn a wait of seconds into an error the client must retry. netutil.LimitListener is that gate.
-	l = netutil.LimitListener(l, g.connectionCap())
+	// The gate (conngate.go) holds the connections: those that hold no request are closed, oldest first, to
+	// make room, and each tenant's waits are bounded (held.go), so that no tenant's connections, nor anyone's
+	// idle ones, keep another tenant's requests in the accept queue. Only when every connection serves a
+	// request does Accept wait, and the kernel hold further connections in the listen backlog, costing this
+	// process no descriptor.
+	conns := g.connectionCap()
+	g.held.setCeiling(conns)
+	gate := newConnGate(l, conns, g.held.shedOne, g.metrics.connectionsClosed, g.metrics.connections)
+	g.gate = gate
+	srv.ConnState, srv.ConnContext, srv.Handler = gate.connStateHook, gate.connContext, gate.serve(g.handler)
+	l = gate
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
 	// New effects are announced until the last request has been answered, and what is queued then is sent.

@@ -44,6 +44,9 @@ func (c *Config) validate() error {
 	if c.Limits.MaxConnections < 1 {
 		return errors.New("limits.max_connections must be at least 1")
 	}
+	if c.Limits.TenantHeldRequests < 1 {
+		return errors.New("limits.tenant_held_requests must be at least 1")
+	}
 	if err := c.Limits.TenantRate.validate("limits.tenant_rate", c.Limits.MaxBody); err != nil {
 		return err
 	}
@@ -140,6 +143,9 @@ func (c *Config) validateTenants() error {
 		}
 		if err := t.Rate.validate("tenants."+name+".rate", c.Limits.MaxBody); err != nil {
 			return err
+		}
+		if t.HeldRequests < 1 {
+			return fmt.Errorf("tenants.%s.held_requests must be at least 1", name)
 		}
 	}
 	return nil

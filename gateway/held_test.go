@@ -1,0 +1,238 @@
+package gateway
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// heldMetric reads one tenant's oncegate_held_requests from /metrics.
+func (h *harness) heldMetric(tenant string) string {
+	h.t.Helper()
+	r := h.req("GET", "/metrics", "", "")
+	for _, line := range strings.Split(r.raw, "\n") {
+		if strings.HasPrefix(line, `oncegate_held_requests{tenant="`+tenant+`"}`) {
+			return strings.Fields(line)[1]
+		}
+	}
+	return ""
+}
+
+// awaitHeld polls /metrics until tenant holds want requests.
+func (h *harness) awaitHeld(tenant, want string) {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for h.heldMetric(tenant) != want {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("tenant %s never held %s requests (it holds %q)", tenant, want, h.heldMetric(tenant))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A tenant's waits are bounded by its held_requests: past them a wait is answered at once with the effect as
+// it is, and Retry-After, while another tenant's waits still wait, and /metrics shows what each holds.
+func TestHeldWaitsAreBoundedPerTenant(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.Dispatcher.Disabled = true // effects stay pending: every wait runs to its end
+		acme := c.Tenants["acme"]
+		acme.HeldRequests = 2
+		c.Tenants["acme"] = acme
+	})
+	if r := h.post("held-1", analytics("held")); r.status != 202 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			if r := h.req("GET", "/v1/effects/held-1?wait=3s", acmeKey, ""); r.status != 200 || r.header.Get("Retry-After") != "" {
+				t.Errorf("a wait within held_requests: %d, Retry-After %q", r.status, r.header.Get("Retry-After"))
+			}
+		})
+	}
+	h.awaitHeld("acme", "2")
+
+	start := time.Now()
+	r := h.req("GET", "/v1/effects/held-1?wait=3s", acmeKey, "")
+	if took := time.Since(start); took > time.Second || r.status != 200 || r.body["status"] != "pending" ||
+		r.header.Get("Retry-After") != "1" {
+		t.Fatalf("a wait over held_requests: %d after %v, Retry-After %q: %s", r.status, took,
+			r.header.Get("Retry-After"), r.raw)
+	}
+	// A create with wait over the bound is recorded, and answered at once.
+	start = time.Now()
+	r = h.req("POST", "/v1/effects", acmeKey, `{"type":"analytics","payload":{"name":"x"},"wait":"3s"}`,
+		"Idempotency-Key: held-2")
+	if took := time.Since(start); took > time.Second || r.status != 202 || r.header.Get("Retry-After") != "1" {
+		t.Fatalf("a create with wait over held_requests: %d after %v: %s", r.status, took, r.raw)
+	}
+	// Another tenant's wait is its own.
+	start = time.Now()
+	r = h.req("POST", "/v1/effects", globexKey, `{"type":"analytics","payload":{"name":"x"},"wait":"1s"}`,
+		"Idempotency-Key: held-3")
+	if took := time.Since(start); took < time.Second || r.status != 202 || r.header.Get("Retry-After") != "" {
+		t.Fatalf("another tenant's create with wait: %d after %v, Retry-After %q", r.status, took, r.header.Get("Retry-After"))
+	}
+	metrics := h.req("GET", "/metrics", "", "").raw
+	if !strings.Contains(metrics, `oncegate_held_cut_total{tenant="acme",what="wait"} 2`) {
+		t.Errorf("/metrics does not count acme's 2 cut waits:\n%s", grepLines(metrics, "oncegate_held"))
+	}
+	wg.Wait()
+	h.awaitHeld("acme", "0")
+}
+
+const thirdKey = "initech-api-key-5d7f9b1c3e5a7c9e1b3d"
+
+// When every connection the gateway may hold serves a wait, a new connection is not left in the accept queue:
+// the wait of the tenant holding the most is ended early (answered with Retry-After) to make room.
+func TestAFullGateShedsAWait(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.Dispatcher.Disabled = true
+		c.Limits.MaxConnections = 2
+		third := c.Tenants["acme"]
+		third.APIKeys = []string{thirdKey}
+		c.Tenants["initech"] = third
+	})
+	for _, k := range []string{acmeKey, globexKey} {
+		if r := h.req("POST", "/v1/effects", k, analytics("shed"), "Idempotency-Key: shed"); r.status != 202 {
+			t.Fatalf("create: %d %s", r.status, r.raw)
+		}
+	}
+	// The creates' connections are idle now: the gate closes them to make room for the waits.
+	var wg sync.WaitGroup
+	cut := make(chan string, 2)
+	for _, k := range []string{acmeKey, globexKey} {
+		wg.Go(func() {
+			r := h.req("GET", "/v1/effects/shed?wait=5s", k, "")
+			if r.header.Get("Retry-After") == "1" {
+				cut <- k
+			}
+		})
+	}
+	for deadline := time.Now().Add(5 * time.Second); h.g.held.count("acme")+h.g.held.count("globex") < 2; {
+		if time.Now().After(deadline) {
+			t.Fatal("the two waits never both held")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	start := time.Now()
+	// A third tenant's: each of the others owns a connection, and one over its share would be refused.
+	r := h.req("GET", "/v1/effects?limit=1", thirdKey, "")
+	took := time.Since(start)
+	if r.status != 200 || took > 2*time.Second {
+		t.Fatalf("a request while both connections wait: %d after %v", r.status, took)
+	}
+	select {
+	case <-cut:
+	case <-time.After(2 * time.Second):
+		t.Fatal("no wait was cut short")
+	}
+	t.Logf("answered in %v", took.Round(time.Millisecond))
+	wg.Wait()
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return fmt.Sprint(strings.Join(out, "\n"))
+}
+
+// While connections are scarce (the gate three quarters full), a tenant that owns over a quarter of them is
+// refused at once, 429 with Retry-After and its connection closed, and another tenant is served.
+func TestATenantOverItsShareOfScarceConnectionsIsRefused(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) { c.Limits.MaxConnections = 8 }) // scarce from 6; a quarter is 2
+	send := func(key string) *http.Response {
+		c := h.dial()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		_, _ = io.WriteString(c, "GET /v1/effects?limit=1 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+key+"\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp // its connection stays open, idle
+	}
+	for i := range 5 {
+		if r := send(acmeKey); r.StatusCode != 200 {
+			t.Fatalf("acme's request %d on 5 connections of 8: %d", i, r.StatusCode)
+		}
+	}
+	r := send(acmeKey)
+	if r.StatusCode != 429 || r.Header.Get("Retry-After") != "1" || !r.Close {
+		t.Fatalf("acme's request on its 6th connection of 8: %d, Retry-After %q, close %v", r.StatusCode,
+			r.Header.Get("Retry-After"), r.Close)
+	}
+	if r := send(globexKey); r.StatusCode != 200 {
+		t.Fatalf("globex's request: %d", r.StatusCode)
+	}
+	if m := h.req("GET", "/metrics", "", "").raw; !strings.Contains(m, `oncegate_rate_limited_total{bucket="connections",tenant="acme"} 1`) {
+		t.Errorf("/metrics does not count the refusal:\n%s", grepLines(m, "rate_limited"))
+	}
+}
+
+// A tenant that holds all its held_requests gets a second for a body, not timeouts.read: a dribbled body is
+// cut off after heldBodyGrace, and the request answered without recording anything.
+func TestASlowBodyOverHeldRequestsIsCutOffAfterASecond(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) {
+		c.Dispatcher.Disabled = true
+		c.Timeouts.Read = Duration(10 * time.Second)
+		acme := c.Tenants["acme"]
+		acme.HeldRequests = 1
+		c.Tenants["acme"] = acme
+	})
+	if r := h.post("held-body", analytics("held")); r.status != 202 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	waited := make(chan struct{})
+	go func() { // h.req would call t.Fatal off the test's goroutine
+		defer close(waited)
+		req, _ := http.NewRequest("GET", h.url+"/v1/effects/held-body?wait=5s", nil)
+		req.Header.Set("Authorization", "Bearer "+acmeKey)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	defer func() { <-waited }()
+	for deadline := time.Now().Add(5 * time.Second); h.g.held.count("acme") < 1; {
+		if time.Now().After(deadline) {
+			t.Fatal("the wait never held")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	c := h.dial()
+	start := time.Now()
+	fmt.Fprintf(c, "POST /v1/effects HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\nContent-Type: application/json\r\n"+
+		"Idempotency-Key: slow\r\nContent-Length: 1000\r\n\r\n{", acmeKey)
+	go func() {
+		for range 20 {
+			time.Sleep(250 * time.Millisecond)
+			if _, err := c.Write([]byte(" ")); err != nil {
+				return
+			}
+		}
+	}()
+	closedWithin(t, c, 4*time.Second)
+	if took := time.Since(start); took < heldBodyGrace || took > 3*time.Second {
+		t.Fatalf("the slow body's connection was closed after %v; want about %v, far below timeouts.read", took, heldBodyGrace)
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_effects WHERE key = 'slow'"); n != 0 {
+		t.Fatalf("%d effects recorded from a body cut off", n)
+	}
+	if m := h.req("GET", "/metrics", "", "").raw; !strings.Contains(m, `oncegate_held_cut_total{tenant="acme",what="body"} 1`) {
+		t.Errorf("/metrics does not count the cut body:\n%s", grepLines(m, "oncegate_held"))
+	}
+}

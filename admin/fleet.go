@@ -22,6 +22,18 @@ type Gateway struct {
 	// Alive is whether it was seen within Config.GatewayGoneAfter, by the database's clock.
 	Alive    bool                  `json:"alive"`
 	Breakers []outbox.BreakerState `json:"breakers"`
+	// HeldRequests is, by tenant, the requests it held open in the gateway (waits, proxied waiters, slow
+	// bodies) at its last heartbeat; tenants holding none are left out.
+	HeldRequests map[string]int `json:"held_requests"`
+}
+
+// Held is the gateway's held requests, all tenants together.
+func (g Gateway) Held() int {
+	n := 0
+	for _, v := range g.HeldRequests {
+		n += v
+	}
+	return n
 }
 
 // Gateways lists the gateways seen within the last day, live ones and gone ones.
@@ -38,10 +50,13 @@ func (s *Service) Gateways(ctx context.Context, a Actor) ([]Gateway, error) {
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Gateway, error) {
 		var g Gateway
-		var breakers string
+		var breakers, held string
 		var now time.Time
-		if err := r.Scan(&g.ID, &g.Address, &g.Version, &g.StartedAt, &g.LastSeen, &breakers, &now); err != nil {
+		if err := r.Scan(&g.ID, &g.Address, &g.Version, &g.StartedAt, &g.LastSeen, &breakers, &held, &now); err != nil {
 			return g, err
+		}
+		if err := json.Unmarshal([]byte(held), &g.HeldRequests); err != nil {
+			return g, fmt.Errorf("gateway %s: held requests: %w", g.ID, err)
 		}
 		g.Alive = now.Sub(g.LastSeen) <= s.cfg.GatewayGoneAfter
 		if err := json.Unmarshal([]byte(breakers), &g.Breakers); err != nil {

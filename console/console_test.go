@@ -256,7 +256,7 @@ func TestEveryPageRenders(t *testing.T) {
 	}
 	pages := []want{
 		{"/", []string{"Needs a human", e.queue, "email", "webhook", "analytics", "<svg class=\"chart\"",
-			"smtp.example.com:587", "gw-1", `id="dead-jobs">5<`}, nil},
+			"smtp.example.com:587", "gw-1", `id="dead-jobs">5<`, `<td class="held">15 <span class="tenant">acme 12</span>`}, nil},
 		{"/fragment/home", []string{"Needs a human"}, []string{"HX-Request", "true"}},
 		{"/effects", []string{"order-", "Next page"}, nil},
 		{"/effects?status=dead&type=webhook&since=3h", []string{"dead"}, nil},

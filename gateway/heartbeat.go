@@ -17,17 +17,15 @@ var heartbeatSQL string
 // a gateway not seen for three intervals as gone.
 const HeartbeatInterval = 5 * time.Second
 
-// heartbeat keeps this gateway's row (id, address, version, breakers, the types it delivers) current until ctx ends. A failed write
-// is only logged: the row is for operators, and the next beat tries again.
+// heartbeat keeps this gateway's row (id, address, version, breakers, the types it delivers, the requests
+// each tenant holds open in it) current until ctx ends. A failed write is only logged: the row is for
+// operators, and the next beat tries again.
 func (g *Gateway) heartbeat(ctx context.Context, addr string) {
 	started := time.Now()
-	version := Version()
-	types := slices.Sorted(maps.Keys(g.cfg.EffectTypes))
 	beat := func() {
-		b, _ := json.Marshal(g.dispatcher.Breakers())
 		wctx, cancel := context.WithTimeout(ctx, HeartbeatInterval)
 		defer cancel()
-		if _, err := g.pool.Exec(wctx, heartbeatSQL, g.dispatcher.Owner(), addr, version, started, string(b), types); err != nil && ctx.Err() == nil {
+		if err := g.writeHeartbeat(wctx, addr, started); err != nil && ctx.Err() == nil {
 			g.log.Warn("writing the gateway's heartbeat row failed", "err", err)
 		}
 	}
@@ -59,4 +57,13 @@ func Version() string {
 		}
 	}
 	return "devel"
+}
+
+// writeHeartbeat writes this gateway's row once.
+func (g *Gateway) writeHeartbeat(ctx context.Context, addr string, started time.Time) error {
+	breakers, _ := json.Marshal(g.dispatcher.Breakers())
+	held, _ := json.Marshal(g.held.snapshot())
+	_, err := g.pool.Exec(ctx, heartbeatSQL, g.dispatcher.Owner(), addr, Version(), started, string(breakers),
+		slices.Sorted(maps.Keys(g.cfg.EffectTypes)), string(held))
+	return err
 }

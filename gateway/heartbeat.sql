@@ -1,11 +1,12 @@
 -- A gateway's heartbeat: its row in oncegate_gateways, with its circuit breakers, inserted at start and
 -- refreshed every heartbeat. Rows of gateways not seen for a day are deleted on the way, so the table holds
 -- the fleet of the last day. $1 id (the dispatcher's owner name), $2 address, $3 version, $4 started at,
--- $5 breakers (JSON array of outbox.BreakerState), $6 the effect types it delivers
+-- $5 breakers (JSON array of outbox.BreakerState), $6 the effect types it delivers, $7 the requests each
+-- tenant holds open in it (JSON object)
 WITH gone AS (
     DELETE FROM oncegate_gateways WHERE last_seen < now() - interval '1 day' AND id <> $1
 )
-INSERT INTO oncegate_gateways AS g (id, address, version, started_at, last_seen, breakers, types)
-VALUES ($1, $2, $3, $4, now(), $5::jsonb, $6::text[])
+INSERT INTO oncegate_gateways AS g (id, address, version, started_at, last_seen, breakers, types, held)
+VALUES ($1, $2, $3, $4, now(), $5::jsonb, $6::text[], $7::jsonb)
 ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, version = EXCLUDED.version, last_seen = now(),
-    breakers = EXCLUDED.breakers, types = EXCLUDED.types
+    breakers = EXCLUDED.breakers, types = EXCLUDED.types, held = EXCLUDED.held

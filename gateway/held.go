@@ -139,6 +139,19 @@ func (h *held) shedOne() bool {
 	return false
 }
 
+// snapshot is every tenant's held requests now, those holding none left out.
+func (h *held) snapshot() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := map[string]int{}
+	for tenant, t := range h.tenants {
+		if t.n > 0 {
+			out[tenant] = t.n
+		}
+	}
+	return out
+}
+
 // count is tenant's held requests now.
 func (h *held) count(tenant string) int {
 	h.mu.Lock()

@@ -236,3 +236,30 @@ func TestASlowBodyOverHeldRequestsIsCutOffAfterASecond(t *testing.T) {
 		t.Errorf("/metrics does not count the cut body:\n%s", grepLines(m, "oncegate_held"))
 	}
 }
+
+// The heartbeat writes, with the types the gateway delivers, the requests each tenant holds open in it, for
+// `oncegate gateway ls` and the console (issue 33 asks for them beside /metrics).
+func TestTheHeartbeatWritesHeldRequests(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) { c.Dispatcher.Disabled = true })
+	if r := h.post("held-beat", analytics("held")); r.status != 202 {
+		t.Fatalf("create: %d %s", r.status, r.raw)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for range 2 {
+		wg.Go(func() { h.req("GET", "/v1/effects/held-beat?wait=2s", acmeKey, "") })
+	}
+	h.awaitHeld("acme", "2")
+	if err := h.g.writeHeartbeat(t.Context(), "127.0.0.1:1", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	var held, types string
+	if err := h.pool.QueryRow(t.Context(), `SELECT held::text, array_to_string(types, ',') FROM oncegate_gateways
+		WHERE id = $1`, h.g.dispatcher.Owner()).Scan(&held, &types); err != nil {
+		t.Fatal(err)
+	}
+	if held != `{"acme": 2}` || !strings.Contains(types, "analytics") {
+		t.Fatalf("heartbeat row: held %s, types %s", held, types)
+	}
+}

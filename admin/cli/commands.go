@@ -2,10 +2,13 @@ package cli
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -682,7 +685,7 @@ func gatewayLs(c *command, args []string) error {
 		return err
 	}
 	return c.out(map[string]any{"gateways": gs}, func(w *tabwriter.Writer) {
-		row(w, "GATEWAY", "ADDRESS", "VERSION", "STARTED", "LAST SEEN", "ALIVE", "BREAKERS OPEN")
+		row(w, "GATEWAY", "ADDRESS", "VERSION", "STARTED", "LAST SEEN", "ALIVE", "BREAKERS OPEN", "HELD")
 		for _, g := range gs {
 			open := 0
 			for _, b := range g.Breakers {
@@ -690,9 +693,32 @@ func gatewayLs(c *command, args []string) error {
 					open++
 				}
 			}
-			row(w, g.ID, g.Address, g.Version, g.StartedAt, g.LastSeen, g.Alive, fmt.Sprintf("%d of %d", open, len(g.Breakers)))
+			row(w, g.ID, g.Address, g.Version, g.StartedAt, g.LastSeen, g.Alive, fmt.Sprintf("%d of %d", open, len(g.Breakers)),
+				heldCell(g.HeldRequests))
 		}
 	})
+}
+
+// heldCell is a gateway's held requests: the total, and the tenants holding most ("12: acme 10, beta 2").
+func heldCell(byTenant map[string]int) string {
+	if len(byTenant) == 0 {
+		return "0"
+	}
+	tenants := slices.SortedFunc(maps.Keys(byTenant), func(a, b string) int {
+		return cmp.Or(cmp.Compare(byTenant[b], byTenant[a]), cmp.Compare(a, b))
+	})
+	total := 0
+	parts := make([]string, 0, 3)
+	for i, t := range tenants {
+		total += byTenant[t]
+		if i < 3 {
+			parts = append(parts, fmt.Sprintf("%s %d", t, byTenant[t]))
+		}
+	}
+	if len(tenants) > 3 {
+		parts = append(parts, "…")
+	}
+	return fmt.Sprintf("%d: %s", total, strings.Join(parts, ", "))
 }
 
 func workerLs(c *command, args []string) error {

@@ -31,8 +31,10 @@ const (
 	// attackers is the issue's attack: that many concurrent waits of one tenant.
 	attackers = 2000
 	// betaBound is how long another tenant's create with wait may take under the attack: far from the 24 s
-	// the issue measured, well above a loaded two-core machine's worst.
-	betaBound = 2 * time.Second
+	// the issue measured, and above what a create that waits for its effect ("wait": "5s") may take on a
+	// two-core machine running the whole suite under -race beside it (2 s was exceeded there: 2.7 s). The
+	// p99 against the same tenant alone is logged, a measurement rather than an assertion.
+	betaBound = 8 * time.Second
 )
 
 // Issue 33: one tenant (alpha) holds 2,000 concurrent waits on a pending effect, or 2,000 proxied requests

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/oncegate/oncegate/admin"
@@ -97,6 +98,9 @@ type actionBody struct {
 	Queue  string   `json:"queue"`
 	Type   string   `json:"type"`
 	IDs    []string `json:"ids"`
+	// Job is for job/enqueue: {"queue", "job": {"id", "kind", "payload", "max_attempts"}, "delay", "reason"}.
+	Job   *admin.NewJob `json:"job"`
+	Delay string        `json:"delay"`
 	// Filter and DryRun are for retry-matching: without dry_run false, nothing changes.
 	Filter *admin.EffectFilter `json:"filter"`
 	DryRun *bool               `json:"dry_run"`
@@ -249,6 +253,20 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	get("job", func(r *http.Request, a admin.Actor) (any, error) {
 		d, err := s.jobFor(r, a, r.URL.Query().Get("queue"), r.URL.Query().Get("id"))
 		return d.JobDetail, err
+	})
+	post("job/enqueue", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		if b.Job == nil {
+			return nil, &admin.InvalidError{Field: "job", Reason: `required: {"kind": …, "payload": …}`}
+		}
+		nj := *b.Job
+		if b.Delay != "" {
+			d, err := time.ParseDuration(b.Delay)
+			if err != nil {
+				return nil, &admin.InvalidError{Field: "delay", Reason: "want a duration such as 30s or 5m"}
+			}
+			nj.Delay = d
+		}
+		return s.adm.EnqueueJob(r.Context(), a, b.Queue, nj, b.Reason)
 	})
 	post("dead/requeue", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return s.adm.RequeueDead(r.Context(), a, b.Queue, b.IDs, b.Reason)

@@ -465,6 +465,7 @@ func TestReadOnlyChangesNothing(t *testing.T) {
 		"/dead/requeue":        {"queue": {e.queue}, "id": {e.dead[0]}, "reason": {"r"}},
 		"/queues/pause":        {"queue": {e.queue}, "reason": {"r"}},
 		"/types/pause":         {"type": {"email"}, "reason": {"r"}},
+		"/queue/enqueue":       {"queue": {e.queue}, "kind": {"k"}, "payload": {"{}"}, "reason": {"r"}},
 		"/api/v1/effect/retry": nil,
 	} {
 		var code int
@@ -698,5 +699,52 @@ func TestPausedStatesAndBulkPageRender(t *testing.T) {
 	checkPage(t, bulk, hdr, body)
 	if code, _, _ := e.get(c, "/bulk/nope"); code != 404 {
 		t.Fatalf("unknown bulk run: %d", code)
+	}
+}
+
+// The queue page enqueues a job, as `oncegate job enqueue` does: the form leads to the new job's page, the
+// API answers with its ID, a viewer sees no form and is refused, and a read-only console takes neither.
+func TestEnqueueFromTheQueuePage(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 100})
+	op := e.client(admin.RoleOperator)
+	code, _, body := e.get(op, "/queue?name="+url.QueryEscape(e.queue))
+	if code != 200 || !strings.Contains(body, `action="/queue/enqueue"`) {
+		t.Fatalf("the queue page has no enqueue form: %d", code)
+	}
+	code, hdr, _ := e.post(op, "/queue/enqueue", url.Values{"queue": {e.queue}, "kind": {"receipt"}, "id": {"by-hand"},
+		"payload": {`{"order":"o-1"}`}, "reason": {"replay o-1"}})
+	if code != http.StatusSeeOther || !strings.HasPrefix(hdr.Get("Location"), "/job?") ||
+		!strings.Contains(hdr.Get("Location"), "id=by-hand") {
+		t.Fatalf("enqueue form: %d to %q", code, hdr.Get("Location"))
+	}
+	code, _, body = e.get(op, hdr.Get("Location"))
+	if code != 200 || !strings.Contains(body, "Enqueued") || !strings.Contains(body, "by-hand") {
+		t.Fatalf("the new job's page: %d", code)
+	}
+	code, _, body = e.post(op, "/queue/enqueue", url.Values{"queue": {e.queue}, "kind": {"receipt"},
+		"payload": {`{order}`}, "reason": {"r"}})
+	if code != 400 || !strings.Contains(body, "not JSON") {
+		t.Fatalf("a payload that is not JSON: %d", code)
+	}
+
+	code, _, body = e.apiPost(e.tokens[admin.RoleOperator], "/api/v1/job/enqueue", map[string]any{"queue": e.queue,
+		"job": map[string]any{"kind": "receipt", "payload": map[string]string{"order": "o-2"}}, "delay": "1h",
+		"reason": "api"})
+	var res admin.Enqueued
+	if code != 200 || json.Unmarshal([]byte(body), &res) != nil || res.ID == "" || res.State != queue.StateDelayed {
+		t.Fatalf("API enqueue: %d %s", code, body)
+	}
+	code, _, _ = e.apiPost(e.tokens[admin.RoleViewer], "/api/v1/job/enqueue", map[string]any{"queue": e.queue,
+		"job": map[string]any{"kind": "receipt", "payload": map[string]string{}}, "reason": "viewer"})
+	if code != 403 {
+		t.Fatalf("viewer API enqueue: %d", code)
+	}
+	if _, _, body := e.get(e.client(admin.RoleViewer), "/queue?name="+url.QueryEscape(e.queue)); strings.Contains(body, `action="/queue/enqueue"`) {
+		t.Fatal("a viewer is shown the enqueue form")
+	}
+	n := pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_audit WHERE action = 'job.enqueue' AND outcome = 'done'")
+	if n != 2 {
+		t.Fatalf("%d job.enqueue entries done, want 2", n)
 	}
 }

@@ -301,6 +301,9 @@ var notices = map[string]string{
 	"purged":   "Purged: the jobs are gone for good.",
 	"paused":   "Paused.",
 	"resumed":  "Resumed.",
+	"enqueued": "Enqueued: the job is in the queue and in the audit log.",
+	"duplicate": "Nothing added: a job with this ID is in the queue already, or completed within its dedup " +
+		"window. This is that job.",
 }
 
 func notice(r *http.Request) string {
@@ -636,6 +639,32 @@ func (s *Server) deadAction(w http.ResponseWriter, r *http.Request, a admin.Acto
 	}
 	http.Redirect(w, r, "/queue?"+url.Values{"name": {name}, "state": {"dead"}, "done": {done},
 		"n": {strconv.FormatInt(res.Applied, 10)}}.Encode(), http.StatusSeeOther)
+}
+
+// enqueueJob is the queue page's form: the job goes in as a producer's would, audited as job.enqueue, and
+// the page that follows is the new job's.
+func (s *Server) enqueueJob(w http.ResponseWriter, r *http.Request, a admin.Actor) {
+	name := r.PostFormValue("queue")
+	nj := admin.NewJob{ID: strings.TrimSpace(r.PostFormValue("id")), Kind: strings.TrimSpace(r.PostFormValue("kind")),
+		Payload: []byte(r.PostFormValue("payload"))}
+	if d := strings.TrimSpace(r.PostFormValue("delay")); d != "" {
+		v, err := time.ParseDuration(d)
+		if err != nil {
+			s.fail(w, r, a, &admin.InvalidError{Field: "delay", Reason: "want a duration such as 30s or 5m"})
+			return
+		}
+		nj.Delay = v
+	}
+	res, err := s.adm.EnqueueJob(r.Context(), a, name, nj, r.PostFormValue("reason"))
+	if err != nil {
+		s.fail(w, r, a, err)
+		return
+	}
+	done := "enqueued"
+	if res.Duplicate {
+		done = "duplicate"
+	}
+	http.Redirect(w, r, link("/job", "queue", name, "id", res.ID, "done", done), http.StatusSeeOther)
 }
 
 func (s *Server) requeueDead(w http.ResponseWriter, r *http.Request, a admin.Actor) {

@@ -39,6 +39,8 @@ const (
 // Env is what the command reads besides its arguments.
 type Env struct {
 	Stdout, Stderr io.Writer
+	// Stdin is read by `job enqueue --payload -`; nil means there is none.
+	Stdin io.Reader
 	// Getenv reads the environment: DATABASE_URL, REDIS_URL, ONCEGATE_OPERATOR, ONCEGATE_ROLE,
 	// ONCEGATE_QUEUE_REGISTRY, ONCEGATE_JAEGER_URL.
 	Getenv func(string) string
@@ -63,6 +65,7 @@ const usage = `usage: oncegate <noun> <verb> [args] [flags]
   type   ls | type pause TYPE --reason R | type resume TYPE --reason R
   queue  ls | queue pause Q --reason R | queue resume Q --reason R
   job    ls Q --state S [--limit N] [--cursor C] | job show Q ID
+  job    enqueue Q --kind K --payload JSON|@FILE|- [--id ID] [--delay D] [--max-attempts N] --reason R
   dead   ls Q [--limit N] [--cursor C] | dead requeue Q ID... --reason R | dead purge Q ID... --reason R
   gateway ls | worker ls Q | breaker ls
   audit  ls [--actor A] [--action A] [--since D] [--limit N] [--cursor C]

@@ -5,12 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/oncegate/oncegate/admin/cli"
 	"github.com/oncegate/oncegate/internal/testkit/leaktest"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
+	"github.com/oncegate/oncegate/queue"
 )
 
 func TestMain(m *testing.M) { leaktest.Main(m) }
@@ -139,5 +143,75 @@ func TestTypePauseOfAnUnknownTypeExits3(t *testing.T) {
 	out, _, code := run(t, url, "type", "ls")
 	if code != 0 || !strings.Contains(out, "order-webhook") || !strings.Contains(out, "paused") {
 		t.Fatalf("type ls (exit %d):\n%s", code, out)
+	}
+}
+
+// `job enqueue` prints the new job's ID alone, so a script can take it; the payload may come from a file or
+// standard input; a queue nothing knows is exit 3.
+func TestJobEnqueuePrintsTheID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	rdb := testenv.Redis(t)
+	reg := testenv.Name(t, "registry")
+	q, err := queue.New(rdb, testenv.Name(t, "signups"), &queue.Options{Registry: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = q.Destroy(context.Background()); rdb.Del(context.Background(), reg) })
+	if _, err := q.Enqueue(ctx, queue.NewJob{ID: "first", Kind: "signup"}); err != nil {
+		t.Fatal(err)
+	}
+	env := map[string]string{"DATABASE_URL": url, "REDIS_URL": testenv.RedisURL(), "ONCEGATE_OPERATOR": "alice",
+		"ONCEGATE_QUEUE_REGISTRY": reg}
+	runIn := func(stdin string, args ...string) (string, string, int) {
+		var out, errOut bytes.Buffer
+		code := cli.Main(ctx, args, cli.Env{Stdout: &out, Stderr: &errOut, Stdin: strings.NewReader(stdin),
+			Getenv: func(k string) string { return env[k] }})
+		return out.String(), errOut.String(), code
+	}
+
+	out, errOut, code := runIn("", "job", "enqueue", q.Name(), "--kind", "signup", "--payload", `{"user":"carol"}`,
+		"--reason", "try the worker")
+	id := strings.TrimSpace(out)
+	if code != 0 || id == "" || strings.ContainsAny(id, " \n") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if j, err := q.Job(ctx, id); err != nil || j.Kind != "signup" || string(j.Payload) != `{"user":"carol"}` {
+		t.Fatalf("job %q: %+v %v", id, j, err)
+	}
+
+	file := filepath.Join(t.TempDir(), "job.json")
+	if err := os.WriteFile(file, []byte(`{"from":"file"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code = runIn("", "job", "enqueue", q.Name(), "--kind", "signup", "--id", "from-file",
+		"--payload", "@"+file, "--reason", "r", "-o", "json")
+	var res struct {
+		ID        string `json:"id"`
+		Duplicate bool   `json:"duplicate"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.ID != "from-file" || res.Duplicate {
+		t.Fatalf("from a file: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if _, _, code = runIn(`{"from":"stdin"}`, "job", "enqueue", q.Name(), "--kind", "signup", "--id", "from-stdin",
+		"--payload", "-", "--reason", "r"); code != 0 {
+		t.Fatalf("from stdin: exit %d", code)
+	}
+	if j, err := q.Job(ctx, "from-stdin"); err != nil || string(j.Payload) != `{"from":"stdin"}` {
+		t.Fatalf("from stdin: %+v %v", j, err)
+	}
+	out, _, code = runIn("", "job", "enqueue", q.Name(), "--kind", "signup", "--id", "first", "--payload", "{}",
+		"--reason", "r")
+	if code != 0 || !strings.Contains(out, "duplicate") {
+		t.Fatalf("an ID in use: exit %d, %q", code, out)
+	}
+	if _, errOut, code = runIn("", "job", "enqueue", q.Name()+"x", "--kind", "signup", "--payload", "{}",
+		"--reason", "r"); code != cli.ExitNotFound {
+		t.Fatalf("a queue nothing knows: exit %d, %s", code, errOut)
+	}
+	if _, errOut, code = runIn("", "job", "enqueue", q.Name(), "--kind", "signup", "--payload", "{nope",
+		"--reason", "r"); code != cli.ExitUsage || !strings.Contains(errOut, "--payload: not JSON") {
+		t.Fatalf("a payload that is not JSON: exit %d, %s", code, errOut)
 	}
 }

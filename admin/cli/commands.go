@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -35,6 +36,7 @@ func init() {
 		"queue resume":   func(c *command, a []string) error { return queueAction(c, a, false) },
 		"job ls":         jobLs,
 		"job show":       jobShow,
+		"job enqueue":    jobEnqueue,
 		"dead ls":        deadLs,
 		"dead requeue":   func(c *command, a []string) error { return deadAction(c, a, false) },
 		"dead purge":     func(c *command, a []string) error { return deadAction(c, a, true) },
@@ -620,6 +622,68 @@ func jobShow(c *command, args []string) error {
 			row(w, "(none)")
 		}
 	})
+}
+
+func jobEnqueue(c *command, args []string) error {
+	kind := c.fs.String("kind", "", "the handler's kind (required)")
+	payload := c.fs.String("payload", "", "the job's input: JSON, @FILE to read it from a file, or - for stdin (required)")
+	id := c.fs.String("id", "", "the job's ID (default: a random one); an ID in use makes this a no-op")
+	delay := c.fs.Duration("delay", 0, "make the job ready only after this long (5m, 1h)")
+	attempts := c.fs.Int("max-attempts", 0, "attempts before the job is dead (default: the queue's)")
+	reason := c.fs.String("reason", "", "why (required; goes to the audit log)")
+	if err := c.parse(args, 1, 1, "Q"); err != nil {
+		return err
+	}
+	switch {
+	case *kind == "":
+		return usagef("--kind: required: the handler's kind, as the worker registers it")
+	case *payload == "":
+		return usagef("--payload: required: the job's input as JSON ({} for none), @FILE or -")
+	case *reason == "":
+		return usagef("--reason: required: say why (it goes to the audit log)")
+	}
+	body, err := c.payload(*payload)
+	if err != nil {
+		return err
+	}
+	if err := c.connect(true, true); err != nil {
+		return err
+	}
+	res, err := c.svc.EnqueueJob(c.ctx, c.actor, c.pos[0], admin.NewJob{ID: *id, Kind: *kind, Payload: body,
+		Delay: *delay, MaxAttempts: *attempts}, *reason)
+	if err != nil {
+		return err
+	}
+	return c.out(res, func(w *tabwriter.Writer) {
+		if res.Duplicate {
+			fmt.Fprintf(w, "duplicate: job %s is in queue %s already (%s); nothing was added\n", res.ID, res.Queue, res.State)
+			return
+		}
+		fmt.Fprintln(w, res.ID)
+	})
+}
+
+// payload reads --payload's value: the JSON itself, @FILE, or - for standard input.
+func (c *command) payload(v string) ([]byte, error) {
+	var (
+		b   []byte
+		err error
+	)
+	switch {
+	case v == "-":
+		if c.env.Stdin == nil {
+			return nil, usagef("--payload: -: no standard input")
+		}
+		b, err = io.ReadAll(io.LimitReader(c.env.Stdin, admin.MaxJobPayload+1))
+	case strings.HasPrefix(v, "@"):
+		b, err = os.ReadFile(v[1:])
+	default:
+		return []byte(v), nil
+	}
+	if err != nil {
+		return nil, usagef("--payload: %v", err)
+	}
+	return b, nil
 }
 
 func deadLs(c *command, args []string) error {

@@ -38,6 +38,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 func (s *Server) apiFail(w http.ResponseWriter, r *http.Request, err error) {
 	st := statusOf(err)
+	setRetryAfter(w, err)
 	if st == http.StatusInternalServerError {
 		s.log.Error("console api: request failed", "path", r.URL.Path, "err", err)
 	}

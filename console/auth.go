@@ -13,8 +13,8 @@ import (
 )
 
 // sessionKey identifies the request's session for the poll limiter, without keeping the secret itself.
-func sessionKey(r *http.Request) string {
-	c, err := r.Cookie(CookieName)
+func (s *Server) sessionKey(r *http.Request) string {
+	c, err := r.Cookie(s.cookieName())
 	v := ""
 	if err == nil {
 		v = c.Value
@@ -23,6 +23,14 @@ func sessionKey(r *http.Request) string {
 	}
 	h := sha256.Sum256([]byte(v))
 	return hex.EncodeToString(h[:8])
+}
+
+// cookieName is the session cookie's name: __Host- prefixed when it is Secure (see SecureCookieName).
+func (s *Server) cookieName() string {
+	if s.cfg.SecureCookie {
+		return SecureCookieName
+	}
+	return CookieName
 }
 
 // actor finds who sends the request: a console session cookie, or an operator token as a bearer token (the
@@ -34,9 +42,20 @@ func (s *Server) actor(r *http.Request) (admin.Actor, error) {
 		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return admin.Actor{}, admin.ErrUnauthenticated
 		}
-		return s.adm.TokenActor(r.Context(), strings.TrimSpace(tok))
+		addr := clientAddr(r)
+		if wait := s.throttle.wait(addr); wait > 0 {
+			return admin.Actor{}, &throttledError{wait: wait}
+		}
+		a, err := s.adm.TokenActor(r.Context(), strings.TrimSpace(tok))
+		switch {
+		case errors.Is(err, admin.ErrUnauthenticated):
+			s.throttle.fail(addr)
+		case err == nil:
+			s.throttle.ok(addr)
+		}
+		return a, err
 	}
-	c, err := r.Cookie(CookieName)
+	c, err := r.Cookie(s.cookieName())
 	if err != nil {
 		return admin.Actor{}, admin.ErrUnauthenticated
 	}
@@ -109,8 +128,19 @@ func cleanURLBytes(s string) bool {
 
 func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 	next := safeNext(r.PostFormValue("next"))
+	addr := clientAddr(r)
+	if wait := s.throttle.wait(addr); wait > 0 {
+		// Refused unread: no lookup, no audit row, however many tries.
+		te := &throttledError{wait: wait}
+		w.Header().Set("Retry-After", te.retryAfter())
+		s.render(w, r, http.StatusTooManyRequests, "login", page{Title: "Log in",
+			Data: loginData{Next: next, Error: "Too many failed logins from your address: try again in " +
+				te.retryAfter() + " s."}})
+		return
+	}
 	sess, a, err := s.adm.Login(r.Context(), r.PostFormValue("token"), s.cfg.SessionTTL)
 	if errors.Is(err, admin.ErrUnauthenticated) {
+		s.throttle.fail(addr)
 		s.render(w, r, http.StatusUnauthorized, "login", page{Title: "Log in",
 			Data: loginData{Next: next, Error: "That token is not a live operator token."}})
 		return
@@ -119,20 +149,21 @@ func (s *Server) login(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, admin.Actor{}, err)
 		return
 	}
+	s.throttle.ok(addr)
 	s.log.Info("console: login", "operator", a.Name, "role", a.Role)
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: sess, Path: "/", HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: s.cookieName(), Value: sess, Path: "/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookie, Expires: time.Now().Add(s.cfg.SessionTTL)})
 	http.Redirect(w, r, next, http.StatusSeeOther)
 }
 
 func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
-	if c, err := r.Cookie(CookieName); err == nil {
+	if c, err := r.Cookie(s.cookieName()); err == nil {
 		if err := s.adm.Logout(r.Context(), c.Value); err != nil {
 			s.fail(w, r, admin.Actor{}, err)
 			return
 		}
 	}
-	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: "", Path: "/", HttpOnly: true,
+	http.SetCookie(w, &http.Cookie{Name: s.cookieName(), Value: "", Path: "/", HttpOnly: true,
 		SameSite: http.SameSiteStrictMode, Secure: s.cfg.SecureCookie, MaxAge: -1})
 	http.Redirect(w, r, "/login", http.StatusSeeOther)
 }

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +69,9 @@ type env struct {
 
 type options struct {
 	readOnly bool
-	effects  int
+	// secureCookie is console.Config.SecureCookie.
+	secureCookie bool
+	effects      int
 	// queueSuffix is added to the queue's name, deadPrefix (default "receipt-") begins its dead jobs' IDs.
 	queueSuffix string
 	deadPrefix  string
@@ -123,7 +126,7 @@ func setup(t *testing.T, o options) *env {
 		}
 		e.tokens[r] = tok
 	}
-	e.srv, err = console.New(console.Config{Admin: svc, ReadOnly: o.readOnly})
+	e.srv, err = console.New(console.Config{Admin: svc, ReadOnly: o.readOnly, SecureCookie: o.secureCookie})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -746,5 +749,73 @@ func TestEnqueueFromTheQueuePage(t *testing.T) {
 	n := pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_audit WHERE action = 'job.enqueue' AND outcome = 'done'")
 	if n != 2 {
 		t.Fatalf("%d job.enqueue entries done, want 2", n)
+	}
+}
+
+// Wrong logins and bearer tokens are throttled per address (an outside tester's finding: nothing slowed
+// guessing, and each failed login wrote an audit row): after a few free tries an address is refused unread,
+// 429 with Retry-After, with no audit row, until its lockout ends; then a good token works and clears it.
+func TestWrongTokensAreThrottled(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 100})
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	denied := func() int {
+		return pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_audit WHERE action = 'console.login' AND outcome LIKE 'denied%'")
+	}
+	var codes []int
+	var retry string
+	for range 50 {
+		code, hdr, _ := e.post(c, "/login", url.Values{"token": {"ogop_guess"}})
+		codes = append(codes, code)
+		if code == http.StatusTooManyRequests {
+			retry = hdr.Get("Retry-After")
+		}
+	}
+	if codes[0] != 401 || codes[len(codes)-1] != http.StatusTooManyRequests || retry == "" {
+		t.Fatalf("50 wrong logins answered %v (Retry-After %q)", codes, retry)
+	}
+	// Five free tries, then lockouts of 1 s, 2 s, 4 s…: a slow machine may see a lockout end mid-loop.
+	if n := denied(); n > 9 {
+		t.Fatalf("%d failed logins audited: a locked-out address must not write one per try", n)
+	}
+	// Locked out, even the right token waits: the lockout is the address's.
+	if code, _, _ := e.post(c, "/login", url.Values{"token": {e.tokens[admin.RoleOperator]}}); code != http.StatusTooManyRequests {
+		t.Fatalf("the right token while locked out: %d", code)
+	}
+	code, hdr, body := e.apiGet("ogop_guess", "/api/v1/whoami")
+	if code != http.StatusTooManyRequests || hdr.Get("Retry-After") == "" ||
+		hdr.Get("Content-Type") != "application/problem+json" || !strings.Contains(body, "try again") {
+		t.Fatalf("a wrong bearer token while locked out: %d %v %s", code, hdr, body)
+	}
+	wait, _ := strconv.Atoi(retry)
+	time.Sleep(time.Duration(wait)*time.Second + 100*time.Millisecond)
+	code, _, _ = e.post(c, "/login", url.Values{"token": {e.tokens[admin.RoleOperator]}})
+	if code != http.StatusSeeOther {
+		t.Fatalf("the right token after the lockout: %d", code)
+	}
+	if code, _, _ := e.apiGet("ogop_guess", "/api/v1/whoami"); code != 401 {
+		t.Fatalf("a success clears the address: a wrong token is a 401 again, got %d", code)
+	}
+}
+
+// Behind HTTPS (--secure-cookie) the session cookie is __Host- prefixed: Secure, Path=/, no Domain, so a
+// browser sends it over HTTPS only, and no plain-HTTP page (on another port of the host) or other host can
+// set or overwrite it.
+func TestSecureCookieIsHostPrefixed(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 10, secureCookie: true})
+	c := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	code, hdr, _ := e.post(c, "/login", url.Values{"token": {e.tokens[admin.RoleViewer]}})
+	sc := hdr.Get("Set-Cookie")
+	if code != http.StatusSeeOther || !strings.HasPrefix(sc, console.SecureCookieName+"=") ||
+		!strings.Contains(sc, "; Secure") || !strings.Contains(sc, "Path=/") || strings.Contains(sc, "Domain") {
+		t.Fatalf("login: %d, Set-Cookie %q", code, sc)
+	}
+	sess := strings.TrimPrefix(strings.Split(sc, ";")[0], console.SecureCookieName+"=")
+	if code, _, _ := e.get(c, "/", "Cookie", console.SecureCookieName+"="+sess); code != 200 {
+		t.Fatalf("with the __Host- cookie: %d", code)
+	}
+	if code, _, _ := e.get(c, "/", "Cookie", console.CookieName+"="+sess); code != http.StatusSeeOther {
+		t.Fatalf("the unprefixed name must not be read when the cookie is secure: %d", code)
 	}
 }

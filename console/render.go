@@ -127,7 +127,10 @@ func (s *Server) renderBlock(w http.ResponseWriter, r *http.Request, status int,
 
 // statusOf maps the service's errors to HTTP statuses.
 func statusOf(err error) int {
+	var te *throttledError
 	switch {
+	case errors.As(err, &te):
+		return http.StatusTooManyRequests
 	case errors.Is(err, admin.ErrUnauthenticated):
 		return http.StatusUnauthorized
 	case errors.Is(err, admin.ErrInvalid):
@@ -146,6 +149,14 @@ func statusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
+// setRetryAfter tells a throttled client when to come back.
+func setRetryAfter(w http.ResponseWriter, err error) {
+	var te *throttledError
+	if errors.As(err, &te) {
+		w.Header().Set("Retry-After", te.retryAfter())
+	}
+}
+
 type errorData struct {
 	Status  int
 	Message string
@@ -155,6 +166,7 @@ type errorData struct {
 // fail shows the service's error as a page, saying what to do where it can.
 func (s *Server) fail(w http.ResponseWriter, r *http.Request, a admin.Actor, err error) {
 	st := statusOf(err)
+	setRetryAfter(w, err)
 	if st == http.StatusInternalServerError {
 		s.log.Error("console: request failed", "path", r.URL.Path, "err", err)
 	}

@@ -45,8 +45,12 @@ const (
 	PollFloor = 1500 * time.Millisecond
 	// DefaultSessionTTL is how long a console session lasts after login.
 	DefaultSessionTTL = 12 * time.Hour
-	// CookieName is the session cookie's name.
-	CookieName = "oncegate_console"
+	// CookieName is the session cookie's name over plain HTTP, and SecureCookieName its name with
+	// Config.SecureCookie. The __Host- prefix makes a browser refuse the cookie unless it is Secure, has
+	// Path=/ and no Domain, so no other host (a sibling subdomain) and no plain-HTTP page can set or
+	// overwrite it, and a plain-HTTP server on another port of the same host never receives it.
+	CookieName       = "oncegate_console"
+	SecureCookieName = "__Host-oncegate_console"
 )
 
 // Config is what a console runs on.
@@ -59,8 +63,8 @@ type Config struct {
 	Refresh time.Duration
 	// SessionTTL defaults to DefaultSessionTTL.
 	SessionTTL time.Duration
-	// SecureCookie marks the session cookie Secure: set it when the console is reached over HTTPS (through
-	// a proxy, say). Over plain HTTP to 127.0.0.1 a browser would drop a Secure cookie.
+	// SecureCookie marks the session cookie Secure and names it SecureCookieName: set it when the console is
+	// reached over HTTPS (through a proxy, say). Over plain HTTP to 127.0.0.1 a browser would drop it.
 	SecureCookie bool
 	// RequestTimeout bounds each request's work on the stores. Defaults to DefaultRequestTimeout.
 	RequestTimeout time.Duration
@@ -75,6 +79,8 @@ type Server struct {
 	log   *slog.Logger
 	pages *pages
 	bulk  *bulkRuns
+	// throttle slows an address that sends wrong tokens (throttle.go).
+	throttle *throttle
 
 	mu       sync.Mutex
 	lastPoll map[string]time.Time // session hash and fragment path -> when last served
@@ -107,7 +113,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Server{cfg: cfg, adm: cfg.Admin, log: cfg.Logger, pages: p, bulk: newBulkRuns(),
+	return &Server{cfg: cfg, adm: cfg.Admin, log: cfg.Logger, pages: p, bulk: newBulkRuns(), throttle: newThrottle(),
 		lastPoll: map[string]time.Time{}, ctx: ctx, cancel: cancel}, nil
 }
 
@@ -226,7 +232,7 @@ func cacheAssets(next http.Handler) http.Handler {
 func (s *Server) poll(h func(http.ResponseWriter, *http.Request, admin.Actor)) func(http.ResponseWriter, *http.Request, admin.Actor) {
 	return func(w http.ResponseWriter, r *http.Request, a admin.Actor) {
 		if r.Header.Get("HX-Request") == "true" {
-			key := sessionKey(r) + " " + r.URL.Path
+			key := s.sessionKey(r) + " " + r.URL.Path
 			now := time.Now()
 			s.mu.Lock()
 			last, seen := s.lastPoll[key]

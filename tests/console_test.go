@@ -3,6 +3,7 @@ package tests
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncegate/oncegate/console"
 	"github.com/oncegate/oncegate/internal/testkit/consoletest"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/internal/testkit/proctest"
@@ -354,7 +356,12 @@ func TestConsoleInABrowser(t *testing.T) {
 	// A form on another origin posts to the console with the operator's cookie (127.0.0.1 on another port is
 	// the same site, so SameSite=Strict sends it): refused, and nothing changes.
 	victim := keyWith(t, db, "dead", 0)
+	var cookieMu sync.Mutex
+	var sentCookies []string
 	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cookieMu.Lock()
+		sentCookies = append(sentCookies, r.Header.Get("Cookie"))
+		cookieMu.Unlock()
 		fmt.Fprintf(w, `<!doctype html><form method="post" action="%s/effect/retry">
 <input type="hidden" name="tenant" value="%s"><input type="hidden" name="key" value="%s">
 <input type="hidden" name="reason" value="forged"><button id="go" type="submit">Win a prize</button></form>`,
@@ -375,6 +382,30 @@ func TestConsoleInABrowser(t *testing.T) {
 		t.Fatal("a forged POST reached the service")
 	}
 	b.takeProblems() // the 403 is logged by the browser, on purpose
+
+	// What docs/console.md claims of the cookie: a browser scopes it by host, not port, so the page on
+	// another port of 127.0.0.1 was sent the session; a server on another loopback address is not.
+	cookieMu.Lock()
+	leaked := strings.Contains(strings.Join(sentCookies, ";"), console.CookieName+"=")
+	sentCookies = nil
+	cookieMu.Unlock()
+	if !leaked {
+		t.Fatalf("the page on another port of 127.0.0.1 was not sent the session cookie: docs/console.md says it is")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Fatalf("127.0.0.2 (docs/console.md's advice on Linux): %v", err)
+	}
+	other := &httptest.Server{Listener: ln, Config: &http.Server{Handler: evil.Config.Handler}}
+	other.Start()
+	t.Cleanup(other.Close)
+	b.do("another loopback address", chromedp.Navigate(other.URL), chromedp.WaitVisible(chromedp.CSS("#go")))
+	cookieMu.Lock()
+	got := strings.Join(sentCookies, ";")
+	cookieMu.Unlock()
+	if strings.Contains(got, console.CookieName) {
+		t.Fatalf("a server on 127.0.0.2 was sent the console's cookie for 127.0.0.1: %q", got)
+	}
 
 	// A viewer: same pages, no action anywhere.
 	b.do("log out", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("header form button")),

@@ -58,6 +58,14 @@ func consoleServe(c *command, args []string) error {
 	}
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("console: serving", "addr", ln.Addr().String(), "read_only", *readOnly)
+	if !*secure {
+		// Cookies are scoped by host, not port: any server on this host name that the browser visits over
+		// HTTP is sent the session. Said at every start, as it depends on what else runs there.
+		log.Warn("console: the session cookie is sent to every server on this host name the browser visits, "+
+			"whatever its port; serve the console from a host name or loopback address of its own "+
+			"(--listen 127.0.0.2:8090 on Linux), or over HTTPS with --secure-cookie (docs/console.md)",
+			"addr", ln.Addr().String())
+	}
 	// As the gateway does: one line on stdout with the address, for scripts and tests (port 0 picks one).
 	fmt.Fprintln(c.env.Stdout, "listening "+ln.Addr().String())
 	done := make(chan error, 1)

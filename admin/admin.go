@@ -111,7 +111,14 @@ type Config struct {
 	// GatewayGoneAfter is how long a gateway may go unseen before it is shown as gone. Defaults to three
 	// heartbeats (15 s).
 	GatewayGoneAfter time.Duration
+	// FoldGoneAfter is how long a gone gateway stays in the fleet's listings before it is folded into a
+	// count (FleetFilter.All shows it). Defaults to DefaultFoldGoneAfter.
+	FoldGoneAfter time.Duration
 }
+
+// DefaultFoldGoneAfter is Config.FoldGoneAfter's default: long enough to read what a crashed gateway last
+// reported, short enough that a day of deploys does not bury the live fleet.
+const DefaultFoldGoneAfter = time.Hour
 
 // DefaultGatewayGoneAfter is Config.GatewayGoneAfter's default: three gateway heartbeats.
 const DefaultGatewayGoneAfter = 15 * time.Second
@@ -127,6 +134,9 @@ type Service struct {
 func New(cfg Config) *Service {
 	if cfg.GatewayGoneAfter <= 0 {
 		cfg.GatewayGoneAfter = DefaultGatewayGoneAfter
+	}
+	if cfg.FoldGoneAfter <= 0 {
+		cfg.FoldGoneAfter = DefaultFoldGoneAfter
 	}
 	return &Service{cfg: cfg, db: cfg.DB, rdb: cfg.Redis}
 }

@@ -36,8 +36,24 @@ func (g Gateway) Held() int {
 	return n
 }
 
-// Gateways lists the gateways seen within the last day, live ones and gone ones.
-func (s *Service) Gateways(ctx context.Context, a Actor) ([]Gateway, error) {
+// FleetFilter selects the gateways a listing shows.
+type FleetFilter struct {
+	// All includes the gateways gone for longer than Config.FoldGoneAfter, which are otherwise folded into a
+	// count: after a few deploys they would outnumber the live ones, with breakers that hold nothing.
+	All bool
+}
+
+// Fleet is the gateways a listing shows, and how many gone ones it folded away.
+type Fleet struct {
+	Gateways []Gateway `json:"gateways"`
+	// Folded counts the gateways left out: gone for longer than Config.FoldGoneAfter (within the last day,
+	// as the heartbeat table keeps no more).
+	Folded int `json:"folded"`
+}
+
+// Gateways lists the gateways seen within the last day, live ones and gone ones, newest start first; those
+// gone for longer than Config.FoldGoneAfter only with f.All.
+func (s *Service) Gateways(ctx context.Context, a Actor, f FleetFilter) (*Fleet, error) {
 	if err := s.allow(ctx, a, "gateway.list", RoleViewer, ""); err != nil {
 		return nil, err
 	}
@@ -48,10 +64,11 @@ func (s *Service) Gateways(ctx context.Context, a Actor) ([]Gateway, error) {
 	if err != nil {
 		return nil, dbError("list gateways", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Gateway, error) {
+	fleet := &Fleet{Gateways: []Gateway{}}
+	var now time.Time
+	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Gateway, error) {
 		var g Gateway
 		var breakers, held string
-		var now time.Time
 		if err := r.Scan(&g.ID, &g.Address, &g.Version, &g.StartedAt, &g.LastSeen, &breakers, &held, &now); err != nil {
 			return g, err
 		}
@@ -70,10 +87,14 @@ func (s *Service) Gateways(ctx context.Context, a Actor) ([]Gateway, error) {
 	if err != nil {
 		return nil, dbError("list gateways", err)
 	}
-	if out == nil {
-		out = []Gateway{}
+	for _, g := range all {
+		if !f.All && now.Sub(g.LastSeen) > s.cfg.FoldGoneAfter {
+			fleet.Folded++
+			continue
+		}
+		fleet.Gateways = append(fleet.Gateways, g)
 	}
-	return out, nil
+	return fleet, nil
 }
 
 // Breaker is one circuit breaker of one gateway.
@@ -107,20 +128,27 @@ func (b Breaker) MarshalJSON() ([]byte, error) {
 		orNull(b.LastUsed), b.InFlight})
 }
 
-// Breakers lists every circuit breaker of every gateway, from their heartbeats: the fleet's view of which
-// destinations are down. A gone gateway's breakers are listed as it last reported them.
-func (s *Service) Breakers(ctx context.Context, a Actor) ([]Breaker, error) {
-	gws, err := s.Gateways(ctx, a)
+// Breakers lists every circuit breaker of the gateways f shows, from their heartbeats: the fleet's view of
+// which destinations are down. A gone gateway's breakers are listed as it last reported them; those of the
+// gateways folded away are left out with them.
+func (s *Service) Breakers(ctx context.Context, a Actor, f FleetFilter) (*BreakerList, error) {
+	fleet, err := s.Gateways(ctx, a, f)
 	if err != nil {
 		return nil, err
 	}
-	out := []Breaker{}
-	for _, g := range gws {
+	out := &BreakerList{Breakers: []Breaker{}, Folded: fleet.Folded}
+	for _, g := range fleet.Gateways {
 		for _, b := range g.Breakers {
-			out = append(out, Breaker{Gateway: g.ID, GatewayAlive: g.Alive, BreakerState: b})
+			out.Breakers = append(out.Breakers, Breaker{Gateway: g.ID, GatewayAlive: g.Alive, BreakerState: b})
 		}
 	}
 	return out, nil
+}
+
+// BreakerList is the breakers a listing shows, and how many gateways it folded away (see Fleet).
+type BreakerList struct {
+	Breakers []Breaker `json:"breakers"`
+	Folded   int       `json:"folded"`
 }
 
 // PausedType is an effect type whose delivery an operator paused.

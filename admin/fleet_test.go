@@ -1,10 +1,12 @@
 package admin_test
 
 import (
+	"context"
 	"encoding/json"
 	"testing"
 
 	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/internal/testkit/consoletest"
 	"github.com/oncegate/oncegate/outbox"
 )
 
@@ -27,5 +29,33 @@ func TestBreakerJSONHasEveryDocumentedField(t *testing.T) {
 	}
 	if m["open_until"] != nil || m["in_flight"] != float64(0) {
 		t.Errorf("a closed, idle breaker: %s", b)
+	}
+}
+
+// Gateways gone for over an hour are folded into a count, with their breakers (an on-call engineer saw 14
+// breaker rows after two restarts, hundreds in a fleet); --all shows them.
+func TestGoneGatewaysAreFolded(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	if err := consoletest.Gateways(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	fleet, err := svc.Gateways(ctx, viv, admin.FleetFilter{})
+	if err != nil || fleet.Folded != 1 || len(fleet.Gateways) != 2 {
+		t.Fatalf("gateways: %+v %v", fleet, err)
+	}
+	for _, g := range fleet.Gateways {
+		if g.ID == "gw-0" {
+			t.Fatal("gw-0, gone three hours ago, is listed")
+		}
+	}
+	bs, err := svc.Breakers(ctx, viv, admin.FleetFilter{})
+	if err != nil || bs.Folded != 1 || len(bs.Breakers) != 3 {
+		t.Fatalf("breakers: %+v %v", bs, err)
+	}
+	all, err := svc.Breakers(ctx, viv, admin.FleetFilter{All: true})
+	if err != nil || all.Folded != 0 || len(all.Breakers) != 4 {
+		t.Fatalf("breakers --all: %+v %v", all, err)
 	}
 }

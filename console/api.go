@@ -134,6 +134,19 @@ func readBody(r *http.Request) (actionBody, error) {
 	return b, nil
 }
 
+// fleetFilter reads ?all=true, which lists the gateways gone for over an hour too.
+func fleetFilter(r *http.Request) (admin.FleetFilter, error) {
+	v := r.URL.Query().Get("all")
+	if v == "" {
+		return admin.FleetFilter{}, nil
+	}
+	all, err := strconv.ParseBool(v)
+	if err != nil {
+		return admin.FleetFilter{}, &admin.InvalidError{Field: "all", Reason: "want true or false"}
+	}
+	return admin.FleetFilter{All: all}, nil
+}
+
 func pageOf(r *http.Request) (admin.Page, error) {
 	p := admin.Page{Cursor: r.URL.Query().Get("cursor")}
 	if l := r.URL.Query().Get("limit"); l != "" {
@@ -278,8 +291,20 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	get("workers", func(r *http.Request, a admin.Actor) (any, error) {
 		return s.adm.Workers(r.Context(), a, r.URL.Query().Get("queue"))
 	})
-	get("gateways", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Gateways(r.Context(), a) })
-	get("breakers", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Breakers(r.Context(), a) })
+	get("gateways", func(r *http.Request, a admin.Actor) (any, error) {
+		f, err := fleetFilter(r)
+		if err != nil {
+			return nil, err
+		}
+		return s.adm.Gateways(r.Context(), a, f)
+	})
+	get("breakers", func(r *http.Request, a admin.Actor) (any, error) {
+		f, err := fleetFilter(r)
+		if err != nil {
+			return nil, err
+		}
+		return s.adm.Breakers(r.Context(), a, f)
+	})
 	get("audit", func(r *http.Request, a admin.Actor) (any, error) {
 		p, err := pageOf(r)
 		if err != nil {

@@ -259,7 +259,10 @@ func TestEveryPageRenders(t *testing.T) {
 	}
 	pages := []want{
 		{"/", []string{"Needs a human", e.queue, "email", "webhook", "analytics", "<svg class=\"chart\"",
-			"smtp.example.com:587", "gw-1", `id="dead-jobs">5<`, `<td class="held">15 <span class="tenant">acme 12</span>`}, nil},
+			"smtp.example.com:587", "gw-1", `id="dead-jobs">5<`, `<td class="held">15 <span class="tenant">acme 12</span>`,
+			// gw-0, gone three hours ago, is folded: its open breaker for hooks.globex.example does not
+			// add a second row beside gw-1's.
+			`id="folded-gateways">1 gateway gone`, `open on 1 of 1`, `half-open on 1 of 1 (gone)`}, nil},
 		{"/fragment/home", []string{"Needs a human"}, []string{"HX-Request", "true"}},
 		{"/effects", []string{"order-", "Next page"}, nil},
 		{"/effects?status=dead&type=webhook&since=3h", []string{"dead"}, nil},

@@ -35,8 +35,10 @@ type homeData struct {
 	QueuesError string
 	Overview    *admin.Overview
 	Gateways    []admin.Gateway
-	Breakers    []admin.Breaker
-	DeadJobs    int64
+	// FoldedGateways counts the gateways gone for over an hour, left out of Gateways and Breakers.
+	FoldedGateways int
+	Breakers       []breakerGroup
+	DeadJobs       int64
 }
 
 func (s *Server) homeData(r *http.Request, a admin.Actor) (homeData, error) {
@@ -68,14 +70,12 @@ func (s *Server) homeData(r *http.Request, a admin.Actor) (homeData, error) {
 	if d.Overview, err = s.adm.EffectsOverview(ctx, a); err != nil {
 		return d, err
 	}
-	if d.Gateways, err = s.adm.Gateways(ctx, a); err != nil {
+	fleet, err := s.adm.Gateways(ctx, a, admin.FleetFilter{})
+	if err != nil {
 		return d, err
 	}
-	for _, g := range d.Gateways {
-		for _, b := range g.Breakers {
-			d.Breakers = append(d.Breakers, admin.Breaker{Gateway: g.ID, GatewayAlive: g.Alive, BreakerState: b})
-		}
-	}
+	d.Gateways, d.FoldedGateways = fleet.Gateways, fleet.Folded
+	d.Breakers = breakerGroups(fleet.Gateways)
 	return d, nil
 }
 

@@ -738,17 +738,20 @@ func deadAction(c *command, args []string, purge bool) error {
 }
 
 func gatewayLs(c *command, args []string) error {
+	all := c.fs.Bool("all", false, "also the gateways gone for over an hour")
 	if err := c.parse(args, 0, 0, ""); err != nil {
 		return err
 	}
 	if err := c.connect(true, false); err != nil {
 		return err
 	}
-	gs, err := c.svc.Gateways(c.ctx, c.actor)
+	fleet, err := c.svc.Gateways(c.ctx, c.actor, admin.FleetFilter{All: *all})
 	if err != nil {
 		return err
 	}
-	return c.out(map[string]any{"gateways": gs}, func(w *tabwriter.Writer) {
+	gs := fleet.Gateways
+	return c.out(fleet, func(w *tabwriter.Writer) {
+		defer folded(w, fleet.Folded)
 		row(w, "GATEWAY", "ADDRESS", "VERSION", "STARTED", "LAST SEEN", "ALIVE", "BREAKERS OPEN", "HELD")
 		for _, g := range gs {
 			open := 0
@@ -761,6 +764,14 @@ func gatewayLs(c *command, args []string) error {
 				heldCell(g.HeldRequests))
 		}
 	})
+}
+
+// folded ends a fleet table with the gateways it left out, if any.
+func folded(w *tabwriter.Writer, n int) {
+	if n > 0 {
+		_ = w.Flush()
+		fmt.Fprintf(w, "(%d gateways gone for over an hour not shown: --all)\n", n)
+	}
 }
 
 // heldCell is a gateway's held requests: the total, and the tenants holding most ("12: acme 10, beta 2").
@@ -805,17 +816,20 @@ func workerLs(c *command, args []string) error {
 }
 
 func breakerLs(c *command, args []string) error {
+	all := c.fs.Bool("all", false, "also the breakers of gateways gone for over an hour")
 	if err := c.parse(args, 0, 0, ""); err != nil {
 		return err
 	}
 	if err := c.connect(true, false); err != nil {
 		return err
 	}
-	bs, err := c.svc.Breakers(c.ctx, c.actor)
+	list, err := c.svc.Breakers(c.ctx, c.actor, admin.FleetFilter{All: *all})
 	if err != nil {
 		return err
 	}
-	return c.out(map[string]any{"breakers": bs}, func(w *tabwriter.Writer) {
+	bs := list.Breakers
+	return c.out(list, func(w *tabwriter.Writer) {
+		defer folded(w, list.Folded)
 		row(w, "GATEWAY", "TYPE", "TENANT", "DESTINATION", "STATE", "OPEN UNTIL", "LAST USED")
 		for _, b := range bs {
 			gw := b.Gateway

@@ -38,15 +38,19 @@ func Effects(ctx context.Context, db *pgxpool.Pool, n int, span time.Duration, p
 	return nil
 }
 
-// Gateways records two gateway heartbeats, one live and one gone, with breakers in each state.
+// Gateways records three gateway heartbeats, one live, one gone half an hour ago and one gone three hours
+// ago (folded away by default), with breakers in each state.
 func Gateways(ctx context.Context, db *pgxpool.Pool) error {
 	_, err := db.Exec(ctx, `INSERT INTO oncegate_gateways (id, address, version, started_at, last_seen, breakers, types, held) VALUES
 	  ('gw-1', '10.0.0.11:8080', 'v0.9.0', now() - interval '3 hours', now(),
 	   '[{"type":"email","tenant":"acme","destination":"smtp.example.com:587","state":"closed"},
 	     {"type":"webhook","tenant":"globex","destination":"hooks.globex.example","state":"open","open_until":"2030-01-01T00:00:00Z"}]',
 	   '{email,webhook}', '{"acme":12,"globex":3}'),
-	  ('gw-2', '10.0.0.12:8080', 'v0.9.0', now() - interval '2 days', now() - interval '1 hour',
-	   '[{"type":"webhook","tenant":"acme","destination":"api.acme.example","state":"half-open"}]', '{webhook}', '{}')`)
+	  ('gw-2', '10.0.0.12:8080', 'v0.9.0', now() - interval '2 days', now() - interval '30 minutes',
+	   '[{"type":"webhook","tenant":"acme","destination":"api.acme.example","state":"half-open"}]', '{webhook}', '{}'),
+	  ('gw-0', '10.0.0.10:8080', 'v0.8.9', now() - interval '20 hours', now() - interval '3 hours',
+	   '[{"type":"webhook","tenant":"globex","destination":"hooks.globex.example","state":"open","open_until":"2030-01-01T00:00:00Z"}]',
+	   '{webhook}', '{}')`)
 	return err
 }
 

@@ -340,4 +340,11 @@ func TestALeasedPendingEffectIsListedAsDelivering(t *testing.T) {
 	if err != nil || e.Status != effect.StatusDelivering {
 		t.Fatalf("leased0: %+v (%v), want delivering", e, err)
 	}
+	// Which gateway delivers it, and until when (on-call could not tell; oncegate_outbox had both).
+	if e.LeaseOwner == nil || *e.LeaseOwner != "gw" || e.LeaseExpiresAt == nil || time.Until(*e.LeaseExpiresAt) < 30*time.Second {
+		t.Fatalf("leased0's lease: owner %v until %v", e.LeaseOwner, e.LeaseExpiresAt)
+	}
+	if w, err := svc.Effect(ctx, viv, "acme", "waiting0"); err != nil || w.LeaseOwner != nil || w.LeaseExpiresAt != nil {
+		t.Fatalf("waiting0 holds no lease: %+v %v", w, err)
+	}
 }

@@ -197,6 +197,10 @@ type EffectDetail struct {
 	AttemptLog []Attempt `json:"attempt_log"`
 	// TraceURL links the trace id to Jaeger, when the service knows Jaeger's address.
 	TraceURL string `json:"trace_url,omitempty"`
+	// LeaseOwner and LeaseExpiresAt are the lease of the effect's outbox row, while a gateway holds one:
+	// the gateway delivering it (as gateway ls names it) and when another may rescue it. Null otherwise.
+	LeaseOwner     *string    `json:"lease_owner"`
+	LeaseExpiresAt *time.Time `json:"lease_expires_at"`
 }
 
 // resolveTenant finds the tenant of key when none is given: the one tenant holding it.
@@ -242,7 +246,8 @@ func (s *Service) Effect(ctx context.Context, a Actor, tenant, key string) (*Eff
 	}
 	var d EffectDetail
 	var stable, payload, result *string
-	e, err := scanEffect(s.db.QueryRow(ctx, effectGetSQL, tenant, key), &stable, &payload, &result)
+	e, err := scanEffect(s.db.QueryRow(ctx, effectGetSQL, tenant, key), &stable, &payload, &result,
+		&d.LeaseOwner, &d.LeaseExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
 	}

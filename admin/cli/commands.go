@@ -280,6 +280,9 @@ func effectShow(c *command, args []string) error {
 		row(w, "delivered", d.DeliveredAt)
 		row(w, "next attempt", d.NextAttemptAt)
 		row(w, "last error", d.LastError)
+		if d.LeaseOwner != nil {
+			row(w, "held by", fmt.Sprintf("gateway %s, lease until %s", *d.LeaseOwner, cell(d.LeaseExpiresAt)))
+		}
 		if d.JobID != nil {
 			row(w, "job", fmt.Sprintf("%s (epoch %d)", *d.JobID, *d.JobEpoch))
 		} else {

@@ -41,12 +41,17 @@ func BenchmarkOperatorListings(b *testing.B) {
 	// --since 1h is the newest 3,600.
 	if _, err := pool.Exec(ctx, `
 		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, created_at,
-			updated_at, finished_at, stable_id, job_id, job_epoch, last_error)
+			updated_at, finished_at, stable_id, job_id, job_epoch, last_error, tags, search_terms)
 		SELECT 'tenant' || (i % 20), 'order:' || i, (ARRAY['welcome-email', 'order-webhook', 'clicks', 'payments'])[1 + i / 20 % 4],
 			'\x00', '{}'::json, s.status, CASE WHEN s.status IN ('dead', 'failed') THEN 3 ELSE 0 END,
 			now() - make_interval(secs => $1 - i), now() - make_interval(secs => $1 - i),
 			CASE WHEN s.status <> 'pending' THEN now() END, 'eff_' || i, 'job-' || (i / 2), 1,
-			CASE WHEN s.status IN ('dead', 'failed', 'unknown') THEN 'destination said no' END
+			CASE WHEN s.status IN ('dead', 'failed', 'unknown') THEN 'destination said no' END,
+			CASE WHEN i % 2 = 0 THEN ARRAY['order-' || (i / 4)] END,
+			-- Emails (a quarter) are found by their recipient, one of 50,000 customers, and its local part;
+			-- half the effects carry a tag naming their order, two effects an order.
+			NULLIF(CASE WHEN i / 20 % 4 = 0 THEN ARRAY['customer' || (i % 50000) || '@example.com', 'customer' || (i % 50000)]
+			     ELSE ARRAY[]::text[] END || CASE WHEN i % 2 = 0 THEN ARRAY['order-' || (i / 4)] ELSE ARRAY[]::text[] END, '{}')
 		FROM generate_series(1, $1) AS i,
 		LATERAL (SELECT abs(hashint8(i::bigint)::bigint) % 100 AS h) x,
 		LATERAL (SELECT CASE WHEN h = 0 THEN 'unknown' WHEN h <= 2 THEN 'dead' WHEN h <= 5 THEN 'failed'
@@ -119,6 +124,13 @@ func BenchmarkOperatorListings(b *testing.B) {
 		{"effect_ls/since=1h,status=unknown", admin.EffectFilter{Since: hourAgo, Status: effect.StatusUnknown}, admin.Page{}},
 		{"effect_ls/job=job-123456", admin.EffectFilter{JobID: "job-123456"}, admin.Page{}},
 		{"effect_ls/status=dead,limit=1000", admin.EffectFilter{Status: effect.StatusDead}, admin.Page{Limit: 1000}},
+		// --search: by a recipient's address (any case), its local part, a tag, and a key, each through the
+		// GIN index on search_terms or'd with the key's.
+		{"effect_ls/search=address", admin.EffectFilter{Search: "Customer4242@Example.com"}, admin.Page{}},
+		{"effect_ls/search=local-part", admin.EffectFilter{Search: "customer4242"}, admin.Page{}},
+		{"effect_ls/search=tag", admin.EffectFilter{Search: "order-4242"}, admin.Page{}},
+		{"effect_ls/search=key", admin.EffectFilter{Search: "order:777777"}, admin.Page{}},
+		{"effect_ls/search=address,status=delivered", admin.EffectFilter{Search: "customer4242@example.com", Status: effect.StatusDelivered}, admin.Page{}},
 	}
 	for _, c := range cases {
 		b.Run(c.name, func(b *testing.B) {

@@ -22,11 +22,18 @@ type EffectFilter struct {
 	KeyPrefix string        `json:"key_prefix,omitempty"`
 	Since     time.Time     `json:"since,omitzero"` // created at or after
 	JobID     string        `json:"job_id,omitempty"`
+	// Search finds effects by their key (exactly), or by one of their tags or recipients (an email's
+	// addresses, or an address's local part), in any case.
+	Search string `json:"search,omitempty"`
 }
 
 func (f EffectFilter) check() error {
-	if err := checkTexts("tenant", f.Tenant, "type", f.Type, "key-prefix", f.KeyPrefix, "job", f.JobID); err != nil {
+	if err := checkTexts("tenant", f.Tenant, "type", f.Type, "key-prefix", f.KeyPrefix, "job", f.JobID,
+		"search", f.Search); err != nil {
 		return err
+	}
+	if f.Search != "" && strings.TrimSpace(f.Search) == "" {
+		return &InvalidError{Field: "search", Reason: "blank: name a key, a tag or a recipient"}
 	}
 	if f.Status != "" && !f.Status.Valid() {
 		return &InvalidError{Field: "status", Reason: fmt.Sprintf("%q is not a status: want one of %s", f.Status,
@@ -46,10 +53,14 @@ func (f EffectFilter) likePattern() *string {
 
 func (f EffectFilter) status() *string { return nullString(string(f.Status)) }
 
+// searchTerm and searchKey are the search as the index holds terms (lowercased), and as typed for the key.
+func (f EffectFilter) searchTerm() *string { return nullString(effect.SearchTerm(f.Search)) }
+func (f EffectFilter) searchKey() *string  { return nullString(strings.TrimSpace(f.Search)) }
+
 // match is f as the store's bulk changes take it.
 func (f EffectFilter) match() dedup.Match {
 	return dedup.Match{Tenant: f.Tenant, Type: f.Type, Status: f.Status, KeyPrefix: f.KeyPrefix, Since: f.Since,
-		JobID: f.JobID}
+		JobID: f.JobID, Search: f.Search}
 }
 
 // empty reports whether f selects every effect.
@@ -85,6 +96,8 @@ type Effect struct {
 	LastReplayEpoch *int64     `json:"last_replay_epoch"`
 	// Resolution is an operator's answer to an unknown effect: delivered, failed or resend.
 	Resolution *Resolution `json:"resolution"`
+	// Tags are the client's labels (the request's tags or Oncegate-Tags), as sent.
+	Tags []string `json:"tags"`
 }
 
 // Resolution is how an operator resolved an `unknown` effect.
@@ -109,11 +122,14 @@ func scanEffect(r pgx.Row, extra ...any) (*Effect, error) {
 	var at *time.Time
 	dest := []any{&e.ID, &e.Tenant, &e.Key, &e.Type, &status, &e.Attempts, &e.CreatedAt, &e.UpdatedAt,
 		&e.DeliveredAt, &e.NextAttemptAt, &e.LastError, &e.JobID, &e.JobEpoch, &e.TraceID, &e.Replays,
-		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason}
+		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason, &e.Tags}
 	if err := r.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}
 	e.Status = effect.Status(status)
+	if e.Tags == nil {
+		e.Tags = []string{}
+	}
 	if as != nil {
 		e.Resolution = &Resolution{As: *as}
 		if by != nil {
@@ -155,7 +171,7 @@ func (s *Service) Effects(ctx context.Context, a Actor, f EffectFilter, p Page) 
 		return nil, err
 	}
 	rows, err := s.db.Query(ctx, effectsListSQL, nullString(f.Tenant), nullString(f.Type), f.status(),
-		f.likePattern(), nullTime(f.Since), below, nullString(f.JobID), limit+1)
+		f.likePattern(), nullTime(f.Since), below, nullString(f.JobID), limit+1, f.searchTerm(), f.searchKey())
 	if err != nil {
 		return nil, dbError("list effects", err)
 	}
@@ -410,7 +426,7 @@ func (s *Service) CountEffects(ctx context.Context, a Actor, f EffectFilter) (in
 	}
 	var n int64
 	err := s.db.QueryRow(ctx, effectsCountSQL, nullString(f.Tenant), nullString(f.Type), f.status(),
-		f.likePattern(), nullTime(f.Since), nullString(f.JobID)).Scan(&n)
+		f.likePattern(), nullTime(f.Since), nullString(f.JobID), f.searchTerm(), f.searchKey()).Scan(&n)
 	if err != nil {
 		return 0, dbError("count effects", err)
 	}

@@ -270,6 +270,7 @@ func TestEveryPageRenders(t *testing.T) {
 		{"/effects?q=" + url.QueryEscape(jobID), []string{"job " + jobID, "/fragment/effects?job=" + jobID}, nil},
 		{"/effects?q=" + traceID, []string{"trace " + traceID, dKey}, nil},
 		{"/effects?q=order-0-", []string{"keys starting with"}, nil},
+		{"/effects?q=Customer3@Example.com", []string{"tag or recipient", "order-0-3<"}, nil},
 		{"/effects?q=receipt-1", []string{`class="found-job"`, "/job?queue=" + e.queue + "&amp;id=receipt-1"}, nil},
 		{"/fragment/effects?status=dead", []string{"effect-rows"}, []string{"HX-Request", "true"}},
 		{"/effects/retry-matching?status=dead", []string{"dry-run-count"}, nil},

@@ -138,7 +138,8 @@ func parseSince(v string) (time.Time, error) {
 
 func effectFilter(v url.Values) (admin.EffectFilter, error) {
 	f := admin.EffectFilter{Tenant: strings.TrimSpace(v.Get("tenant")), Type: strings.TrimSpace(v.Get("type")),
-		Status: effect.Status(v.Get("status")), KeyPrefix: v.Get("key_prefix"), JobID: strings.TrimSpace(v.Get("job"))}
+		Status: effect.Status(v.Get("status")), KeyPrefix: v.Get("key_prefix"), JobID: strings.TrimSpace(v.Get("job")),
+		Search: strings.TrimSpace(v.Get("search"))}
 	var err error
 	f.Since, err = parseSince(v.Get("since"))
 	return f, err
@@ -148,7 +149,7 @@ func effectFilter(v url.Values) (admin.EffectFilter, error) {
 func matchQuery(f admin.EffectFilter, since string) string {
 	v := url.Values{}
 	for k, x := range map[string]string{"tenant": f.Tenant, "type": f.Type, "status": string(f.Status),
-		"key_prefix": f.KeyPrefix, "job": f.JobID} {
+		"key_prefix": f.KeyPrefix, "job": f.JobID, "search": f.Search} {
 		if x != "" {
 			v.Set(k, x)
 		}
@@ -161,13 +162,14 @@ func matchQuery(f admin.EffectFilter, since string) string {
 
 // unfiltered: f names no effect in particular, and a retry of all matching would be one of everything.
 func unfiltered(f admin.EffectFilter) bool {
-	return f.Tenant == "" && f.Type == "" && f.Status == "" && f.KeyPrefix == "" && f.JobID == "" && f.Since.IsZero()
+	return f.Tenant == "" && f.Type == "" && f.Status == "" && f.KeyPrefix == "" && f.JobID == "" && f.Search == "" &&
+		f.Since.IsZero()
 }
 
 // filterQuery is the filter part of a listing's query string, for links that keep it.
 func filterQuery(v url.Values) string {
 	out := url.Values{}
-	for _, k := range []string{"tenant", "type", "status", "key_prefix", "since", "job", "q"} {
+	for _, k := range []string{"tenant", "type", "status", "key_prefix", "since", "job", "search", "q"} {
 		if x := v.Get(k); x != "" {
 			out.Set(k, x)
 		}
@@ -188,8 +190,8 @@ func (s *Server) effectsData(r *http.Request, a admin.Actor) (effectsData, strin
 		if d.Jobs, err = s.jobsNamed(r, a, d.Search); err != nil {
 			return d, "", err
 		}
-		// One box for a key, a job ID or a trace id: an exact key opens the effect; else the job's effects;
-		// else the trace's; else keys that start with it.
+		// One box for a key, a job ID, a trace id, a tag or a recipient: an exact key opens the effect; else
+		// the job's effects; else the trace's; else those tagged or addressed so; else keys that start with it.
 		det, err := s.adm.Effect(r.Context(), a, f.Tenant, d.Search)
 		switch {
 		case err == nil:
@@ -225,6 +227,24 @@ func (s *Server) effectsData(r *http.Request, a admin.Actor) (effectsData, strin
 			}
 			if len(byTrace) > 0 {
 				d.Page, d.Found = &admin.EffectPage{Effects: byTrace}, "trace "+d.Search
+				return d, "", nil
+			}
+			sf := f
+			sf.Search = d.Search
+			p, err = s.adm.Effects(r.Context(), a, sf, admin.Page{Limit: admin.DefaultLimit})
+			if err != nil {
+				return d, "", err
+			}
+			if len(p.Effects) > 0 {
+				d.Filter, d.Page, d.Found = sf, p, "tag or recipient "+strconv.Quote(d.Search)
+				nv := url.Values{}
+				for k, vs := range v {
+					nv[k] = vs
+				}
+				nv.Del("q")
+				nv.Set("search", d.Search)
+				d.Query = filterQuery(nv)
+				d.MatchQuery = matchQuery(d.Filter, d.Since)
 				return d, "", nil
 			}
 			d.Filter.KeyPrefix, d.Found = d.Search, "keys starting with "+strconv.Quote(d.Search)

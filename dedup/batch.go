@@ -407,6 +407,16 @@ func (b *batcher) record(ctx context.Context, batch []*insertion) (unanswered []
 	return nil, nil
 }
 
+// jsonList is ss as a JSON array for insert_batch.sql, or nil (NULL) when it is empty.
+func jsonList(ss []string) *string {
+	if len(ss) == 0 {
+		return nil
+	}
+	b, _ := json.Marshal(ss)
+	s := string(b)
+	return &s
+}
+
 // insertMany runs insert_batch.sql and returns the created effects by stable id, and the effects stored
 // before under the batch's other keys by tenant and key.
 func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created map[string]*Effect,
@@ -414,6 +424,7 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 	n := len(batch)
 	tenants, keys, types := make([]string, n), make([]string, n), make([]string, n)
 	fps, payloads, traces, ids := make([][]byte, n), make([]string, n), make([]*string, n), make([]string, n)
+	tags, terms := make([]*string, n), make([]*string, n)
 	for i, in := range batch {
 		tenants[i], keys[i], types[i], fps[i], payloads[i], ids[i] = in.ne.Tenant, in.ne.Key, in.ne.Type, in.fp,
 			string(in.ne.Payload), in.stableID
@@ -421,8 +432,9 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 			t := string(in.trace)
 			traces[i] = &t
 		}
+		tags[i], terms[i] = jsonList(in.ne.Tags), jsonList(in.ne.Terms)
 	}
-	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids)
+	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids, tags, terms)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/url"
 	"testing"
 	"time"
@@ -113,7 +114,8 @@ func exerciseStore(t *testing.T, s *Store, pool *pgxpool.Pool, tenant string) {
 		fp, err := Fingerprint(tenant, json.RawMessage(`{}`))
 		must("fingerprint", err)
 		batch := []*insertion{
-			{ne: NewEffect{Tenant: tenant, Key: "b1", Type: tenant, Payload: json.RawMessage(`{}`)}, fp: fp,
+			{ne: NewEffect{Tenant: tenant, Key: "b1", Type: tenant, Payload: json.RawMessage(`{}`),
+				Tags: []string{"Customer 42"}, Terms: []string{"customer 42", "carol@example.test"}}, fp: fp,
 				trace:    json.RawMessage(`{"traceparent":"00-01000000000000000000000000000000-0200000000000000-01"}`),
 				stableID: effect.NewStableID(tenant, "b1")},
 			{ne: NewEffect{Tenant: tenant, Key: "k1", Type: tenant, Payload: payload}, fp: fp,
@@ -126,6 +128,12 @@ func exerciseStore(t *testing.T, s *Store, pool *pgxpool.Pool, tenant string) {
 		}
 		if len(stored) != 1 || stored[[2]string{tenant, "k1"}] == nil {
 			t.Fatalf("batch read back %v", stored)
+		}
+		var tags, terms []string
+		must("read the tags", pool.QueryRow(ctx, "SELECT tags, search_terms FROM oncegate_effects WHERE key = 'b1'").
+			Scan(&tags, &terms))
+		if fmt.Sprint(tags, terms) != "[Customer 42] [customer 42 carol@example.test]" {
+			t.Fatalf("the batch stored tags %q and terms %q", tags, terms)
 		}
 		existing, err := s.batcher.getMany(ctx, batch[1:])
 		must("read a batch", err)

@@ -106,6 +106,9 @@ type Match struct {
 	KeyPrefix    string
 	Since        time.Time // created at or after
 	JobID        string
+	// Search is what an operator searches for: the effect's key (exactly), or one of its tags or recipients
+	// (in any case: effect.SearchTerm).
+	Search string
 }
 
 // SendBackMatching is SendBack (an operator's retry) for at most limit effects that match m and are in one of
@@ -122,7 +125,8 @@ func (s *Store) SendBackMatching(ctx context.Context, m Match, from []effect.Sta
 		since = &m.Since
 	}
 	rows, err := s.db.Query(ctx, sendBackMatchingSQL, orNil(m.Tenant), orNil(m.Type), orNil(string(m.Status)), like,
-		since, orNil(m.JobID), below, limit, statusStrings(from), effect.StatusPending)
+		since, orNil(m.JobID), below, limit, statusStrings(from), effect.StatusPending,
+		orNil(effect.SearchTerm(m.Search)), orNil(strings.TrimSpace(m.Search)))
 	if err != nil {
 		return nil, translate("send effects back", err)
 	}

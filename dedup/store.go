@@ -206,6 +206,10 @@ type NewEffect struct {
 	// JobID and JobEpoch, when JobID is set, name the queue job asking and its lease epoch, for fencing.
 	JobID    string
 	JobEpoch int64
+	// Tags are the client's own labels, kept as sent; Terms what an operator's search finds the effect by
+	// (effect.SearchTerms: the tags and the provider's recipients, lowercased). Neither is part of the
+	// fingerprint: a retry that adds a tag is the same effect, and keeps the first request's.
+	Tags, Terms []string
 }
 
 // Create records the effect and its outbox row, or returns the effect already stored under the key with
@@ -276,7 +280,7 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 			defer s.batcher.creates.releaseInline()
 		}
 		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			nil, nil)))
+			nil, nil, orNull(ne.Tags), orNull(ne.Terms))))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
 	switch {
@@ -287,6 +291,14 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 	default:
 		return nil, &takenError{existing: existing}
 	}
+}
+
+// orNull is ss, or nil (SQL NULL) when it is empty: the search index holds only effects with terms.
+func orNull(ss []string) []string {
+	if len(ss) == 0 {
+		return nil
+	}
+	return ss
 }
 
 // takenError says that a batch found the key taken, and carries the effect stored under it (nil when it was
@@ -392,7 +404,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 			return err
 		}
 		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
-			stableID, ne.JobID, ne.JobEpoch)))
+			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms))))
 		var taken *takenError
 		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
 			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)

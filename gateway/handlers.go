@@ -29,6 +29,9 @@ type createRequest struct {
 	Type    string          `json:"type"`
 	Payload json.RawMessage `json:"payload"`
 	Wait    string          `json:"wait"`
+	// Tags label the effect for an operator's search (effect.CheckTags); the Oncegate-Tags header does the
+	// same for a client that cannot change the body.
+	Tags []string `json:"tags"`
 }
 
 func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
@@ -82,11 +85,15 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return invalid("Oncegate-Job-Epoch", err.Error())
 	}
+	tags, field, err := requestTags(r, req.Tags)
+	if err != nil {
+		return invalid(field, err.Error())
+	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload,
-		JobID: jobID, JobEpoch: epoch})
+		JobID: jobID, JobEpoch: epoch, Tags: tags, Terms: effect.SearchTerms(tags, providers.Recipients(p, req.Payload))})
 	if err != nil {
 		return about(err, key, req.Type)
 	}
@@ -114,6 +121,20 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, status, e)
 	return nil
+}
+
+// requestTags are the effect's tags: the body's, or the Oncegate-Tags header's, not both (which would win is a
+// guess). It returns the field at fault with its error.
+func requestTags(r *http.Request, body []string) ([]string, string, error) {
+	header := r.Header.Values("Oncegate-Tags")
+	if len(header) > 0 && body != nil {
+		return nil, "tags", errors.New("tags are sent both in the body and in the Oncegate-Tags header; send them once")
+	}
+	if len(header) > 0 {
+		tags, err := effect.ParseTagsHeader(header)
+		return tags, "Oncegate-Tags", err
+	}
+	return body, "tags", effect.CheckTags(body)
 }
 
 // jobHeaders reads Oncegate-Job-Id and Oncegate-Job-Epoch, which a worker sends to have its effects fenced
@@ -153,7 +174,7 @@ func decodeCreate(body []byte) (createRequest, string, error) {
 			return req, typ.Field, fmt.Errorf("%s has the wrong type: %v", typ.Field, typ.Value)
 		case strings.HasPrefix(err.Error(), "json: unknown field "):
 			f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
-			return req, f, fmt.Errorf("unknown field %q: the body has type, payload and wait", f)
+			return req, f, fmt.Errorf("unknown field %q: the body has type, payload, wait and tags", f)
 		case errors.Is(err, io.EOF):
 			return req, "", errors.New("the body is empty")
 		default:

@@ -135,7 +135,13 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) error {
 		g.metrics.heldCut.WithLabelValues(tenant, "wait").Inc()
 		wait = 0
 	}
-	out := g.proxyFlow().run(r.Context(), dedup.NewEffect{Tenant: tenant, Key: key, Type: typ, Payload: payload},
+	tags, field, err := requestTags(r, nil)
+	if err != nil {
+		m.WithLabelValues("refused").Inc()
+		return invalid(field, err.Error())
+	}
+	out := g.proxyFlow().run(r.Context(), dedup.NewEffect{Tenant: tenant, Key: key, Type: typ, Payload: payload,
+		Tags: tags, Terms: effect.SearchTerms(tags, nil)},
 		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), wait)
 	span.SetAttributes(attribute.Bool("idempotency.replayed", out.Kind != performedHere))
 	return g.answerProxied(w, r, m, tenant, typ, key, out)

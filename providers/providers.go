@@ -64,6 +64,24 @@ type Router interface {
 	Destination(payload json.RawMessage) string
 }
 
+// Addressee is a provider whose payloads name people or systems an operator would search by: an email's
+// recipients. The gateway stores them as search terms beside the effect's tags (effect.SearchTerms), so that
+// `oncegate effect ls --search carol@example.test` finds the emails sent to her without a key.
+type Addressee interface {
+	Provider
+	// Recipients lists the payload's addressees as plain addresses. It must not fail: a payload it cannot
+	// read has none (Validate refuses it anyway).
+	Recipients(payload json.RawMessage) []string
+}
+
+// Recipients returns p's addressees of payload, when p is an Addressee.
+func Recipients(p Provider, payload json.RawMessage) []string {
+	if a, ok := p.(Addressee); ok {
+		return a.Recipients(payload)
+	}
+	return nil
+}
+
 // DefaultDestination is the destination of a provider that is not a Router.
 const DefaultDestination = "*"
 

@@ -57,7 +57,7 @@ func usagef(format string, args ...any) error { return &usageError{msg: fmt.Spri
 
 const usage = `usage: oncegate <noun> <verb> [args] [flags]
 
-  effect ls      [--tenant T] [--type T] [--status S] [--key-prefix P] [--since D] [--job ID] [--limit N] [--cursor C]
+  effect ls      [--tenant T] [--type T] [--status S] [--key-prefix P] [--since D] [--job ID] [--search TEXT] [--limit N] [--cursor C]
   effect show    KEY [--tenant T]
   effect retry   KEY [--tenant T] --reason R
   effect retry   --all-matching [filters of effect ls] --reason R [--yes]   (without --yes: a dry run, the count)

@@ -198,9 +198,10 @@ func effectFilterFlags(c *command) func() (admin.EffectFilter, error) {
 	prefix := c.fs.String("key-prefix", "", "key prefix")
 	since := c.fs.String("since", "", "created within (1h) or since (RFC 3339)")
 	job := c.fs.String("job", "", "created by this job ID")
+	search := c.fs.String("search", "", "a key, or a tag or recipient in any case (carol@example.test, carol)")
 	return func() (admin.EffectFilter, error) {
 		f := admin.EffectFilter{Tenant: *tenant, Type: *typ, Status: effect.Status(*status), KeyPrefix: *prefix,
-			JobID: *job}
+			JobID: *job, Search: *search}
 		if f.Status != "" && !f.Status.Valid() {
 			return f, usagef("--status: %q: want pending, delivering, delivered, failed, dead or unknown", *status)
 		}
@@ -274,6 +275,9 @@ func effectShow(c *command, args []string) error {
 		row(w, "type", d.Type)
 		row(w, "status", string(d.Status))
 		row(w, "stable id", d.StableID)
+		if len(d.Tags) > 0 {
+			row(w, "tags", strings.Join(d.Tags, ", "))
+		}
 		row(w, "attempts", d.Attempts)
 		row(w, "created", d.CreatedAt)
 		row(w, "updated", d.UpdatedAt)

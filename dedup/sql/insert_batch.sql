@@ -1,7 +1,9 @@
 -- Records the new effects of many concurrent requests, and their outbox rows, in one statement: one commit
 -- (one WAL flush) for all of them instead of one each. The arrays hold one request per index:
 -- $1 tenants, $2 keys, $3 types, $4 fingerprints, $5 payloads (JSON text), $6 trace contexts (JSON or NULL),
--- $7 stable ids (unique per request: they tie each inserted row back to its request). The trace id, for the
+-- $7 stable ids (unique per request: they tie each inserted row back to its request), $8 tags and $9 search
+-- terms, each a JSON array of strings or NULL (Postgres arrays are rectangular: an array of arrays of
+-- different lengths cannot be passed). The trace id, for the
 -- operator, is the one of each traceparent; batched requests have no job (a fenced request is not batched).
 -- No NOTIFY, as in insert.sql: the gateway announces new effects after the commit.
 -- A key that exists already inserts nothing and returns the stored effect with created false, as insert.sql
@@ -12,12 +14,15 @@
 -- sequential scan while the table is small, and a prepared statement keeps that plan as the table grows.
 WITH input AS (
     SELECT *
-    FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[])
-        WITH ORDINALITY AS i (tenant, key, type, fingerprint, payload, trace, stable_id, ord)
+    FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[],
+        $9::text[])
+        WITH ORDINALITY AS i (tenant, key, type, fingerprint, payload, trace, stable_id, tags, terms, ord)
 ), effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, trace_id)
+    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, trace_id, tags, search_terms)
     SELECT tenant, key, type, fingerprint, payload::json, stable_id,
-        NULLIF(split_part(trace::jsonb ->> 'traceparent', '-', 2), '')
+        NULLIF(split_part(trace::jsonb ->> 'traceparent', '-', 2), ''),
+        (SELECT array_agg(t) FROM json_array_elements_text(tags::json) t),
+        (SELECT array_agg(t) FROM json_array_elements_text(terms::json) t)
     FROM input ORDER BY ord
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{written}}

@@ -6,11 +6,14 @@
 -- key was taken after the statement's snapshot, or when an operator paused the type (oncegate_paused_types):
 -- a paused type is not delivered, and this request would deliver it at once, so nothing is recorded.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
--- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status. The trace
+-- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status, $11 tags or
+-- NULL, $12 search terms or NULL (as in insert.sql). The trace
 -- id, for the operator, is the one of the traceparent in $6, as in insert.sql.
 WITH effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, status, trace_id)
-    SELECT $1, $2, $3, $4, $5, $7, $10, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), '')
+    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, status, trace_id, tags,
+        search_terms)
+    SELECT $1, $2, $3, $4, $5, $7, $10, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''), $11::text[],
+        $12::text[]
     WHERE NOT EXISTS (SELECT FROM oncegate_paused_types WHERE type = $3)
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{written}}

@@ -3,7 +3,8 @@
 -- does for one (an earlier resolution cleared). SKIP LOCKED leaves rows that another operator's action holds.
 -- Returns the ids retried and their types.
 -- $1 tenant, $2 type, $3 status, $4 key LIKE pattern, $5 created at or after, $6 job id, $7 id below, $8 size,
--- $9 the statuses it may be in, $10 pending
+-- $9 the statuses it may be in, $10 pending, $11 a search term, lowercased, $12 the search as
+-- typed (as effects_list.sql's $9 and $10)
 WITH picked AS (
     SELECT id FROM oncegate_effects
     WHERE ($1::text IS NULL OR tenant = $1)
@@ -13,6 +14,7 @@ WITH picked AS (
       AND ($5::timestamptz IS NULL OR created_at >= $5)
       AND ($6::text IS NULL OR job_id = $6)
       AND ($7::bigint IS NULL OR id < $7)
+      AND ($11::text IS NULL OR search_terms @> ARRAY[$11::text] OR key = $12)
       AND status = ANY ($9::text[])
     ORDER BY id DESC
     LIMIT $8

@@ -131,6 +131,16 @@ func (*Provider) Validate(payload json.RawMessage) error {
 	return err
 }
 
+// Recipients is every address the message goes to (to, cc and bcc): an operator finds the email by any of
+// them (providers.Addressee).
+func (*Provider) Recipients(payload json.RawMessage) []string {
+	p, err := parse(payload)
+	if err != nil {
+		return nil
+	}
+	return p.rcpts
+}
+
 // Destination is the configured server, host:port: every message of the effect type goes there.
 func (p *Provider) Destination(json.RawMessage) string { return p.cfg.Addr }
 

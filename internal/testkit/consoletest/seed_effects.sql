@@ -1,10 +1,12 @@
 -- Seeds $1 effects with keys $3 || i, created evenly over $2 seconds ending $4 seconds ago: two tenants,
 -- three types, and statuses as a real gateway leaves them: mostly delivered, one in 200 failed, one in 500
 -- pending (with its outbox row), one in 1,000 dead and one in 1,000 unknown. Each has a job, an epoch, a
--- trace id, some replays, and its delivery attempts. $1 count, $2 span in seconds, $3 key prefix, $4 end in seconds
+-- trace id, some replays, and its delivery attempts; an email is searchable by its recipient, as the gateway
+-- records it. $1 count, $2 span in seconds, $3 key prefix, $4 end in seconds
 WITH e AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, result, last_error,
-        created_at, updated_at, delivered_at, finished_at, next_attempt_at, job_id, job_epoch, trace_id, stable_id)
+        created_at, updated_at, delivered_at, finished_at, next_attempt_at, job_id, job_epoch, trace_id, stable_id,
+        search_terms)
     SELECT CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END,
            $3 || i,
            (ARRAY['email', 'webhook', 'analytics'])[1 + i % 3],
@@ -22,7 +24,8 @@ WITH e AS (
            CASE WHEN st <> 'pending' THEN c + interval '2 seconds' END,
            CASE WHEN st = 'pending' THEN c END,
            'job-' || (i / 2), 1 + i % 3, md5($3 || i),
-           'eff_' || md5('stable' || $3 || i)
+           'eff_' || md5('stable' || $3 || i),
+           CASE WHEN i % 3 = 0 THEN ARRAY['customer' || i || '@example.com', 'customer' || i] END
     FROM generate_series(1, $1::int) i,
          LATERAL (SELECT now() - make_interval(secs => $4::float8 + ($1 - i) * $2::float8 / $1) AS c,
                          CASE WHEN i % 1000 = 7 THEN 'dead' WHEN i % 1000 = 13 THEN 'unknown'

@@ -348,3 +348,55 @@ func TestALeasedPendingEffectIsListedAsDelivering(t *testing.T) {
 		t.Fatalf("waiting0 holds no lease: %+v %v", w, err)
 	}
 }
+
+// An effect's history keeps every series of attempts: a retry or a resolution writes who and why into the
+// attempt log and starts a new series, numbered from 1, after the old one (an on-call engineer saw attempts
+// 1, 2, 3, 1 with nothing between, and no word of who retried or why).
+func TestAttemptHistoryKeepsEverySeries(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "h", 1, effect.StatusDead)
+	attempt := func(n int, outcome string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome)
+			SELECT id, $1, clock_timestamp(), 'gw-1', $2 FROM oncegate_effects WHERE key = 'h0'`, n, outcome); err != nil {
+			t.Fatal(err)
+		}
+	}
+	attempt(1, "retry")
+	attempt(2, "failed")
+	if _, err := svc.RetryEffect(ctx, alice, "acme", "h0", "smtp relay fixed, INC-7"); err != nil {
+		t.Fatal(err)
+	}
+	attempt(1, "interrupted")
+	if _, err := pool.Exec(ctx, `UPDATE oncegate_effects SET status = 'unknown' WHERE key = 'h0'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.ResolveEffect(ctx, alice, "acme", "h0", admin.ResolveDelivered, "the receiver logged it"); err != nil {
+		t.Fatal(err)
+	}
+	d, err := svc.Effect(ctx, viv, "acme", "h0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range d.AttemptLog {
+		got = append(got, fmt.Sprintf("%d.%d %s %s %s", a.Series, a.Attempt, a.Outcome, a.By, strPtr(a.Error)))
+	}
+	want := []string{"1.1 retry  ", "1.2 failed  ", "2.0 retried operator alice smtp relay fixed, INC-7",
+		"2.1 interrupted  ", "3.0 resolved delivered operator alice the receiver logged it"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("attempt log:\n got %q\nwant %q", got, want)
+	}
+	if d.DeliveredAt != nil {
+		t.Fatalf("a resolution is not a delivery: delivered_at %v", d.DeliveredAt)
+	}
+}
+
+func strPtr(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}

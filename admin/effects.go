@@ -192,15 +192,29 @@ func (s *Service) Effects(ctx context.Context, a Actor, f EffectFilter, p Page) 
 
 // Attempt is one delivery attempt of an effect.
 type Attempt struct {
+	// Series counts the sends of the effect: 1 for the first, and one more after each retry, resend or
+	// resolution, whose own row (attempt 0) starts it. Attempt numbers start from 1 in each series.
+	Series     int       `json:"series"`
 	Attempt    int       `json:"attempt"`
 	StartedAt  time.Time `json:"started_at"`
 	Gateway    string    `json:"gateway"`
 	LeaseToken *string   `json:"lease_token"`
-	// Outcome: delivered, failed, retry, in_doubt, or interrupted (the gateway died or lost its lease first).
+	// Outcome: delivered, failed, retry, in_doubt, or interrupted (the gateway died or lost its lease first);
+	// or, for a row that records a change, retried, resent, "resolved delivered" or "resolved failed".
 	Outcome   string   `json:"outcome"`
 	Error     *string  `json:"error"`
 	LatencyMS *float64 `json:"latency_ms"`
+	// By is who made a change (retried, resent, resolved: "operator alice", "tenant acme"); Error holds
+	// their reason. Empty on a delivery attempt.
+	By string `json:"by,omitempty"`
 }
+
+// Change reports whether the row records a change (a retry, resend or resolution), not a delivery attempt.
+func (a Attempt) Change() bool { return a.By != "" }
+
+// changeOutcomes are the outcomes of the rows that record a change rather than an attempt.
+var changeOutcomes = map[string]bool{"retried": true, "resent": true, "resolved delivered": true,
+	"resolved failed": true}
 
 // EffectDetail is everything known of one effect.
 type EffectDetail struct {
@@ -295,6 +309,14 @@ func (s *Service) Effect(ctx context.Context, a Actor, tenant, key string) (*Eff
 	if d.AttemptLog == nil {
 		d.AttemptLog = []Attempt{}
 	}
+	series := 1
+	for i := range d.AttemptLog {
+		if at := &d.AttemptLog[i]; at.Attempt == 0 && changeOutcomes[at.Outcome] {
+			at.By, at.Gateway = at.Gateway, ""
+			series++
+		}
+		d.AttemptLog[i].Series = series
+	}
 	if s.cfg.JaegerURL != "" && e.TraceID != nil {
 		d.TraceURL = strings.TrimSuffix(s.cfg.JaegerURL, "/") + "/trace/" + *e.TraceID
 	}
@@ -372,7 +394,7 @@ func (s *Service) resend(ctx context.Context, a Actor, action, tenant, key, reas
 		if resolution != nil {
 			res = &dedup.Resolution{As: *resolution, By: a.Name, Reason: reason}
 		}
-		e, err := dedup.NewStore(tx).SendBack(ctx, tenant, key, from, res)
+		e, err := dedup.NewStore(tx).SendBack(ctx, tenant, key, from, dedup.Operator(a.Name, reason), res)
 		if err != nil {
 			return changeError(strings.TrimPrefix(action, "effect."), key, tenant, err)
 		}
@@ -539,7 +561,8 @@ func (s *Service) RetryEffects(ctx context.Context, a Actor, f EffectFilter, rea
 		err := pgx.BeginFunc(bctx, s.db, func(tx pgx.Tx) error {
 			ctx := bctx
 			var err error
-			ids, err = dedup.NewStore(tx).SendBackMatching(ctx, f.match(), effect.RetryableStatuses(), below, BulkBatch)
+			ids, err = dedup.NewStore(tx).SendBackMatching(ctx, f.match(), effect.RetryableStatuses(), below, BulkBatch,
+				dedup.Operator(a.Name, reason))
 			if err != nil || len(ids) == 0 {
 				return err
 			}

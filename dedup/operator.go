@@ -53,17 +53,30 @@ type Resolution struct {
 	As, By, Reason string
 }
 
+// Sender is who sends an effect back, or resolves it, and why, as its attempt log shows them: the row it
+// writes there starts a new series of attempts, so the history before it stays readable.
+type Sender struct {
+	// By names them: "operator alice", "tenant acme".
+	By     string
+	Reason string
+}
+
+// Operator is the Sender of an operator's change.
+func Operator(name, reason string) Sender { return Sender{By: "operator " + name, Reason: reason} }
+
 // SendBack sends the effect under (tenant, key), if it is in one of from, back to pending with a fresh count
 // of attempts and a due outbox row, and wakes the dispatchers. It is the one statement behind a tenant's retry,
 // an operator's retry (res nil: an earlier resolution is cleared) and an operator's "resend" resolution (res
 // kept on the effect). ErrNotFound, or a *WrongStatusError naming the status it is in.
-func (s *Store) SendBack(ctx context.Context, tenant, key string, from []effect.Status, res *Resolution) (*Effect, error) {
-	var as, by, reason *string
+func (s *Store) SendBack(ctx context.Context, tenant, key string, from []effect.Status, who Sender,
+	res *Resolution) (*Effect, error) {
+	var as, by *string
+	reason := who.Reason
 	if res != nil {
-		as, by, reason = &res.As, &res.By, &res.Reason
+		as, by, reason = &res.As, &res.By, res.Reason
 	}
 	e, err := scan(s.db.QueryRow(ctx, sendBackSQL, tenant, key, statusStrings(from), as, by, reason,
-		notifier.TopicOutbox, effect.StatusPending))
+		notifier.TopicOutbox, effect.StatusPending, who.By))
 	if err == nil {
 		return e, nil
 	}
@@ -80,7 +93,7 @@ func (s *Store) Resolve(ctx context.Context, tenant, key string, as effect.Statu
 		return nil, fmt.Errorf("dedup: resolve as %q: want delivered or failed", as)
 	}
 	e, err := scan(s.db.QueryRow(ctx, resolveSQL, tenant, key, as, by, reason, notifier.TopicEffectDone,
-		effect.StatusUnknown))
+		effect.StatusUnknown, Operator(by, reason).By))
 	if err == nil {
 		return e, nil
 	}
@@ -114,7 +127,8 @@ type Match struct {
 // SendBackMatching is SendBack (an operator's retry) for at most limit effects that match m and are in one of
 // from, with ids below below (nil: any), newest first; rows another transaction holds are skipped. It returns
 // the ids sent back, lowest last, and wakes the dispatchers of their types.
-func (s *Store) SendBackMatching(ctx context.Context, m Match, from []effect.Status, below *int64, limit int) ([]int64, error) {
+func (s *Store) SendBackMatching(ctx context.Context, m Match, from []effect.Status, below *int64, limit int,
+	who Sender) ([]int64, error) {
 	var like *string
 	if m.KeyPrefix != "" {
 		p := strings.NewReplacer(`\`, `\\`, `%`, `\%`, `_`, `\_`).Replace(m.KeyPrefix) + "%"
@@ -126,7 +140,7 @@ func (s *Store) SendBackMatching(ctx context.Context, m Match, from []effect.Sta
 	}
 	rows, err := s.db.Query(ctx, sendBackMatchingSQL, orNil(m.Tenant), orNil(m.Type), orNil(string(m.Status)), like,
 		since, orNil(m.JobID), below, limit, statusStrings(from), effect.StatusPending,
-		orNil(effect.SearchTerm(m.Search)), orNil(strings.TrimSpace(m.Search)))
+		orNil(effect.SearchTerm(m.Search)), orNil(strings.TrimSpace(m.Search)), who.By, who.Reason)
 	if err != nil {
 		return nil, translate("send effects back", err)
 	}

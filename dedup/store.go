@@ -382,7 +382,7 @@ func (s *Store) List(ctx context.Context, tenant string, f Filter) (*Page, error
 // Retry sends a retryable effect (effect.RetryableStatuses) back to pending, with a fresh count of attempts,
 // and wakes the dispatchers: SendBack, as an operator's retry is. ErrNotRetryable in another status.
 func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) {
-	e, err := s.SendBack(ctx, tenant, key, effect.RetryableStatuses(), nil)
+	e, err := s.SendBack(ctx, tenant, key, effect.RetryableStatuses(), Sender{By: "tenant " + tenant}, nil)
 	var wrong *WrongStatusError
 	if errors.As(err, &wrong) {
 		return nil, ErrNotRetryable

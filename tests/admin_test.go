@@ -225,8 +225,11 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		t.Fatalf("resolve: %+v", resolved)
 	}
 	cliJSON(t, env, &notify, "effect", "show", "notify:job-1")
-	if notify.Status != "delivered" || notify.Resolution == nil || notify.DeliveredAt == nil {
-		t.Fatalf("after resolve: %+v", notify.Effect)
+	// Nobody saw it delivered: delivered_at stays null, and the attempt log says who resolved it and why.
+	last := notify.AttemptLog[len(notify.AttemptLog)-1]
+	if notify.Status != "delivered" || notify.Resolution == nil || notify.DeliveredAt != nil ||
+		last.Outcome != "resolved delivered" || last.By != "operator alice" || last.Series != 2 {
+		t.Fatalf("after resolve: %+v, last attempt row %+v", notify.Effect, last)
 	}
 	if n := hk.count(notify.StableID); n != 1 {
 		t.Fatalf("the receiver got the webhook %d times; resolving must send nothing", n)

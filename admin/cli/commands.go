@@ -315,7 +315,16 @@ func effectShow(c *command, args []string) error {
 		fmt.Fprintln(w)
 		row(w, "ATTEMPT", "STARTED", "GATEWAY", "OUTCOME", "LATENCY MS", "LEASE", "ERROR")
 		for _, a := range d.AttemptLog {
-			row(w, a.Attempt, a.StartedAt, a.Gateway, a.Outcome, a.LatencyMS, a.LeaseToken, a.Error)
+			if a.Change() {
+				// A retry, resend or resolution: who and why, then the attempts it started.
+				row(w, fmt.Sprintf("-- send %d", a.Series), a.StartedAt, a.By, a.Outcome, "", "", a.Error)
+				continue
+			}
+			n := strconv.Itoa(a.Attempt)
+			if a.Series > 1 {
+				n = fmt.Sprintf("%d.%d", a.Series, a.Attempt)
+			}
+			row(w, n, a.StartedAt, a.Gateway, a.Outcome, a.LatencyMS, a.LeaseToken, a.Error)
 		}
 		if len(d.AttemptLog) == 0 {
 			row(w, "(none)")

@@ -2,10 +2,12 @@
 -- dispatchers: the one statement behind a tenant's retry (POST /v1/effects/{key}/retry), an operator's retry
 -- and an operator's "resend" resolution of an `unknown` effect. A resend keeps its resolution on the effect; a
 -- retry clears an earlier one, so that an effect retried after an operator resolved it never reads "delivered
--- (resolved failed)". Its last error stays for reference. Returns no row when the effect is missing or in a
--- status not in $3.
+-- (resolved failed)". Its last error stays for reference. The attempt log gets a row saying who sent it back
+-- and why (outcome retried or resent, attempt 0): the attempts after it are a new series, numbered from 1
+-- again, and the history before it stays. Returns no row when the effect is missing or in a status not in $3.
 -- $1 tenant, $2 key, $3 the statuses it may be in, $4 resolution (resend) or NULL (retry), $5 operator,
--- $6 reason, $7 the outbox channel (notifier.TopicOutbox), $8 pending
+-- $6 reason, $7 the outbox channel (notifier.TopicOutbox), $8 pending, $9 who, as the attempt log names them
+-- ("operator alice", "tenant acme")
 WITH effect AS (
     UPDATE oncegate_effects
     SET status = $8, attempts = 0, next_attempt_at = now(), finished_at = NULL, updated_at = now(),
@@ -20,5 +22,9 @@ WITH effect AS (
     SELECT id, type FROM effect
     ON CONFLICT (effect_id) DO UPDATE
     SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+), marked AS (
+    INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome, error)
+    SELECT id, 0, now(), $9, CASE WHEN $4::text IS NULL THEN 'retried' ELSE 'resent' END, NULLIF($6::text, '')
+    FROM effect
 )
 SELECT {{written}} FROM effect, pg_notify($7::text, effect.type)

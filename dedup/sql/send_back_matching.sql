@@ -4,7 +4,8 @@
 -- Returns the ids retried and their types.
 -- $1 tenant, $2 type, $3 status, $4 key LIKE pattern, $5 created at or after, $6 job id, $7 id below, $8 size,
 -- $9 the statuses it may be in, $10 pending, $11 a search term, lowercased, $12 the search as
--- typed (as effects_list.sql's $9 and $10)
+-- typed (as effects_list.sql's $9 and $10), $13 who (as send_back.sql's $9), $14 why. Each effect's attempt
+-- log gets the row send_back.sql writes.
 WITH picked AS (
     SELECT id FROM oncegate_effects
     WHERE ($1::text IS NULL OR tenant = $1)
@@ -31,5 +32,8 @@ WITH picked AS (
     SELECT id, type FROM effect
     ON CONFLICT (effect_id) DO UPDATE
     SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+), marked AS (
+    INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome, error)
+    SELECT id, 0, now(), $13, 'retried', NULLIF($14::text, '') FROM effect
 )
 SELECT id, type FROM effect

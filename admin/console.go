@@ -8,7 +8,6 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -242,22 +241,6 @@ func (s *Service) EffectsByTrace(ctx context.Context, a Actor, traceID string, l
 		return nil, dbError("find the trace's effects", err)
 	}
 	return out, nil
-}
-
-// RevealPayload returns an effect's payload as stored, for an operator; the reveal is audited, as reading a
-// payload (an address, a message) is itself something an auditor asks about.
-func (s *Service) RevealPayload(ctx context.Context, a Actor, tenant, key string) (json.RawMessage, error) {
-	if err := s.allow(ctx, a, "effect.reveal", RoleOperator, key); err != nil {
-		return nil, err
-	}
-	d, err := s.Effect(ctx, a, tenant, key)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := s.audit(ctx, s.db, a, Audit{Action: "effect.reveal", Target: d.Tenant + "/" + d.Key, Count: 1}); err != nil {
-		return nil, err
-	}
-	return d.Payload, nil
 }
 
 // Minutes is how many one-minute buckets the overview's charts hold: the last hour.

@@ -227,6 +227,8 @@ type EffectDetail struct {
 	AttemptLog []Attempt `json:"attempt_log"`
 	// TraceURL links the trace id to Jaeger, when the service knows Jaeger's address.
 	TraceURL string `json:"trace_url,omitempty"`
+	// Revealed: Payload and Result are as stored (RevealEffect), not redacted to their shape (Effect).
+	Revealed bool `json:"revealed"`
 	// LeaseOwner and LeaseExpiresAt are the lease of the effect's outbox row, while a gateway holds one:
 	// the gateway delivering it (as gateway ls names it) and when another may rescue it. Null otherwise.
 	LeaseOwner     *string    `json:"lease_owner"`
@@ -261,12 +263,39 @@ func (s *Service) resolveTenant(ctx context.Context, tenant, key string) (string
 	return "", &InvalidError{Field: "tenant", Reason: fmt.Sprintf("the key %q is used by several tenants; name one", key)}
 }
 
-// Effect returns an effect with its attempts, payload and result. An empty tenant finds the one tenant that
-// holds key.
+// Effect returns an effect with its attempts, and its payload and result redacted to their shape (Redact);
+// RevealEffect shows them. An empty tenant finds the one tenant that holds key.
 func (s *Service) Effect(ctx context.Context, a Actor, tenant, key string) (*EffectDetail, error) {
 	if err := s.allow(ctx, a, "effect.show", RoleViewer, key); err != nil {
 		return nil, err
 	}
+	d, err := s.effect(ctx, tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	d.Payload, d.Result = Redact(d.Payload), Redact(d.Result)
+	return d, nil
+}
+
+// RevealEffect is Effect with the payload and the result as stored, for an operator; the reveal is audited
+// (effect.reveal), as reading an address or a message is itself something an auditor asks about.
+func (s *Service) RevealEffect(ctx context.Context, a Actor, tenant, key string) (*EffectDetail, error) {
+	if err := s.allow(ctx, a, "effect.reveal", RoleOperator, key); err != nil {
+		return nil, err
+	}
+	d, err := s.effect(ctx, tenant, key)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.audit(ctx, s.db, a, Audit{Action: "effect.reveal", Target: d.Tenant + "/" + d.Key, Count: 1}); err != nil {
+		return nil, err
+	}
+	d.Revealed = true
+	return d, nil
+}
+
+// effect reads an effect whole, its payload and result as stored.
+func (s *Service) effect(ctx context.Context, tenant, key string) (*EffectDetail, error) {
 	if err := s.needDB(); err != nil {
 		return nil, err
 	}

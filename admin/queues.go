@@ -235,17 +235,50 @@ type JobDetail struct {
 	Job
 	Queue         string     `json:"queue"`
 	LeaseDeadline *time.Time `json:"lease_deadline"`
-	Payload       string     `json:"payload"`
+	// Payload is redacted to its shape (Redact) unless Revealed (RevealJob).
+	Payload  string `json:"payload"`
+	Revealed bool   `json:"revealed"`
 	// Effects are the effects the gateway recorded for this job ID (Oncegate-Job-Id), oldest first, at most
 	// 100; nil when the service has no database.
 	Effects []*Effect `json:"effects"`
 }
 
-// Job returns a job with its lease deadline and the effects it made.
+// Job returns a job with its lease deadline and the effects it made, its payload redacted to its shape
+// (Redact); RevealJob shows it.
 func (s *Service) Job(ctx context.Context, a Actor, name, id string) (*JobDetail, error) {
 	if err := s.allow(ctx, a, "job.show", RoleViewer, name+"/"+id); err != nil {
 		return nil, err
 	}
+	d, err := s.job(ctx, name, id)
+	if err != nil {
+		return nil, err
+	}
+	d.Payload = string(Redact([]byte(d.Payload)))
+	return d, nil
+}
+
+// RevealJob is Job with the payload as stored, for an operator; the reveal is audited (job.reveal), as an
+// effect's is.
+func (s *Service) RevealJob(ctx context.Context, a Actor, name, id string) (*JobDetail, error) {
+	if err := s.allow(ctx, a, "job.reveal", RoleOperator, name+"/"+id); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	d, err := s.job(ctx, name, id)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.audit(ctx, s.db, a, Audit{Action: "job.reveal", Target: name + "/" + id, Count: 1}); err != nil {
+		return nil, err
+	}
+	d.Revealed = true
+	return d, nil
+}
+
+// job reads a job whole, its payload as stored.
+func (s *Service) job(ctx context.Context, name, id string) (*JobDetail, error) {
 	q, err := s.known(ctx, name)
 	if err != nil {
 		return nil, err

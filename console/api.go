@@ -199,21 +199,17 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 			return nil, &admin.InvalidError{Field: "reveal", Reason: "a reveal is audited, so it is a POST: " +
 				"POST /api/v1/effect/reveal {\"tenant\": …, \"key\": …}"}
 		}
-		d, err := s.adm.Effect(r.Context(), a, r.URL.Query().Get("tenant"), r.URL.Query().Get("key"))
-		if err != nil {
-			return nil, err
-		}
-		d.Payload = json.RawMessage(redactJSON(d.Payload))
-		return d, nil
+		return s.adm.Effect(r.Context(), a, r.URL.Query().Get("tenant"), r.URL.Query().Get("key"))
 	})
 	// A reveal changes nothing but the audit log, so --read-only allows it, as the page's Reveal.
 	postAs(false, "effect/reveal", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
-		d, err := s.adm.Effect(r.Context(), a, b.Tenant, b.Key)
-		if err != nil {
-			return nil, err
+		return s.adm.RevealEffect(r.Context(), a, b.Tenant, b.Key)
+	})
+	postAs(false, "job/reveal", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		if len(b.IDs) != 1 {
+			return nil, &admin.InvalidError{Field: "ids", Reason: "name the one job to reveal"}
 		}
-		d.Payload, err = s.adm.RevealPayload(r.Context(), a, d.Tenant, d.Key)
-		return d, err
+		return s.adm.RevealJob(r.Context(), a, b.Queue, b.IDs[0])
 	})
 	post("effect/retry", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return s.adm.RetryEffect(r.Context(), a, b.Tenant, b.Key, b.Reason)
@@ -265,8 +261,7 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 		return s.adm.Jobs(r.Context(), a, r.URL.Query().Get("queue"), r.URL.Query().Get("state"), p)
 	})
 	get("job", func(r *http.Request, a admin.Actor) (any, error) {
-		d, err := s.jobFor(r, a, r.URL.Query().Get("queue"), r.URL.Query().Get("id"))
-		return d.JobDetail, err
+		return s.adm.Job(r.Context(), a, r.URL.Query().Get("queue"), r.URL.Query().Get("id"))
 	})
 	post("job/enqueue", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		if b.Job == nil {

@@ -338,27 +338,22 @@ func notice(r *http.Request) string {
 
 type effectData struct {
 	*admin.EffectDetail
-	Revealed  bool
 	Payload   string
 	CanRetry  bool
 	IsUnknown bool
 }
 
 func (s *Server) effectDetail(r *http.Request, a admin.Actor, tenant, key string, reveal bool) (effectData, error) {
-	det, err := s.adm.Effect(r.Context(), a, tenant, key)
+	get := s.adm.Effect
+	if reveal {
+		get = s.adm.RevealEffect
+	}
+	det, err := get(r.Context(), a, tenant, key)
 	if err != nil {
 		return effectData{}, err
 	}
-	d := effectData{EffectDetail: det, Payload: redactJSON(det.Payload), CanRetry: det.Status.Retryable(),
-		IsUnknown: det.Status == effect.StatusUnknown}
-	if reveal {
-		raw, err := s.adm.RevealPayload(r.Context(), a, det.Tenant, det.Key)
-		if err != nil {
-			return d, err
-		}
-		d.Payload, d.Revealed = prettyJSON(raw), true
-	}
-	return d, nil
+	return effectData{EffectDetail: det, Payload: prettyJSON(det.Payload), CanRetry: det.Status.Retryable(),
+		IsUnknown: det.Status == effect.StatusUnknown}, nil
 }
 
 func (s *Server) effect(w http.ResponseWriter, r *http.Request, a admin.Actor) {
@@ -608,31 +603,35 @@ func (s *Server) queueFragment(w http.ResponseWriter, r *http.Request, a admin.A
 // jobData is a job as its page shows it.
 type jobData struct {
 	*admin.JobDetail
-	// Redacted: the payload is its shape only (a viewer's page).
-	Redacted bool
+	// Payload is the job's payload, indented.
+	Payload string
 }
 
-// redactsPayloads: a's role sees payloads redacted (viewers: below operator, who may reveal an effect's).
-func redactsPayloads(a admin.Actor) bool {
-	return a.Role != admin.RoleOperator && a.Role != admin.RoleAdmin
-}
-
-// jobFor is the job, its payload redacted for an actor who sees payloads redacted.
-func (s *Server) jobFor(r *http.Request, a admin.Actor, name, id string) (jobData, error) {
-	j, err := s.adm.Job(r.Context(), a, name, id)
+// jobFor is the job, its payload redacted unless reveal (an operator's audited reveal).
+func (s *Server) jobFor(r *http.Request, a admin.Actor, name, id string, reveal bool) (jobData, error) {
+	get := s.adm.Job
+	if reveal {
+		get = s.adm.RevealJob
+	}
+	j, err := get(r.Context(), a, name, id)
 	if err != nil {
 		return jobData{}, err
 	}
-	d := jobData{JobDetail: j}
-	if redactsPayloads(a) {
-		j.Payload, d.Redacted = redactJSON(json.RawMessage(j.Payload)), true
+	return jobData{JobDetail: j, Payload: prettyJSON(json.RawMessage(j.Payload))}, nil
+}
+
+func (s *Server) revealJob(w http.ResponseWriter, r *http.Request, a admin.Actor) {
+	j, err := s.jobFor(r, a, r.PostFormValue("queue"), r.PostFormValue("id"), true)
+	if err != nil {
+		s.fail(w, r, a, err)
+		return
 	}
-	return d, nil
+	s.render(w, r, http.StatusOK, "job", s.frame(a, "Job "+j.ID, "queues", j))
 }
 
 func (s *Server) job(w http.ResponseWriter, r *http.Request, a admin.Actor) {
 	v := r.URL.Query()
-	j, err := s.jobFor(r, a, v.Get("queue"), v.Get("id"))
+	j, err := s.jobFor(r, a, v.Get("queue"), v.Get("id"), false)
 	if err != nil {
 		s.fail(w, r, a, err)
 		return

@@ -3,41 +3,82 @@ package console_test
 import (
 	"encoding/json"
 	"html"
+	"net/url"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
-var jobPayload = regexp.MustCompile(`(?s)<pre id="job-payload">(.*?)</pre>`)
+var (
+	jobPayload    = regexp.MustCompile(`(?s)<pre id="job-payload">(.*?)</pre>`)
+	effectPayload = regexp.MustCompile(`(?s)<pre id="payload">(.*?)</pre>`)
+	effectResult  = regexp.MustCompile(`(?s)<pre id="result">(.*?)</pre>`)
+)
 
-// A viewer sees a job's payload redacted, as it sees an effect's: on the job page and from the JSON API.
-func TestViewerSeesJobPayloadsRedacted(t *testing.T) {
+// One rule for every payload (an outside tester found three): an effect's payload and result and a job's
+// payload are redacted for every role, on the pages and in the API, until an operator reveals them with a
+// POST, which is audited; a viewer cannot reveal.
+func TestPayloadsAreRedactedByOneRule(t *testing.T) {
 	t.Parallel()
 	e := setup(t, options{effects: 1000})
-	path := "/job?queue=" + e.queue + "&id=" + e.dead[0]
-	for _, role := range []admin.Role{admin.RoleViewer, admin.RoleOperator} {
-		code, _, body := e.get(e.client(role), path)
+	jobPath := "/job?queue=" + e.queue + "&id=" + e.dead[0]
+	tenant, key := e.effectWith("delivered")
+	effectPath := "/effect?tenant=" + tenant + "&key=" + key
+	reveals := func(action string) int {
+		return pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_audit WHERE action = $1 AND outcome = 'done'", action)
+	}
+	redacted := func(s string) bool {
+		return strings.Contains(s, "‹") && !strings.Contains(s, "@example.com") && !strings.Contains(s, `"order": 1`) &&
+			!strings.Contains(s, "msg-")
+	}
+	for _, role := range []admin.Role{admin.RoleViewer, admin.RoleOperator, admin.RoleAdmin} {
+		c := e.client(role)
+		code, _, body := e.get(c, jobPath)
 		m := jobPayload.FindStringSubmatch(body)
-		if code != 200 || m == nil {
-			t.Fatalf("%s: GET %s: %d, payload shown: %v", role, path, code, m != nil)
+		if code != 200 || m == nil || !redacted(html.UnescapeString(m[1])) {
+			t.Errorf("%s: the job page: %d, payload %q", role, code, m)
 		}
-		shown := html.UnescapeString(m[1])
-		redacted := strings.Contains(shown, "‹number›") && !strings.Contains(shown, `"order":1`) &&
-			strings.Contains(body, "redacted")
-		if want := role == admin.RoleViewer; redacted != want {
-			t.Errorf("%s: the job page shows the payload %q (redacted %v, want %v)", role, shown, redacted, want)
+		code, _, body = e.get(c, effectPath)
+		p, r := effectPayload.FindStringSubmatch(body), effectResult.FindStringSubmatch(body)
+		if code != 200 || p == nil || r == nil || !redacted(html.UnescapeString(p[1])) || !redacted(html.UnescapeString(r[1])) {
+			t.Errorf("%s: the effect page: %d, payload %q, result %q", role, code, p, r)
 		}
-
 		code, _, body = e.apiGet(e.tokens[role], "/api/v1/job?queue="+e.queue+"&id="+e.dead[0])
-		var d admin.JobDetail
-		if code != 200 || json.Unmarshal([]byte(body), &d) != nil {
-			t.Fatalf("%s: GET /api/v1/job: %d %s", role, code, body)
+		var j admin.JobDetail
+		if code != 200 || json.Unmarshal([]byte(body), &j) != nil || !redacted(j.Payload) || j.Revealed {
+			t.Errorf("%s: GET /api/v1/job: %d %s", role, code, body)
 		}
-		redacted = strings.Contains(d.Payload, "‹number›") && !strings.Contains(d.Payload, `"order":1`)
-		if want := role == admin.RoleViewer; redacted != want {
-			t.Errorf("%s: the API answers the payload %q (redacted %v, want %v)", role, d.Payload, redacted, want)
+		code, _, body = e.apiGet(e.tokens[role], "/api/v1/effect?tenant="+tenant+"&key="+key)
+		var d admin.EffectDetail
+		if code != 200 || json.Unmarshal([]byte(body), &d) != nil || !redacted(string(d.Payload)) ||
+			!redacted(string(d.Result)) || d.Revealed {
+			t.Errorf("%s: GET /api/v1/effect: %d %s", role, code, body)
 		}
+	}
+
+	// A viewer cannot reveal; an operator can, and each reveal is in the audit log.
+	if code, _, _ := e.apiPost(e.tokens[admin.RoleViewer], "/api/v1/job/reveal",
+		map[string]any{"queue": e.queue, "ids": []string{e.dead[0]}}); code != 403 {
+		t.Fatalf("a viewer's job reveal: %d", code)
+	}
+	code, _, body := e.apiPost(e.tokens[admin.RoleOperator], "/api/v1/job/reveal",
+		map[string]any{"queue": e.queue, "ids": []string{e.dead[0]}})
+	var j admin.JobDetail
+	if code != 200 || json.Unmarshal([]byte(body), &j) != nil || !j.Revealed || !strings.Contains(j.Payload, `"order":1`) {
+		t.Fatalf("an operator's job reveal: %d %s", code, body)
+	}
+	code, _, body = e.post(e.client(admin.RoleOperator), "/job/reveal", url.Values{"queue": {e.queue}, "id": {e.dead[0]}})
+	if m := jobPayload.FindStringSubmatch(body); code != 200 || m == nil || !strings.Contains(html.UnescapeString(m[1]), `"order": 1`) {
+		t.Fatalf("the job page's reveal: %d %q", code, m)
+	}
+	code, _, body = e.post(e.client(admin.RoleOperator), "/effect/reveal", url.Values{"tenant": {tenant}, "key": {key}})
+	if r := effectResult.FindStringSubmatch(body); code != 200 || r == nil || !strings.Contains(html.UnescapeString(r[1]), "msg-") {
+		t.Fatalf("the effect page's reveal shows the result: %d %q", code, r)
+	}
+	if n, m := reveals("job.reveal"), reveals("effect.reveal"); n != 2 || m != 1 {
+		t.Fatalf("audited: %d job reveals (want 2), %d effect reveals (want 1)", n, m)
 	}
 }

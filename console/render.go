@@ -44,7 +44,6 @@ var funcs = template.FuncMap{
 	"i64":         func(n *int64) string { return derefInt(n) },
 	"ms":          func(f *float64) string { return msString(f) },
 	"prettyjs":    prettyJSON,
-	"redact":      redactJSON,
 	"chart":       chart,
 	"effectURL":   effectURL,
 	"link":        link,
@@ -251,44 +250,6 @@ func prettyJSON(raw json.RawMessage) string {
 		return string(raw)
 	}
 	return buf.String()
-}
-
-// redactJSON keeps a payload's shape (its keys, the kinds and lengths of its values) and hides every value:
-// enough to see which fields a request had, nothing of an address or a message.
-func redactJSON(raw json.RawMessage) string {
-	if len(raw) == 0 {
-		return ""
-	}
-	var v any
-	if err := json.Unmarshal(raw, &v); err != nil {
-		return `"‹not JSON: hidden›"`
-	}
-	b, _ := json.MarshalIndent(redact(v), "", "  ")
-	return string(b)
-}
-
-func redact(v any) any {
-	switch x := v.(type) {
-	case map[string]any:
-		out := make(map[string]any, len(x))
-		for k, e := range x {
-			out[k] = redact(e)
-		}
-		return out
-	case []any:
-		out := make([]any, len(x))
-		for i, e := range x {
-			out[i] = redact(e)
-		}
-		return out
-	case string:
-		return fmt.Sprintf("‹string, %d chars›", len([]rune(x)))
-	case float64:
-		return "‹number›"
-	case bool:
-		return "‹bool›"
-	}
-	return v
 }
 
 func effectURL(tenant, key string) string {

@@ -158,6 +158,7 @@ func (s *Server) Handler() http.Handler {
 	page("GET /queue", s.queuePage)
 	page("GET /fragment/queue", s.poll(s.queueFragment))
 	page("GET /job", s.job)
+	page("POST /job/reveal", s.revealJob)
 	page("POST /queue/enqueue", s.change(s.enqueueJob))
 	page("POST /dead/requeue", s.change(s.requeueDead))
 	page("POST /dead/purge", s.change(s.purgeDead))

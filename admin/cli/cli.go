@@ -58,13 +58,13 @@ func usagef(format string, args ...any) error { return &usageError{msg: fmt.Spri
 const usage = `usage: oncegate <noun> <verb> [args] [flags]
 
   effect ls      [--tenant T] [--type T] [--status S] [--key-prefix P] [--since D] [--job ID] [--search TEXT] [--limit N] [--cursor C]
-  effect show    KEY [--tenant T]
+  effect show    KEY [--tenant T] [--reveal]
   effect retry   KEY [--tenant T] --reason R
   effect retry   --all-matching [filters of effect ls] --reason R [--yes]   (without --yes: a dry run, the count)
   effect resolve KEY [--tenant T] --as delivered|failed|resend --reason R
   type   ls | type pause TYPE --reason R | type resume TYPE --reason R
   queue  ls | queue pause Q --reason R | queue resume Q --reason R
-  job    ls Q --state S [--limit N] [--cursor C] | job show Q ID
+  job    ls Q --state S [--limit N] [--cursor C] | job show Q ID [--reveal]
   job    enqueue Q --kind K --payload JSON|@FILE|- [--id ID] [--delay D] [--max-attempts N] --reason R
   dead   ls Q [--limit N] [--cursor C] | dead requeue Q ID... --reason R | dead purge Q ID... --reason R
   gateway ls [--all] | worker ls Q | breaker ls [--all]   (--all: also gateways gone for over an hour)

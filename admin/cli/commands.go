@@ -259,13 +259,18 @@ func effectLs(c *command, args []string) error {
 
 func effectShow(c *command, args []string) error {
 	tenant := c.fs.String("tenant", "", "tenant (needed when several tenants use the key)")
+	reveal := c.fs.Bool("reveal", false, "show the payload and result as stored, not redacted (operator; audited)")
 	if err := c.parse(args, 1, 1, "KEY"); err != nil {
 		return err
 	}
 	if err := c.connect(true, false); err != nil {
 		return err
 	}
-	d, err := c.svc.Effect(c.ctx, c.actor, *tenant, c.pos[0])
+	get := c.svc.Effect
+	if *reveal {
+		get = c.svc.RevealEffect
+	}
+	d, err := get(c.ctx, c.actor, *tenant, c.pos[0])
 	if err != nil {
 		return err
 	}
@@ -598,14 +603,19 @@ func jobLs(c *command, args []string) error {
 }
 
 func jobShow(c *command, args []string) error {
+	reveal := c.fs.Bool("reveal", false, "show the payload as stored, not redacted (operator; audited, so DATABASE_URL is needed)")
 	if err := c.parse(args, 2, 2, "Q and ID"); err != nil {
 		return err
 	}
 	// The effects come from the gateway's database when DATABASE_URL names it.
-	if err := c.connect(c.env.Getenv("DATABASE_URL") != "", true); err != nil {
+	if err := c.connect(*reveal || c.env.Getenv("DATABASE_URL") != "", true); err != nil {
 		return err
 	}
-	d, err := c.svc.Job(c.ctx, c.actor, c.pos[0], c.pos[1])
+	get := c.svc.Job
+	if *reveal {
+		get = c.svc.RevealJob
+	}
+	d, err := get(c.ctx, c.actor, c.pos[0], c.pos[1])
 	if err != nil {
 		return err
 	}

@@ -253,6 +253,39 @@ func TestConsoleInABrowser(t *testing.T) {
 	b.screenshot("console-home")
 	b.noProblems("home")
 
+	// The on-call drill: "carol got two emails". Found by her address alone, in any case (no key known);
+	// her effect's page shows both sends: the attempt whose gateway died after the server took the message,
+	// and the rescue that sent it again.
+	if _, err := db.Exec(ctx, `
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, created_at,
+				updated_at, delivered_at, finished_at, stable_id, tags, search_terms)
+			VALUES ('acme', 'welcome:user_6', 'email', '\x00',
+				'{"to":["carol@example.test"],"subject":"Welcome, Carol","text":"hi"}', 'delivered', 2,
+				now() - interval '3 minutes', now() - interval '2 minutes', now() - interval '2 minutes',
+				now() - interval '2 minutes', 'eff_carol', '{customer:6}', '{customer:6,carol@example.test,carol}')
+			RETURNING id)
+		INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome, error, latency_ms)
+		SELECT id, 1, now() - interval '3 minutes', 'gw-1', 'interrupted', 'gateway gw-1 died holding the lease', NULL FROM e
+		UNION ALL
+		SELECT id, 2, now() - interval '2 minutes', 'gw-2', 'delivered', NULL, 41.5 FROM e`); err != nil {
+		t.Fatal(err)
+	}
+	b.do("search carol", chromedp.SendKeys(chromedp.CSS(`header input[name=q]`), "Carol@Example.test\n"),
+		chromedp.WaitVisible(chromedp.CSS("#effect-rows")))
+	if body := b.text("main"); !strings.Contains(body, "welcome:user_6") || !strings.Contains(body, "tag or recipient") {
+		t.Fatalf("searching carol's address found: %q", body)
+	}
+	b.screenshot("console-oncall-search")
+	b.do("carol's effect", chromedp.Click(chromedp.CSS(`#effect-rows a[href*="welcome%3Auser_6"]`)),
+		chromedp.WaitVisible(chromedp.CSS("#effect-key")))
+	if n := b.count(".attempts tbody tr"); n != 2 || !strings.Contains(b.text(".attempts"), "interrupted") {
+		t.Fatalf("carol's effect shows %d attempts: %q", n, b.text(".attempts"))
+	}
+	b.screenshot("console-oncall-carol")
+	b.noProblems("on-call search")
+	b.do("home again", chromedp.Navigate(base+"/"), chromedp.WaitVisible(chromedp.CSS("#dead-jobs")))
+
 	// Find an effect by its key in the search box, open it, retry it.
 	key := keyWith(t, db, "dead", 0)
 	b.do("search", chromedp.SendKeys(chromedp.CSS(`header input[name=q]`), key+"\n"),

@@ -276,7 +276,6 @@ func TestConsoleInABrowser(t *testing.T) {
 	if body := b.text("main"); !strings.Contains(body, "welcome:user_6") || !strings.Contains(body, "tag or recipient") {
 		t.Fatalf("searching carol's address found: %q", body)
 	}
-	b.screenshot("console-oncall-search")
 	b.do("carol's effect", chromedp.Click(chromedp.CSS(`#effect-rows a[href*="welcome%3Auser_6"]`)),
 		chromedp.WaitVisible(chromedp.CSS("#effect-key")))
 	if n := b.count(".attempts tbody tr"); n != 2 || !strings.Contains(b.text(".attempts"), "interrupted") {

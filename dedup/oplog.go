@@ -126,6 +126,8 @@ type Attempt struct {
 	Error    string    // as the effect's last_error would hold it
 	Latency  time.Duration
 	Called   bool // the provider was called, so Latency means something
+	// Destination is where the delivery went (providers.Destination): a host, the SMTP server; "" not known.
+	Destination string
 }
 
 // AttemptLog records delivery attempts in batches (attempts.sql).
@@ -176,6 +178,7 @@ func (l *AttemptLog) Flush(ctx context.Context) error {
 	n := len(batch)
 	ids, nums, starts, gws := make([]int64, n), make([]int32, n), make([]time.Time, n), make([]string, n)
 	tokens, outcomes, errs, lat := make([]pgtype.UUID, n), make([]string, n), make([]*string, n), make([]*float64, n)
+	dests := make([]*string, n)
 	for i, a := range batch {
 		ids[i], nums[i], starts[i], gws[i], outcomes[i] = a.EffectID, int32(a.Attempt), a.Start, a.Gateway, a.Outcome
 		if a.Token != nil {
@@ -188,8 +191,11 @@ func (l *AttemptLog) Flush(ctx context.Context) error {
 			ms := float64(a.Latency) / float64(time.Millisecond)
 			lat[i] = &ms
 		}
+		if a.Destination != "" {
+			dests[i] = &batch[i].Destination
+		}
 	}
-	if _, err := l.db.Exec(ctx, attemptsSQL, ids, nums, starts, gws, tokens, outcomes, errs, lat); err != nil {
+	if _, err := l.db.Exec(ctx, attemptsSQL, ids, nums, starts, gws, tokens, outcomes, errs, lat, dests); err != nil {
 		l.mu.Lock()
 		l.pending = append(batch, l.pending...)
 		if over := len(l.pending) - maxGathered; over > 0 {

@@ -16,22 +16,23 @@ const interruptedError = "the lease ran out before this gateway recorded an outc
 // nothing itself, the log batches. It is called after each provider call, and, for a rescued row, for the
 // interrupted attempt of the gateway that held it (called is false, out is ignored, and start is when that
 // lease began: its expiry less the type's lease).
-func (d *Dispatcher) recordAttempt(r dedup.Claimed, start time.Time, out providers.Outcome, called bool) {
+func (d *Dispatcher) recordAttempt(t *effectType, r dedup.Claimed, start time.Time, out providers.Outcome, called bool) {
 	if d.cfg.Attempts == nil {
 		return
 	}
+	dest := providers.Destination(t.Provider, r.Payload)
 	if !called {
 		owner := r.Interrupted.Owner
 		if owner == "" {
 			owner = "(not known)"
 		}
 		d.cfg.Attempts.Record(dedup.Attempt{EffectID: r.EffectID, Attempt: r.Attempts + 1, Start: start,
-			Gateway: owner, Token: r.Interrupted.Token, Outcome: "interrupted",
+			Gateway: owner, Token: r.Interrupted.Token, Outcome: "interrupted", Destination: dest,
 			Error: fmt.Sprintf("%s; rescued by %s", interruptedError, d.cfg.Owner)})
 		return
 	}
 	a := dedup.Attempt{EffectID: r.EffectID, Attempt: r.Attempts + 1, Start: start, Gateway: d.cfg.Owner,
-		Token: &r.Token, Outcome: out.Kind.String(), Latency: time.Since(start), Called: true}
+		Token: &r.Token, Outcome: out.Kind.String(), Latency: time.Since(start), Called: true, Destination: dest}
 	if out.Err != nil {
 		a.Error = out.Err.Error()
 	}

@@ -74,7 +74,7 @@ func (d *Dispatcher) deliverBatch(ctx context.Context, t *effectType, batch []*b
 		b.log = d.rowLog(t, r).With("attempt", r.Attempts+1)
 		if r.Rescued {
 			d.metrics.Rescued.WithLabelValues(t.Name).Inc()
-			d.recordAttempt(r, leaseStart(r, t.lease), providers.Outcome{}, false)
+			d.recordAttempt(t, r, leaseStart(r, t.lease), providers.Outcome{}, false)
 		}
 		if act := decide(event{stage: stageClaimed}, r, t.policy); act.kind != actDeliver {
 			b.settled = true
@@ -125,7 +125,7 @@ func (d *Dispatcher) attemptGroup(ctx context.Context, t *effectType, br *breake
 			continue
 		}
 		d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(took)
-		d.recordAttempt(b.r, start, b.out, true)
+		d.recordAttempt(t, b.r, start, b.out, true)
 		d.metrics.Attempts.WithLabelValues(t.Name, b.out.Kind.String()).Inc()
 		traceOutcome(b.span, b.out)
 		if b.settled {

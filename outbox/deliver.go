@@ -39,7 +39,7 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 
 	if r.Rescued {
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
-		d.recordAttempt(r, leaseStart(r, t.lease), providers.Outcome{}, false)
+		d.recordAttempt(t, r, leaseStart(r, t.lease), providers.Outcome{}, false)
 	}
 	lc := newLeaseClock(r, t.lease)
 	act := decide(event{stage: stageClaimed}, r, t.policy)
@@ -99,7 +99,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	if t.policy.doubted(out) {
 		seen.Kind = providers.KindInDoubt
 	}
-	d.recordAttempt(r, start, seen, true)
+	d.recordAttempt(t, r, start, seen, true)
 	d.metrics.Attempts.WithLabelValues(t.Name, seen.Kind.String()).Inc()
 	return event{stage: stageAttempted, outcome: out, stopping: ctx.Err() != nil, at: answered}, recorded
 }

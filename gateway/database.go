@@ -8,7 +8,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/dedup"
 )
 
 // poolerProbe finds out, once, whether database_url reaches Postgres itself or a pooler that shares server
@@ -69,6 +72,7 @@ func newPool(ctx context.Context, c *Config, log *slog.Logger, tune func(*pgxpoo
 	probeCfg := pcfg.ConnConfig.Copy()
 	probeCfg.Tracer = nil
 	probe := &poolerProbe{cfg: probeCfg, log: log}
+	dropReadOnly(pcfg, log)
 	cc, err := pgconn.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("database_url: %w", err)
@@ -116,4 +120,72 @@ func (c *Config) poolConfig() (*pgxpool.Config, error) {
 		pcfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
 	}
 	return pcfg, nil
+}
+
+// readOnlyConns marks the pool's connections on which a statement was refused as read-only (SQLSTATE 25006),
+// and the pool drops them when they come back (AfterRelease) instead of handing them out again. Such a
+// connection is on a server that is no longer the primary: a demoted one, or one a failover tool set
+// read-only. A pooled connection is checked against target_session_attrs only when it is opened, so without
+// this the pool would keep every request of the gateway on that server, failing, until each connection aged
+// out; dropped, the next connection is opened anew and, with several hosts in database_url and
+// target_session_attrs=read-write, lands on whichever is the primary now. dedup counts the refusal itself as
+// an outage (503, retry), not a bug.
+type readOnlyConns struct {
+	log    *slog.Logger
+	marked sync.Map // *pgx.Conn → struct{}
+}
+
+// dropReadOnly has the pool configured by pcfg drop the connections on which a write met a read-only server.
+// It keeps the pool's tracer, if any, and its hooks.
+func dropReadOnly(pcfg *pgxpool.Config, log *slog.Logger) {
+	r := &readOnlyConns{log: log}
+	if t := pcfg.ConnConfig.Tracer; t != nil {
+		pcfg.ConnConfig.Tracer = multitracer.New(t, r)
+	} else {
+		pcfg.ConnConfig.Tracer = r
+	}
+	afterRelease, beforeClose := pcfg.AfterRelease, pcfg.BeforeClose
+	pcfg.AfterRelease = func(c *pgx.Conn) bool {
+		if _, marked := r.marked.LoadAndDelete(c); marked {
+			r.log.Warn("dropping a database connection: the server refused a write as read-only (SQLSTATE 25006), " +
+				"so it is not the primary (demoted in a failover?); the next connection looks for the primary " +
+				"among database_url's hosts (target_session_attrs=read-write)")
+			return false
+		}
+		return afterRelease == nil || afterRelease(c)
+	}
+	pcfg.BeforeClose = func(c *pgx.Conn) {
+		r.marked.Delete(c) // closed for another reason before it came back
+		if beforeClose != nil {
+			beforeClose(c)
+		}
+	}
+}
+
+func (r *readOnlyConns) mark(c *pgx.Conn, err error) {
+	if dedup.ReadOnly(err) {
+		r.marked.Store(c, struct{}{})
+	}
+}
+
+func (r *readOnlyConns) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (r *readOnlyConns) TraceQueryEnd(_ context.Context, c *pgx.Conn, d pgx.TraceQueryEndData) { r.mark(c, d.Err) }
+
+func (r *readOnlyConns) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *readOnlyConns) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) { r.mark(c, d.Err) }
+
+func (r *readOnlyConns) TraceBatchEnd(_ context.Context, c *pgx.Conn, d pgx.TraceBatchEndData) { r.mark(c, d.Err) }
+
+func (r *readOnlyConns) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
+	return ctx
+}
+
+func (r *readOnlyConns) TraceCopyFromEnd(_ context.Context, c *pgx.Conn, d pgx.TraceCopyFromEndData) {
+	r.mark(c, d.Err)
 }

@@ -7,8 +7,8 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/multitracer"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/dedup"
@@ -172,15 +172,21 @@ func (r *readOnlyConns) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.
 	return ctx
 }
 
-func (r *readOnlyConns) TraceQueryEnd(_ context.Context, c *pgx.Conn, d pgx.TraceQueryEndData) { r.mark(c, d.Err) }
+func (r *readOnlyConns) TraceQueryEnd(_ context.Context, c *pgx.Conn, d pgx.TraceQueryEndData) {
+	r.mark(c, d.Err)
+}
 
 func (r *readOnlyConns) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	return ctx
 }
 
-func (r *readOnlyConns) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) { r.mark(c, d.Err) }
+func (r *readOnlyConns) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.mark(c, d.Err)
+}
 
-func (r *readOnlyConns) TraceBatchEnd(_ context.Context, c *pgx.Conn, d pgx.TraceBatchEndData) { r.mark(c, d.Err) }
+func (r *readOnlyConns) TraceBatchEnd(_ context.Context, c *pgx.Conn, d pgx.TraceBatchEndData) {
+	r.mark(c, d.Err)
+}
 
 func (r *readOnlyConns) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
 	return ctx

@@ -48,6 +48,8 @@ type Gateway struct {
 	providers  *providers.Registry
 	// heard is set while the notification self-check passes (notify.go); until then, the gateway polls fast.
 	heard atomic.Bool
+	// replicationSeen is the ReplicationState last logged (replication.go).
+	replicationSeen atomic.Value
 	// newEffects tells the other gateways' dispatchers of new effects, outside the requests' transactions.
 	newEffects    *notifier.Batcher
 	noServerSpans bool // Options.NoServerSpans
@@ -211,7 +213,7 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, lockWait
 // that cannot run (the database is down) is logged, and does not stop the start. It also logs what a
 // failover of the database would lose (replication.go): a warning unless it is nothing.
 func (g *Gateway) Check(ctx context.Context) error {
-	g.logReplication(ctx)
+	g.logReplication(ctx, true)
 	var errs []error
 	for _, name := range g.providers.Names() {
 		p, _ := g.providers.Get(name)

@@ -96,14 +96,24 @@ func judgeReplication(r Replication) (ReplicationState, string) {
 	}
 }
 
-// logReplication says at start what a failover of the database would lose: a warning unless nothing. A
-// database that does not answer is the start's other checks' business.
-func (g *Gateway) logReplication(ctx context.Context) {
+// replicationEvery is how often the gateway reads its database's replication again, to say when it changed:
+// after a failover, the new primary has standbys of its own, or none yet.
+const replicationEvery = 10 * time.Second
+
+// logReplication says what a failover of the database would lose: a warning unless nothing. It says it at
+// start, and after that whenever it changed (watchReplication). A database that does not answer is the
+// other checks' business.
+func (g *Gateway) logReplication(ctx context.Context, start bool) {
 	ctx, cancel := context.WithTimeout(ctx, time.Duration(g.cfg.Timeouts.Ready))
 	defer cancel()
 	r, err := g.replication(ctx)
 	if err != nil {
-		g.log.Warn("could not check the database's replication at start-up", "err", err)
+		if start {
+			g.log.Warn("could not check the database's replication at start-up", "err", err)
+		}
+		return
+	}
+	if was := g.replicationSeen.Swap(string(r.State)); !start && was == string(r.State) {
 		return
 	}
 	level := slog.LevelWarn
@@ -118,6 +128,17 @@ func (g *Gateway) logReplication(ctx context.Context) {
 	}[r.State]
 	g.log.Log(ctx, level, msg, "replication", r.State, "standbys", r.Standbys, "synchronous_commit",
 		r.SynchronousCommit, "synchronous_standby_names", r.SynchronousStandbyNames, "detail", r.Detail)
+}
+
+// watchReplication reads the database's replication every replicationEvery until ctx ends, and says so when
+// it changed.
+func (g *Gateway) watchReplication(ctx context.Context) {
+	for {
+		if sleep(ctx, replicationEvery); ctx.Err() != nil {
+			return
+		}
+		g.logReplication(ctx, false)
+	}
 }
 
 // replicationCollector reads the database's standbys when /metrics is scraped.

@@ -67,7 +67,8 @@ func TestPostgresFailoverToSynchronousStandbyLosesNothing(t *testing.T) {
 }
 
 // The same with an asynchronous standby: the gateway says at start, on /readyz and in its metrics that
-// acknowledged effects may be lost on failover, and the loss is measured (it is luck, not asserted).
+// acknowledged effects may be lost on failover, and the loss is measured (it is luck, not asserted). After the
+// failover it says that its new primary has no standby.
 func TestPostgresFailoverToAsynchronousStandbyIsReported(t *testing.T) {
 	t.Parallel()
 	f := startFailover(t, pgtest.Async)
@@ -86,6 +87,10 @@ func TestPostgresFailoverToAsynchronousStandbyIsReported(t *testing.T) {
 	r := f.run(t, func() { time.Sleep(500 * time.Millisecond) })
 	t.Logf("failover: postgres async outage=%v acked=%d missing=%d refused=%d", r.outage.Round(100*time.Millisecond),
 		r.acked, r.missing, r.refused)
+	// The promoted standby has no standby of its own: the gateway says so, by itself.
+	testenv.Eventually(t, 15*time.Second, "the gateway says its new primary has no standby", func() bool {
+		return strings.Contains(grepLines(f.gateway.Log(), `"replication":"none"`), `"level":"WARN"`)
+	})
 }
 
 // A primary that turns read-only under the gateway (demoted, or default_transaction_read_only set by a

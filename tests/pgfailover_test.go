@@ -26,7 +26,7 @@ import (
 // every request is refused at once with a 503 the client retries, never a 500 and never a hang.
 func TestPostgresFailoverToSynchronousStandbyLosesNothing(t *testing.T) {
 	t.Parallel()
-	f := startFailover(t, pgtest.Sync)
+	f := startFailover(t, pgtest.Sync, false)
 	if f.readyz.Replication.State != "sync" || f.readyz.Replication.Standbys["sync"] != 1 {
 		t.Errorf("readyz reports %+v, want state sync with 1 sync standby", f.readyz.Replication)
 	}
@@ -71,7 +71,7 @@ func TestPostgresFailoverToSynchronousStandbyLosesNothing(t *testing.T) {
 // failover it says that its new primary has no standby.
 func TestPostgresFailoverToAsynchronousStandbyIsReported(t *testing.T) {
 	t.Parallel()
-	f := startFailover(t, pgtest.Async)
+	f := startFailover(t, pgtest.Async, false)
 	if f.readyz.Replication.State != "async" || f.readyz.Replication.Standbys["async"] != 1 ||
 		!strings.Contains(f.readyz.Replication.Detail, "synchronous_standby_names") {
 		t.Errorf("readyz reports %+v, want state async with 1 async standby and what closes it", f.readyz.Replication)
@@ -93,13 +93,30 @@ func TestPostgresFailoverToAsynchronousStandbyIsReported(t *testing.T) {
 	})
 }
 
+// The outside tester's set-up: the gateway reaches Postgres through PgBouncer (transaction pooling), which a
+// failover tool re-points at the promoted synchronous standby. Every acknowledged effect is there, and the
+// gateway answers 503 to retry, never 500, meanwhile.
+func TestPostgresFailoverBehindPgBouncerLosesNothing(t *testing.T) {
+	t.Parallel()
+	f := startFailover(t, pgtest.Sync, true)
+	if f.readyz.Replication.State != "sync" {
+		t.Errorf("readyz through PgBouncer reports %+v, want state sync", f.readyz.Replication)
+	}
+	r := f.run(t, func() { time.Sleep(500 * time.Millisecond) })
+	t.Logf("failover: postgres sync via pgbouncer outage=%v acked=%d missing=%d refused=%d",
+		r.outage.Round(100*time.Millisecond), r.acked, r.missing, r.refused)
+	if r.missing != 0 {
+		t.Fatalf("%d of %d acknowledged effects are missing on the promoted synchronous standby", r.missing, r.acked)
+	}
+}
+
 // A primary that turns read-only under the gateway (demoted, or default_transaction_read_only set by a
 // failover tool) refuses its writes with SQLSTATE 25006: that is an outage, answered 503 for the client to
 // retry, not an internal error; and the gateway drops the connections that met it, so that once a standby is
 // promoted it finds the new primary by itself instead of writing to the read-only server forever.
 func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 	t.Parallel()
-	f := startFailover(t, pgtest.Async)
+	f := startFailover(t, pgtest.Async, false)
 	post := func(key string) (int, http.Header, string) {
 		return exchange(t, "POST", f.base+"/v1/effects", apiKey, `{"type":"analytics","payload":{"name":"ro"}}`,
 			"Idempotency-Key: "+key)
@@ -159,7 +176,8 @@ func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 
 type failover struct {
 	primary, standby *pgtest.Cluster
-	db               string // the database's name, on both
+	bouncer          *pgtest.Bouncer // the gateway's way to the primary, if not a multi-host database_url
+	db               string          // the database's name, on both
 	gateway          *proctest.Proc
 	base             string
 	readyz           readyzBody
@@ -176,8 +194,9 @@ type readyzBody struct {
 }
 
 // startFailover starts a primary with a streaming standby of kind r and a gateway on both (multi-host
-// database_url, target_session_attrs=read-write), and reads its /readyz and /metrics.
-func startFailover(t *testing.T, r pgtest.Replication) *failover {
+// database_url, target_session_attrs=read-write), or with bouncer on a PgBouncer in front of the primary,
+// which run re-points to the standby once promoted; and reads the gateway's /readyz and /metrics.
+func startFailover(t *testing.T, r pgtest.Replication, bouncer bool) *failover {
 	t.Helper()
 	f := &failover{primary: pgtest.StartCluster(t)}
 	dbURL := pgtest.DatabaseAt(t, f.primary.URL())
@@ -186,15 +205,19 @@ func startFailover(t *testing.T, r pgtest.Replication) *failover {
 		f.db = f.db[:i]
 	}
 	f.standby = f.primary.StartStandby(r)
-	multi := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
+	dsn := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/%s?sslmode=disable&target_session_attrs=read-write&connect_timeout=2",
 		f.primary.Port(), f.standby.Port(), f.db)
+	if bouncer {
+		f.bouncer = pgtest.StartPgBouncer(t, f.primary.URL())
+		dsn = f.bouncer.URL(pgtest.WithDatabase(f.primary.URL(), f.db))
+	}
 	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s
 tenants: { acme: { api_keys: [%s] } }
 effect_types: { analytics: { provider: postgres } }
 timeouts: { database: 2s, ready: 2s }
 dispatcher: { poll_interval: 200ms, lease_margin: 1s }
-`, multi, apiKey))
+`, dsn, apiKey))
 	f.gateway, f.base = startGateway(t, config)
 	code, _, raw := exchange(t, "GET", f.base+"/readyz", "", "")
 	if code != 200 {
@@ -275,6 +298,9 @@ func (f *failover) run(t *testing.T, meanwhile func()) failoverResult {
 	f.primary.Kill()
 	meanwhile()
 	f.standby.Promote()
+	if f.bouncer != nil {
+		f.bouncer.Repoint(f.standby.URL())
+	}
 	promoted.Store(time.Now().UnixNano())
 	testenv.Eventually(t, 20*time.Second, "the gateway acknowledges effects on the promoted standby", okLater.Load)
 	time.Sleep(time.Second)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/internal/testkit/proctest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
@@ -26,6 +27,9 @@ import (
 // every request is refused at once with a 503 the client retries, never a 500 and never a hang.
 func TestPostgresFailoverToSynchronousStandbyLosesNothing(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Database", "Postgres primary SIGKILLed under 16 clients, its synchronous standby "+
+		"promoted; gateway on a multi-host database_url (target_session_attrs=read-write)",
+		"0 acknowledged effects missing on the new primary; every request without a primary a 503 with Retry-After within 3 s")
 	f := startFailover(t, pgtest.Sync, false)
 	if f.readyz.Replication.State != "sync" || f.readyz.Replication.Standbys["sync"] != 1 {
 		t.Errorf("readyz reports %+v, want state sync with 1 sync standby", f.readyz.Replication)
@@ -64,6 +68,7 @@ func TestPostgresFailoverToSynchronousStandbyLosesNothing(t *testing.T) {
 	if r.missing != 0 {
 		t.Fatalf("%d of %d acknowledged effects are missing on the promoted synchronous standby", r.missing, r.acked)
 	}
+	result(fmt.Sprintf("%d acknowledged, 0 missing; outage %v", r.acked, r.outage.Round(100*time.Millisecond)))
 }
 
 // The same with an asynchronous standby: the gateway says at start, on /readyz and in its metrics that
@@ -71,6 +76,8 @@ func TestPostgresFailoverToSynchronousStandbyLosesNothing(t *testing.T) {
 // failover it says that its new primary has no standby.
 func TestPostgresFailoverToAsynchronousStandbyIsReported(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Database", "Postgres primary SIGKILLed under 16 clients, its asynchronous standby promoted",
+		"the gateway warns at start, on /readyz and in oncegate_db_standbys; the loss is measured, not asserted")
 	f := startFailover(t, pgtest.Async, false)
 	if f.readyz.Replication.State != "async" || f.readyz.Replication.Standbys["async"] != 1 ||
 		!strings.Contains(f.readyz.Replication.Detail, "synchronous_standby_names") {
@@ -87,6 +94,8 @@ func TestPostgresFailoverToAsynchronousStandbyIsReported(t *testing.T) {
 	r := f.run(t, func() { time.Sleep(500 * time.Millisecond) })
 	t.Logf("failover: postgres async outage=%v acked=%d missing=%d refused=%d", r.outage.Round(100*time.Millisecond),
 		r.acked, r.missing, r.refused)
+	result(fmt.Sprintf("%d acknowledged, %d missing (asynchronous: luck); outage %v", r.acked, r.missing,
+		r.outage.Round(100*time.Millisecond)))
 	// The promoted standby has no standby of its own: the gateway says so, by itself.
 	testenv.Eventually(t, 15*time.Second, "the gateway says its new primary has no standby", func() bool {
 		return strings.Contains(grepLines(f.gateway.Log(), `"replication":"none"`), `"level":"WARN"`)
@@ -98,6 +107,8 @@ func TestPostgresFailoverToAsynchronousStandbyIsReported(t *testing.T) {
 // gateway answers 503 to retry, never 500, meanwhile.
 func TestPostgresFailoverBehindPgBouncerLosesNothing(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Database", "Postgres primary SIGKILLed under 16 clients, its synchronous standby "+
+		"promoted and PgBouncer (transaction mode) re-pointed at it", "0 acknowledged effects missing on the new primary; no 500")
 	f := startFailover(t, pgtest.Sync, true)
 	if f.readyz.Replication.State != "sync" {
 		t.Errorf("readyz through PgBouncer reports %+v, want state sync", f.readyz.Replication)
@@ -108,6 +119,7 @@ func TestPostgresFailoverBehindPgBouncerLosesNothing(t *testing.T) {
 	if r.missing != 0 {
 		t.Fatalf("%d of %d acknowledged effects are missing on the promoted synchronous standby", r.missing, r.acked)
 	}
+	result(fmt.Sprintf("%d acknowledged, 0 missing; outage %v", r.acked, r.outage.Round(100*time.Millisecond)))
 }
 
 // A primary that turns read-only under the gateway (demoted, or default_transaction_read_only set by a
@@ -116,6 +128,8 @@ func TestPostgresFailoverBehindPgBouncerLosesNothing(t *testing.T) {
 // promoted it finds the new primary by itself instead of writing to the read-only server forever.
 func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 	t.Parallel()
+	result := reliability.Record(t, "Database", "The primary turned read-only under the gateway (SQLSTATE 25006), then a standby promoted",
+		"every write meanwhile a 503 with Retry-After, never a 500; the gateway writes to the new primary by itself")
 	f := startFailover(t, pgtest.Async, false)
 	post := func(key string) (int, http.Header, string) {
 		return exchange(t, "POST", f.base+"/v1/effects", apiKey, `{"type":"analytics","payload":{"name":"ro"}}`,
@@ -162,7 +176,8 @@ func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 		code, _, _ := post("after-promotion")
 		return code == 202 || code == 200
 	})
-	t.Logf("first write acknowledged %v after the promotion", time.Since(promoted).Round(10*time.Millisecond))
+	after := time.Since(promoted).Round(10 * time.Millisecond)
+	t.Logf("first write acknowledged %v after the promotion", after)
 	s, err := pgx.Connect(ctx, pgtest.WithDatabase(f.standby.URL(), f.db))
 	if err != nil {
 		t.Fatal(err)
@@ -172,6 +187,7 @@ func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 	if err := s.QueryRow(ctx, "SELECT count(*) FROM oncegate_effects WHERE key = 'after-promotion'").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the acknowledged effect is not on the promoted standby: %d rows (%v)", n, err)
 	}
+	result(fmt.Sprintf("16 writes on the read-only primary, 16 503s; first write acknowledged %v after the promotion", after))
 }
 
 type failover struct {

@@ -129,7 +129,7 @@ func TestPostgresFailoverBehindPgBouncerLosesNothing(t *testing.T) {
 func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 	t.Parallel()
 	result := reliability.Record(t, "Database", "The primary turned read-only under the gateway (SQLSTATE 25006), then a standby promoted",
-		"every write meanwhile a 503 with Retry-After, never a 500; the gateway writes to the new primary by itself")
+		"every write meanwhile a 503 with Retry-After, never a 500; the gateway writes to, and reads from, the new primary by itself")
 	f := startFailover(t, pgtest.Async, false)
 	post := func(key string) (int, http.Header, string) {
 		return exchange(t, "POST", f.base+"/v1/effects", apiKey, `{"type":"analytics","payload":{"name":"ro"}}`,
@@ -141,6 +141,9 @@ func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 		wg.Go(func() {
 			if code, _, raw := post(fmt.Sprintf("warm-%d", i)); code != 202 {
 				t.Errorf("warm-%d: %d %s", i, code, raw)
+			}
+			for range 5 {
+				exchange(t, "GET", f.base+"/v1/effects/warm-0", apiKey, "")
 			}
 		})
 	}
@@ -162,7 +165,8 @@ func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 		_, _ = conn.Exec(context.Background(), "SELECT pg_reload_conf()")
 	})
 	time.Sleep(200 * time.Millisecond) // the backends take the reload between transactions
-	for i := range 16 {
+	// A few writes only: most of the warm connections stay on the read-only server, having met nothing yet.
+	for i := range 3 {
 		start := time.Now()
 		code, h, raw := post(fmt.Sprintf("ro-%d", i))
 		if code != 503 || h.Get("Retry-After") == "" || time.Since(start) > 3*time.Second {
@@ -172,22 +176,42 @@ func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 	}
 	f.standby.Promote()
 	promoted := time.Now()
+	s, err := pgx.Connect(ctx, pgtest.WithDatabase(f.standby.URL(), f.db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	// Nor does the gateway read from the demoted server, before any write of its own moved it: an effect
+	// changed on the new primary reads as changed. (A connection of the pool that only read since the server
+	// turned read-only has met no 25006, and is still on it.)
+	if _, err := s.Exec(ctx, "UPDATE oncegate_effects SET attempts = 42 WHERE key = 'warm-0'"); err != nil {
+		t.Fatal(err)
+	}
+	var stale atomic.Int64
+	for range 4 {
+		wg.Go(func() {
+			for range 10 {
+				if e := get(t, f.base, "warm-0"); e.Attempts != 42 {
+					stale.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := stale.Load(); n != 0 {
+		t.Errorf("%d of 40 reads after the promotion came from the demoted server", n)
+	}
 	testenv.Eventually(t, 15*time.Second, "the gateway writes to the promoted standby", func() bool {
 		code, _, _ := post("after-promotion")
 		return code == 202 || code == 200
 	})
 	after := time.Since(promoted).Round(10 * time.Millisecond)
 	t.Logf("first write acknowledged %v after the promotion", after)
-	s, err := pgx.Connect(ctx, pgtest.WithDatabase(f.standby.URL(), f.db))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close(ctx)
 	var n int
 	if err := s.QueryRow(ctx, "SELECT count(*) FROM oncegate_effects WHERE key = 'after-promotion'").Scan(&n); err != nil || n != 1 {
 		t.Fatalf("the acknowledged effect is not on the promoted standby: %d rows (%v)", n, err)
 	}
-	result(fmt.Sprintf("16 writes on the read-only primary, 16 503s; first write acknowledged %v after the promotion", after))
+	result(fmt.Sprintf("3 writes on the read-only primary, 3 503s; 40 reads after, all on the new primary; first write acknowledged %v after the promotion", after))
 }
 
 type failover struct {

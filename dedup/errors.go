@@ -115,14 +115,27 @@ func Unstorable(err error) (reason string, ok bool) {
 	return "", false
 }
 
+// ReadOnlySQLState is read_only_sql_transaction: a write on a server that is not (or no longer) the primary.
+const ReadOnlySQLState = "25006"
+
+// ReadOnly reports whether err is a write refused because the server is read-only: the connection that met
+// it is on the wrong server, and should be dropped rather than reused, so that the next one finds the primary.
+func ReadOnly(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == ReadOnlySQLState
+}
+
 // unavailable reports whether err means the database cannot be reached right now, as opposed to a bug.
 func unavailable(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		// 08: connection exception; 57P01-03: admin shutdown, crash shutdown, cannot connect now (starting or
-		// in recovery); 53300: too many connections.
+		// in recovery); 53300: too many connections; 25006: read-only transaction, which is what a write meets
+		// on a primary that was demoted to a standby (or set read-only by a failover tool) under a pooled
+		// connection: another server is, or is about to be, the primary.
 		c := pgErr.Code
-		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "53300"
+		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "53300" ||
+			c == ReadOnlySQLState
 	}
 	var netErr net.Error
 	var connErr *pgconn.ConnectError

@@ -28,6 +28,7 @@ func TestTranslate(t *testing.T) {
 		{pg("57P01"), true, false},  // admin shutdown
 		{pg("57P03"), true, false},  // cannot connect now
 		{pg("53300"), true, false},  // too many connections
+		{pg("25006"), true, false},  // read-only transaction: a demoted primary
 		{pg("22P05"), false, true},  // untranslatable character (\u0000 in jsonb)
 		{pg("22021"), false, true},  // invalid byte sequence
 		{pg("54000"), false, true},  // program limit exceeded

@@ -5,10 +5,14 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/multitracer"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/dedup"
 )
 
 // poolerProbe finds out, once, whether database_url reaches Postgres itself or a pooler that shares server
@@ -69,6 +73,7 @@ func newPool(ctx context.Context, c *Config, log *slog.Logger, tune func(*pgxpoo
 	probeCfg := pcfg.ConnConfig.Copy()
 	probeCfg.Tracer = nil
 	probe := &poolerProbe{cfg: probeCfg, log: log}
+	dropReadOnly(pcfg, log)
 	cc, err := pgconn.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("database_url: %w", err)
@@ -116,4 +121,118 @@ func (c *Config) poolConfig() (*pgxpool.Config, error) {
 		pcfg.ConnConfig.ConnectTimeout = DefaultConnectTimeout
 	}
 	return pcfg, nil
+}
+
+// readOnlyConns keeps the pool off servers that are no longer the primary: a demoted one, or one a failover
+// tool set read-only, which lives on beside the new primary. A pooled connection is checked against
+// target_session_attrs only when it is opened, so without this the pool would keep connections there until
+// each aged out: writes on them failing, and reads on them answering from a database that no longer changes
+// (a test read an effect as it was before the failover on 10 of 40 reads).
+//
+// So a connection on which a statement was refused as read-only (SQLSTATE 25006) is dropped when it comes
+// back (AfterRelease) instead of being handed out again, and dedup counts the refusal as an outage (503,
+// retry); and where database_url sets target_session_attrs, a connection handed out is checked against it
+// again if it was not for recheckEvery (PrepareConn), and dropped if it fails. A new connection then finds,
+// among database_url's hosts, whichever is the primary now.
+type readOnlyConns struct {
+	log      *slog.Logger
+	validate pgconn.ValidateConnectFunc // target_session_attrs' check; nil: none
+	marked   sync.Map                   // *pgx.Conn → struct{}: met a 25006
+	checked  sync.Map                   // *pgx.Conn → time.Time: when it last passed validate
+}
+
+// recheckEvery is how long a pooled connection goes unchecked against target_session_attrs: the longest a
+// server's demotion goes unnoticed by a connection that only reads. A check is one round trip.
+const recheckEvery = time.Second
+
+// dropReadOnly has the pool configured by pcfg drop the connections on servers that are no longer the
+// primary. It keeps the pool's tracer, if any, and its hooks.
+func dropReadOnly(pcfg *pgxpool.Config, log *slog.Logger) {
+	r := &readOnlyConns{log: log, validate: pcfg.ConnConfig.ValidateConnect}
+	if t := pcfg.ConnConfig.Tracer; t != nil {
+		pcfg.ConnConfig.Tracer = multitracer.New(t, r)
+	} else {
+		pcfg.ConnConfig.Tracer = r
+	}
+	afterConnect, prepare, afterRelease, beforeClose := pcfg.AfterConnect, pcfg.PrepareConn, pcfg.AfterRelease, pcfg.BeforeClose
+	pcfg.AfterRelease = func(c *pgx.Conn) bool {
+		if _, marked := r.marked.LoadAndDelete(c); marked {
+			r.log.Warn("dropping a database connection: the server refused a write as read-only (SQLSTATE 25006), " +
+				"so it is not the primary (demoted in a failover?); the next connection looks for the primary " +
+				"among database_url's hosts (target_session_attrs=read-write)")
+			return false
+		}
+		return afterRelease == nil || afterRelease(c)
+	}
+	pcfg.BeforeClose = func(c *pgx.Conn) {
+		r.marked.Delete(c)
+		r.checked.Delete(c)
+		if beforeClose != nil {
+			beforeClose(c)
+		}
+	}
+	if r.validate == nil {
+		return
+	}
+	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		r.checked.Store(c, time.Now()) // pgconn validated it as it connected
+		if afterConnect != nil {
+			return afterConnect(ctx, c)
+		}
+		return nil
+	}
+	pcfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+		if prepare != nil {
+			if ok, err := prepare(ctx, c); !ok || err != nil {
+				return ok, err
+			}
+		}
+		if at, ok := r.checked.Load(c); ok && time.Since(at.(time.Time)) < recheckEvery {
+			return true, nil
+		}
+		if err := r.validate(ctx, c.PgConn()); err != nil {
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			r.log.Warn("dropping a database connection: its server no longer passes database_url's "+
+				"target_session_attrs (demoted in a failover?); the next connection looks for one that does", "err", err)
+			return false, nil // pgxpool tries another connection, or opens one
+		}
+		r.checked.Store(c, time.Now())
+		return true, nil
+	}
+}
+
+func (r *readOnlyConns) mark(c *pgx.Conn, err error) {
+	if dedup.ReadOnly(err) {
+		r.marked.Store(c, struct{}{})
+	}
+}
+
+func (r *readOnlyConns) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (r *readOnlyConns) TraceQueryEnd(_ context.Context, c *pgx.Conn, d pgx.TraceQueryEndData) {
+	r.mark(c, d.Err)
+}
+
+func (r *readOnlyConns) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+
+func (r *readOnlyConns) TraceBatchQuery(_ context.Context, c *pgx.Conn, d pgx.TraceBatchQueryData) {
+	r.mark(c, d.Err)
+}
+
+func (r *readOnlyConns) TraceBatchEnd(_ context.Context, c *pgx.Conn, d pgx.TraceBatchEndData) {
+	r.mark(c, d.Err)
+}
+
+func (r *readOnlyConns) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
+	return ctx
+}
+
+func (r *readOnlyConns) TraceCopyFromEnd(_ context.Context, c *pgx.Conn, d pgx.TraceCopyFromEndData) {
+	r.mark(c, d.Err)
 }

@@ -48,6 +48,8 @@ type Gateway struct {
 	providers  *providers.Registry
 	// heard is set while the notification self-check passes (notify.go); until then, the gateway polls fast.
 	heard atomic.Bool
+	// replicationSeen is the ReplicationState last logged (replication.go).
+	replicationSeen atomic.Value
 	// newEffects tells the other gateways' dispatchers of new effects, outside the requests' transactions.
 	newEffects    *notifier.Batcher
 	noServerSpans bool // Options.NoServerSpans
@@ -136,6 +138,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	g := &Gateway{cfg: cfg, log: log, pool: pool, probe: probe, store: store, dispatcher: d, providers: reg,
 		waiters: w, metrics: m, registry: m.registry, replays: dedup.NewReplayLog(pool, 0, log), attempts: attempts,
 		newEffects: notifier.NewBatcher(pool, notifier.TopicOutbox, notifyInterval, log), noServerSpans: opts.NoServerSpans}
+	m.registry.MustRegister(replicationCollector{g: g, timeout: time.Duration(cfg.Timeouts.Metrics)})
 	tenants := make([]string, 0, len(cfg.Tenants))
 	for t := range cfg.Tenants {
 		tenants = append(tenants, t)
@@ -207,8 +210,10 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, lockWait
 
 // Check asks every provider that can check its destination (providers.Checker) whether it can deliver:
 // a start that could only send every effect of a type to dead letters stops, saying what to fix. A check
-// that cannot run (the database is down) is logged, and does not stop the start.
+// that cannot run (the database is down) is logged, and does not stop the start. It also logs what a
+// failover of the database would lose (replication.go): a warning unless it is nothing.
 func (g *Gateway) Check(ctx context.Context) error {
+	g.logReplication(ctx, true)
 	var errs []error
 	for _, name := range g.providers.Names() {
 		p, _ := g.providers.Get(name)

@@ -7,6 +7,7 @@ import (
 	"context"
 	"database/sql"
 	_ "embed"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -101,7 +102,9 @@ func (g *Gateway) healthz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
 }
 
-// readyz is ready when the database answers and its schema has every migration this binary knows.
+// readyz is ready when the database answers and its schema has every migration this binary knows. Its body
+// also reports the database's replication (replication.go), which never makes it unready: a gateway without
+// a synchronous standby serves, and says what a failover would lose.
 func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Ready))
 	defer cancel()
@@ -118,6 +121,16 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, probUnavailable, "", "the database schema is not current: run `gateway migrate`")
 		return
 	}
+	body := struct {
+		Status      string       `json:"status"`
+		Replication *Replication `json:"replication"`
+	}{Status: "ready"}
+	if r, err := g.replication(ctx); err == nil {
+		body.Replication = &r
+	} else {
+		body.Replication = &Replication{State: ReplicationUnknown, Standbys: map[string]int{},
+			Detail: "the replication check failed: " + err.Error()}
+	}
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write([]byte(`{"status":"ready"}` + "\n"))
+	_ = json.NewEncoder(w).Encode(body)
 }

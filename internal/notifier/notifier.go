@@ -6,7 +6,9 @@
 // listener has no connection, so after every (re)connect each subscriber is called once with Resync set, and
 // must then act as if anything it waits for may have happened (re-read, wake its waiters). A connection that
 // a network fault left dead without an error (a blackhole) is found by a ping after an idle slice, not after
-// the operating system's keepalive gives up. Notifications are a way to be quick, never the only way to be
+// the operating system's keepalive gives up; one on a server that no longer passes the URL's
+// target_session_attrs (a primary demoted in a failover) is found by the same check, and the listener moves
+// to the URL's host that does. Notifications are a way to be quick, never the only way to be
 // right: every subscriber also polls.
 //
 // A LISTEN only works on a connection of its own: behind PgBouncer in transaction pooling mode it lands on a
@@ -197,9 +199,16 @@ func (n *Notifier) listen(ctx context.Context, connected func()) error {
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			err = conn.Ping(pctx)
+			if err == nil && ccfg.ValidateConnect != nil {
+				// A server demoted in a failover lives on, read-only, and the NOTIFYs go to the new primary:
+				// target_session_attrs (read-write, primary) is checked again, not only at connect.
+				if verr := ccfg.ValidateConnect(pctx, conn.PgConn()); verr != nil {
+					err = fmt.Errorf("its server no longer passes target_session_attrs (demoted in a failover?): %w", verr)
+				}
+			}
 			cancel()
 			if err != nil {
-				return fmt.Errorf("idle connection failed its ping: %w", err)
+				return fmt.Errorf("idle connection failed its check: %w", err)
 			}
 			continue
 		}

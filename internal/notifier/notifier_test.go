@@ -2,6 +2,7 @@ package notifier
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -195,5 +196,49 @@ func TestBatcherSendsEveryItemInFewNotifications(t *testing.T) {
 	t.Logf("400 items in %d notifications", notifications)
 	if notifications >= 400 {
 		t.Fatalf("%d notifications for 400 items: nothing was batched", notifications)
+	}
+}
+
+// A listener whose server turns read-only (a primary demoted in a failover, while it lives on) hears nothing
+// more: the writers, and their NOTIFYs, went to the new primary. With target_session_attrs=read-write in its
+// URL, the listener checks its connection against it whenever idle, as it pings, and reconnects to the
+// primary among the URL's hosts.
+func TestListenerLeavesAServerTurnedReadOnly(t *testing.T) {
+	t.Parallel()
+	ctx := testenv.Context(t, time.Minute)
+	a, b := pgtest.StartCluster(t), pgtest.StartCluster(t)
+	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d,127.0.0.1:%d/postgres?sslmode=disable&target_session_attrs=read-write",
+		a.Port(), b.Port())
+	n := New(Config{DatabaseURL: url, IdleCheck: 200 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	rec := recorder{make(chan Notification, 100)}
+	n.Subscribe(TopicOutbox, rec.fn)
+	rctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { n.Run(rctx); close(stopped) }()
+	t.Cleanup(func() { cancel(); <-stopped })
+	if !rec.next(t).Resync {
+		t.Fatal("the first call after connecting is not a resync")
+	}
+	poolA, poolB := pgtest.Pool(t, a.URL()), pgtest.Pool(t, b.URL())
+	if err := Send(ctx, poolA, TopicOutbox, "on-a"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.next(t); got.Payload != "on-a" {
+		t.Fatalf("the listener is not on the first host: %+v", got)
+	}
+	for _, q := range []string{"ALTER SYSTEM SET default_transaction_read_only = on", "SELECT pg_reload_conf()"} {
+		if _, err := poolA.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := rec.next(t); !got.Resync {
+		t.Fatalf("no reconnect after the server turned read-only: %+v", got)
+	}
+	if err := Send(ctx, poolB, TopicOutbox, "on-b"); err != nil {
+		t.Fatal(err)
+	}
+	if got := rec.next(t); got.Payload != "on-b" {
+		t.Fatalf("the listener did not move to the read-write host: %+v", got)
 	}
 }

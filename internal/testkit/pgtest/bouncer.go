@@ -22,6 +22,7 @@ type Bouncer struct {
 	t    testing.TB
 	port int
 	user string
+	dir  string // its configuration and log
 	cmd  *exec.Cmd
 }
 
@@ -54,20 +55,10 @@ func StartPgBouncer(t testing.TB, dbURL string) *Bouncer {
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	b := &Bouncer{t: t, port: freePort(t), user: user}
+	b.dir = dir
 	pass, _ := u.User.Password()
-	ini := strings.Join([]string{"[databases]", fmt.Sprintf("* = host=%s port=%s", host, pgport), "",
-		"[pgbouncer]", "listen_addr = 127.0.0.1", "listen_port = " + strconv.Itoa(b.port), "unix_socket_dir =",
-		"auth_type = trust", "auth_file = " + filepath.Join(dir, "users.txt"), "pool_mode = transaction",
-		"admin_users = " + user, "max_client_conn = 500", "default_pool_size = 20", "server_login_retry = 1",
-		"log_connections = 0", "log_disconnections = 0", "logfile = " + filepath.Join(dir, "pgbouncer.log"), ""},
-		"\n")
-	write := func(name, body string) {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	write("users.txt", fmt.Sprintf("%q %q\n", user, pass))
-	write("pgbouncer.ini", ini)
+	b.write("users.txt", fmt.Sprintf("%q %q\n", user, pass))
+	b.writeIni(host, pgport)
 	args := []string{filepath.Join(dir, "pgbouncer.ini")}
 	// PgBouncer refuses to run as root.
 	if os.Geteuid() == 0 {
@@ -129,4 +120,39 @@ func (b *Bouncer) Admin(command string) {
 	if _, err := conn.Exec(ctx, command); err != nil {
 		b.t.Fatalf("pgbouncer %s: %v", command, err)
 	}
+}
+
+func (b *Bouncer) write(name, body string) {
+	b.t.Helper()
+	if err := os.WriteFile(filepath.Join(b.dir, name), []byte(body), 0o644); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// writeIni writes the configuration, with every database on the server at host:port.
+func (b *Bouncer) writeIni(host, port string) {
+	b.t.Helper()
+	b.write("pgbouncer.ini", strings.Join([]string{"[databases]", fmt.Sprintf("* = host=%s port=%s", host, port), "",
+		"[pgbouncer]", "listen_addr = 127.0.0.1", "listen_port = " + strconv.Itoa(b.port), "unix_socket_dir =",
+		"auth_type = trust", "auth_file = " + filepath.Join(b.dir, "users.txt"), "pool_mode = transaction",
+		"admin_users = " + b.user, "max_client_conn = 500", "default_pool_size = 20", "server_login_retry = 1",
+		"log_connections = 0", "log_disconnections = 0", "logfile = " + filepath.Join(b.dir, "pgbouncer.log"), ""},
+		"\n"))
+}
+
+// Repoint sends every database to the server of dbURL from now on, as a failover tool does after a promotion:
+// it rewrites the configuration and has PgBouncer RELOAD it, which closes the server connections to the old
+// server as they come free.
+func (b *Bouncer) Repoint(dbURL string) {
+	b.t.Helper()
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	port := u.Port()
+	if port == "" {
+		port = "5432"
+	}
+	b.writeIni(u.Hostname(), port)
+	b.Admin("RELOAD")
 }

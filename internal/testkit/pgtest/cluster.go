@@ -24,6 +24,8 @@ type Cluster struct {
 	dir  string
 	port int
 	as   []string // "runuser -u postgres --" when the test runs as root, which Postgres refuses
+	// killed is set once Kill SIGKILLed the postmaster.
+	killed bool
 }
 
 // StartCluster initialises and starts a cluster on a free loopback port. It is stopped and removed when the
@@ -31,13 +33,23 @@ type Cluster struct {
 // installs them, and a skipped outage test would hide that the outage was never tried.
 func StartCluster(t testing.TB) *Cluster {
 	t.Helper()
+	c := newCluster(t)
+	if out, err := c.cmd("initdb", "-D", c.data(), "-U", "postgres", "--auth=trust", "-E", "UTF8").CombinedOutput(); err != nil {
+		t.Fatalf("initdb: %v\n%s", err, out)
+	}
+	c.Start()
+	return c
+}
+
+// newCluster makes the folder of a cluster, not yet initialised, and arranges for its removal.
+func newCluster(t testing.TB) *Cluster {
+	t.Helper()
 	bin := serverBin()
 	if bin == "" {
 		t.Fatal("no Postgres server binaries (initdb, pg_ctl) found: run scripts/test, which installs them, " +
 			"or install them yourself (apt-get install postgresql)")
 	}
 	c := &Cluster{t: t, bin: bin, port: freePort(t)}
-	base := os.TempDir()
 	if os.Geteuid() == 0 {
 		if _, err := user.Lookup("postgres"); err != nil {
 			t.Fatal("running as root without a postgres user to run a private cluster as (Postgres refuses root): " +
@@ -45,7 +57,7 @@ func StartCluster(t testing.TB) *Cluster {
 		}
 		c.as = []string{"runuser", "-u", "postgres", "--"}
 	}
-	dir, err := os.MkdirTemp(base, "oncegate-pgtest-")
+	dir, err := os.MkdirTemp(os.TempDir(), "oncegate-pgtest-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,19 +68,21 @@ func StartCluster(t testing.TB) *Cluster {
 		}
 	}
 	t.Cleanup(func() {
-		c.run("pg_ctl", "-D", c.data(), "-m", "immediate", "stop")
+		if !c.killed { // pg_ctl would wait for a dead postmaster to remove its pid file
+			c.run("pg_ctl", "-D", c.data(), "-m", "immediate", "stop")
+		}
 		_ = os.RemoveAll(dir)
 	})
-	if out, err := c.cmd("initdb", "-D", c.data(), "-U", "postgres", "--auth=trust", "-E", "UTF8").CombinedOutput(); err != nil {
-		t.Fatalf("initdb: %v\n%s", err, out)
-	}
-	c.Start()
 	return c
 }
 
 func serverBin() string {
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if _, err := exec.LookPath("pg_ctl"); err == nil {
+			// The folder of the real binary, not of a link to it on PATH: pg_basebackup is there too.
+			if real, err := filepath.EvalSymlinks(p); err == nil {
+				p = real
+			}
 			return filepath.Dir(p)
 		}
 	}
@@ -101,6 +115,9 @@ func (c *Cluster) cmd(tool string, args ...string) *exec.Cmd {
 func (c *Cluster) run(tool string, args ...string) {
 	_ = c.cmd(tool, args...).Run()
 }
+
+// Port returns the port the cluster listens on, at 127.0.0.1.
+func (c *Cluster) Port() int { return c.port }
 
 // URL returns the URL of the cluster's postgres database.
 func (c *Cluster) URL() string {

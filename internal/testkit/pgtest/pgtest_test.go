@@ -127,3 +127,47 @@ func BenchmarkDatabase(b *testing.B) {
 		Database(b)
 	}
 }
+
+// A standby follows its primary, under the sync_state asked for; after the primary is SIGKILLed, it is
+// promoted and takes writes, with every commit the synchronous primary acknowledged.
+func TestStandbyFollowsAndIsPromoted(t *testing.T) {
+	t.Parallel()
+	for _, r := range []Replication{Sync, Async} {
+		t.Run(string(r), func(t *testing.T) {
+			t.Parallel()
+			ctx := testenv.Context(t, 2*time.Minute)
+			primary := StartCluster(t)
+			standby := primary.StartStandby(r)
+			p, err := pgx.Connect(ctx, primary.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close(ctx)
+			var state string
+			if err := p.QueryRow(ctx, "SELECT sync_state FROM pg_stat_replication").Scan(&state); err != nil || state != string(r) {
+				t.Fatalf("sync_state %q (%v), want %s", state, err, r)
+			}
+			if _, err := p.Exec(ctx, "CREATE TABLE t (id int); INSERT INTO t SELECT generate_series(1, 100)"); err != nil {
+				t.Fatal(err)
+			}
+			primary.Kill()
+			if _, err := pgx.Connect(ctx, primary.URL()); err == nil {
+				t.Fatal("the killed primary still accepts connections")
+			}
+			standby.Promote()
+			s, err := pgx.Connect(ctx, standby.URL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close(ctx)
+			var n int
+			err = s.QueryRow(ctx, "SELECT count(*) FROM t").Scan(&n)
+			if r == Sync && (err != nil || n != 100) {
+				t.Fatalf("the promoted synchronous standby has %d of 100 acknowledged rows (%v)", n, err)
+			}
+			if _, err := s.Exec(ctx, "CREATE TABLE after_promotion (id int)"); err != nil {
+				t.Fatalf("the promoted standby refuses a write: %v", err)
+			}
+		})
+	}
+}

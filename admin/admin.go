@@ -48,19 +48,20 @@ func query(name string) string {
 }
 
 var (
-	effectsListSQL   = query("effects_list")
-	effectsCountSQL  = query("effects_count")
-	effectGetSQL     = query("effect_get")
-	effectTenantsSQL = query("effect_tenants")
-	attemptsListSQL  = query("attempts_list")
-	effectByIDSQL    = query("effect_by_id")
-	auditInsertSQL   = query("audit_insert")
-	auditListSQL     = query("audit_list")
-	typesPausedSQL   = query("types_paused")
-	typesListSQL     = query("types_list")
-	typeKnownSQL     = query("type_known")
-	gatewaysListSQL  = query("gateways_list")
-	jobEffectsSQL    = query("job_effects")
+	effectsListSQL      = query("effects_list")
+	effectsCountSQL     = query("effects_count")
+	effectGetSQL        = query("effect_get")
+	effectTenantsSQL    = query("effect_tenants")
+	attemptsListSQL     = query("attempts_list")
+	effectByIDSQL       = query("effect_by_id")
+	auditInsertSQL      = query("audit_insert")
+	auditListSQL        = query("audit_list")
+	typesPausedSQL      = query("types_paused")
+	typesListSQL        = query("types_list")
+	destinationRatesSQL = query("destination_rates")
+	typeKnownSQL        = query("type_known")
+	gatewaysListSQL     = query("gateways_list")
+	jobEffectsSQL       = query("job_effects")
 )
 
 // Role is what an operator may do. Each role may do what the ones before it may.

@@ -282,3 +282,57 @@ func (s *Service) typeAction(ctx context.Context, a Actor, action, typ, reason s
 		return err
 	})
 }
+
+// DestinationRate is one destination's deliveries of one effect type over the last hour: what an operator
+// asks when a receiver says it got nothing (Svix's endpoint page).
+type DestinationRate struct {
+	Type        string `json:"type"`
+	Destination string `json:"destination"`
+	Attempts    int64  `json:"attempts"`
+	Delivered   int64  `json:"delivered"`
+	Failed      int64  `json:"failed"`
+	Retried     int64  `json:"retried"`
+	// InDoubt counts attempts whose outcome is not known: in doubt, or interrupted (the gateway died).
+	InDoubt int64 `json:"in_doubt"`
+	// SuccessRate is Delivered / Attempts.
+	SuccessRate float64 `json:"success_rate"`
+	// P50MS and P99MS are the calls' latencies; nil when no call was timed.
+	P50MS *float64 `json:"p50_ms"`
+	P99MS *float64 `json:"p99_ms"`
+	// LastAttempt is when the last attempt started.
+	LastAttempt time.Time `json:"last_attempt"`
+}
+
+// DestinationWindow is how far back DestinationRates looks.
+const DestinationWindow = time.Hour
+
+// DestinationRates lists every destination delivered to in the last hour, by effect type, with its success
+// rate and latencies, from the attempt log.
+func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationRate, error) {
+	if err := s.allow(ctx, a, "destination.list", RoleViewer, ""); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, destinationRatesSQL, DestinationWindow.Seconds())
+	if err != nil {
+		return nil, dbError("read the destinations' rates", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DestinationRate, error) {
+		var d DestinationRate
+		err := r.Scan(&d.Type, &d.Destination, &d.Attempts, &d.Delivered, &d.Failed, &d.Retried, &d.InDoubt,
+			&d.P50MS, &d.P99MS, &d.LastAttempt)
+		if d.Attempts > 0 {
+			d.SuccessRate = float64(d.Delivered) / float64(d.Attempts)
+		}
+		return d, err
+	})
+	if err != nil {
+		return nil, dbError("read the destinations' rates", err)
+	}
+	if out == nil {
+		out = []DestinationRate{}
+	}
+	return out, nil
+}

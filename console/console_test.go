@@ -270,6 +270,7 @@ func TestEveryPageRenders(t *testing.T) {
 		{"/effects?q=" + url.QueryEscape(jobID), []string{"job " + jobID, "/fragment/effects?job=" + jobID}, nil},
 		{"/effects?q=" + traceID, []string{"trace " + traceID, dKey}, nil},
 		{"/effects?q=order-0-", []string{"keys starting with"}, nil},
+		{"/destinations", []string{"hooks.example.com", "smtp.example.com:587", `class="rate-bar"`, "%"}, nil},
 		{"/effects?q=Customer3@Example.com", []string{"tag or recipient", "order-0-3<"}, nil},
 		{"/effects?q=receipt-1", []string{`class="found-job"`, "/job?queue=" + e.queue + "&amp;id=receipt-1"}, nil},
 		{"/fragment/effects?status=dead", []string{"effect-rows"}, []string{"HX-Request", "true"}},
@@ -590,7 +591,7 @@ func TestJSONAPI(t *testing.T) {
 	if code != 200 || !strings.Contains(body, `"applied": 2`) {
 		t.Fatalf("requeue: %d %s", code, body)
 	}
-	for _, path := range []string{"/api/v1/whoami", "/api/v1/overview", "/api/v1/queues", "/api/v1/gateways",
+	for _, path := range []string{"/api/v1/whoami", "/api/v1/overview", "/api/v1/queues", "/api/v1/gateways", "/api/v1/destinations",
 		"/api/v1/breakers", "/api/v1/types", "/api/v1/audit?action=effect.retry",
 		"/api/v1/jobs?queue=" + e.queue + "&state=dead", "/api/v1/job?queue=" + e.queue + "&id=" + e.dead[2],
 		"/api/v1/workers?queue=" + e.queue} {

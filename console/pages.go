@@ -520,6 +520,17 @@ func (s *Server) resumeType(w http.ResponseWriter, r *http.Request, a admin.Acto
 	http.Redirect(w, r, "/?done=resumed", http.StatusSeeOther)
 }
 
+// ---- destinations
+
+func (s *Server) destinations(w http.ResponseWriter, r *http.Request, a admin.Actor) {
+	ds, err := s.adm.DestinationRates(r.Context(), a)
+	if err != nil {
+		s.fail(w, r, a, err)
+		return
+	}
+	s.render(w, r, http.StatusOK, "destinations", s.frame(a, "Destinations", "destinations", ds))
+}
+
 // ---- queues and jobs
 
 func (s *Server) queues(w http.ResponseWriter, r *http.Request, a admin.Actor) {

@@ -43,6 +43,8 @@ var funcs = template.FuncMap{
 	"str":         func(s *string) string { return deref(s) },
 	"i64":         func(n *int64) string { return derefInt(n) },
 	"ms":          func(f *float64) string { return msString(f) },
+	"pct":         func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
+	"bar":         rateBar,
 	"prettyjs":    prettyJSON,
 	"chart":       chart,
 	"effectURL":   effectURL,

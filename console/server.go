@@ -152,6 +152,7 @@ func (s *Server) Handler() http.Handler {
 	page("POST /effect/resolve", s.change(s.resolveEffect))
 	page("POST /types/pause", s.change(s.pauseType))
 	page("POST /types/resume", s.change(s.resumeType))
+	page("GET /destinations", s.destinations)
 	page("GET /queues", s.queues)
 	page("POST /queues/pause", s.change(s.pauseQueue))
 	page("POST /queues/resume", s.change(s.resumeQueue))

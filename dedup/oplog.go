@@ -126,8 +126,9 @@ type Attempt struct {
 	Error    string    // as the effect's last_error would hold it
 	Latency  time.Duration
 	Called   bool // the provider was called, so Latency means something
-	// Destination is where the delivery went (providers.Destination): a host, the SMTP server; "" not known.
-	Destination string
+	// Type and Destination are the effect type and where the delivery went (providers.Destination): a host,
+	// the SMTP server; "" not known.
+	Type, Destination string
 }
 
 // AttemptLog records delivery attempts in batches (attempts.sql).
@@ -178,7 +179,7 @@ func (l *AttemptLog) Flush(ctx context.Context) error {
 	n := len(batch)
 	ids, nums, starts, gws := make([]int64, n), make([]int32, n), make([]time.Time, n), make([]string, n)
 	tokens, outcomes, errs, lat := make([]pgtype.UUID, n), make([]string, n), make([]*string, n), make([]*float64, n)
-	dests := make([]*string, n)
+	dests, types := make([]*string, n), make([]*string, n)
 	for i, a := range batch {
 		ids[i], nums[i], starts[i], gws[i], outcomes[i] = a.EffectID, int32(a.Attempt), a.Start, a.Gateway, a.Outcome
 		if a.Token != nil {
@@ -194,8 +195,11 @@ func (l *AttemptLog) Flush(ctx context.Context) error {
 		if a.Destination != "" {
 			dests[i] = &batch[i].Destination
 		}
+		if a.Type != "" {
+			types[i] = &batch[i].Type
+		}
 	}
-	if _, err := l.db.Exec(ctx, attemptsSQL, ids, nums, starts, gws, tokens, outcomes, errs, lat, dests); err != nil {
+	if _, err := l.db.Exec(ctx, attemptsSQL, ids, nums, starts, gws, tokens, outcomes, errs, lat, dests, types); err != nil {
 		l.mu.Lock()
 		l.pending = append(batch, l.pending...)
 		if over := len(l.pending) - maxGathered; over > 0 {

@@ -27,12 +27,13 @@ func (d *Dispatcher) recordAttempt(t *effectType, r dedup.Claimed, start time.Ti
 			owner = "(not known)"
 		}
 		d.cfg.Attempts.Record(dedup.Attempt{EffectID: r.EffectID, Attempt: r.Attempts + 1, Start: start,
-			Gateway: owner, Token: r.Interrupted.Token, Outcome: "interrupted", Destination: dest,
+			Gateway: owner, Token: r.Interrupted.Token, Outcome: "interrupted", Type: t.Name, Destination: dest,
 			Error: fmt.Sprintf("%s; rescued by %s", interruptedError, d.cfg.Owner)})
 		return
 	}
 	a := dedup.Attempt{EffectID: r.EffectID, Attempt: r.Attempts + 1, Start: start, Gateway: d.cfg.Owner,
-		Token: &r.Token, Outcome: out.Kind.String(), Latency: time.Since(start), Called: true, Destination: dest}
+		Token: &r.Token, Outcome: out.Kind.String(), Latency: time.Since(start), Called: true, Type: t.Name,
+		Destination: dest}
 	if out.Err != nil {
 		a.Error = out.Err.Error()
 	}

@@ -42,12 +42,15 @@ WITH e AS (
     INSERT INTO oncegate_outbox (effect_id, type, run_at)
     SELECT id, type, created_at FROM e WHERE status = 'pending'
 )
-INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, lease_token, outcome, error, latency_ms)
+INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, lease_token, outcome, error, latency_ms,
+    type, destination)
 SELECT e.id, n, e.created_at + make_interval(secs => n), 'gw-' || (1 + e.id % 2), gen_random_uuid(),
        CASE WHEN e.status = 'delivered' THEN 'delivered'
             WHEN n < e.attempts THEN 'retry'
             WHEN e.status = 'unknown' THEN 'in_doubt'
             ELSE 'failed' END,
        CASE WHEN e.status <> 'delivered' THEN 'connection refused' END,
-       40 + (e.id % 200)
+       40 + (e.id % 200),
+       e.type, CASE e.type WHEN 'email' THEN 'smtp.example.com:587' WHEN 'webhook' THEN 'hooks.example.com'
+                           ELSE 'analytics_events' END
 FROM e, generate_series(1, e.attempts) n

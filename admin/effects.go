@@ -87,6 +87,8 @@ type Effect struct {
 	// The job that created it (Oncegate-Job-Id and -Epoch of the creating request), if it named one.
 	JobID    *string `json:"job_id"`
 	JobEpoch *int64  `json:"job_epoch"`
+	// JobQueue is the job's queue, when the creating request named it (Oncegate-Job-Queue).
+	JobQueue *string `json:"job_queue"`
 	// TraceID is the W3C trace id of the creating request.
 	TraceID *string `json:"trace_id"`
 	// Replays counts the requests it absorbed after the first; the last came at LastReplayAt from job epoch
@@ -122,7 +124,7 @@ func scanEffect(r pgx.Row, extra ...any) (*Effect, error) {
 	var at *time.Time
 	dest := []any{&e.ID, &e.Tenant, &e.Key, &e.Type, &status, &e.Attempts, &e.CreatedAt, &e.UpdatedAt,
 		&e.DeliveredAt, &e.NextAttemptAt, &e.LastError, &e.JobID, &e.JobEpoch, &e.TraceID, &e.Replays,
-		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason, &e.Tags}
+		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason, &e.Tags, &e.JobQueue}
 	if err := r.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}

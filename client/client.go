@@ -122,9 +122,11 @@ func (e *Effect) Terminal() bool { return e.Status.Terminal() }
 type PerformOptions struct {
 	// Wait asks the gateway to answer once the effect is terminal, or after Wait (at most 30 s).
 	Wait time.Duration
-	// JobID and JobEpoch fence the effect by a queue job's lease (ForJob sets them).
+	// JobID and JobEpoch fence the effect by a queue job's lease (ForJob sets them); JobQueue names the job's
+	// queue, stored with the effect for operators (JobEffects.InQueue sets it).
 	JobID    string
 	JobEpoch int64
+	JobQueue string
 }
 
 // ProblemError is an answer of the gateway that no retry changes.
@@ -255,6 +257,10 @@ func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts
 		return nil, &InvalidError{Field: "Oncegate-Job-Id", Reason: "the job ID has a control character, which no header can carry"}
 	case o.JobEpoch < 1:
 		return nil, &InvalidError{Field: "Oncegate-Job-Epoch", Reason: "a job ID needs its lease epoch, from 1"}
+	case o.JobQueue != "" && o.JobID == "":
+		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "a job's queue needs the job's ID and epoch"}
+	case strings.IndexFunc(o.JobQueue, isControl) >= 0:
+		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "the queue name has a control character, which no header can carry"}
 	}
 	raw, err := json.Marshal(payload)
 	if err != nil {
@@ -275,6 +281,9 @@ func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts
 	if o.JobID != "" {
 		headers.Set("Oncegate-Job-Id", o.JobID)
 		headers.Set("Oncegate-Job-Epoch", strconv.FormatInt(o.JobEpoch, 10))
+		if o.JobQueue != "" {
+			headers.Set("Oncegate-Job-Queue", o.JobQueue)
+		}
 	}
 	return c.do(ctx, http.MethodPost, "/v1/effects", b, headers)
 }

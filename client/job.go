@@ -7,6 +7,7 @@ type JobEffects struct {
 	c     *Client
 	id    string
 	epoch int64
+	queue string
 }
 
 // ForJob scopes effects to the run of the queue job id under lease epoch (a queue.Job's ID and Epoch): each
@@ -14,6 +15,13 @@ type JobEffects struct {
 // so the gateway refuses new effects from a run whose lease was taken over.
 func (c *Client) ForJob(id string, epoch int64) *JobEffects {
 	return &JobEffects{c: c, id: id, epoch: epoch}
+}
+
+// InQueue names the job's queue, which the gateway stores with each effect (Oncegate-Job-Queue), so that an
+// operator goes from an effect to its job without guessing the queue. It returns j.
+func (j *JobEffects) InQueue(name string) *JobEffects {
+	j.queue = name
+	return j
 }
 
 // Key returns the idempotency key of the job's effect called name.
@@ -26,6 +34,6 @@ func (j *JobEffects) Perform(ctx context.Context, name, typ string, payload any,
 	if opts != nil {
 		o = *opts
 	}
-	o.JobID, o.JobEpoch = j.id, j.epoch
+	o.JobID, o.JobEpoch, o.JobQueue = j.id, j.epoch, j.queue
 	return j.c.Perform(ctx, j.Key(name), typ, payload, &o)
 }

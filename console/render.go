@@ -45,6 +45,7 @@ var funcs = template.FuncMap{
 	"ms":          func(f *float64) string { return msString(f) },
 	"pct":         func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },
 	"bar":         rateBar,
+	"deref":       func(s *string) string { return *s },
 	"prettyjs":    prettyJSON,
 	"chart":       chart,
 	"effectURL":   effectURL,

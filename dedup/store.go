@@ -203,9 +203,11 @@ func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx} }
 type NewEffect struct {
 	Tenant, Key, Type string
 	Payload           json.RawMessage
-	// JobID and JobEpoch, when JobID is set, name the queue job asking and its lease epoch, for fencing.
+	// JobID and JobEpoch, when JobID is set, name the queue job asking and its lease epoch, for fencing;
+	// JobQueue its queue, when the client named it.
 	JobID    string
 	JobEpoch int64
+	JobQueue string
 	// Tags are the client's own labels, kept as sent; Terms what an operator's search finds the effect by
 	// (effect.SearchTerms: the tags and the provider's recipients, lowercased). Neither is part of the
 	// fingerprint: a retry that adds a tag is the same effect, and keeps the first request's.
@@ -280,7 +282,7 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 			defer s.batcher.creates.releaseInline()
 		}
 		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			nil, nil, orNull(ne.Tags), orNull(ne.Terms))))
+			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil)))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
 	switch {
@@ -404,7 +406,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 			return err
 		}
 		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
-			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms))))
+			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms), orNil(ne.JobQueue))))
 		var taken *takenError
 		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
 			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)

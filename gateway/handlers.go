@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/gorilla/mux"
@@ -89,11 +90,15 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return invalid(field, err.Error())
 	}
+	jobQueue, err := jobQueueHeader(r, jobID)
+	if err != nil {
+		return invalid("Oncegate-Job-Queue", err.Error())
+	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload,
-		JobID: jobID, JobEpoch: epoch, Tags: tags, Terms: effect.SearchTerms(tags, providers.Recipients(p, req.Payload))})
+		JobID: jobID, JobEpoch: epoch, JobQueue: jobQueue, Tags: tags, Terms: effect.SearchTerms(tags, providers.Recipients(p, req.Payload))})
 	if err != nil {
 		return about(err, key, req.Type)
 	}
@@ -154,6 +159,22 @@ func jobHeaders(r *http.Request) (string, int64, error) {
 			"from 1, without sign or leading zero) go together")
 	}
 	return id, epoch, nil
+}
+
+// jobQueueHeader reads Oncegate-Job-Queue: the queue of the job that Oncegate-Job-Id names, stored with the
+// effect so that an operator finds the job without guessing its queue. It needs a job, and is a queue name
+// as the queue package takes one.
+func jobQueueHeader(r *http.Request, jobID string) (string, error) {
+	q := r.Header.Get("Oncegate-Job-Queue")
+	switch {
+	case q == "":
+		return "", nil
+	case jobID == "":
+		return "", errors.New("names the queue of a job: send it with Oncegate-Job-Id and Oncegate-Job-Epoch")
+	case len(q) > 200 || strings.ContainsAny(q, "{}") || strings.IndexFunc(q, unicode.IsControl) >= 0:
+		return "", errors.New("a queue name is 1 to 200 characters, without braces or control characters")
+	}
+	return q, nil
 }
 
 // decodeCreate parses the request body strictly and returns the field at fault with its error.

@@ -66,3 +66,27 @@ func TestTagsAndRecipientsAreStoredForSearch(t *testing.T) {
 		t.Fatalf("%d refused effects were recorded", n)
 	}
 }
+
+// A worker names its job's queue beside the job (Oncegate-Job-Queue, which the Go client's InQueue sends),
+// and the effect keeps it, so that an operator goes from the effect to its job without guessing the queue.
+func TestTheJobsQueueIsStoredWithTheEffect(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, nil)
+	if r := h.req("POST", "/v1/effects", acmeKey, analytics("signup"), "Idempotency-Key: with-queue",
+		"Oncegate-Job-Id: signup:user_6", "Oncegate-Job-Epoch: 1", "Oncegate-Job-Queue: signups"); r.status != 202 {
+		t.Fatalf("with a queue: %d %s", r.status, r.raw)
+	}
+	if n := h.count(`SELECT count(*) FROM oncegate_effects WHERE key = 'with-queue' AND job_queue = 'signups'
+		AND job_id = 'signup:user_6'`); n != 1 {
+		t.Fatal("the job's queue is not stored")
+	}
+	for name, headers := range map[string][]string{
+		"without-job": {"Oncegate-Job-Queue: signups"},
+		"braces":      {"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: 1", "Oncegate-Job-Queue: {q}"},
+	} {
+		r := h.req("POST", "/v1/effects", acmeKey, analytics("x"), append([]string{"Idempotency-Key: " + name}, headers...)...)
+		if r.status != 400 || r.body["field"] != "Oncegate-Job-Queue" {
+			t.Errorf("%s: %d %s", name, r.status, r.raw)
+		}
+	}
+}

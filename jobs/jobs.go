@@ -63,6 +63,8 @@ type Config struct {
 	// Wait asks the gateway to answer once each effect is terminal, up to this long. Default none: an
 	// accepted effect is durable, and the job may complete.
 	Wait time.Duration
+	// Queue is the queue the handlers run for, stored with each effect (client.JobEffects.InQueue).
+	Queue string
 }
 
 // Handlers returns a queue.Mux that runs the job kinds, performing effects through c.
@@ -99,7 +101,8 @@ func decode(job *queue.Job, v any) error {
 
 // perform runs one effect of the job and turns the gateway's refusals into what the queue should do.
 func (h *handlers) perform(ctx context.Context, job *queue.Job, name, typ string, payload any) error {
-	_, err := h.c.ForJob(job.ID, job.Epoch).Perform(ctx, name, typ, payload, &client.PerformOptions{Wait: h.cfg.Wait})
+	_, err := h.c.ForJob(job.ID, job.Epoch).InQueue(h.cfg.Queue).Perform(ctx, name, typ, payload,
+		&client.PerformOptions{Wait: h.cfg.Wait})
 	switch {
 	case err == nil:
 		return nil

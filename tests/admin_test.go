@@ -158,8 +158,9 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		ids = append(ids, g.ID)
 	}
 	for _, e := range []*admin.EffectDetail{&notify, &audit} {
-		if e.JobID == nil || *e.JobID != "job-1" || e.JobEpoch == nil || *e.JobEpoch != 1 {
-			t.Errorf("%s: job %v epoch %v, want job-1 epoch 1", e.Key, e.JobID, e.JobEpoch)
+		if e.JobID == nil || *e.JobID != "job-1" || e.JobEpoch == nil || *e.JobEpoch != 1 || e.JobQueue == nil ||
+			*e.JobQueue != q.Name() {
+			t.Errorf("%s: job %v epoch %v queue %v, want job-1 epoch 1 in %s", e.Key, e.JobID, e.JobEpoch, e.JobQueue, q.Name())
 		}
 		if e.LastReplayEpoch == nil || *e.LastReplayEpoch != 2 || e.LastReplayAt == nil {
 			t.Errorf("%s: last replay epoch %v at %v, want epoch 2", e.Key, e.LastReplayEpoch, e.LastReplayAt)

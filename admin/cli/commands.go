@@ -292,7 +292,10 @@ func effectShow(c *command, args []string) error {
 		if d.LeaseOwner != nil {
 			row(w, "held by", fmt.Sprintf("gateway %s, lease until %s", *d.LeaseOwner, cell(d.LeaseExpiresAt)))
 		}
-		if d.JobID != nil {
+		if d.JobID != nil && d.JobQueue != nil {
+			row(w, "job", fmt.Sprintf("%s in queue %s (epoch %d): oncegate job show %s %s", *d.JobID, *d.JobQueue,
+				*d.JobEpoch, *d.JobQueue, *d.JobID))
+		} else if d.JobID != nil {
 			row(w, "job", fmt.Sprintf("%s (epoch %d)", *d.JobID, *d.JobEpoch))
 		} else {
 			row(w, "job", "-")

@@ -99,7 +99,7 @@ func run(args []string) error {
 		return err
 	}
 	h := jobs.Handlers(gw, jobs.Config{EmailType: *emailType, ClickType: *clickType, OrderType: *orderType,
-		Work: *work, Wait: *wait})
+		Work: *work, Wait: *wait, Queue: *queueName})
 
 	reg := prometheus.NewRegistry()
 	m, err := queuemetrics.New(reg)

@@ -7,13 +7,14 @@
 -- commit, batched.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id (effect.NewStableID), $8 the asking job's id or NULL, $9 its lease epoch or NULL,
--- $10 its tags or NULL, $11 its search terms (tags and recipients, lowercased) or NULL.
+-- $10 its tags or NULL, $11 its search terms (tags and recipients, lowercased) or NULL, $12 the job's queue
+-- or NULL.
 -- The trace id, for the operator, is the one of the traceparent in $6.
 WITH effect AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch, trace_id,
-        tags, search_terms)
+        tags, search_terms, job_queue)
     VALUES ($1, $2, $3, $4, $5, $7, $8::text, $9::bigint, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''),
-        $10::text[], $11::text[])
+        $10::text[], $11::text[], $12::text)
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{written}}
 ), queued AS (

@@ -70,6 +70,30 @@ type Options struct {
 	Registry string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Replicas is how many replicas must have a write before the queue acknowledges it: an enqueue (and the
+	// dedup window it reads), a lease (which bumps the job's fencing epoch) and a completion (which writes the
+	// dedup window) each run their script and then WAIT on the same connection (WAITAOF on Redis 7.2 and
+	// later, so the replicas have fsynced it). Redis replicates asynchronously: without this, a write that the
+	// primary acknowledged and then lost to a failover (Sentinel or Cluster), or to a partition that had it
+	// demoted, is gone.
+	//
+	// ReplicasAuto (0, the default) waits for one replica once the queue's primary has been seen with a
+	// replica connected (INFO replication, read at the first write and every second until then), and keeps
+	// waiting from then on, even when the primary sees none: a primary cut off from its replicas is the one
+	// that must not acknowledge alone. A primary never seen with a replica is not waited on. ReplicasOff (-1)
+	// never waits. A positive value always waits for that many.
+	//
+	// A write that fewer replicas acknowledged within ReplicaTimeout returns an error wrapping
+	// ErrNotReplicated. It did run on the primary, which may keep it or lose it: an Enqueue may be retried
+	// under the same job ID, which the dedup makes safe (the retry may then report Duplicate for the job the
+	// failed call added); a lease is handed back and never reaches the handler; a completion is in doubt, and
+	// the job may run again after a failover. With one replica wanted, a primary needs two replicas to keep
+	// accepting writes after one of them is promoted.
+	Replicas int
+	// ReplicaTimeout bounds the wait for replicas after a write. Defaults to DefaultReplicaTimeout (1 s). It
+	// must be under the client's ReadTimeout, since the WAIT is read within it.
+	ReplicaTimeout time.Duration
 }
 
 // WithDefaults returns a copy of o with every unset field at its default.
@@ -112,6 +136,12 @@ func (o *Options) WithDefaults() Options {
 	if c.Registry == "" {
 		c.Registry = DefaultRegistry
 	}
+	if c.ReplicaTimeout <= 0 {
+		c.ReplicaTimeout = DefaultReplicaTimeout
+	}
+	if c.Replicas < 0 {
+		c.Replicas = ReplicasOff
+	}
 	return c
 }
 
@@ -134,6 +164,8 @@ type Queue struct {
 	sending int
 
 	registered atomic.Bool // the name is in the registry (registry.go)
+
+	repl replication // durable writes (replication.go)
 }
 
 // New returns a handle on the queue called name. Names are 1 to 200 characters without braces, which
@@ -146,13 +178,36 @@ func New(rdb redis.UniversalClient, name string, opts *Options) (*Queue, error) 
 			"control characters", name)
 	}
 	o := opts.WithDefaults()
-	return &Queue{
+	if rt := readTimeout(rdb); o.Replicas != ReplicasOff && rt > 0 && o.ReplicaTimeout >= rt {
+		return nil, fmt.Errorf("queue: ReplicaTimeout %v is not under the client's ReadTimeout %v: the WAIT "+
+			"after a write would time out as a broken connection", o.ReplicaTimeout, rt)
+	}
+	q := &Queue{
 		rdb: rdb, name: name, keys: newKeys(name), opts: o,
 		tracer:      o.TracerProvider.Tracer("github.com/oncegate/oncegate/queue"),
 		enqueueSpan: "queue.enqueue " + name,
 		enqueueAttrs: []attribute.KeyValue{attribute.String("messaging.system", "oncegate"),
 			attribute.String("messaging.destination.name", name)},
-	}, nil
+	}
+	q.repl.want, q.repl.timeout = o.Replicas, o.ReplicaTimeout
+	return q, nil
+}
+
+// readTimeout is the client's read timeout as go-redis applies it (0 is its default, 3 s; negative is none).
+func readTimeout(rdb redis.UniversalClient) time.Duration {
+	var d time.Duration
+	switch c := rdb.(type) {
+	case *redis.Client:
+		d = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		d = c.Options().ReadTimeout
+	default:
+		return -1
+	}
+	if d == 0 {
+		return 3 * time.Second
+	}
+	return d
 }
 
 // Name returns the queue's name.
@@ -553,8 +608,20 @@ func (q *Queue) send(ctx context.Context, calls []*enqueueCall) {
 		args = append(args, c.id, c.raw, c.payload, c.delayMs)
 	}
 	k := q.keys
-	res, err := enqueueScript.Run(ctx, q.rdb, []string{k.jobs, k.payloads, k.ready, k.delayed, k.marker, k.seen},
-		args...).Slice()
+	keys := []string{k.jobs, k.payloads, k.ready, k.delayed, k.marker, k.seen}
+	n := q.replicas(ctx)
+	if n > 0 {
+		// A batch of duplicates writes nothing, and WAIT would then wait for nothing: the sync key makes it
+		// wait for everything written before, the duplicates' first enqueue included (enqueue.lua).
+		keys = append(keys, k.sync)
+	}
+	// A batch that ran but was not replicated fails every job of it, as any other error would: each may be
+	// enqueued, and may be lost.
+	var res []any
+	cmd, err := q.runDurable(ctx, q.rdb, n, enqueueScript, keys, args...)
+	if err == nil {
+		res, err = cmd.Slice()
+	}
 	var now int64
 	if err == nil {
 		var ok bool

@@ -32,10 +32,11 @@ import (
 type Option func(*config)
 
 type config struct {
-	aof     bool
-	debug   bool
-	cluster bool
-	extra   []string
+	aof      bool
+	debug    bool
+	cluster  bool
+	sentinel *sentinelConf // a Sentinel rather than a data server (sentinel.go)
+	extra    []string
 }
 
 // WithoutAOF runs the server without its append-only file, so a restart starts empty. The default is AOF
@@ -180,6 +181,9 @@ func freePorts(t testing.TB, n int) []int {
 }
 
 func (s *Server) args() []string {
+	if s.cfg.sentinel != nil {
+		return s.sentinelArgs()
+	}
 	a := []string{
 		"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--dir", s.dir, "--daemonize", "no",
 		// No RDB snapshots: they fork, and the AOF is what a restart should be tested on.
@@ -252,6 +256,11 @@ func (s *Server) waitReady(p *process) error {
 		DialTimeout: time.Second, ReadTimeout: 2 * time.Second, WriteTimeout: 2 * time.Second})
 	defer c.Close()
 	want := "process_id:" + strconv.Itoa(p.cmd.Process.Pid) + "\r\n"
+	sections := []string{"server", "persistence"}
+	loaded := "loading:0\r\n"
+	if s.cfg.sentinel != nil {
+		sections, loaded = []string{"server"}, "" // a Sentinel has no data to load
+	}
 	deadline := time.Now().Add(60 * time.Second)
 	var last error
 	for {
@@ -266,7 +275,7 @@ func (s *Server) waitReady(p *process) error {
 		var info string
 		var err error
 		if dialErr == nil {
-			info, err = c.Info(context.Background(), "server", "persistence").Result()
+			info, err = c.Info(context.Background(), sections...).Result()
 		}
 		switch {
 		case dialErr != nil:
@@ -275,7 +284,7 @@ func (s *Server) waitReady(p *process) error {
 			last = err
 		case !strings.Contains(info, want):
 			last = fmt.Errorf("another process answers on %s", s.Addr())
-		case !strings.Contains(info, "loading:0\r\n"):
+		case !strings.Contains(info, loaded):
 			last = errors.New("still loading its data")
 		default:
 			return nil

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,4 +164,23 @@ sentinel parallel-syncs %[4]s 1
 		}
 	}
 	return []string{conf, "--sentinel"}
+}
+
+// Freeze stops the server with SIGSTOP, as a stuck host would: its connections stay open and nothing
+// answers. Thaw resumes it.
+func (s *Server) Freeze() {
+	s.t.Helper()
+	p := s.running("Freeze")
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("redistest: SIGSTOP %s: %v", s.Addr(), err)
+	}
+}
+
+// Thaw resumes a frozen server with SIGCONT.
+func (s *Server) Thaw() {
+	s.t.Helper()
+	p := s.running("Thaw")
+	if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		s.t.Fatalf("redistest: SIGCONT %s: %v", s.Addr(), err)
+	}
 }

@@ -1,0 +1,311 @@
+package queue
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/redistest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
+)
+
+// The durable-write option (Options.Replicas) against real failovers on servers of the test's own: each
+// scenario runs with the option off, which logs what was lost (luck decides how much), and on, where no
+// acknowledged enqueue may be lost.
+
+var replicaModes = []struct {
+	name     string
+	replicas int
+}{{"off", ReplicasOff}, {"on", ReplicasAuto}}
+
+// producers enqueues unique IDs from n goroutines until stop is closed, and records what was acknowledged
+// and when the first acknowledgement after a moment came.
+type producers struct {
+	acked      sync.Map // id -> true
+	ackedN     atomic.Int64
+	errs       atomic.Int64
+	notRepl    atomic.Int64
+	since      atomic.Int64 // unix ns: count the first ack after this
+	firstAfter atomic.Int64 // unix ns of the first ack after since
+	lastErr    atomic.Value
+	stop       chan struct{}
+	wg         sync.WaitGroup
+}
+
+func startProducers(q *Queue, n int, prefix string) *producers {
+	p := &producers{stop: make(chan struct{})}
+	for g := range n {
+		p.wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-p.stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("%s-%d-%d", prefix, g, i)
+				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				_, err := q.Enqueue(ctx, NewJob{ID: id})
+				cancel()
+				if err != nil {
+					p.errs.Add(1)
+					if errors.Is(err, ErrNotReplicated) {
+						p.notRepl.Add(1)
+					}
+					p.lastErr.Store(err.Error())
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				p.acked.Store(id, true)
+				p.ackedN.Add(1)
+				if s := p.since.Load(); s != 0 {
+					p.firstAfter.CompareAndSwap(0, time.Now().UnixNano())
+				}
+			}
+		})
+	}
+	return p
+}
+
+func (p *producers) halt() {
+	close(p.stop)
+	p.wg.Wait()
+}
+
+func (p *producers) ids() []string {
+	var ids []string
+	p.acked.Range(func(k, _ any) bool { ids = append(ids, k.(string)); return true })
+	return ids
+}
+
+// outage is the time from since to the first acknowledgement after it, or -1 if none came.
+func (p *producers) outage() time.Duration {
+	f := p.firstAfter.Load()
+	if f == 0 {
+		return -1
+	}
+	return time.Duration(f - p.since.Load())
+}
+
+// missing counts the ids that the queue's jobs hash does not hold, asked through rdb.
+func missing(t *testing.T, rdb redis.UniversalClient, q *Queue, ids []string) int {
+	t.Helper()
+	n := 0
+	for len(ids) > 0 {
+		chunk := ids[:min(len(ids), 1000)]
+		ids = ids[len(chunk):]
+		var vals []any
+		var err error
+		for range 50 { // the cluster client may still be learning the new slot map
+			if vals, err = rdb.HMGet(context.Background(), q.keys.jobs, chunk...).Result(); err == nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("count jobs: %v", err)
+		}
+		for _, v := range vals {
+			if v == nil {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// d) A replica that does not answer makes Enqueue fail with ErrNotReplicated within about the timeout; the
+// job retried under its ID once the replica is back is enqueued once.
+func TestEnqueueNotReplicatedWhenReplicaStops(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []struct {
+		name     string
+		replicas int
+	}{{"auto", ReplicasAuto}, {"one", 1}} {
+		t.Run(mode.name, func(t *testing.T) {
+			p := redistest.Start(t)
+			r := redistest.StartReplica(t, p.Addr())
+			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+			defer rdb.Close()
+			q, err := New(rdb, testenv.Name(t, "q"), &Options{Replicas: mode.replicas,
+				ReplicaTimeout: 500 * time.Millisecond, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustEnqueue(t, q, NewJob{ID: "before"})
+			r.Freeze()
+			start := time.Now()
+			_, err = q.Enqueue(context.Background(), NewJob{ID: "during", Payload: []byte("one")})
+			took := time.Since(start)
+			r.Thaw()
+			if !errors.Is(err, ErrNotReplicated) {
+				t.Fatalf("enqueue while the replica was stopped: err = %v, want ErrNotReplicated", err)
+			}
+			if took < 400*time.Millisecond || took > 5*time.Second {
+				t.Errorf("ErrNotReplicated came after %v, want about the 500ms timeout", took)
+			}
+			res, err := q.Enqueue(context.Background(), NewJob{ID: "during", Payload: []byte("two")})
+			if err != nil {
+				t.Fatalf("retry after the replica came back: %v", err)
+			}
+			if !res.Duplicate || string(res.Job.Payload) != "one" {
+				t.Errorf("retry: duplicate=%v payload=%q, want the first enqueue's job", res.Duplicate, res.Job.Payload)
+			}
+			if n, err := r.Client(t).HLen(context.Background(), q.keys.jobs).Result(); err != nil || n != 2 {
+				t.Errorf("the replica holds %d jobs (%v), want 2", n, err)
+			}
+		})
+	}
+}
+
+// a) The primary SIGKILLed under Sentinel while producers enqueue through a failover client.
+func TestSentinelFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
+	t.Parallel()
+	for _, mode := range replicaModes {
+		t.Run(mode.name, func(t *testing.T) {
+			p := redistest.Start(t)
+			redistest.StartReplica(t, p.Addr())
+			redistest.StartReplica(t, p.Addr())
+			ss := redistest.StartSentinels(t, 3, 2, p.Addr(), 2)
+			rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: redistest.MasterName,
+				SentinelAddrs: redistest.SentinelAddrs(ss), MaxRetries: -1, DialTimeout: 500 * time.Millisecond})
+			defer rdb.Close()
+			q, err := New(rdb, testenv.Name(t, "q"), &Options{Replicas: mode.replicas, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			prod := startProducers(q, 30, "job")
+			time.Sleep(1500 * time.Millisecond)
+			prod.since.Store(time.Now().UnixNano())
+			p.Kill()
+			redistest.WaitFailover(t, ss, p.Addr(), 20*time.Second)
+			testenv.Eventually(t, 20*time.Second, "an enqueue succeeded after the failover", func() bool {
+				return prod.firstAfter.Load() != 0
+			})
+			time.Sleep(500 * time.Millisecond)
+			prod.halt()
+			ids := prod.ids()
+			lost := missing(t, rdb, q, ids)
+			t.Logf("failover: redis sentinel outage=%.1fs lost_acked=%d acked=%d errors=%d not_replicated=%d option=%s",
+				prod.outage().Seconds(), lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), mode.name)
+			if mode.replicas != ReplicasOff && lost != 0 {
+				t.Errorf("%d of %d acknowledged enqueues lost with the option on", lost, len(ids))
+			}
+		})
+	}
+}
+
+// b) The primary cut off from its replicas and Sentinels while producers still reach it: Sentinel promotes
+// a replica, and after the heal the old primary is demoted and resyncs, dropping what it took meanwhile.
+func TestPartitionedPrimaryLosesNoAcknowledgedEnqueue(t *testing.T) {
+	t.Parallel()
+	for _, mode := range replicaModes {
+		t.Run(mode.name, func(t *testing.T) {
+			p := redistest.Start(t)
+			px := redistest.StartProxy(t, p.Addr())
+			redistest.StartReplica(t, px.Addr())
+			redistest.StartReplica(t, px.Addr())
+			ss := redistest.StartSentinels(t, 3, 2, px.Addr(), 2)
+			direct := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+			defer direct.Close()
+			q, err := New(direct, testenv.Name(t, "q"), &Options{Replicas: mode.replicas, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := proctest.ReExec(t, "worker", "WORKER_QUEUE="+q.name, "WORKER_HANDLER=ok",
+				"WORKER_REPLICAS="+fmt.Sprint(mode.replicas), "REDIS_URL="+p.URL())
+			w.WaitLine("ready ", 10*time.Second)
+			mustEnqueue(t, q, NewJob{ID: "warm-up"}) // the producer and the worker have both seen the replicas
+			w.WaitLine("done warm-up ", 10*time.Second)
+			startsBefore := countPrefix(w.Lines(), "start ")
+
+			px.Cut()
+			prod := startProducers(q, 20, "cut")
+			newPrimary := redistest.WaitFailover(t, ss, px.Addr(), 20*time.Second)
+			time.Sleep(time.Second)
+			handled := countPrefix(w.Lines(), "start ") - startsBefore
+			prod.halt()
+			px.Heal()
+			testenv.Eventually(t, 20*time.Second, "the old primary is demoted", func() bool {
+				return p.Role() == "slave"
+			})
+			p.WaitLinkUp(20 * time.Second)
+
+			np := redis.NewClient(&redis.Options{Addr: newPrimary, MaxRetries: -1})
+			defer np.Close()
+			ids := prod.ids()
+			lost := missing(t, np, q, ids)
+			t.Logf("partition: redis sentinel lost_acked=%d acked=%d errors=%d not_replicated=%d "+
+				"handled_on_old_primary=%d option=%s", lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), handled,
+				mode.name)
+			w.Signal(syscall.SIGKILL)
+			if mode.replicas == ReplicasOff {
+				return
+			}
+			if lost != 0 {
+				t.Errorf("%d of %d acknowledged enqueues lost with the option on", lost, len(ids))
+			}
+			if handled != 0 {
+				t.Errorf("the worker on the cut-off primary handed %d jobs to its handler", handled)
+			}
+		})
+	}
+}
+
+// c) A Redis Cluster master SIGKILLed; its replica takes over its slots.
+func TestClusterFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
+	t.Parallel()
+	for _, mode := range replicaModes {
+		t.Run(mode.name, func(t *testing.T) {
+			c := redistest.StartCluster(t, 3)
+			name := testenv.Name(t, "q")
+			master := c.NodeForKey(newKeys(name).jobs)
+			c.AddReplica(master)
+			c.AddReplica(master)
+			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1,
+				DialTimeout: 500 * time.Millisecond})
+			defer rdb.Close()
+			q, err := New(rdb, name, &Options{Replicas: mode.replicas, Logger: quietLogger()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			prod := startProducers(q, 30, "job")
+			time.Sleep(1500 * time.Millisecond)
+			prod.since.Store(time.Now().UnixNano())
+			master.Kill()
+			testenv.Eventually(t, 30*time.Second, "an enqueue succeeded after the failover", func() bool {
+				return prod.firstAfter.Load() != 0
+			})
+			time.Sleep(500 * time.Millisecond)
+			prod.halt()
+			ids := prod.ids()
+			lost := missing(t, rdb, q, ids)
+			t.Logf("failover: redis cluster outage=%.1fs lost_acked=%d acked=%d errors=%d not_replicated=%d option=%s",
+				prod.outage().Seconds(), lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), mode.name)
+			if mode.replicas != ReplicasOff && lost != 0 {
+				t.Errorf("%d of %d acknowledged enqueues lost with the option on", lost, len(ids))
+			}
+		})
+	}
+}
+
+func countPrefix(lines []string, prefix string) int {
+	n := 0
+	for _, l := range lines {
+		if strings.HasPrefix(l, prefix) {
+			n++
+		}
+	}
+	return n
+}

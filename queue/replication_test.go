@@ -35,8 +35,8 @@ type producers struct {
 	ackedN     atomic.Int64
 	errs       atomic.Int64
 	notRepl    atomic.Int64
-	since      atomic.Int64 // unix ns: count the first ack after this
-	firstAfter atomic.Int64 // unix ns of the first ack after since
+	since      atomic.Int64 // unix ns: count the first ack of a call made after this
+	firstAfter atomic.Int64 // unix ns of that ack
 	lastErr    atomic.Value
 	stop       chan struct{}
 	wg         sync.WaitGroup
@@ -53,6 +53,7 @@ func startProducers(q *Queue, n int, prefix string) *producers {
 				default:
 				}
 				id := fmt.Sprintf("%s-%d-%d", prefix, g, i)
+				began := time.Now().UnixNano()
 				ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 				_, err := q.Enqueue(ctx, NewJob{ID: id})
 				cancel()
@@ -67,7 +68,8 @@ func startProducers(q *Queue, n int, prefix string) *producers {
 				}
 				p.acked.Store(id, true)
 				p.ackedN.Add(1)
-				if s := p.since.Load(); s != 0 {
+				// Only a call made after the moment counts: one in flight then may come back after it.
+				if s := p.since.Load(); s != 0 && began > s {
 					p.firstAfter.CompareAndSwap(0, time.Now().UnixNano())
 				}
 			}
@@ -199,6 +201,9 @@ func TestSentinelFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 			lost := missing(t, rdb, q, ids)
 			t.Logf("failover: redis sentinel outage=%.1fs lost_acked=%d acked=%d errors=%d not_replicated=%d option=%s",
 				prod.outage().Seconds(), lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), mode.name)
+			if mode.replicas == ReplicasAuto && !q.repl.on.Load() {
+				t.Error("auto mode never saw the replicas")
+			}
 			if mode.replicas != ReplicasOff && lost != 0 {
 				t.Errorf("%d of %d acknowledged enqueues lost with the option on", lost, len(ids))
 			}
@@ -253,6 +258,9 @@ func TestPartitionedPrimaryLosesNoAcknowledgedEnqueue(t *testing.T) {
 			if mode.replicas == ReplicasOff {
 				return
 			}
+			if !q.repl.on.Load() {
+				t.Error("auto mode never saw the replicas")
+			}
 			if lost != 0 {
 				t.Errorf("%d of %d acknowledged enqueues lost with the option on", lost, len(ids))
 			}
@@ -293,6 +301,9 @@ func TestClusterFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 			lost := missing(t, rdb, q, ids)
 			t.Logf("failover: redis cluster outage=%.1fs lost_acked=%d acked=%d errors=%d not_replicated=%d option=%s",
 				prod.outage().Seconds(), lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), mode.name)
+			if mode.replicas == ReplicasAuto && !q.repl.on.Load() {
+				t.Error("auto mode never saw the replicas")
+			}
 			if mode.replicas != ReplicasOff && lost != 0 {
 				t.Errorf("%d of %d acknowledged enqueues lost with the option on", lost, len(ids))
 			}

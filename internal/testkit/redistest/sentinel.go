@@ -154,9 +154,9 @@ bind 127.0.0.1
 dir %s
 daemonize no
 sentinel monitor %s %s %d %d
-sentinel down-after-milliseconds %[4]s 1000
-sentinel failover-timeout %[4]s 3000
-sentinel parallel-syncs %[4]s 1
+sentinel down-after-milliseconds %[3]s 1000
+sentinel failover-timeout %[3]s 3000
+sentinel parallel-syncs %[3]s 1
 `, s.port, s.dir, MasterName, sc.host, sc.port, sc.quorum)
 	if _, err := os.Stat(conf); err != nil {
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {

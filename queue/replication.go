@@ -118,21 +118,25 @@ func (q *Queue) primaryFor(ctx context.Context, rdb redis.UniversalClient) (*red
 // n is q.replicas, read by the caller.
 func (q *Queue) runDurable(ctx context.Context, rdb redis.UniversalClient, n int, s *redis.Script, keys []string,
 	args ...any) (*redis.Cmd, error) {
+	var cmd *redis.Cmd
+	var err error
 	if n == 0 {
-		cmd := s.Run(ctx, rdb, keys, args...)
-		return cmd, cmd.Err()
+		cmd = s.Run(ctx, rdb, keys, args...)
+		err = cmd.Err()
+	} else {
+		var node *redis.Client
+		if node, err = q.primaryFor(ctx, rdb); err != nil {
+			return nil, err
+		}
+		cmd, err = q.pipeWait(ctx, node, n, func(p redis.Pipeliner) *redis.Cmd { return s.EvalSha(ctx, p, keys, args...) })
+		if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			cmd, err = q.pipeWait(ctx, node, n, func(p redis.Pipeliner) *redis.Cmd { return s.Eval(ctx, p, keys, args...) })
+		}
 	}
-	node, err := q.primaryFor(ctx, rdb)
-	if err != nil {
-		return nil, err
-	}
-	cmd, err := q.pipeWait(ctx, node, n, func(p redis.Pipeliner) *redis.Cmd { return s.EvalSha(ctx, p, keys, args...) })
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd, err = q.pipeWait(ctx, node, n, func(p redis.Pipeliner) *redis.Cmd { return s.Eval(ctx, p, keys, args...) })
-	}
-	if cc, ok := rdb.(*redis.ClusterClient); ok && err != nil && !errors.Is(err, ErrNotReplicated) {
-		// MOVED or a dead node: the node's client does not tell the cluster client, so the next call would go
-		// to the same node again.
+	if cc, ok := rdb.(*redis.ClusterClient); ok && err != nil && !errors.Is(err, ErrNotReplicated) &&
+		!errors.Is(err, redis.Nil) {
+		// A dead node or a moved slot: go-redis reloads its slot map on MOVED but not on a refused dial, nor
+		// for a call made on a node's own client, so without this the next call would go to the same node.
 		cc.ReloadState(ctx)
 	}
 	return cmd, err

@@ -276,11 +276,12 @@ func TestClusterFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 	t.Parallel()
 	for _, mode := range replicaModes {
 		t.Run(mode.name, func(t *testing.T) {
-			c := redistest.StartCluster(t, 3)
+			// Without replica migration, both replicas stay with the master that is killed, rather than one
+			// moving to a master that has none: the new master then has a replica and takes writes again.
+			c := redistest.StartCluster(t, 3, redistest.WithArgs("--cluster-allow-replica-migration", "no"))
 			name := testenv.Name(t, "q")
 			master := c.NodeForKey(newKeys(name).jobs)
-			c.AddReplica(master)
-			c.AddReplica(master)
+			replicas := []*redistest.Server{c.AddReplica(master), c.AddReplica(master)}
 			rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), MaxRetries: -1,
 				DialTimeout: 500 * time.Millisecond})
 			defer rdb.Close()
@@ -292,6 +293,15 @@ func TestClusterFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 			time.Sleep(1500 * time.Millisecond)
 			prod.since.Store(time.Now().UnixNano())
 			master.Kill()
+			defer func() {
+				if t.Failed() {
+					t.Logf("last enqueue error: %v", prod.lastErr.Load())
+					for _, n := range append(c.Nodes(), replicas...) {
+						info, _ := n.Client(t).Info(context.Background(), "replication").Result()
+						t.Logf("%s: %s", n.Addr(), info)
+					}
+				}
+			}()
 			testenv.Eventually(t, 30*time.Second, "an enqueue succeeded after the failover", func() bool {
 				return prod.firstAfter.Load() != 0
 			})

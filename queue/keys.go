@@ -3,8 +3,8 @@ package queue
 // keys names every Redis key of one queue. They share the hash tag {q:NAME}, so a queue's scripts run on one
 // Redis Cluster slot. Nothing else in the package builds a key name.
 type keys struct {
-	prefix                                                                     string
-	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead string
+	prefix                                                                        string
+	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead    string
 	conns, missing, sweeper, sweepGuard, seen, leaseSeq, paused, epochFloor, sync string
 }
 

@@ -330,3 +330,47 @@ func countPrefix(lines []string, prefix string) int {
 	}
 	return n
 }
+
+// CheckRedis reports the topology and warns where acknowledged writes can be lost to a failover.
+func TestCheckRedisReportsReplication(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	lone := redistest.Start(t)
+	p := redistest.Start(t)
+	r := redistest.StartReplica(t, p.Addr())
+	check := func(addr string, replicas int) (Topology, string) {
+		rdb := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { _ = rdb.Close() })
+		q, err := New(rdb, testenv.Name(t, "q"), &Options{Replicas: replicas, Logger: quietLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		top, w := q.CheckRedis(ctx)
+		return top, strings.Join(w, "\n")
+	}
+
+	top, w := check(p.Addr(), ReplicasOff)
+	if top.Role != "master" || top.Replicas != 1 || !top.AOF || top.MinReplicasToWrite != 0 || top.WaitForReplicas != 0 {
+		t.Errorf("primary with a replica, option off: %+v", top)
+	}
+	if !strings.Contains(w, "Options.Replicas is off") {
+		t.Errorf("option off beside a replica: no warning in %q", w)
+	}
+	top, w = check(p.Addr(), ReplicasAuto)
+	if top.WaitForReplicas != 1 || w != "" {
+		t.Errorf("primary with a replica, auto: %+v, warnings %q", top, w)
+	}
+	top, w = check(lone.Addr(), ReplicasAuto)
+	if top.Replicas != 0 || top.WaitForReplicas != 0 || !strings.Contains(w, "has no replica") {
+		t.Errorf("lone primary: %+v, warnings %q", top, w)
+	}
+	if _, w = check(r.Addr(), ReplicasAuto); !strings.Contains(w, "is a replica") {
+		t.Errorf("a replica: warnings %q", w)
+	}
+	if err := lone.Client(t).ConfigSet(ctx, "appendonly", "no").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if top, w = check(lone.Addr(), ReplicasAuto); top.AOF || !strings.Contains(w, "persistence is off") {
+		t.Errorf("AOF off: %+v, warnings %q", top, w)
+	}
+}

@@ -374,3 +374,74 @@ func TestCheckRedisReportsReplication(t *testing.T) {
 		t.Errorf("AOF off: %+v, warnings %q", top, w)
 	}
 }
+
+// A worker whose replica does not answer hands a lease back rather than run the job, and reports a
+// completion it could not get replicated as in doubt rather than as done or as a lost lease.
+func TestWorkerWaitsForReplicas(t *testing.T) {
+	t.Parallel()
+	p := redistest.Start(t)
+	r := redistest.StartReplica(t, p.Addr())
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	q, err := New(rdb, testenv.Name(t, "q"), &Options{ReplicaTimeout: 300 * time.Millisecond, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, q, NewJob{ID: "leased-while-frozen"})
+	r.Freeze()
+	frozen := true
+	defer func() {
+		if frozen {
+			r.Thaw()
+		}
+	}()
+
+	started := make(chan string, 10)
+	release := make(chan struct{})
+	outcomes := make(chan string, 10)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, job *Job) error {
+		started <- job.ID
+		if job.ID == "completed-while-frozen" {
+			<-release
+		}
+		return nil
+	}), &WorkerConfig{Concurrency: 2, OnJobDone: func(job *Job, outcome string, _ time.Duration) {
+		outcomes <- job.ID + " " + outcome
+	}})
+	select {
+	case id := <-started:
+		t.Fatalf("job %s reached its handler while its lease could not be replicated", id)
+	case <-time.After(2 * time.Second):
+	}
+	// Each lease call leases it, finds the lease unreplicated and hands it back: only a job back in ready can
+	// be leased again, under a new epoch.
+	if j := mustJob(t, q, "leased-while-frozen"); j.Epoch < 2 {
+		t.Errorf("the job's epoch is %d after 2 s of leases: it was not handed back", j.Epoch)
+	}
+	r.Thaw()
+	frozen = false
+	if id := <-started; id != "leased-while-frozen" {
+		t.Fatalf("started %s", id)
+	}
+	if o := <-outcomes; o != "leased-while-frozen completed" {
+		t.Fatalf("outcome %q", o)
+	}
+
+	mustEnqueue(t, q, NewJob{ID: "completed-while-frozen"})
+	if id := <-started; id != "completed-while-frozen" {
+		t.Fatalf("started %s", id)
+	}
+	r.Freeze()
+	frozen = true
+	close(release)
+	select {
+	case o := <-outcomes:
+		if o != "completed-while-frozen error" {
+			t.Errorf("outcome %q, want the completion reported as not done (error)", o)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no outcome for the completion")
+	}
+	r.Thaw()
+	frozen = false
+}

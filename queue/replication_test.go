@@ -235,25 +235,29 @@ func TestPartitionedPrimaryLosesNoAcknowledgedEnqueue(t *testing.T) {
 			w.WaitLine("done warm-up ", 10*time.Second)
 			startsBefore := countPrefix(w.Lines(), "start ")
 
+			t0 := time.Now()
 			px.Cut()
 			prod := startProducers(q, 20, "cut")
 			newPrimary := redistest.WaitFailover(t, ss, px.Addr(), 20*time.Second)
+			failedOver := time.Since(t0)
 			time.Sleep(time.Second)
 			handled := countPrefix(w.Lines(), "start ") - startsBefore
 			prod.halt()
 			px.Heal()
-			testenv.Eventually(t, 20*time.Second, "the old primary is demoted", func() bool {
+			healed := time.Now()
+			testenv.Eventually(t, 30*time.Second, "the old primary is demoted", func() bool {
 				return p.Role() == "slave"
 			})
+			demoted := time.Since(healed)
 			p.WaitLinkUp(20 * time.Second)
 
 			np := redis.NewClient(&redis.Options{Addr: newPrimary, MaxRetries: -1})
 			defer np.Close()
 			ids := prod.ids()
 			lost := missing(t, np, q, ids)
-			t.Logf("partition: redis sentinel lost_acked=%d acked=%d errors=%d not_replicated=%d "+
-				"handled_on_old_primary=%d option=%s", lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), handled,
-				mode.name)
+			t.Logf("partition: redis sentinel failover=%.1fs demoted=%.1fs_after_heal lost_acked=%d acked=%d "+
+				"errors=%d not_replicated=%d handled_on_old_primary=%d option=%s", failedOver.Seconds(),
+				demoted.Seconds(), lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), handled, mode.name)
 			w.Signal(syscall.SIGKILL)
 			if mode.replicas == ReplicasOff {
 				return

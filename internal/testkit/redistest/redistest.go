@@ -190,6 +190,8 @@ func (s *Server) args() []string {
 		"--save", "",
 		// A queue must refuse writes when full rather than lose keys, as production is configured.
 		"--maxmemory-policy", "noeviction",
+		// A replica's full sync starts at once instead of after 5 s spent waiting for more replicas to share it.
+		"--repl-diskless-sync-delay", "0",
 	}
 	if s.cfg.aof {
 		a = append(a, "--appendonly", "yes", "--appendfsync", "everysec")

@@ -15,7 +15,7 @@ import (
 // Cluster, each a server of the test's own.
 func TestOpenRedisURLForms(t *testing.T) {
 	t.Parallel()
-	p := redistest.Start(t)
+	p := redistest.Start(t, redistest.WithFastSync())
 	redistest.StartReplica(t, p.Addr())
 	ss := redistest.StartSentinels(t, 1, 1, p.Addr(), 1)
 	c := redistest.StartCluster(t, 2)

@@ -136,7 +136,7 @@ func TestEnqueueNotReplicatedWhenReplicaStops(t *testing.T) {
 		replicas int
 	}{{"auto", ReplicasAuto}, {"one", 1}} {
 		t.Run(mode.name, func(t *testing.T) {
-			p := redistest.Start(t)
+			p := redistest.Start(t, redistest.WithFastSync())
 			r := redistest.StartReplica(t, p.Addr())
 			rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
 			defer rdb.Close()
@@ -176,7 +176,7 @@ func TestSentinelFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 	t.Parallel()
 	for _, mode := range replicaModes {
 		t.Run(mode.name, func(t *testing.T) {
-			p := redistest.Start(t)
+			p := redistest.Start(t, redistest.WithFastSync())
 			redistest.StartReplica(t, p.Addr())
 			redistest.StartReplica(t, p.Addr())
 			ss := redistest.StartSentinels(t, 3, 2, p.Addr(), 2)
@@ -217,7 +217,7 @@ func TestPartitionedPrimaryLosesNoAcknowledgedEnqueue(t *testing.T) {
 	t.Parallel()
 	for _, mode := range replicaModes {
 		t.Run(mode.name, func(t *testing.T) {
-			p := redistest.Start(t)
+			p := redistest.Start(t, redistest.WithFastSync())
 			px := redistest.StartProxy(t, p.Addr())
 			redistest.StartReplica(t, px.Addr())
 			redistest.StartReplica(t, px.Addr())
@@ -282,7 +282,8 @@ func TestClusterFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 		t.Run(mode.name, func(t *testing.T) {
 			// Without replica migration, both replicas stay with the master that is killed, rather than one
 			// moving to a master that has none: the new master then has a replica and takes writes again.
-			c := redistest.StartCluster(t, 3, redistest.WithArgs("--cluster-allow-replica-migration", "no"))
+			c := redistest.StartCluster(t, 3, redistest.WithFastSync(),
+				redistest.WithArgs("--cluster-allow-replica-migration", "no"))
 			name := testenv.Name(t, "q")
 			master := c.NodeForKey(newKeys(name).jobs)
 			replicas := []*redistest.Server{c.AddReplica(master), c.AddReplica(master)}
@@ -340,7 +341,7 @@ func TestCheckRedisReportsReplication(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	lone := redistest.Start(t)
-	p := redistest.Start(t)
+	p := redistest.Start(t, redistest.WithFastSync())
 	r := redistest.StartReplica(t, p.Addr())
 	check := func(addr string, replicas int) (Topology, string) {
 		rdb := redis.NewClient(&redis.Options{Addr: addr})
@@ -383,7 +384,7 @@ func TestCheckRedisReportsReplication(t *testing.T) {
 // completion it could not get replicated as in doubt rather than as done or as a lost lease.
 func TestWorkerWaitsForReplicas(t *testing.T) {
 	t.Parallel()
-	p := redistest.Start(t)
+	p := redistest.Start(t, redistest.WithFastSync())
 	r := redistest.StartReplica(t, p.Addr())
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
 	defer rdb.Close()

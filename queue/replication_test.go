@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testkit/proctest"
 	"github.com/oncegate/oncegate/internal/testkit/redistest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
@@ -176,6 +177,9 @@ func TestSentinelFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 	t.Parallel()
 	for _, mode := range replicaModes {
 		t.Run(mode.name, func(t *testing.T) {
+			result := reliability.Record(t, "Queue", "Redis primary SIGKILLed under Sentinel (3, quorum 2), 2 replicas, "+
+				"30 producers through a failover client; durable-write option "+mode.name,
+				checkedFor(mode.replicas))
 			p := redistest.Start(t, redistest.WithFastSync())
 			redistest.StartReplica(t, p.Addr())
 			redistest.StartReplica(t, p.Addr())
@@ -201,6 +205,7 @@ func TestSentinelFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 			lost := missing(t, rdb, q, ids)
 			t.Logf("failover: redis sentinel outage=%.1fs lost_acked=%d acked=%d errors=%d not_replicated=%d option=%s",
 				prod.outage().Seconds(), lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), mode.name)
+			result(fmt.Sprintf("%d of %d acknowledged enqueues lost; outage %.1f s", lost, len(ids), prod.outage().Seconds()))
 			if mode.replicas == ReplicasAuto && !q.repl.on.Load() {
 				t.Error("auto mode never saw the replicas")
 			}
@@ -217,6 +222,9 @@ func TestPartitionedPrimaryLosesNoAcknowledgedEnqueue(t *testing.T) {
 	t.Parallel()
 	for _, mode := range replicaModes {
 		t.Run(mode.name, func(t *testing.T) {
+			result := reliability.Record(t, "Queue", "Redis primary cut off from its replicas and Sentinels until "+
+				"failed over, producers and a worker process still reaching it, then healed; durable-write option "+
+				mode.name, checkedFor(mode.replicas)+"; no job reaches a handler on the cut-off primary")
 			p := redistest.Start(t, redistest.WithFastSync())
 			px := redistest.StartProxy(t, p.Addr())
 			redistest.StartReplica(t, px.Addr())
@@ -259,6 +267,8 @@ func TestPartitionedPrimaryLosesNoAcknowledgedEnqueue(t *testing.T) {
 				"errors=%d not_replicated=%d handled_on_old_primary=%d option=%s", failedOver.Seconds(),
 				demoted.Seconds(), lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), handled, mode.name)
 			w.Signal(syscall.SIGKILL)
+			result(fmt.Sprintf("%d of %d acknowledged enqueues lost; %d jobs handled on the cut-off primary", lost,
+				len(ids), handled))
 			if mode.replicas == ReplicasOff {
 				return
 			}
@@ -280,6 +290,8 @@ func TestClusterFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 	t.Parallel()
 	for _, mode := range replicaModes {
 		t.Run(mode.name, func(t *testing.T) {
+			result := reliability.Record(t, "Queue", "Redis Cluster master SIGKILLed, 2 replicas, 30 producers; "+
+				"durable-write option "+mode.name, checkedFor(mode.replicas))
 			// Without replica migration, both replicas stay with the master that is killed, rather than one
 			// moving to a master that has none: the new master then has a replica and takes writes again.
 			c := redistest.StartCluster(t, 3, redistest.WithFastSync(),
@@ -316,6 +328,7 @@ func TestClusterFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 			lost := missing(t, rdb, q, ids)
 			t.Logf("failover: redis cluster outage=%.1fs lost_acked=%d acked=%d errors=%d not_replicated=%d option=%s",
 				prod.outage().Seconds(), lost, len(ids), prod.errs.Load(), prod.notRepl.Load(), mode.name)
+			result(fmt.Sprintf("%d of %d acknowledged enqueues lost; outage %.1f s", lost, len(ids), prod.outage().Seconds()))
 			if mode.replicas == ReplicasAuto && !q.repl.on.Load() {
 				t.Error("auto mode never saw the replicas")
 			}
@@ -324,6 +337,15 @@ func TestClusterFailoverLosesNoAcknowledgedEnqueue(t *testing.T) {
 			}
 		})
 	}
+}
+
+// checkedFor is what a scenario's reliability row checks under an option: with it off, the loss is measured,
+// not asserted.
+func checkedFor(replicas int) string {
+	if replicas == ReplicasOff {
+		return "Loss measured (asynchronous replication; not asserted)"
+	}
+	return "No acknowledged enqueue lost"
 }
 
 func countPrefix(lines []string, prefix string) int {

@@ -269,6 +269,10 @@ const (
 // same way, but the job may have been enqueued, as after any timeout; enqueueing it again with the same ID
 // is safe. The caller that sends a batch waits for that call (at most 10 s) even if its own ctx ends, since
 // other callers' jobs ride on it.
+//
+// Where the queue waits for replicas (Options.Replicas), a call returns only once a replica has its batch; an
+// error wrapping ErrNotReplicated means the job is on the primary but may be lost to a failover: enqueue it
+// again under the same ID (the retry may then report Duplicate, for the job this call added).
 func (q *Queue) Enqueue(ctx context.Context, nj NewJob) (*EnqueueResult, error) {
 	if err := checkNewJob(&nj); err != nil {
 		return nil, err

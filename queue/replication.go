@@ -91,11 +91,43 @@ func (q *Queue) checkTopology(ctx context.Context) bool {
 	r.waitAOF.Store(versionAtLeast(f["redis_version"], 7, 2))
 	r.aofLocal.Store(f["aof_enabled"] == "1")
 	n, _ := strconv.Atoi(f["connected_slaves"])
+	if _, ok := q.rdb.(*redis.ClusterClient); ok && n == 0 {
+		// On Redis Cluster the master's shard lists its replicas whether or not they are connected: a master
+		// cut off from its replicas still counts them, so a process that starts during the cut waits too.
+		n = shardReplicas(cctx, node)
+	}
 	if n > 0 && r.want == ReplicasAuto && r.on.CompareAndSwap(false, true) {
 		q.opts.Logger.Info("queue: the primary has replicas: writes are acknowledged once a replica has them",
 			"queue", q.name, "replicas", n, "timeout", r.timeout)
 	}
 	return n > 0
+}
+
+// shardReplicas counts the replicas of node's shard, connected or not, as CLUSTER SHARDS lists them.
+func shardReplicas(ctx context.Context, node *redis.Client) int {
+	id, err := node.ClusterMyID(ctx).Result()
+	if err != nil {
+		return 0
+	}
+	shards, err := node.ClusterShards(ctx).Result()
+	if err != nil {
+		return 0
+	}
+	for _, sh := range shards {
+		mine, replicas := false, 0
+		for _, n := range sh.Nodes {
+			switch {
+			case n.ID == id:
+				mine = true
+			case n.Role == "replica":
+				replicas++
+			}
+		}
+		if mine {
+			return replicas
+		}
+	}
+	return 0
 }
 
 // primaryFor returns a client of the node that holds the queue: rdb itself, or on Redis Cluster the master of

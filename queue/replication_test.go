@@ -472,3 +472,24 @@ func TestWorkerWaitsForReplicas(t *testing.T) {
 	r.Thaw()
 	frozen = false
 }
+
+// On Redis Cluster, auto mode counts the replicas the master's shard lists, connected or not: a process that
+// starts while its master has lost its replica still waits, and fails rather than acknowledging alone.
+func TestAutoCountsAClusterMastersDisconnectedReplica(t *testing.T) {
+	t.Parallel()
+	c := redistest.StartCluster(t, 1, redistest.WithFastSync())
+	replica := c.AddReplica(c.Nodes()[0])
+	replica.Kill()
+	master := c.Nodes()[0].Client(t)
+	testenv.Eventually(t, 10*time.Second, "the master never saw its replica go", func() bool {
+		return strings.Contains(master.Info(context.Background(), "replication").Val(), "connected_slaves:0")
+	})
+	rdb := c.Client(t)
+	q, err := New(rdb, testenv.Name(t, "q"), &Options{ReplicaTimeout: 200 * time.Millisecond, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Enqueue(context.Background(), NewJob{ID: "a"}); !errors.Is(err, ErrNotReplicated) {
+		t.Fatalf("enqueue on a master whose replica is gone: err = %v, want ErrNotReplicated", err)
+	}
+}

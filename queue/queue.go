@@ -79,10 +79,12 @@ type Options struct {
 	// demoted, is gone.
 	//
 	// ReplicasAuto (0, the default) waits for one replica once the queue's primary has been seen with a
-	// replica connected (INFO replication, read at the first write and every second until then), and keeps
-	// waiting from then on, even when the primary sees none: a primary cut off from its replicas is the one
-	// that must not acknowledge alone. A primary never seen with a replica is not waited on. ReplicasOff (-1)
-	// never waits. A positive value always waits for that many.
+	// replica connected (INFO replication, read at the first write and every second until then; on Redis
+	// Cluster, also the replicas its shard lists, connected or not), and keeps waiting from then on, even when
+	// the primary sees none: a primary cut off from its replicas is the one that must not acknowledge alone.
+	// A primary never seen with a replica is not waited on, and that memory is per process: where replicas are
+	// part of the deployment, 1 is the safer setting. ReplicasOff (-1) never waits. A positive value always
+	// waits for that many.
 	//
 	// A write that fewer replicas acknowledged within ReplicaTimeout returns an error wrapping
 	// ErrNotReplicated. It did run on the primary, which may keep it or lose it: an Enqueue may be retried

@@ -195,7 +195,8 @@ func New(rdb redis.UniversalClient, name string, opts *Options) (*Queue, error) 
 	return q, nil
 }
 
-// readTimeout is the client's read timeout as go-redis applies it (0 is its default, 3 s; negative is none).
+// readTimeout is the client's read timeout, as go-redis has set it up (its default is 5 s), or -1 for none
+// (the client's options then hold 0 or a negative value).
 func readTimeout(rdb redis.UniversalClient) time.Duration {
 	var d time.Duration
 	switch c := rdb.(type) {
@@ -206,8 +207,8 @@ func readTimeout(rdb redis.UniversalClient) time.Duration {
 	default:
 		return -1
 	}
-	if d == 0 {
-		return 3 * time.Second
+	if d <= 0 {
+		return -1
 	}
 	return d
 }
@@ -617,8 +618,10 @@ func (q *Queue) send(ctx context.Context, calls []*enqueueCall) {
 	keys := []string{k.jobs, k.payloads, k.ready, k.delayed, k.marker, k.seen}
 	n := q.replicas(ctx)
 	if n > 0 {
-		// A batch of duplicates writes nothing, and WAIT would then wait for nothing: the sync key makes it
-		// wait for everything written before, the duplicates' first enqueue included (enqueue.lua).
+		// A batch of duplicates writes nothing. Redis 7.0 and earlier have WAIT wait for the offset after the
+		// connection's last command, whatever it was; a server that counts only commands that replicated
+		// something would have it wait for nothing, and acknowledge a duplicate whose first enqueue is not
+		// replicated yet. The sync key is written then, so WAIT covers that first enqueue (enqueue.lua).
 		keys = append(keys, k.sync)
 	}
 	// A batch that ran but was not replicated fails every job of it, as any other error would: each may be

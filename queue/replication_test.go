@@ -524,3 +524,60 @@ func BenchmarkEnqueueWaitingForReplica(b *testing.B) {
 		})
 	}
 }
+
+// A duplicate is acknowledged only once what it found is replicated: a retry under the same ID, on another
+// connection, while the first enqueue is still only on the primary, fails too. On Redis 7.0 WAIT waits for
+// the offset after the connection's last command of any kind, so this holds here even without the sync key
+// enqueue.lua writes for a batch of duplicates; the key is for servers whose WAIT counts only writes.
+func TestDuplicateWaitsForTheReplicationOfWhatItFound(t *testing.T) {
+	t.Parallel()
+	p := redistest.Start(t, redistest.WithFastSync())
+	r := redistest.StartReplica(t, p.Addr())
+	opts := &Options{Replicas: 1, ReplicaTimeout: 300 * time.Millisecond, Logger: quietLogger()}
+	name := testenv.Name(t, "q")
+	first := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer first.Close()
+	second := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer second.Close()
+	q1, err := New(first, name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q2, err := New(second, name, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, q2, NewJob{ID: "warm-up"}) // q2's connection has written, and been replicated, before
+	r.Freeze()
+	defer r.Thaw()
+	if _, err := q1.Enqueue(context.Background(), NewJob{ID: "a"}); !errors.Is(err, ErrNotReplicated) {
+		t.Fatalf("first enqueue: err = %v, want ErrNotReplicated", err)
+	}
+	res, err := q2.Enqueue(context.Background(), NewJob{ID: "a"})
+	if !errors.Is(err, ErrNotReplicated) {
+		t.Fatalf("retry on another connection while the first is unreplicated: %+v, err = %v; want ErrNotReplicated",
+			res, err)
+	}
+}
+
+// A ReplicaTimeout the client's read timeout would cut short is refused.
+func TestNewRefusesAReplicaTimeoutOverTheReadTimeout(t *testing.T) {
+	t.Parallel()
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer rdb.Close()
+	if _, err := New(rdb, "q", &Options{ReplicaTimeout: 5 * time.Second}); err == nil ||
+		!strings.Contains(err.Error(), "ReadTimeout") {
+		t.Errorf("ReplicaTimeout 5s on go-redis's default 5s read timeout: err = %v, want refused", err)
+	}
+	if _, err := New(rdb, "q", &Options{ReplicaTimeout: 4 * time.Second}); err != nil {
+		t.Errorf("ReplicaTimeout 4s on a 5s read timeout: %v", err)
+	}
+	none := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ReadTimeout: -1})
+	defer none.Close()
+	if _, err := New(none, "q", &Options{ReplicaTimeout: time.Minute}); err != nil {
+		t.Errorf("no read timeout: %v", err)
+	}
+	if _, err := New(rdb, "q", &Options{Replicas: ReplicasOff, ReplicaTimeout: 5 * time.Second}); err != nil {
+		t.Errorf("with the option off the timeout is unused: %v", err)
+	}
+}

@@ -17,8 +17,9 @@
 -- KEYS[5] marker    zset that idle workers block on
 -- KEYS[6] seen      zset: id -> finished_at ms of completed IDs (see complete.lua)
 -- KEYS[7] sync      optional, given when the client WAITs for replicas after the call: a call that adds
---                   nothing writes Redis's clock here, because WAIT waits for the connection's last write,
---                   and a duplicate's first enqueue, made on another connection, may not be replicated yet
+--                   nothing writes Redis's clock here, so that the WAIT after it has a write of its own to
+--                   wait for, later than the duplicates' first enqueue (made on another connection, perhaps
+--                   not replicated yet), whether the server's WAIT counts every command or only writes
 -- ARGV[1] dedup window ms (0 = off)
 -- ARGV[2..] groups of four: id, job record (a JSON object without times or state, with epoch, failures and
 --           stalls at 0, and without its closing brace), payload, delay ms (0 = ready now)

@@ -223,6 +223,9 @@ func TestPartitionedPrimaryLosesNoAcknowledgedEnqueue(t *testing.T) {
 	t.Parallel()
 	for _, mode := range replicaModes {
 		t.Run(mode.name, func(t *testing.T) {
+			// Side by side: most of each run is spent waiting for Sentinel, which demotes the old primary only
+			// some 10 s after the heal.
+			t.Parallel()
 			result := reliability.Record(t, "Queue", "Redis primary cut off from its replicas and Sentinels until "+
 				"failed over, producers and a worker process still reaching it, then healed; durable-write option "+
 				mode.name, checkedFor(mode.replicas)+"; no job reaches a handler on the cut-off primary")

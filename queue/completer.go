@@ -29,7 +29,9 @@ func (w *Worker) complete(job *Job) error {
 	for attempt := 1; attempt <= 5; attempt++ {
 		c := completion{id: job.ID, epoch: job.Epoch, done: make(chan error, 1)}
 		w.completions <- c
-		if err = <-c.done; err == nil || errors.Is(err, ErrLeaseLost) {
+		// A completion that ran but was not replicated is not retried: the job is completed on this primary,
+		// so a retry would find the lease gone and report ErrLeaseLost, which is not what happened.
+		if err = <-c.done; err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotReplicated) {
 			return err
 		}
 		if !sleep(w.records, recordRetry.Delay(attempt)) {
@@ -68,8 +70,12 @@ func (w *Worker) completeLoop(ctx context.Context) {
 		}
 		k := w.q.keys
 		cctx, cancel := context.WithTimeout(w.records, 10*time.Second)
-		res, err := completeScript.Run(cctx, w.rdb,
-			[]string{k.jobs, k.payloads, k.leases, k.owned, k.done, k.seen, k.epochFloor}, args...).Int64Slice()
+		cmd, err := w.q.runDurable(cctx, w.rdb, w.q.replicas(cctx), completeScript,
+			[]string{k.jobs, k.payloads, k.leases, k.owned, k.done, k.seen, k.epochFloor}, args...)
+		var res []int64
+		if err == nil {
+			res, err = cmd.Int64Slice()
+		}
 		cancel()
 		for i, c := range batch {
 			switch {

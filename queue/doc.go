@@ -15,6 +15,17 @@
 // Redis stall is not held against anyone. A job that keeps killing its workers is dead after MaxStalls, with
 // the reason recorded. docs/queue.md explains the mechanism.
 //
+// What Redis acknowledged must also survive Redis. Redis replicates asynchronously: a primary acknowledges a
+// write before any replica has it, so a primary that dies, or is cut off from its replicas and Sentinels and
+// demoted, loses the writes of its last moments, and a failover then loses acknowledged enqueues, or hands a
+// job to a second worker under the epoch of the first. So by default (Options.Replicas, auto) a queue whose
+// primary has been seen with a replica acknowledges an enqueue, a lease and a completion only once WAIT, sent
+// on the same connection as the script, says a replica has it (WAITAOF, fsynced, on Redis 7.2 and later), and
+// keeps doing so when the primary is cut off; a short WAIT is ErrNotReplicated, never a silent ack. With it,
+// no acknowledged enqueue is lost to a Sentinel or Cluster failover, a killed primary or a partitioned one, and
+// no job reaches a handler under a lease a failover could lose. A primary without replicas is only as durable
+// as its AOF (CheckRedis warns). docs/deploying-redis.md gives the measured loss without the option.
+//
 // Because a job can run twice, handlers must make their side effects idempotent; the oncegate gateway exists
 // for that. Job.ID and Job.Epoch let a handler name its effects stably and fence them.
 //

@@ -87,6 +87,11 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 			w.log.WarnContext(ctx, "job finished after its lease was lost; another worker owns it", "job", job.ID,
 				"epoch", job.Epoch)
 			outcome = "lease_lost"
+		case errors.Is(err, ErrNotReplicated):
+			// Completed on the primary, but a failover now would lose that: the job may run again, and the
+			// gateway deduplicates what it does.
+			w.log.ErrorContext(ctx, "completion in doubt: not acknowledged by the replicas; the job may run "+
+				"again after a failover", "job", job.ID, "epoch", job.Epoch, "err", err)
 		case err != nil:
 			w.log.ErrorContext(ctx, "complete failed; the job will run again after its lease", "job", job.ID, "err", err)
 		default:

@@ -2,7 +2,9 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -97,15 +99,24 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next, call
 	w.mu.Lock()
 	w.leasing = true // until register records the answer
 	w.mu.Unlock()
-	res, err := leaseScript.Run(lctx, w.rdb,
-		[]string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq,
-			k.paused, k.epochFloor},
-		w.id, n, w.leaseFor().Milliseconds(), w.seenFor().Milliseconds()).Slice()
+	keys := []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq,
+		k.paused, k.epochFloor}
+	cmd, err := w.q.runDurable(lctx, w.rdb, w.q.replicas(lctx), leaseScript, keys,
+		w.id, n, w.leaseFor().Milliseconds(), w.seenFor().Milliseconds())
+	var res []any
+	if err == nil {
+		res, err = cmd.Slice()
+	}
 	if err != nil {
 		w.mu.Lock()
 		w.leasing = false // the answer is lost: what the call leased, if anything, is an orphan now
 		w.mu.Unlock()
-		return nil, 0, 0, 0, err
+		if errors.Is(err, ErrNotReplicated) {
+			// The lease, and the epoch it bumped, may vanish in a failover, and another worker would then
+			// lease the job under the same epoch: the jobs go back rather than to a handler.
+			w.handBackUnreplicated(lctx, cmd)
+		}
+		return nil, 0, 0, 0, fmt.Errorf("queue: lease: %w", err)
 	}
 	now, next, call = res[0].(int64), res[1].(int64), res[2].(int64)
 	for i := 3; i+1 < len(res); i += 2 {
@@ -118,6 +129,30 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next, call
 		jobs = append(jobs, job)
 	}
 	return jobs, now, next, call, nil
+}
+
+// handBackUnreplicated hands back the jobs of a lease call whose WAIT came back short. The hand back is a
+// write on the same primary and may not be replicated either: then the jobs are still ready on a successor,
+// and on this primary the heartbeat or the sweeper hands them back.
+func (w *Worker) handBackUnreplicated(ctx context.Context, cmd *redis.Cmd) {
+	res, err := cmd.Slice()
+	if err != nil || len(res) < 3 {
+		return
+	}
+	var pairs []any
+	for i := 3; i+1 < len(res); i += 2 {
+		raw, _ := res[i].(string)
+		var r record
+		if json.Unmarshal([]byte(raw), &r) == nil {
+			pairs = append(pairs, r.ID, r.Epoch)
+		}
+	}
+	if len(pairs) == 0 {
+		return
+	}
+	n, err := w.handBack(ctx, false, pairs)
+	w.log.Warn("lease not acknowledged by the replicas: jobs handed back, not run", "jobs", len(pairs)/2,
+		"handed_back", n, "err", err)
 }
 
 // traceLease records the lease in the job's trace: a short consumer span from the lease call to the handler.

@@ -9,6 +9,12 @@ import (
 
 // The heartbeat extends the leases of the worker's runs and tells it which it lost; it is sent over the
 // liveness connection, by the loop in liveness.go.
+//
+// Unlike enqueue, lease and complete, a heartbeat does not wait for replicas (Options.Replicas): it only moves
+// deadlines forward and holds no fencing state, the epoch having been replicated with the lease. A heartbeat
+// lost in a failover costs at most one interval of lease, and the next one extends the lease on the new
+// primary, or finds it gone and cancels the handler. Waiting here would hold the liveness connection, whose
+// traffic must stay prompt, for up to the replica timeout each beat.
 
 // heartbeatState returns what a heartbeat asks about, read at one instant: the (id, epoch) pairs of the runs
 // that hold a lease, and the lease call number below which a lease of this worker's that is not among them can

@@ -3,9 +3,9 @@ package queue
 // keys names every Redis key of one queue. They share the hash tag {q:NAME}, so a queue's scripts run on one
 // Redis Cluster slot. Nothing else in the package builds a key name.
 type keys struct {
-	prefix                                                                     string
-	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead string
-	conns, missing, sweeper, sweepGuard, seen, leaseSeq, paused, epochFloor    string
+	prefix                                                                        string
+	jobs, payloads, ready, delayed, leases, owned, workers, marker, done, dead    string
+	conns, missing, sweeper, sweepGuard, seen, leaseSeq, paused, epochFloor, sync string
 }
 
 func newKeys(name string) keys {
@@ -32,13 +32,16 @@ func newKeys(name string) keys {
 		// string: the highest epoch of the jobs that completed or were purged; a new job's first lease
 		// starts above it, so an ID used again never holds an epoch its earlier job held (lease.lua)
 		epochFloor: p + "epochfloor",
+		// string: written by a durable enqueue that added nothing, so that its WAIT waits for the replication
+		// of what it found (replication.go)
+		sync: p + "sync",
 	}
 }
 
 // all lists every key, for tests and for Queue.Destroy.
 func (k keys) all() []string {
 	return []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.done,
-		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard, k.seen, k.leaseSeq, k.paused, k.epochFloor}
+		k.dead, k.conns, k.missing, k.sweeper, k.sweepGuard, k.seen, k.leaseSeq, k.paused, k.epochFloor, k.sync}
 }
 
 // wake is a worker process's own wake-up key, which its fetcher blocks on beside the shared marker, so that a

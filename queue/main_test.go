@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 // WORKER_HANDLER says what handlers do: "block" waits for their context, "sleep" sleeps WORKER_SLEEP
 // ignoring the context, "hog" spends WORKER_SLEEP in BLPOP calls on the caller's own Redis client (as a handler
 // that waits on a list would, holding a pooled connection each), "ok" returns at once. A job whose payload is
-// "fail" then fails, so that a test can see both outcomes recorded.
+// "fail" then fails, so that a test can see both outcomes recorded. WORKER_REPLICAS sets Options.Replicas.
 func workerProcess() int {
 	env := func(k string, d time.Duration) time.Duration {
 		if v, err := time.ParseDuration(os.Getenv(k)); err == nil {
@@ -52,7 +52,8 @@ func workerProcess() int {
 		rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ","), MaxRetries: -1})
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	q, err := New(rdb, os.Getenv("WORKER_QUEUE"), &Options{Logger: log})
+	replicas, _ := strconv.Atoi(os.Getenv("WORKER_REPLICAS"))
+	q, err := New(rdb, os.Getenv("WORKER_QUEUE"), &Options{Logger: log, Replicas: replicas})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2

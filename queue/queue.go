@@ -70,6 +70,32 @@ type Options struct {
 	Registry string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+
+	// Replicas is how many replicas must have a write before the queue acknowledges it: an enqueue (and the
+	// dedup window it reads), a lease (which bumps the job's fencing epoch) and a completion (which writes the
+	// dedup window) each run their script and then WAIT on the same connection (WAITAOF on Redis 7.2 and
+	// later, so the replicas have fsynced it). Redis replicates asynchronously: without this, a write that the
+	// primary acknowledged and then lost to a failover (Sentinel or Cluster), or to a partition that had it
+	// demoted, is gone.
+	//
+	// ReplicasAuto (0, the default) waits for one replica once the queue's primary has been seen with a
+	// replica connected (INFO replication, read at the first write and every second until then; on Redis
+	// Cluster, also the replicas its shard lists, connected or not), and keeps waiting from then on, even when
+	// the primary sees none: a primary cut off from its replicas is the one that must not acknowledge alone.
+	// A primary never seen with a replica is not waited on, and that memory is per process: where replicas are
+	// part of the deployment, 1 is the safer setting. ReplicasOff (-1) never waits. A positive value always
+	// waits for that many.
+	//
+	// A write that fewer replicas acknowledged within ReplicaTimeout returns an error wrapping
+	// ErrNotReplicated. It did run on the primary, which may keep it or lose it: an Enqueue may be retried
+	// under the same job ID, which the dedup makes safe (the retry may then report Duplicate for the job the
+	// failed call added); a lease is handed back and never reaches the handler; a completion is in doubt, and
+	// the job may run again after a failover. With one replica wanted, a primary needs two replicas to keep
+	// accepting writes after one of them is promoted.
+	Replicas int
+	// ReplicaTimeout bounds the wait for replicas after a write. Defaults to DefaultReplicaTimeout (1 s). It
+	// must be under the client's ReadTimeout, since the WAIT is read within it.
+	ReplicaTimeout time.Duration
 }
 
 // WithDefaults returns a copy of o with every unset field at its default.
@@ -112,6 +138,12 @@ func (o *Options) WithDefaults() Options {
 	if c.Registry == "" {
 		c.Registry = DefaultRegistry
 	}
+	if c.ReplicaTimeout <= 0 {
+		c.ReplicaTimeout = DefaultReplicaTimeout
+	}
+	if c.Replicas < 0 {
+		c.Replicas = ReplicasOff
+	}
 	return c
 }
 
@@ -134,6 +166,8 @@ type Queue struct {
 	sending int
 
 	registered atomic.Bool // the name is in the registry (registry.go)
+
+	repl replication // durable writes (replication.go)
 }
 
 // New returns a handle on the queue called name. Names are 1 to 200 characters without braces, which
@@ -146,13 +180,37 @@ func New(rdb redis.UniversalClient, name string, opts *Options) (*Queue, error) 
 			"control characters", name)
 	}
 	o := opts.WithDefaults()
-	return &Queue{
+	if rt := readTimeout(rdb); o.Replicas != ReplicasOff && rt > 0 && o.ReplicaTimeout >= rt {
+		return nil, fmt.Errorf("queue: ReplicaTimeout %v is not under the client's ReadTimeout %v: the WAIT "+
+			"after a write would time out as a broken connection", o.ReplicaTimeout, rt)
+	}
+	q := &Queue{
 		rdb: rdb, name: name, keys: newKeys(name), opts: o,
 		tracer:      o.TracerProvider.Tracer("github.com/oncegate/oncegate/queue"),
 		enqueueSpan: "queue.enqueue " + name,
 		enqueueAttrs: []attribute.KeyValue{attribute.String("messaging.system", "oncegate"),
 			attribute.String("messaging.destination.name", name)},
-	}, nil
+	}
+	q.repl.want, q.repl.timeout = o.Replicas, o.ReplicaTimeout
+	return q, nil
+}
+
+// readTimeout is the client's read timeout, as go-redis has set it up (its default is 5 s), or -1 for none
+// (the client's options then hold 0 or a negative value).
+func readTimeout(rdb redis.UniversalClient) time.Duration {
+	var d time.Duration
+	switch c := rdb.(type) {
+	case *redis.Client:
+		d = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		d = c.Options().ReadTimeout
+	default:
+		return -1
+	}
+	if d <= 0 {
+		return -1
+	}
+	return d
 }
 
 // Name returns the queue's name.
@@ -214,6 +272,10 @@ const (
 // same way, but the job may have been enqueued, as after any timeout; enqueueing it again with the same ID
 // is safe. The caller that sends a batch waits for that call (at most 10 s) even if its own ctx ends, since
 // other callers' jobs ride on it.
+//
+// Where the queue waits for replicas (Options.Replicas), a call returns only once a replica has its batch; an
+// error wrapping ErrNotReplicated means the job is on the primary but may be lost to a failover: enqueue it
+// again under the same ID (the retry may then report Duplicate, for the job this call added).
 func (q *Queue) Enqueue(ctx context.Context, nj NewJob) (*EnqueueResult, error) {
 	if err := checkNewJob(&nj); err != nil {
 		return nil, err
@@ -553,8 +615,22 @@ func (q *Queue) send(ctx context.Context, calls []*enqueueCall) {
 		args = append(args, c.id, c.raw, c.payload, c.delayMs)
 	}
 	k := q.keys
-	res, err := enqueueScript.Run(ctx, q.rdb, []string{k.jobs, k.payloads, k.ready, k.delayed, k.marker, k.seen},
-		args...).Slice()
+	keys := []string{k.jobs, k.payloads, k.ready, k.delayed, k.marker, k.seen}
+	n := q.replicas(ctx)
+	if n > 0 {
+		// A batch of duplicates writes nothing. Redis 7.0 and earlier have WAIT wait for the offset after the
+		// connection's last command, whatever it was; a server that counts only commands that replicated
+		// something would have it wait for nothing, and acknowledge a duplicate whose first enqueue is not
+		// replicated yet. The sync key is written then, so WAIT covers that first enqueue (enqueue.lua).
+		keys = append(keys, k.sync)
+	}
+	// A batch that ran but was not replicated fails every job of it, as any other error would: each may be
+	// enqueued, and may be lost.
+	var res []any
+	cmd, err := q.runDurable(ctx, q.rdb, n, enqueueScript, keys, args...)
+	if err == nil {
+		res, err = cmd.Slice()
+	}
 	var now int64
 	if err == nil {
 		var ok bool

@@ -213,7 +213,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return errors.New("queue: worker already started")
 	}
-	for _, warning := range CheckRedis(ctx, w.q.rdb) {
+	top, warnings := w.q.CheckRedis(ctx)
+	w.log.Info("redis topology", "role", top.Role, "replicas", top.Replicas, "min_replicas_to_write",
+		top.MinReplicasToWrite, "min_replicas_max_lag", top.MinReplicasMaxLag, "aof", top.AOF, "version", top.Version,
+		"writes_wait_for_replicas", top.WaitForReplicas)
+	for _, warning := range warnings {
 		w.log.Warn(warning)
 	}
 	w.q.register(ctx)

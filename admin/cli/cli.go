@@ -21,9 +21,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/queue"
 )
 
 // Exit codes.
@@ -76,7 +75,8 @@ const usage = `usage: oncegate <noun> <verb> [args] [flags]
 
 Every command but console and token: -o table|json, --operator NAME (default $ONCEGATE_OPERATOR, else the OS
 user), --role viewer|operator|admin (default $ONCEGATE_ROLE, else operator). Token commands act as an admin
-named by --operator (same default): whoever holds DATABASE_URL is one. DATABASE_URL and REDIS_URL name the stores.
+named by --operator (same default): whoever holds DATABASE_URL is one. DATABASE_URL and REDIS_URL name the stores;
+REDIS_URL may name a Sentinel (redis://sentinel:26379?master_name=NAME) or a Cluster (redis+cluster://node:6379).
 Exit codes: 0 done, 1 error, 2 usage, 3 not found, 4 wrong state, 5 bulk partly applied.`
 
 // Quiet is go-redis's logger for the CLI's process (redis.SetLogger, once, in main): the pool's own retries
@@ -251,11 +251,10 @@ func (c *command) connect(needDB, needRedis bool) error {
 		if url == "" {
 			return usagef("REDIS_URL is not set: it names the queues' Redis")
 		}
-		opts, err := redis.ParseURL(url)
+		rdb, err := queue.OpenRedis(url)
 		if err != nil {
-			return usagef("REDIS_URL: %v", err)
+			return usagef("REDIS_URL: %v (forms: %s)", err, queue.RedisURLForms)
 		}
-		rdb := redis.NewClient(opts)
 		closers = append(closers, func() { _ = rdb.Close() })
 		cfg.Redis = rdb
 	}

@@ -11,8 +11,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/oncegate/oncegate/jobs"
 	"github.com/oncegate/oncegate/queue"
 )
@@ -55,12 +53,12 @@ func Child(args []string) int {
 		}
 		return 0
 	case "direct":
-		opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+		rdb, err := queue.OpenRedis(os.Getenv("REDIS_URL"))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
-		q, err := queue.New(redis.NewClient(opts), *queueName, &queue.Options{Logger: quiet()})
+		q, err := queue.New(rdb, *queueName, &queue.Options{Logger: quiet()})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 2

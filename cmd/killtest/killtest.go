@@ -166,12 +166,13 @@ func InMemory(ctx context.Context, env Env) (Row, error) {
 	return row("in-memory queue", srv), nil
 }
 
-func redisClient(env Env) (*redis.Client, error) {
-	opts, err := redis.ParseURL(env.RedisURL)
+// redisClient takes any REDIS_URL form queue.OpenRedis does: one server, Sentinel or Cluster.
+func redisClient(env Env) (redis.UniversalClient, error) {
+	rdb, err := queue.OpenRedis(env.RedisURL)
 	if err != nil {
 		return nil, fmt.Errorf("REDIS_URL: %w", err)
 	}
-	return redis.NewClient(opts), nil
+	return rdb, nil
 }
 
 func enqueueSignups(ctx context.Context, q *queue.Queue) error {

@@ -7,7 +7,8 @@
 //	| lease queue, worker sends the email itself |            20 |                   0 |                1 |
 //	| lease queue + oncegate                     |            20 |                   0 |                0 |
 //
-// It exits non-zero unless the oncegate row is 20 / 0 / 0. REDIS_URL and DATABASE_URL name the services
+// It exits non-zero unless the oncegate row is 20 / 0 / 0. REDIS_URL (any form queue.OpenRedis takes: one
+// server, Sentinel, Cluster) and DATABASE_URL name the services
 // (scripts/demo brings them up); --bin names the folder holding the gateway and worker binaries.
 package main
 

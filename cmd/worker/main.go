@@ -2,6 +2,10 @@
 // effects through the gateway (see package jobs for the kinds). SIGTERM or SIGINT close it gracefully.
 //
 //	worker run [--queue NAME] [--concurrency N]   with REDIS_URL, GATEWAY_URL, GATEWAY_API_KEY
+//
+// REDIS_URL names one server (redis://host:port/0), a Sentinel-managed primary
+// (redis://sentinel:26379?master_name=NAME&addr=sentinel2:26379) or a Redis Cluster
+// (redis+cluster://node:6379?addr=node2:6379); see queue.OpenRedis.
 package main
 
 import (
@@ -21,7 +25,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/extra/redisotel/v9"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/oncegate/oncegate/client"
 	"github.com/oncegate/oncegate/internal/telemetry"
@@ -57,7 +60,11 @@ func run(args []string) error {
 		return errUsage
 	}
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
-	redisURL := fs.String("redis", env("REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL (REDIS_URL)")
+	redisURL := fs.String("redis", env("REDIS_URL", "redis://127.0.0.1:6379/0"), "Redis URL (REDIS_URL): "+
+		queue.RedisURLForms)
+	replicas := fs.Int("replicas", queue.ReplicasAuto, "acknowledge enqueues, leases and completions only once this "+
+		"many replicas have them (WAIT): 0 is auto (one, once the primary has been seen with a replica), -1 is off")
+	replicaTimeout := fs.Duration("replica-timeout", queue.DefaultReplicaTimeout, "how long a write waits for its replicas")
 	gatewayURL := fs.String("gateway", env("GATEWAY_URL", "http://127.0.0.1:8080"), "gateway URL (GATEWAY_URL)")
 	apiKey := fs.String("api-key", env("GATEWAY_API_KEY", "oncegate-dev-key-for-loopback-only"), "gateway API key (GATEWAY_API_KEY)")
 	queueName := fs.String("queue", env("QUEUE", "jobs"), "queue name (QUEUE)")
@@ -80,17 +87,17 @@ func run(args []string) error {
 	}
 	defer stopTelemetry()
 
-	opts, err := redis.ParseURL(*redisURL)
+	rdb, err := queue.OpenRedis(*redisURL)
 	if err != nil {
-		return fmt.Errorf("redis URL: %w", err)
+		return err
 	}
-	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 	// Redis calls appear in traces as children of a job's spans; background polling makes no traces.
 	if err := redisotel.InstrumentTracing(rdb, redisotel.WithTracerProvider(tel.Children)); err != nil {
 		return err
 	}
-	q, err := queue.New(rdb, *queueName, &queue.Options{Logger: log, Registry: *registry})
+	q, err := queue.New(rdb, *queueName, &queue.Options{Logger: log, Registry: *registry, Replicas: *replicas,
+		ReplicaTimeout: *replicaTimeout})
 	if err != nil {
 		return err
 	}

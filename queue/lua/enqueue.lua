@@ -16,6 +16,10 @@
 -- KEYS[4] delayed   zset: id -> run_at ms
 -- KEYS[5] marker    zset that idle workers block on
 -- KEYS[6] seen      zset: id -> finished_at ms of completed IDs (see complete.lua)
+-- KEYS[7] sync      optional, given when the client WAITs for replicas after the call: a call that adds
+--                   nothing writes Redis's clock here, so that the WAIT after it has a write of its own to
+--                   wait for, later than the duplicates' first enqueue (made on another connection, perhaps
+--                   not replicated yet), whether the server's WAIT counts every command or only writes
 -- ARGV[1] dedup window ms (0 = off)
 -- ARGV[2..] groups of four: id, job record (a JSON object without times or state, with epoch, failures and
 --           stalls at 0, and without its closing brace), payload, delay ms (0 = ready now)
@@ -102,5 +106,8 @@ if #ready > 0 and redis.call('RPUSH', KEYS[3], unpack(ready)) == #ready then
 end
 if wake_now then
   wake(KEYS[5])
+end
+if KEYS[7] and #records == 0 then
+  redis.call('SET', KEYS[7], now_s)
 end
 return out

@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -129,6 +130,13 @@ func (p *Proc) WaitLine(prefix string, d time.Duration) string {
 			p.t.Fatalf("pid %d printed no %q within %v; stderr:\n%s", p.Pid(), prefix, d, p.Log())
 		}
 	}
+}
+
+// Lines returns every stdout line the child printed so far, whatever WaitLine has read.
+func (p *Proc) Lines() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.lines)
 }
 
 // Signal sends sig to the child.

@@ -216,9 +216,17 @@ func (c *Cluster) AddReplica(master *Server) *Server {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	replicaID, err := admin.ClusterMyID(ctx).Result()
+	if err != nil {
+		c.t.Fatalf("redistest: CLUSTER MYID on %s: %v", r.Addr(), err)
+	}
 	for {
+		// Synced, and known to its master as its replica: until then the master would forget a replica that
+		// died, as a node whose handshake never finished.
 		info := admin.Info(ctx, "replication").Val()
-		if strings.Contains(info, "master_link_status:up") {
+		nodes := m.ClusterNodes(ctx).Val()
+		if strings.Contains(info, "master_link_status:up") && strings.Contains(nodes, replicaID+" ") &&
+			strings.Contains(nodes, "slave "+masterID) {
 			return r
 		}
 		if time.Now().After(deadline) {

@@ -24,7 +24,7 @@
 // keeps doing so when the primary is cut off; a short WAIT is ErrNotReplicated, never a silent ack. With it,
 // no acknowledged enqueue is lost to a Sentinel or Cluster failover, a killed primary or a partitioned one, and
 // no job reaches a handler under a lease a failover could lose. A primary without replicas is only as durable
-// as its AOF (CheckRedis warns). docs/deploying-redis.md gives the measured loss without the option.
+// as its AOF (CheckRedis warns). docs/failover.md gives the measured loss without the option.
 //
 // Because a job can run twice, handlers must make their side effects idempotent; the oncegate gateway exists
 // for that. Job.ID and Job.Epoch let a handler name its effects stably and fence them.

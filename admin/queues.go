@@ -144,10 +144,13 @@ func (s *Service) ResumeQueue(ctx context.Context, a Actor, name, reason string)
 
 // Job is a queue job as an operator sees it.
 type Job struct {
-	ID          string            `json:"id"`
-	Kind        string            `json:"kind"`
-	State       queue.JobState    `json:"state"`
-	Epoch       int64             `json:"epoch"`
+	ID    string         `json:"id"`
+	Kind  string         `json:"kind"`
+	State queue.JobState `json:"state"`
+	Epoch int64          `json:"epoch"`
+	// Runs counts its leases from 1 (queue.Job.Runs); the epoch is the fencing token, which starts above the
+	// queue's finished jobs' epochs and so does not count runs.
+	Runs        int               `json:"runs"`
 	Attempt     int               `json:"attempt"`
 	Failures    int               `json:"failures"`
 	Stalls      int               `json:"stalls"`
@@ -172,7 +175,7 @@ func toJob(j *queue.Job) Job {
 		}
 		return &v
 	}
-	return Job{ID: j.ID, Kind: j.Kind, State: j.State, Epoch: j.Epoch, Attempt: j.Attempt, Failures: j.Failures,
+	return Job{ID: j.ID, Kind: j.Kind, State: j.State, Epoch: j.Epoch, Runs: j.Runs, Attempt: j.Attempt, Failures: j.Failures,
 		Stalls: j.Stalls, MaxAttempts: j.MaxAttempts, MaxStalls: j.MaxStalls, CreatedAt: t(j.CreatedAt),
 		ReadyAt: t(j.ReadyAt), RunAt: t(j.RunAt), LeasedAt: t(j.LeasedAt), FinishedAt: t(j.FinishedAt),
 		Owner: j.Owner, LastError: j.LastError, LastStall: j.LastStall, DeadReason: j.DeadReason,

@@ -921,3 +921,28 @@ func TestEnqueueResultIsTheStoredJob(t *testing.T) {
 		}
 	}
 }
+
+// Runs count a job's leases from 1, whatever its epoch starts from: a job's first lease starts above the
+// epochs of its queue's completed jobs, so an operator reading the epoch saw "@14" for a job that ran once.
+func TestRunsCountLeasesFromOne(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	mustEnqueue(t, q, NewJob{ID: "a"})
+	a := leaseAs(t, q, "cccccccccccccccc", 1, time.Minute)
+	if len(a) != 1 || a[0].Runs != 1 || !completeAs(t, q, "a", a[0].Epoch) {
+		t.Fatalf("a: %+v", a)
+	}
+	mustEnqueue(t, q, NewJob{ID: "b"})
+	primeSweeper(t, q)
+	b := leaseAs(t, q, "aaaaaaaaaaaaaaaa", 1, 50*time.Millisecond)
+	if len(b) != 1 || b[0].Epoch <= a[0].Epoch || b[0].Runs != 1 {
+		t.Fatalf("b's first lease: epoch %d (a's %d), runs %d", b[0].Epoch, a[0].Epoch, b[0].Runs)
+	}
+	time.Sleep(100 * time.Millisecond)
+	sweepNow(t, q) // b's lease ran out: a stall, and b is ready again
+	waitState(t, q, "b", StateReady, 5*time.Second)
+	again := leaseAs(t, q, "bbbbbbbbbbbbbbbb", 1, time.Minute)
+	if len(again) != 1 || again[0].Runs != 2 || mustJob(t, q, "b").Runs != 2 {
+		t.Fatalf("b's second lease: %+v", again)
+	}
+}

@@ -34,6 +34,10 @@ type Job struct {
 	// job's first lease starts above every epoch of the jobs of its queue that completed or were purged, so an
 	// ID enqueued again never holds an epoch that its earlier job held (a worker may still be running that).
 	Epoch int64
+	// Runs counts the times the job was leased to a handler, this one included: 1 on its first run, 2 after
+	// a retry or a stall. Unlike Epoch, it starts from 1 for a new job under a reused ID, and a requeue of a
+	// dead job keeps counting. 0 for a job not yet run (and for jobs leased before runs were counted).
+	Runs int
 	// Attempt is the 1-based number of the attempt a handler is running: failed attempts so far plus one.
 	Attempt int
 	// Failures counts attempts that ended in an error; Stalls counts leases lost to a crash or an expired lease.
@@ -64,6 +68,7 @@ type record struct {
 	Kind        string            `json:"kind,omitempty"`
 	State       JobState          `json:"state,omitempty"`
 	Epoch       int64             `json:"epoch"`
+	Runs        int               `json:"runs,omitempty"`
 	Failures    int               `json:"failures"`
 	Stalls      int               `json:"stalls"`
 	MaxAttempts int               `json:"max_attempts"`
@@ -98,7 +103,7 @@ func decodeJob(raw string, payload []byte) (*Job, error) {
 func (r *record) job(payload []byte) *Job {
 	return &Job{
 		ID: r.ID, Kind: r.Kind, Payload: payload, State: r.State,
-		Epoch: r.Epoch, Attempt: r.Failures + 1, Failures: r.Failures, Stalls: r.Stalls,
+		Epoch: r.Epoch, Runs: r.Runs, Attempt: r.Failures + 1, Failures: r.Failures, Stalls: r.Stalls,
 		MaxAttempts: r.MaxAttempts, MaxStalls: r.MaxStalls,
 		CreatedAt: msTime(r.CreatedAt), ReadyAt: msTime(r.ReadyAt), RunAt: msTime(r.RunAt),
 		LeasedAt: msTime(r.LeasedAt), FinishedAt: msTime(r.FinishedAt),

@@ -575,13 +575,13 @@ func queueAction(c *command, args []string, pause bool) error {
 }
 
 func jobsTable(w *tabwriter.Writer, jobs []admin.Job, next string) {
-	row(w, "ID", "KIND", "STATE", "EPOCH", "ATTEMPT", "STALLS", "OWNER", "LAST ERROR / DEAD REASON")
+	row(w, "ID", "KIND", "STATE", "RUNS", "EPOCH", "FAILURES", "STALLS", "OWNER", "LAST ERROR / DEAD REASON")
 	for _, j := range jobs {
 		why := j.LastError
 		if j.DeadReason != "" {
 			why = j.DeadReason
 		}
-		row(w, j.ID, j.Kind, string(j.State), j.Epoch, j.Attempt, j.Stalls, j.Owner, truncate(why, 60))
+		row(w, j.ID, j.Kind, string(j.State), j.Runs, j.Epoch, j.Failures, j.Stalls, j.Owner, truncate(why, 60))
 	}
 	nextCursor(w, next)
 }
@@ -627,9 +627,9 @@ func jobShow(c *command, args []string) error {
 		row(w, "id", d.ID)
 		row(w, "kind", d.Kind)
 		row(w, "state", string(d.State))
-		row(w, "epoch", d.Epoch)
-		row(w, "attempt", fmt.Sprintf("%d of %d (failures %d, stalls %d of %d)", d.Attempt, d.MaxAttempts,
-			d.Failures, d.Stalls, d.MaxStalls))
+		row(w, "runs", fmt.Sprintf("%d (epoch %d: the fencing token, not a count)", d.Runs, d.Epoch))
+		row(w, "failures", fmt.Sprintf("%d (dead after %d)", d.Failures, d.MaxAttempts))
+		row(w, "stalls", fmt.Sprintf("%d (dead after %d)", d.Stalls, d.MaxStalls+1))
 		row(w, "created", d.CreatedAt)
 		row(w, "leased", d.LeasedAt)
 		row(w, "lease deadline", d.LeaseDeadline)

@@ -55,6 +55,8 @@ if ids then
         job.epoch = floor
       end
       job.epoch = job.epoch + 1
+      -- Runs count the leases, from 1: the epoch does not (a reused ID starts above its old job's epochs).
+      job.runs = (tonumber(job.runs) or 0) + 1
       job.state = 'active'
       job.owner = wid
       job.leased_at = now

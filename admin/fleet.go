@@ -296,10 +296,11 @@ type DestinationRate struct {
 	InDoubt int64 `json:"in_doubt"`
 	// SuccessRate is Delivered / Attempts.
 	SuccessRate float64 `json:"success_rate"`
-	// P50MS and P99MS are the calls' latencies; nil when no call was timed.
+	// P50MS and P99MS bound the calls' latencies: the upper bound of the latency bucket (dedup.LatencyBuckets)
+	// that holds the percentile; nil when no call was timed, or when it is past the last bound.
 	P50MS *float64 `json:"p50_ms"`
 	P99MS *float64 `json:"p99_ms"`
-	// LastAttempt is when the last attempt started.
+	// LastAttempt is the minute of the last attempt.
 	LastAttempt time.Time `json:"last_attempt"`
 }
 
@@ -307,7 +308,7 @@ type DestinationRate struct {
 const DestinationWindow = time.Hour
 
 // DestinationRates lists every destination delivered to in the last hour, by effect type, with its success
-// rate and latencies, from the attempt log.
+// rate and latencies, from the per-minute rollup the gateways write beside their attempt logs.
 func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationRate, error) {
 	if err := s.allow(ctx, a, "destination.list", RoleViewer, ""); err != nil {
 		return nil, err
@@ -321,11 +322,13 @@ func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationR
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DestinationRate, error) {
 		var d DestinationRate
+		var buckets []int64
 		err := r.Scan(&d.Type, &d.Destination, &d.Attempts, &d.Delivered, &d.Failed, &d.Retried, &d.InDoubt,
-			&d.P50MS, &d.P99MS, &d.LastAttempt)
+			&buckets, &d.LastAttempt)
 		if d.Attempts > 0 {
 			d.SuccessRate = float64(d.Delivered) / float64(d.Attempts)
 		}
+		d.P50MS, d.P99MS = bucketBound(buckets, 0.5), bucketBound(buckets, 0.99)
 		return d, err
 	})
 	if err != nil {
@@ -335,4 +338,28 @@ func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationR
 		out = []DestinationRate{}
 	}
 	return out, nil
+}
+
+// bucketBound is the upper bound of the latency bucket holding quantile q of the counts; nil when there are
+// none, or when it falls past the last bound.
+func bucketBound(counts []int64, q float64) *float64 {
+	var total int64
+	for _, c := range counts {
+		total += c
+	}
+	if total == 0 {
+		return nil
+	}
+	var seen int64
+	for i, c := range counts {
+		seen += c
+		if float64(seen) >= q*float64(total) {
+			if i >= len(dedup.LatencyBuckets) {
+				return nil
+			}
+			b := dedup.LatencyBuckets[i]
+			return &b
+		}
+	}
+	return nil
 }

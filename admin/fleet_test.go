@@ -3,9 +3,12 @@ package admin_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/admin"
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/testkit/consoletest"
 	"github.com/oncegate/oncegate/outbox"
@@ -61,22 +64,36 @@ func TestGoneGatewaysAreFolded(t *testing.T) {
 	}
 }
 
-// Each destination's success rate over the last hour, by type, from the attempt log: an operator's change
-// (attempt 0) is no attempt, and attempts older than the hour are left out.
+// Each destination's success rate and latencies over the last hour, by type, as the gateways' attempt logs
+// roll them up per minute: two flushes (two gateways) add to the same minutes; an operator's change (no type,
+// no destination) is no attempt; a minute older than the hour is left out.
 func TestDestinationRates(t *testing.T) {
 	t.Parallel()
 	svc, pool := newService(t)
 	ctx := context.Background()
 	seed(t, pool, "r", 1, effect.StatusDelivered)
-	if _, err := pool.Exec(ctx, `
-		INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome, latency_ms, type, destination)
-		SELECT e.id, n, now() - interval '5 minutes', 'gw', CASE WHEN n = 10 THEN 'retry' ELSE 'delivered' END, n * 10,
-		       'hook', 'hooks.a.test'
-		FROM oncegate_effects e, generate_series(1, 10) n
-		UNION ALL SELECT e.id, 1, now() - interval '2 hours', 'gw', 'failed', 5, 'hook', 'hooks.a.test' FROM oncegate_effects e
-		UNION ALL SELECT e.id, 0, now(), 'operator alice', 'retried', NULL, NULL, NULL FROM oncegate_effects e
-		UNION ALL SELECT e.id, 1, now(), 'gw', 'failed', 7, 'hook', 'hooks.b.test' FROM oncegate_effects e`); err != nil {
+	var id int64
+	if err := pool.QueryRow(ctx, `SELECT id FROM oncegate_effects`).Scan(&id); err != nil {
 		t.Fatal(err)
+	}
+	now := time.Now()
+	for g := range 2 {
+		log := dedup.NewAttemptLog(pool, time.Hour, nil)
+		for n := range 5 {
+			outcome := "delivered"
+			if g == 1 && n == 4 {
+				outcome = "retry"
+			}
+			log.Record(dedup.Attempt{EffectID: id, Attempt: 1, Start: now, Gateway: fmt.Sprint("gw", g), Outcome: outcome,
+				Latency: time.Duration(10*(n+1)) * time.Millisecond, Called: true, Type: "hook", Destination: "hooks.a.test"})
+		}
+		log.Record(dedup.Attempt{EffectID: id, Attempt: 1, Start: now.Add(-2 * time.Hour), Gateway: "gw", Outcome: "failed",
+			Called: true, Type: "hook", Destination: "hooks.a.test"})
+		log.Record(dedup.Attempt{EffectID: id, Attempt: 1, Start: now, Gateway: "gw", Outcome: "failed", Called: true,
+			Latency: 7 * time.Millisecond, Type: "hook", Destination: "hooks.b.test"})
+		if err := log.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ds, err := svc.DestinationRates(ctx, viv)
 	if err != nil || len(ds) != 2 {
@@ -84,10 +101,10 @@ func TestDestinationRates(t *testing.T) {
 	}
 	a, b := ds[0], ds[1]
 	if a.Destination != "hooks.a.test" || a.Attempts != 10 || a.Delivered != 9 || a.Retried != 1 || a.SuccessRate != 0.9 ||
-		a.P50MS == nil || *a.P50MS != 55 {
-		t.Errorf("hooks.a.test: %+v (p50 %v)", a, a.P50MS)
+		a.P50MS == nil || *a.P50MS != 50 || a.P99MS == nil || *a.P99MS != 50 {
+		t.Errorf("hooks.a.test: %+v (p50 %v, p99 %v; latencies 10 to 50 ms, bucket bounds 20 and 50)", a, a.P50MS, a.P99MS)
 	}
-	if b.Destination != "hooks.b.test" || b.Attempts != 1 || b.Failed != 1 || b.SuccessRate != 0 {
+	if b.Destination != "hooks.b.test" || b.Attempts != 2 || b.Failed != 2 || b.SuccessRate != 0 || b.P50MS == nil || *b.P50MS != 10 {
 		t.Errorf("hooks.b.test: %+v", b)
 	}
 }

@@ -59,6 +59,20 @@ func exerciseStore(t *testing.T, s *Store, pool *pgxpool.Pool, tenant string) {
 	if replayed {
 		t.Fatal("a first create was a replay")
 	}
+	// The attempt log's statement, with its per-minute rollup of the destination (a bigint[] sliced per index).
+	alog := NewAttemptLog(pool, time.Hour, nil)
+	for _, outcome := range []string{"delivered", "retry"} {
+		alog.Record(Attempt{EffectID: e.ID, Attempt: 1, Start: time.Now(), Gateway: "gw", Outcome: outcome,
+			Latency: 3 * time.Millisecond, Called: true, Type: tenant, Destination: "dest"})
+	}
+	must("flush attempts", alog.Flush(ctx))
+	var attempts, delivered int64
+	var buckets []int64
+	must("read the rollup", pool.QueryRow(ctx, `SELECT attempts, delivered, latency_buckets
+		FROM oncegate_destination_minutes WHERE type = $1`, tenant).Scan(&attempts, &delivered, &buckets))
+	if attempts != 2 || delivered != 1 || len(buckets) != len(LatencyBuckets)+1 || buckets[2] != 2 {
+		t.Fatalf("the rollup holds %d attempts, %d delivered, buckets %v", attempts, delivered, buckets)
+	}
 	again, replayed, err := s.Create(ctx, NewEffect{Tenant: tenant, Key: "k1", Type: tenant, Payload: payload})
 	must("replay", err)
 	if !replayed || again.ID != e.ID {

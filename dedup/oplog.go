@@ -199,7 +199,10 @@ func (l *AttemptLog) Flush(ctx context.Context) error {
 			types[i] = &batch[i].Type
 		}
 	}
-	if _, err := l.db.Exec(ctx, attemptsSQL, ids, nums, starts, gws, tokens, outcomes, errs, lat, dests, types); err != nil {
+	r := rollUp(batch)
+	if _, err := l.db.Exec(ctx, attemptsSQL, ids, nums, starts, gws, tokens, outcomes, errs, lat, dests, types,
+		r.minutes, r.types, r.dests, r.attempts, r.delivered, r.failed, r.retried, r.inDoubt, r.buckets,
+		len(LatencyBuckets)+1); err != nil {
 		l.mu.Lock()
 		l.pending = append(batch, l.pending...)
 		if over := len(l.pending) - maxGathered; over > 0 {
@@ -230,4 +233,65 @@ func runFlushes(ctx context.Context, interval time.Duration, flush func(context.
 			cancel()
 		}
 	}
+}
+
+// LatencyBuckets are the upper bounds, in milliseconds, of the buckets in which the per-minute rollup of each
+// destination counts its calls (oncegate_destination_minutes.latency_buckets); one more bucket holds the
+// calls above the last bound. A percentile read from them is a bucket's bound: coarse, and exact to read.
+var LatencyBuckets = []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000}
+
+// rollup is a flush's attempts summed per minute, type and destination, as attempts.sql's rollup takes them.
+type rollup struct {
+	minutes                                       []time.Time
+	types, dests                                  []string
+	attempts, delivered, failed, retried, inDoubt []int64
+	buckets                                       []int64 // len(LatencyBuckets)+1 per index
+}
+
+func rollUp(batch []Attempt) rollup {
+	type key struct {
+		minute    time.Time
+		typ, dest string
+	}
+	var r rollup
+	index := map[key]int{}
+	nb := len(LatencyBuckets) + 1
+	for _, a := range batch {
+		if a.Type == "" || a.Destination == "" {
+			continue
+		}
+		k := key{a.Start.UTC().Truncate(time.Minute), a.Type, a.Destination}
+		i, ok := index[k]
+		if !ok {
+			i = len(r.minutes)
+			index[k] = i
+			r.minutes, r.types, r.dests = append(r.minutes, k.minute), append(r.types, k.typ), append(r.dests, k.dest)
+			r.attempts, r.delivered, r.failed = append(r.attempts, 0), append(r.delivered, 0), append(r.failed, 0)
+			r.retried, r.inDoubt = append(r.retried, 0), append(r.inDoubt, 0)
+			r.buckets = append(r.buckets, make([]int64, nb)...)
+		}
+		r.attempts[i]++
+		switch a.Outcome {
+		case "delivered":
+			r.delivered[i]++
+		case "failed":
+			r.failed[i]++
+		case "retry":
+			r.retried[i]++
+		case "in_doubt", "interrupted":
+			r.inDoubt[i]++
+		}
+		if a.Called {
+			ms := float64(a.Latency) / float64(time.Millisecond)
+			b := len(LatencyBuckets)
+			for j, bound := range LatencyBuckets {
+				if ms <= bound {
+					b = j
+					break
+				}
+			}
+			r.buckets[i*nb+b]++
+		}
+	}
+	return r
 }

@@ -1,10 +1,13 @@
 -- A gateway's heartbeat: its row in oncegate_gateways, with its circuit breakers, inserted at start and
 -- refreshed every heartbeat. Rows of gateways not seen for a day are deleted on the way, so the table holds
--- the fleet of the last day. $1 id (the dispatcher's owner name), $2 address, $3 version, $4 started at,
+-- the fleet of the last day, and so are the destinations' per-minute counts older than a day. $1 id (the dispatcher's owner name), $2 address, $3 version, $4 started at,
 -- $5 breakers (JSON array of outbox.BreakerState), $6 the effect types it delivers, $7 the requests each
 -- tenant holds open in it (JSON object)
 WITH gone AS (
     DELETE FROM oncegate_gateways WHERE last_seen < now() - interval '1 day' AND id <> $1
+), old_minutes AS (
+    -- The destinations' per-minute rollup keeps a day, for the console's last hour and a margin.
+    DELETE FROM oncegate_destination_minutes WHERE minute < now() - interval '1 day'
 )
 INSERT INTO oncegate_gateways AS g (id, address, version, started_at, last_seen, breakers, types, held)
 VALUES ($1, $2, $3, $4, now(), $5::jsonb, $6::text[], $7::jsonb)

@@ -1,17 +1,19 @@
--- Each destination's deliveries over the last hour, by effect type: attempts and what they came to, and the
--- median and 99th percentile latency of the calls made. The attempts are found by the BRIN index on
--- started_at; rows that record an operator's change (attempt 0) are not attempts. A busy hour is read whole,
--- so the page that shows it is not polled. $1 the window in seconds
-SELECT COALESCE(type, '(not recorded)'), COALESCE(destination, '(not recorded)'),
-    count(*),
-    count(*) FILTER (WHERE outcome = 'delivered'),
-    count(*) FILTER (WHERE outcome = 'failed'),
-    count(*) FILTER (WHERE outcome = 'retry'),
-    count(*) FILTER (WHERE outcome IN ('in_doubt', 'interrupted')),
-    percentile_cont(0.5) WITHIN GROUP (ORDER BY latency_ms),
-    percentile_cont(0.99) WITHIN GROUP (ORDER BY latency_ms),
-    max(started_at)
-FROM oncegate_effect_attempts
-WHERE started_at > now() - make_interval(secs => $1::double precision) AND attempt > 0
-GROUP BY 1, 2
-ORDER BY 1, 2
+-- Each destination's deliveries over the last hour, by effect type, from the per-minute rollup the gateways
+-- write with their attempt logs (oncegate_destination_minutes): at most 60 rows per type and destination,
+-- however many attempts there were, read once; the latency buckets are summed element by element.
+-- $1 the window in seconds
+WITH m AS MATERIALIZED (
+    SELECT * FROM oncegate_destination_minutes
+    WHERE minute > now() - make_interval(secs => $1::double precision)
+), buckets AS (
+    SELECT type, destination, array_agg(n ORDER BY i) AS latency_buckets
+    FROM (SELECT type, destination, i, sum(v)::bigint AS n
+          FROM m, unnest(m.latency_buckets) WITH ORDINALITY AS t (v, i)
+          GROUP BY type, destination, i) per_bucket
+    GROUP BY type, destination
+)
+SELECT m.type, m.destination, sum(m.attempts), sum(m.delivered), sum(m.failed), sum(m.retried), sum(m.in_doubt),
+    b.latency_buckets, max(m.minute)
+FROM m JOIN buckets b USING (type, destination)
+GROUP BY m.type, m.destination, b.latency_buckets
+ORDER BY m.type, m.destination

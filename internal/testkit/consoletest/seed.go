@@ -35,6 +35,20 @@ func Effects(ctx context.Context, db *pgxpool.Pool, n int, span time.Duration, p
 			return fmt.Errorf("consoletest: seed effects: %w", err)
 		}
 	}
+	// The destinations' per-minute rollup, as gateways write it beside their attempt logs: every call in the
+	// 100 ms bucket.
+	if _, err := db.Exec(ctx, `
+		INSERT INTO oncegate_destination_minutes AS d (minute, type, destination, attempts, delivered, failed, retried,
+			in_doubt, latency_buckets)
+		SELECT date_trunc('minute', started_at), type, destination, count(*),
+		       count(*) FILTER (WHERE outcome = 'delivered'), count(*) FILTER (WHERE outcome = 'failed'),
+		       count(*) FILTER (WHERE outcome = 'retry'), count(*) FILTER (WHERE outcome IN ('in_doubt', 'interrupted')),
+		       array_fill(0::bigint, ARRAY[6]) || ARRAY[count(*)] || array_fill(0::bigint, ARRAY[9])
+		FROM oncegate_effect_attempts WHERE type IS NOT NULL AND destination IS NOT NULL
+		GROUP BY 1, 2, 3
+		ON CONFLICT (minute, type, destination) DO NOTHING`); err != nil {
+		return fmt.Errorf("consoletest: seed the destinations' rollup: %w", err)
+	}
 	return nil
 }
 

@@ -100,6 +100,10 @@ type Effect struct {
 	Resolution *Resolution `json:"resolution"`
 	// Tags are the client's labels (the request's tags or Oncegate-Tags), as sent.
 	Tags []string `json:"tags"`
+	// Interrupted counts the attempts whose gateway died, or lost its lease, before recording an outcome:
+	// each may have reached the destination, so an effect delivered with one may have been received twice
+	// (under one stable id). The attempts column does not count them.
+	Interrupted int64 `json:"interrupted"`
 }
 
 // Resolution is how an operator resolved an `unknown` effect.
@@ -124,7 +128,7 @@ func scanEffect(r pgx.Row, extra ...any) (*Effect, error) {
 	var at *time.Time
 	dest := []any{&e.ID, &e.Tenant, &e.Key, &e.Type, &status, &e.Attempts, &e.CreatedAt, &e.UpdatedAt,
 		&e.DeliveredAt, &e.NextAttemptAt, &e.LastError, &e.JobID, &e.JobEpoch, &e.TraceID, &e.Replays,
-		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason, &e.Tags, &e.JobQueue}
+		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason, &e.Tags, &e.JobQueue, &e.Interrupted}
 	if err := r.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}

@@ -7,6 +7,8 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -134,6 +136,17 @@ func readBody(r *http.Request) (actionBody, error) {
 	return b, nil
 }
 
+// onlyParams refuses a query string with a parameter not in names, naming it and them.
+func onlyParams(v url.Values, names ...string) error {
+	for k := range v {
+		if !slices.Contains(names, k) {
+			return &admin.InvalidError{Field: k, Reason: "not a parameter here: the parameters are " +
+				strings.Join(names, ", ")}
+		}
+	}
+	return nil
+}
+
 // fleetFilter reads ?all=true, which lists the gateways gone for over an hour too.
 func fleetFilter(r *http.Request) (admin.FleetFilter, error) {
 	v := r.URL.Query().Get("all")
@@ -178,6 +191,11 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	get("whoami", func(r *http.Request, a admin.Actor) (any, error) { return a, nil })
 	get("overview", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.EffectsOverview(r.Context(), a) })
 	get("effects", func(r *http.Request, a admin.Actor) (any, error) {
+		// A misspelt filter (?stauts=dead) would widen the list to every effect, without a word: refused.
+		if err := onlyParams(r.URL.Query(), "tenant", "type", "status", "key_prefix", "since", "job", "search",
+			"trace_id", "limit", "cursor"); err != nil {
+			return nil, err
+		}
 		f, err := effectFilter(r.URL.Query())
 		if err != nil {
 			return nil, err

@@ -599,6 +599,9 @@ func TestJSONAPI(t *testing.T) {
 			t.Errorf("GET %s: %d %s", path, code, body)
 		}
 	}
+	if code, _, body := e.apiGet(op, "/api/v1/effects?stauts=dead"); code != 400 || !strings.Contains(body, `"field":"stauts"`) {
+		t.Errorf("a misspelt filter: %d %s", code, body)
+	}
 	if code, _, _ := e.apiGet(op, "/api/v1/nope"); code != 404 {
 		t.Errorf("unknown route: %d", code)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -345,5 +346,42 @@ func TestShutdownHandsUnfinishedRowsBack(t *testing.T) {
 	}
 	if n := pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_outbox WHERE lease_token IS NULL AND run_at <= now()"); n != 1 {
 		t.Fatal("the row is not free for another dispatcher at once")
+	}
+}
+
+// A rescued row's attempt log numbers the interrupted attempt and the rescue's own apart, 1 and 2 (an on-call
+// engineer saw two attempts numbered 1 for an email sent twice).
+func TestRescueNumbersItsAttemptAfterTheInterruptedOne(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.create("least", "least")
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_token = gen_random_uuid(), lease_owner = 'dead',
+		lease_expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	attempts := dedup.NewAttemptLog(f.pool, 20*time.Millisecond, quietLog())
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go attempts.Run(lctx)
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "least", Provider: &scripted{outcomes: []providers.Outcome{
+		providers.Delivered(nil)}}, OnCrash: AtLeastOnce}}, Attempts: attempts, Owner: "rescuer"})
+	f.start(d)
+	f.waitStatus("least", effect.StatusDelivered)
+	testenv.Eventually(t, 10*time.Second, "both attempts logged", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effect_attempts`) == 2
+	})
+	var got []string
+	rows, err := f.pool.Query(ctx, `SELECT attempt || ' ' || outcome || ' ' || gateway FROM oncegate_effect_attempts ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		_ = rows.Scan(&s)
+		got = append(got, s)
+	}
+	if fmt.Sprint(got) != "[1 interrupted dead 2 delivered rescuer]" {
+		t.Fatalf("attempt log: %q", got)
 	}
 }

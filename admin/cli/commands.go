@@ -251,7 +251,12 @@ func effectLs(c *command, args []string) error {
 			if e.LastError != nil {
 				last = truncate(*e.LastError, 60)
 			}
-			row(w, e.Tenant, e.Key, e.Type, string(e.Status), e.Attempts, e.Replays, job, e.CreatedAt, last)
+			status := string(e.Status)
+			if e.Interrupted > 0 {
+				// An interrupted attempt may have reached the destination: say so where on-call looks first.
+				status += fmt.Sprintf(" (%d interrupted)", e.Interrupted)
+			}
+			row(w, e.Tenant, e.Key, e.Type, status, e.Attempts, e.Replays, job, e.CreatedAt, last)
 		}
 		nextCursor(w, p.NextCursor)
 	})

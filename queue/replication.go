@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -41,8 +42,13 @@ type replication struct {
 	timeout time.Duration // Options.ReplicaTimeout
 	// on is set, never cleared, once auto mode has seen a replica: a primary cut off from its replicas sees
 	// none, and that is exactly when acknowledging without them would lose writes.
-	on        atomic.Bool
-	checkedAt atomic.Int64 // unix ns of the last topology check in auto mode
+	on atomic.Bool
+	// checkedAt is when the last topology check finished (unix ns). Checks run one at a time, under checkMu:
+	// a write that finds one in flight waits for its answer, since going on without it would acknowledge
+	// writes unreplicated on a primary about to be seen with replicas (an outside tester's finding: a new
+	// producer's first enqueues skipped WAIT while the first check's INFO was in flight).
+	checkedAt atomic.Int64
+	checkMu   sync.Mutex
 	// waitAOF is set when the primary is Redis 7.2 or later (WAITAOF exists), with aofLocal when its own AOF
 	// is on; read with the topology.
 	waitAOF, aofLocal atomic.Bool
@@ -76,7 +82,12 @@ func (q *Queue) replicas(ctx context.Context) int {
 // has a replica connected. A failed read changes nothing: the write that follows fails the same way.
 func (q *Queue) checkTopology(ctx context.Context) bool {
 	r := &q.repl
-	r.checkedAt.Store(time.Now().UnixNano())
+	r.checkMu.Lock()
+	defer r.checkMu.Unlock()
+	if last := r.checkedAt.Load(); last != 0 && time.Since(time.Unix(0, last)) < autoCheckEvery {
+		return r.on.Load() // another write's check just finished: its answer holds
+	}
+	defer func() { r.checkedAt.Store(time.Now().UnixNano()) }()
 	node, err := q.primaryFor(ctx, q.rdb)
 	if err != nil {
 		return false

@@ -584,3 +584,35 @@ func TestNewRefusesAReplicaTimeoutOverTheReadTimeout(t *testing.T) {
 		t.Errorf("with the option off the timeout is unused: %v", err)
 	}
 }
+
+// A new producer in auto mode whose primary has replicas waits for them from its very first enqueue, however
+// many enqueues start at once (an outside tester's finding: while the first topology check was in flight,
+// the other enqueues went out without WAIT and were acknowledged by the primary alone).
+func TestAutoModeWaitsFromTheFirstConcurrentEnqueues(t *testing.T) {
+	t.Parallel()
+	p := redistest.Start(t, redistest.WithFastSync())
+	r := redistest.StartReplica(t, p.Addr())
+	r.Freeze() // still connected as far as the primary knows: it answers no WAIT
+	defer r.Thaw()
+	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	q, err := New(rdb, testenv.Name(t, "q"), &Options{ReplicaTimeout: 300 * time.Millisecond, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var acked atomic.Int64
+	for i := range 20 {
+		wg.Go(func() {
+			if _, err := q.Enqueue(context.Background(), NewJob{ID: fmt.Sprint("first-", i)}); err == nil {
+				acked.Add(1)
+			} else if !errors.Is(err, ErrNotReplicated) {
+				t.Errorf("enqueue %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := acked.Load(); n != 0 {
+		t.Fatalf("%d of 20 first enqueues were acknowledged with the only replica frozen", n)
+	}
+}

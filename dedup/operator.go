@@ -189,3 +189,19 @@ func (s *Store) ResumeType(ctx context.Context, typ string) (bool, error) {
 	err := s.db.QueryRow(ctx, resumeTypeSQL, typ, string(notifier.TopicOutbox)).Scan(&ok)
 	return ok, translate("resume type", err)
 }
+
+var barrierSQL = query("barrier")
+
+// BarrierSlots is how many barriers one gateway may run at once (the rows of its own it rewrites).
+const BarrierSlots = 8
+
+// Barrier returns once everything committed before it is as durable as a commit now is: under synchronous
+// replication, on a synchronous standby (the barrier's own commit waits for the WAL up to it). A replay calls
+// it before acknowledging an effect that an earlier request may have committed only locally (a commit whose
+// wait for the standby was cut short by a timeout or a disconnect is kept on the primary, unreplicated).
+func (s *Store) Barrier(ctx context.Context, gateway string, slot int) error {
+	if _, err := s.db.Exec(ctx, barrierSQL, gateway, slot%BarrierSlots); err != nil {
+		return translate("wait for the standby", err)
+	}
+	return nil
+}

@@ -50,6 +50,10 @@ type Gateway struct {
 	heard atomic.Bool
 	// replicationSeen is the ReplicationState last logged (replication.go).
 	replicationSeen atomic.Value
+	// syncReplication is set while the database makes commits wait for a synchronous standby: a replay then
+	// runs a durability barrier before it acknowledges (durable.go). barrierSlot spreads barriers over rows.
+	syncReplication atomic.Bool
+	barrierSlot     atomic.Uint32
 	// newEffects tells the other gateways' dispatchers of new effects, outside the requests' transactions.
 	newEffects    *notifier.Batcher
 	noServerSpans bool // Options.NoServerSpans

@@ -102,6 +102,11 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return about(err, key, req.Type)
 	}
+	if replayed {
+		if err := g.durable(ctx); err != nil {
+			return about(err, key, req.Type)
+		}
+	}
 	span := trace.SpanFromContext(r.Context())
 	span.SetAttributes(attribute.String("idempotency.key", key), attribute.Bool("idempotency.replayed", replayed),
 		attribute.String("effect.type", e.Type), attribute.String("tenant", tenant))
@@ -344,6 +349,12 @@ func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) error {
 	}
 	if err != nil {
 		return err
+	}
+	dctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
+	err = g.durableRead(dctx, e)
+	cancel()
+	if err != nil {
+		return about(err, key, e.Type)
 	}
 	if wait > 0 && !e.Status.Terminal() {
 		var cut bool

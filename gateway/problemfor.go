@@ -92,9 +92,9 @@ func problemFor(err error) *problemError {
 	case errors.Is(err, dedup.ErrBadCursor):
 		return &problemError{kind: probInvalid, field: "cursor", detail: "the cursor is not one this API handed out"}
 	case errors.Is(err, dedup.ErrUnavailable):
-		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database cannot be reached; retry " +
-			"with the same Idempotency-Key: it records the effect once, or returns it if the connection failed " +
-			"after it was recorded"}
+		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database did not answer in time " +
+			"(it is unreachable, or its commits wait for a synchronous standby that is not there); retry with the " +
+			"same Idempotency-Key: it records the effect once, or returns it once it is recorded for good"}
 	}
 	return &problemError{kind: probInternal, detail: "the request failed; it is safe to retry with the same " +
 		"Idempotency-Key"}

@@ -35,6 +35,9 @@ const (
 	ReplicationNone ReplicationState = "none"
 	// ReplicationUnknown: the gateway's database user may not read its standbys' state (grant pg_monitor).
 	ReplicationUnknown ReplicationState = "unknown"
+	// ReplicationBlocked: commits wait for a synchronous standby (synchronous_standby_names is set) and none
+	// is connected, so every write waits until one is, and is answered 503 at timeouts.database.
+	ReplicationBlocked ReplicationState = "blocked"
 )
 
 // standbyStates are pg_stat_replication's sync_state values, and unknown for a row the user may not read.
@@ -66,6 +69,15 @@ func (g *Gateway) replication(ctx context.Context) (Replication, error) {
 	return r, nil
 }
 
+// waitsForStandby reports whether the database makes commits wait for a synchronous standby.
+func waitsForStandby(r Replication) bool {
+	switch r.SynchronousCommit {
+	case "on", "remote_write", "remote_apply":
+		return r.SynchronousStandbyNames != ""
+	}
+	return false
+}
+
 // judgeReplication says what a failover would lose with r's standbys and settings, and what closes it.
 func judgeReplication(r Replication) (ReplicationState, string) {
 	const fix = "set synchronous_standby_names on the primary (e.g. 'ANY 1 (standby1, standby2)' or '*') with " +
@@ -76,6 +88,11 @@ func judgeReplication(r Replication) (ReplicationState, string) {
 		total += n
 	}
 	switch {
+	case r.SynchronousStandbyNames != "" && waits && r.Standbys["sync"]+r.Standbys["quorum"] == 0 &&
+		r.Standbys["unknown"] == 0:
+		return ReplicationBlocked, fmt.Sprintf("synchronous_standby_names is %q but no synchronous standby is "+
+			"connected: every commit waits until one is, so writes stop and are answered 503 (retry with the same "+
+			"Idempotency-Key); connect a standby that the setting names, or change the setting", r.SynchronousStandbyNames)
 	case r.Standbys["sync"]+r.Standbys["quorum"] > 0 && waits:
 		return ReplicationSync, "every effect acknowledged is on a synchronous standby first: a failover to one " +
 			"(sync_state sync or quorum) loses none; promoting an asynchronous or potential one could"
@@ -113,6 +130,9 @@ func (g *Gateway) logReplication(ctx context.Context, start bool) {
 		}
 		return
 	}
+	// Replays wait for the standby while commits do (createEffect): an earlier request's commit may be on the
+	// primary alone.
+	g.syncReplication.Store(waitsForStandby(r))
 	if was := g.replicationSeen.Swap(string(r.State)); !start && was == string(r.State) {
 		return
 	}
@@ -125,6 +145,7 @@ func (g *Gateway) logReplication(ctx context.Context, start bool) {
 		ReplicationAsync:   "the database's standbys are asynchronous: a failover may lose acknowledged effects",
 		ReplicationNone:    "the database has no streaming standby: a failover may lose acknowledged effects",
 		ReplicationUnknown: "cannot tell whether a failover of the database loses acknowledged effects",
+		ReplicationBlocked: "commits wait for a synchronous standby and none is connected: writes are stopped",
 	}[r.State]
 	g.log.Log(ctx, level, msg, "replication", r.State, "standbys", r.Standbys, "synchronous_commit",
 		r.SynchronousCommit, "synchronous_standby_names", r.SynchronousStandbyNames, "detail", r.Detail)

@@ -20,18 +20,26 @@ func TestJudgeReplication(t *testing.T) {
 		commit   string
 		standbys map[string]int
 		want     ReplicationState
+		names    string
 	}{
-		{"on", map[string]int{"sync": 1, "potential": 1}, ReplicationSync},
-		{"remote_apply", map[string]int{"quorum": 2}, ReplicationSync},
-		{"remote_write", map[string]int{"sync": 1}, ReplicationSync},
-		{"local", map[string]int{"sync": 1}, ReplicationAsync},
-		{"off", map[string]int{"sync": 1}, ReplicationAsync},
-		{"on", map[string]int{"async": 2}, ReplicationAsync},
-		{"on", map[string]int{"potential": 1}, ReplicationAsync},
-		{"on", map[string]int{"unknown": 1}, ReplicationUnknown},
-		{"on", map[string]int{}, ReplicationNone},
+		// Commits wait for a synchronous standby that is not connected: writes are stopped (an outside
+		// tester's /readyz read "none" and told them to set the setting already set).
+		{"on", map[string]int{}, ReplicationBlocked, "ANY 1 (s2, s3)"},
+		{"on", map[string]int{"async": 1}, ReplicationBlocked, "ANY 1 (s2, s3)"},
+		{"on", map[string]int{"quorum": 1}, ReplicationSync, "ANY 1 (s2, s3)"},
+		{"local", map[string]int{}, ReplicationNone, "*"},
+		{"on", map[string]int{"sync": 1, "potential": 1}, ReplicationSync, ""},
+		{"remote_apply", map[string]int{"quorum": 2}, ReplicationSync, ""},
+		{"remote_write", map[string]int{"sync": 1}, ReplicationSync, ""},
+		{"local", map[string]int{"sync": 1}, ReplicationAsync, ""},
+		{"off", map[string]int{"sync": 1}, ReplicationAsync, ""},
+		{"on", map[string]int{"async": 2}, ReplicationAsync, ""},
+		{"on", map[string]int{"potential": 1}, ReplicationAsync, ""},
+		{"on", map[string]int{"unknown": 1}, ReplicationUnknown, ""},
+		{"on", map[string]int{}, ReplicationNone, ""},
 	} {
-		got, detail := judgeReplication(Replication{SynchronousCommit: c.commit, Standbys: c.standbys})
+		got, detail := judgeReplication(Replication{SynchronousCommit: c.commit, Standbys: c.standbys,
+			SynchronousStandbyNames: c.names})
 		if got != c.want || detail == "" {
 			t.Errorf("synchronous_commit %s, standbys %v: %s (%q), want %s", c.commit, c.standbys, got, detail, c.want)
 		}

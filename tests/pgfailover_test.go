@@ -385,3 +385,44 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// A commit that waits for the synchronous standby and is cut short by timeouts.database stays on the primary,
+// unreplicated, and its request is a 503. Its retry finds the effect: that replay must not be acknowledged
+// until the standby has it (an outside tester got 202 Idempotent-Replayed for 15 such effects, then lost them
+// in a failover). With the standby stopped, the retry is a 503 as the first try was; once it is back, the
+// retry is a replay, and the effect is on the standby.
+func TestAReplayIsAcknowledgedOnlyOnceOnTheSynchronousStandby(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Failover", "Synchronous standby stopped: a create's commit wait cut short "+
+		"by timeouts.database (committed on the primary alone), then retried under its key",
+		"the retry is a 503 until the standby has the effect; then a replay, and the effect is on the standby")
+	f := startFailover(t, pgtest.Sync, false)
+	if f.readyz.Replication.State != "sync" {
+		t.Fatalf("readyz: %+v", f.readyz)
+	}
+	f.standby.Stop()
+	post := func() int {
+		code, _, _ := exchange(t, "POST", f.base+"/v1/effects", apiKey, `{"type":"analytics","payload":{"name":"cut"}}`,
+			"Idempotency-Key: cut-short")
+		return code
+	}
+	if code := post(); code != 503 {
+		t.Fatalf("a create with the synchronous standby stopped: %d, want 503", code)
+	}
+	// The first try's commit is on the primary alone now; every retry must say so.
+	for i := range 3 {
+		if code := post(); code != 503 {
+			t.Fatalf("retry %d with the standby stopped: %d, want 503 (a 2xx acknowledges an effect only the primary has)", i, code)
+		}
+	}
+	f.standby.Start()
+	testenv.Eventually(t, 30*time.Second, "the retry is acknowledged once the standby is back", func() bool {
+		code := post()
+		return code == 200 || code == 202
+	})
+	standby := pgtest.Pool(t, pgtest.WithDatabase(f.standby.URL(), f.db))
+	if n := pgtest.Count(t, standby, `SELECT count(*) FROM oncegate_effects WHERE key = 'cut-short'`); n != 1 {
+		t.Fatalf("the acknowledged effect is %d times on the standby, want 1", n)
+	}
+	result("503 while the standby was stopped, a replay once it was back, and the effect on the standby")
+}

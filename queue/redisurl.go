@@ -1,9 +1,13 @@
 package queue
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -35,6 +39,11 @@ func OpenRedis(rawURL string) (redis.UniversalClient, error) {
 		if err != nil {
 			return nil, fmt.Errorf("redis sentinel URL: %w", err)
 		}
+		if o.ReplicaOnly || o.RouteByLatency || o.RouteRandomly {
+			// Every queue call writes (a lease, a heartbeat): sent to a replica, each fails with READONLY.
+			return nil, fmt.Errorf("redis sentinel URL: replica_only, route_by_latency and route_randomly send " +
+				"commands to replicas, and the queue writes with every call: leave them out")
+		}
 		return redis.NewFailoverClient(o), nil
 	}
 	o, err := redis.ParseURL(rawURL)
@@ -42,4 +51,68 @@ func OpenRedis(rawURL string) (redis.UniversalClient, error) {
 		return nil, fmt.Errorf("redis URL: %w", err)
 	}
 	return redis.NewClient(o), nil
+}
+
+// CheckSentinels asks the Sentinels of a Sentinel URL (OpenRedis's second form) for its master: an error when
+// Sentinels answer and none knows a master by that name, which go-redis reports only as "all sentinels
+// specified in configuration are unreachable: redis: nil", call after call. Sentinels that do not answer are
+// no error: they may be starting. Other URL forms are not checked.
+func CheckSentinels(ctx context.Context, rawURL string) error {
+	u, err := url.Parse(rawURL)
+	if err != nil || !u.Query().Has("master_name") {
+		return nil
+	}
+	o, err := redis.ParseFailoverURL(rawURL)
+	if err != nil {
+		return fmt.Errorf("redis sentinel URL: %w", err)
+	}
+	answered := 0
+	var known []string
+	for _, addr := range o.SentinelAddrs {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: addr, Username: o.SentinelUsername,
+			Password: o.SentinelPassword, MaxRetries: -1, DialTimeout: 2 * time.Second, TLSConfig: o.TLSConfig})
+		_, err := sc.GetMasterAddrByName(ctx, o.MasterName).Result()
+		if err == nil {
+			_ = sc.Close()
+			return nil
+		}
+		if errors.Is(err, redis.Nil) {
+			answered++
+			if masters, err := sc.Masters(ctx).Result(); err == nil {
+				known = append(known, masterNames(masters)...)
+			}
+		}
+		_ = sc.Close()
+	}
+	if answered == 0 {
+		return nil
+	}
+	slices.Sort(known)
+	return fmt.Errorf("redis sentinel URL: %d Sentinel(s) answered and none knows a master named %q (they "+
+		"know: %s): check master_name", answered, o.MasterName, strings.Join(slices.Compact(known), ", "))
+}
+
+// masterNames reads the names out of SENTINEL MASTERS' answer (a list of flat name, value lists).
+func masterNames(masters []any) []string {
+	var names []string
+	for _, m := range masters {
+		if kv, ok := m.(map[any]any); ok { // RESP3
+			if v, ok := kv["name"].(string); ok {
+				names = append(names, v)
+			}
+			continue
+		}
+		fields, ok := m.([]any)
+		if !ok {
+			continue
+		}
+		for i := 0; i+1 < len(fields); i += 2 {
+			if k, _ := fields[i].(string); k == "name" {
+				if v, ok := fields[i+1].(string); ok {
+					names = append(names, v)
+				}
+			}
+		}
+	}
+	return names
 }

@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -60,5 +61,29 @@ func TestOpenRedisURLForms(t *testing.T) {
 		if _, err := OpenRedis(bad); err == nil {
 			t.Errorf("%s: no error", bad)
 		}
+	}
+}
+
+// A Sentinel URL whose master_name no Sentinel knows is refused with the names they do know (an outside
+// tester's worker said it ran and logged "all sentinels specified in configuration are unreachable: redis:
+// nil" twenty times a second); one that would route writes to replicas is refused before any call.
+func TestSentinelURLMistakesAreNamed(t *testing.T) {
+	t.Parallel()
+	p := redistest.Start(t)
+	ss := redistest.StartSentinels(t, 1, 1, p.Addr(), 0)
+	base := "redis://" + ss[0].Addr() + "?master_name="
+	ctx := context.Background()
+	if err := CheckSentinels(ctx, base+redistest.MasterName); err != nil {
+		t.Fatalf("the right name: %v", err)
+	}
+	err := CheckSentinels(ctx, base+"nosuch")
+	if err == nil || !strings.Contains(err.Error(), `"nosuch"`) || !strings.Contains(err.Error(), redistest.MasterName) {
+		t.Fatalf("a name no Sentinel knows: %v", err)
+	}
+	if err := CheckSentinels(ctx, "redis://127.0.0.1:1?master_name=x"); err != nil {
+		t.Fatalf("Sentinels that do not answer are no error (they may be starting): %v", err)
+	}
+	if _, err := OpenRedis(base + redistest.MasterName + "&replica_only=true"); err == nil {
+		t.Fatal("replica_only=true accepted: every write would fail with READONLY")
 	}
 }

@@ -92,6 +92,14 @@ func run(args []string) error {
 		return err
 	}
 	defer rdb.Close()
+	// A master_name no Sentinel knows would otherwise be a worker that says it runs and logs "sentinels
+	// unreachable" forever.
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	err = queue.CheckSentinels(sctx, *redisURL)
+	cancel()
+	if err != nil {
+		return err
+	}
 	// Redis calls appear in traces as children of a job's spans; background polling makes no traces.
 	if err := redisotel.InstrumentTracing(rdb, redisotel.WithTracerProvider(tel.Children)); err != nil {
 		return err

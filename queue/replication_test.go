@@ -243,7 +243,12 @@ func TestPartitionedPrimaryLosesNoAcknowledgedEnqueue(t *testing.T) {
 			w := proctest.ReExec(t, "worker", "WORKER_QUEUE="+q.name, "WORKER_HANDLER=ok",
 				"WORKER_REPLICAS="+fmt.Sprint(mode.replicas), "REDIS_URL="+p.URL())
 			w.WaitLine("ready ", 10*time.Second)
-			mustEnqueue(t, q, NewJob{ID: "warm-up"}) // the producer and the worker have both seen the replicas
+			// The producer and the worker have both seen the replicas; retried, as a replica under load may
+			// miss the first WAIT's timeout.
+			testenv.Eventually(t, 20*time.Second, "the warm-up enqueue", func() bool {
+				_, err := q.Enqueue(context.Background(), NewJob{ID: "warm-up"})
+				return err == nil
+			})
 			w.WaitLine("done warm-up ", 10*time.Second)
 			startsBefore := countPrefix(w.Lines(), "start ")
 
@@ -550,7 +555,12 @@ func TestDuplicateWaitsForTheReplicationOfWhatItFound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustEnqueue(t, q2, NewJob{ID: "warm-up"}) // q2's connection has written, and been replicated, before
+	// q2's connection has written, and been replicated, before. Retried: under load the new replica may take
+	// longer than the 300 ms timeout to apply its first writes; that is not what this test is about.
+	testenv.Eventually(t, 20*time.Second, "the warm-up enqueue is replicated", func() bool {
+		_, err := q2.Enqueue(context.Background(), NewJob{ID: "warm-up"})
+		return err == nil
+	})
 	r.Freeze()
 	defer r.Thaw()
 	if _, err := q1.Enqueue(context.Background(), NewJob{ID: "a"}); !errors.Is(err, ErrNotReplicated) {

@@ -125,8 +125,9 @@ func (d *Dispatcher) attemptGroup(ctx context.Context, t *effectType, br *breake
 			continue
 		}
 		d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(took)
-		d.recordAttempt(t, b.r, start, b.out, true)
-		d.metrics.Attempts.WithLabelValues(t.Name, b.out.Kind.String()).Inc()
+		seen := t.policy.seen(b.r, b.out, stopping)
+		d.recordAttempt(t, b.r, start, seen, true)
+		d.metrics.Attempts.WithLabelValues(t.Name, seen.Kind.String()).Inc()
 		traceOutcome(b.span, b.out)
 		if b.settled {
 			continue

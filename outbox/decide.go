@@ -26,6 +26,20 @@ func (p policy) doubted(out providers.Outcome) bool {
 	return out.Kind == providers.KindRetry && out.MaybeSent && p.onCrash == AtMostOnce && !p.tx
 }
 
+// seen is what an attempt came to, for the attempt log, the destinations' rollup and the attempts metric, as
+// decide will finish it: a transient failure that an at-most-once type cannot resend is in doubt, and one on
+// the last attempt allowed is the failure that makes the effect dead (an on-call engineer saw a webhook that
+// never arrived as "0 failed, 2 retried"). A retry cut by a shutdown is handed back, and stays a retry.
+func (p policy) seen(r dedup.Claimed, out providers.Outcome, stopping bool) providers.Outcome {
+	switch {
+	case p.doubted(out):
+		out.Kind = providers.KindInDoubt
+	case out.Kind == providers.KindRetry && !stopping && r.Attempts+1 >= p.maxAttempts:
+		out.Kind = providers.KindFailed
+	}
+	return out
+}
+
 // stage is how far the delivery of a claimed row got.
 type stage int
 

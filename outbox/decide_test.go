@@ -95,3 +95,28 @@ func TestDecide(t *testing.T) {
 		})
 	}
 }
+
+// What an attempt came to, for the attempt log and the metric, is what decide finishes it as: the last
+// attempt's transient failure is the failure that makes the effect dead, not a retry.
+func TestSeenIsWhatDecideFinishes(t *testing.T) {
+	t.Parallel()
+	p := policy{onCrash: AtLeastOnce, maxAttempts: 3}
+	retry := providers.Outcome{Kind: providers.KindRetry}
+	for _, c := range []struct {
+		attempts int
+		stopping bool
+		want     providers.OutcomeKind
+	}{{0, false, providers.KindRetry}, {1, false, providers.KindRetry}, {2, false, providers.KindFailed},
+		{2, true, providers.KindRetry}} {
+		if got := p.seen(dedup.Claimed{Attempts: c.attempts}, retry, c.stopping).Kind; got != c.want {
+			t.Errorf("attempt %d of 3 (stopping %v): seen as %v, want %v", c.attempts+1, c.stopping, got, c.want)
+		}
+		if c.want == providers.KindFailed && decide(event{stage: stageAttempted, outcome: retry}, dedup.Claimed{Attempts: c.attempts}, p).finish.Status != effect.StatusDead {
+			t.Errorf("attempt %d of 3: decide does not finish it dead", c.attempts+1)
+		}
+	}
+	doubted := providers.Outcome{Kind: providers.KindRetry, MaybeSent: true}
+	if got := (policy{onCrash: AtMostOnce, maxAttempts: 3}).seen(dedup.Claimed{}, doubted, false).Kind; got != providers.KindInDoubt {
+		t.Errorf("an unanswered request of an at-most-once type: %v, want in doubt", got)
+	}
+}

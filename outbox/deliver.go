@@ -93,12 +93,8 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	}
 	answered := time.Now()
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
-	// The attempt log and the metric say what the attempt came to: one that decide will finish unknown is
-	// in doubt, not a retry.
-	seen := out
-	if t.policy.doubted(out) {
-		seen.Kind = providers.KindInDoubt
-	}
+	// The attempt log and the metric say what the attempt came to, as decide will finish it.
+	seen := t.policy.seen(r, out, ctx.Err() != nil)
 	d.recordAttempt(t, r, start, seen, true)
 	d.metrics.Attempts.WithLabelValues(t.Name, seen.Kind.String()).Inc()
 	return event{stage: stageAttempted, outcome: out, stopping: ctx.Err() != nil, at: answered}, recorded

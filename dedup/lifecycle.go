@@ -199,6 +199,12 @@ type Finish struct {
 	// webhook answered): until it commits, a gateway killed resends the effect. A store that batches
 	// (WithGroupCommit) never queues it behind other writes (batch.go).
 	External bool
+	// OnHandoff, when set, is called right before the statement that records the outcome is written to the
+	// database, at every try. From then on, a gateway killed no longer loses the outcome: Postgres runs a
+	// statement it has read whole, and commits it, though its client is gone (TestAnOutcomeHandedOffOutlivesItsGateway).
+	// So it ends the crash window of an External outcome: the time from the destination's acceptance to
+	// the handoff is what a SIGKILL can land in and cause a resend.
+	OnHandoff func()
 }
 
 // Finish records a terminal outcome under lease: the outbox row goes and the effect takes its final status.
@@ -216,6 +222,9 @@ func (s *Store) Finish(ctx context.Context, lease Lease, f Finish) error {
 // finishOne records one Finish in a statement of its own.
 func finishOne(ctx context.Context, db DBTX, lease Lease, f Finish) error {
 	var id int64
+	if f.OnHandoff != nil {
+		f.OnHandoff()
+	}
 	err := db.QueryRow(ctx, finishSQL, lease.EffectID, uuidArg(lease.Token), f.Status, nullJSON(storableJSON(f.Result)),
 		nullString(storableText(f.LastError)), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -1,0 +1,145 @@
+package dedup
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
+)
+
+// Where the crash window of an outcome ends. A gateway killed after a destination accepted an effect resends
+// it, unless the outcome was recorded; and it was, once the statement recording it was written to Postgres:
+// Postgres runs and commits a statement it has read whole though its client is gone. So the window ends at
+// the handoff (Finish.OnHandoff), not at the commit's answer, which is what oncegate_outcome_handoff_seconds
+// measures. A real process is SIGKILLed right after the write, and right before it.
+func TestAnOutcomeHandedOffOutlivesItsGateway(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		when     string
+		recorded bool
+	}{{"after-write", true}, {"before-write", false}} {
+		t.Run(tc.when, func(t *testing.T) {
+			t.Parallel()
+			s, pool := newStore(t)
+			create(t, s, "k")
+			r := claimOne(t, s)
+			child := proctest.ReExec(t, "handoff", "HANDOFF_DB="+pool.Config().ConnConfig.ConnString(),
+				"HANDOFF_EFFECT="+strconv.FormatInt(r.EffectID, 10), "HANDOFF_TOKEN="+uuidText(r.Token),
+				"HANDOFF_KILL="+tc.when)
+			child.WaitLine("ready", 30*time.Second)
+			if err := child.Wait(30 * time.Second); err == nil {
+				t.Fatalf("the process was not killed: %s", child.Log())
+			}
+			// The statement may not even have been read when the kill is seen: wait for the killed process's
+			// connections to end, which Postgres sees only once it has run all it read.
+			testenv.Eventually(t, 10*time.Second, "the killed process's connections end", func() bool {
+				return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+					AND application_name = 'handoff'`) == 0
+			})
+			var status string
+			var leased bool
+			if err := pool.QueryRow(context.Background(), `SELECT status, EXISTS (SELECT FROM oncegate_outbox
+				WHERE effect_id = $1 AND lease_token = $2) FROM oncegate_effects WHERE id = $1`,
+				r.EffectID, uuidText(r.Token)).Scan(&status, &leased); err != nil {
+				t.Fatal(err)
+			}
+			switch {
+			case tc.recorded && (status != string(effect.StatusDelivered) || leased):
+				t.Fatalf("killed after handing the outcome off: status %s, still leased %v; want delivered, out of "+
+					"the outbox", status, leased)
+			case !tc.recorded && (status == string(effect.StatusDelivered) || !leased):
+				t.Fatalf("killed before handing the outcome off: status %s, still leased %v; want it leased, to be "+
+					"rescued and resent (else the test does not reach the window)", status, leased)
+			}
+		})
+	}
+}
+
+// handoffProcess is a gateway's outcome write in a process of its own: it records one delivered outcome
+// through a batching store's outcome connections, and SIGKILLs itself at HANDOFF_KILL: right after the
+// statement is written to the socket, or right before.
+func handoffProcess() int {
+	ctx := context.Background()
+	id, _ := strconv.ParseInt(os.Getenv("HANDOFF_EFFECT"), 10, 64)
+	var token [16]byte
+	if b, err := hex.DecodeString(strings.ReplaceAll(os.Getenv("HANDOFF_TOKEN"), "-", "")); err != nil || len(b) != 16 {
+		fmt.Fprintln(os.Stderr, "token:", err)
+		return 2
+	} else {
+		copy(token[:], b)
+	}
+	cfg, err := pgxpool.ParseConfig(os.Getenv("HANDOFF_DB"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "handoff"
+	var armed atomic.Bool
+	dial := cfg.ConnConfig.DialFunc
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return killingConn{Conn: c, armed: &armed}, nil
+	}
+	cfg.MinConns, cfg.MaxConns = 1, 1
+	outcomes, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	main, err := pgxpool.New(ctx, os.Getenv("HANDOFF_DB"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	s := NewStore(main).WithGroupCommit(GroupCommit{MaxBatch: 8, Parallel: 1, Outcomes: outcomes})
+	// The outcome connection is opened, and has prepared the statement (whose first use is a round trip of
+	// its own, before the one that runs it), by a Finish under a lease that is no one's.
+	warm := Finish{Status: effect.StatusDelivered, Attempted: true, External: true}
+	if err := s.Finish(ctx, Lease{EffectID: id, Token: [16]byte{1}}, warm); !errors.Is(err, ErrLeaseLost) {
+		fmt.Fprintln(os.Stderr, "warm-up finish:", err)
+		return 2
+	}
+	f := Finish{Status: effect.StatusDelivered, Attempted: true, External: true}
+	if os.Getenv("HANDOFF_KILL") == "before-write" {
+		f.OnHandoff = func() { _ = syscall.Kill(os.Getpid(), syscall.SIGKILL); select {} }
+	} else {
+		f.OnHandoff = func() { armed.Store(true) }
+	}
+	fmt.Println("ready")
+	err = s.Finish(ctx, Lease{EffectID: id, Token: token}, f)
+	fmt.Fprintln(os.Stderr, "not killed; finish:", err)
+	return 0
+}
+
+// killingConn SIGKILLs its process as soon as a write is done, once armed.
+type killingConn struct {
+	net.Conn
+	armed *atomic.Bool
+}
+
+func (c killingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if c.armed.Load() {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	return n, err
+}

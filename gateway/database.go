@@ -236,3 +236,32 @@ func (r *readOnlyConns) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ p
 func (r *readOnlyConns) TraceCopyFromEnd(_ context.Context, c *pgx.Conn, d pgx.TraceCopyFromEndData) {
 	r.mark(c, d.Err)
 }
+
+// outcomeShare is how many connections, of a pool of total, are kept for recording the outcomes of effects
+// that happened outside the database (dedup.GroupCommit.Outcomes): as many as the dispatcher's outcome
+// statements in flight at most (parallel, and three times as many in reserve for them), and at most a
+// quarter of the pool, carved out of it so that pool_max_conns still bounds what a gateway opens. None in a
+// pool too small to spare them.
+func outcomeShare(total int32, parallel int) int32 {
+	n := int32(4 * max(parallel, 1))
+	if total/4 < n {
+		n = total / 4
+	}
+	return n
+}
+
+// newOutcomePool opens the outcome connections: the main pool's configuration (its hooks, exec mode and
+// failover checks), n connections, all opened at once and kept open. Until the statement recording an
+// outcome is written, a gateway killed resends the effect; so that statement must never wait for a
+// connection that requests hold, nor for one to be dialled (a chaos run saw a gateway just restarted hold
+// an outcome 42 ms for a new connection, and be killed meanwhile).
+func newOutcomePool(main *pgxpool.Pool, n int32) (*pgxpool.Pool, error) {
+	cfg := main.Config()
+	cfg.MaxConns, cfg.MinConns = n, n
+	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database_url: outcome connections: %w", err)
+	}
+	return pool, nil
+}

@@ -42,6 +42,7 @@ type Gateway struct {
 	cfg        *Config
 	log        *slog.Logger
 	pool       *pgxpool.Pool
+	outcomes   *pgxpool.Pool // nil: outcomes share pool (database.go, newOutcomePool)
 	probe      *poolerProbe
 	store      *dedup.Store
 	dispatcher *outbox.Dispatcher
@@ -105,18 +106,33 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
+	outcomeConns := int32(0)
 	pool, probe, err := newPool(context.Background(), cfg, log, func(pcfg *pgxpool.Config) {
 		if opts.DriverTracing != nil {
 			pcfg.ConnConfig.Tracer = otelpgx.NewTracer(otelpgx.WithTracerProvider(opts.DriverTracing))
+		}
+		// Only a dispatcher that batches records outcomes apart (an API-only gateway records none).
+		if !cfg.Dispatcher.Disabled && cfg.GroupCommit.MaxBatch > 1 {
+			outcomeConns = outcomeShare(pcfg.MaxConns, cfg.GroupCommit.Parallel)
+			pcfg.MaxConns -= outcomeConns
 		}
 	})
 	if err != nil {
 		_ = reg.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
 	}
-	types := cfg.outboxTypes(reg)
 	groupCommit := dedup.GroupCommit{MaxBatch: cfg.GroupCommit.MaxBatch, Parallel: cfg.GroupCommit.Parallel,
 		Timeout: time.Duration(cfg.Timeouts.Database)}
+	var outcomes *pgxpool.Pool
+	if outcomeConns > 0 {
+		if outcomes, err = newOutcomePool(pool, outcomeConns); err != nil {
+			pool.Close()
+			_ = reg.Close()
+			return nil, fmt.Errorf("gateway: %w", err)
+		}
+		groupCommit.Outcomes = outcomes
+	}
+	types := cfg.outboxTypes(reg)
 	store := dedup.NewStore(pool).WithGroupCommit(groupCommit)
 	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
 	w := newWaiters()
@@ -136,10 +152,13 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	})
 	if err != nil {
 		pool.Close()
+		if outcomes != nil {
+			outcomes.Close()
+		}
 		_ = reg.Close()
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, pool: pool, probe: probe, store: store, dispatcher: d, providers: reg,
+	g := &Gateway{cfg: cfg, log: log, pool: pool, outcomes: outcomes, probe: probe, store: store, dispatcher: d, providers: reg,
 		waiters: w, metrics: m, registry: m.registry, replays: dedup.NewReplayLog(pool, 0, log), attempts: attempts,
 		newEffects: notifier.NewBatcher(pool, notifier.TopicOutbox, notifyInterval, log), noServerSpans: opts.NoServerSpans}
 	m.registry.MustRegister(replicationCollector{g: g, timeout: time.Duration(cfg.Timeouts.Metrics)})
@@ -178,6 +197,9 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 // Close releases the database pool and the providers.
 func (g *Gateway) Close() {
 	g.pool.Close()
+	if g.outcomes != nil {
+		g.outcomes.Close()
+	}
 	_ = g.providers.Close()
 }
 

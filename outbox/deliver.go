@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
@@ -173,7 +174,14 @@ func (d *Dispatcher) applyUnder(log *slog.Logger, t *effectType, r dedup.Claimed
 	}
 	switch act.kind {
 	case actFinish:
-		err := d.record(log, r, lc, func(ctx context.Context) error { return d.store.Finish(ctx, r.Lease, act.finish) })
+		fin := act.finish
+		// When the try that recorded it was handed off. Atomic: a try that ran out of time may still be
+		// handed off by its batch while the next try runs.
+		var handedOff atomic.Int64
+		if !accepted.IsZero() {
+			fin.OnHandoff = func() { handedOff.Store(time.Now().UnixNano()) }
+		}
+		err := d.record(log, r, lc, func(ctx context.Context) error { return d.store.Finish(ctx, r.Lease, fin) })
 		switch {
 		case errors.Is(err, dedup.ErrLeaseLost):
 			log.Warn("lease lost before the outcome was recorded; another dispatcher owns the row", "status", act.finish.Status)
@@ -182,6 +190,7 @@ func (d *Dispatcher) applyUnder(log *slog.Logger, t *effectType, r dedup.Claimed
 		default:
 			if !accepted.IsZero() && act.finish.Status == effect.StatusDelivered {
 				d.metrics.OutcomeRecord.WithLabelValues(t.Name, t.kind).Observe(time.Since(accepted).Seconds())
+				d.metrics.OutcomeHandoff.WithLabelValues(t.Name, t.kind).Observe(time.Unix(0, handedOff.Load()).Sub(accepted).Seconds())
 			}
 			d.finishedEffect(t, act.finish.Status, r.EffectID)
 		}

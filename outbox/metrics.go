@@ -13,7 +13,10 @@ type Metrics struct {
 	Rescued         *prometheus.CounterVec   // oncegate_rescued_total{type}
 	// OutcomeRecord is the crash window: from the destination's acceptance of an effect (SMTP's reply to the
 	// end of DATA, a webhook's status line, an upstream's answer) to the commit that records it.
-	OutcomeRecord   *prometheus.HistogramVec // oncegate_outcome_record_seconds{type, provider}
+	OutcomeRecord *prometheus.HistogramVec // oncegate_outcome_record_seconds{type, provider}
+	// OutcomeHandoff is the part of that window a SIGKILL can land in: from the acceptance to the moment the
+	// statement recording it is written to the database, which commits it though the gateway is gone.
+	OutcomeHandoff  *prometheus.HistogramVec // oncegate_outcome_handoff_seconds{type, provider}
 	LeaseExtensions prometheus.Counter       // oncegate_lease_extensions_total
 }
 
@@ -49,6 +52,13 @@ func NewMetrics() *Metrics {
 				"in which a gateway killed resends.",
 			Buckets: prometheus.ExponentialBucketsRange(0.0001, 30, 60), // fine enough (×1.24) for a p99 to read
 		}, []string{"type", "provider"}),
+		OutcomeHandoff: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "oncegate_outcome_handoff_seconds",
+			Help: "Time from a destination's acceptance of an effect to the moment the statement that records it " +
+				"is written to the database: the part of the crash window that a gateway killed resends in " +
+				"(Postgres commits a statement it has read, though its client is gone).",
+			Buckets: prometheus.ExponentialBucketsRange(0.00001, 30, 70),
+		}, []string{"type", "provider"}),
 		LeaseExtensions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "oncegate_lease_extensions_total",
 			Help: "Leases extended by a dispatcher holding an outcome it could not record yet, or a long provider call.",
@@ -59,5 +69,5 @@ func NewMetrics() *Metrics {
 // Collectors lists the collectors, for prometheus.Registerer.MustRegister.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Attempts, m.Finished, m.DispatchLatency, m.BreakerState, m.BreakersOpen,
-		m.Rescued, m.OutcomeRecord, m.LeaseExtensions}
+		m.Rescued, m.OutcomeRecord, m.OutcomeHandoff, m.LeaseExtensions}
 }

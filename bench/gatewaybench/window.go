@@ -71,6 +71,7 @@ func windowPhase(ctx context.Context, cfg string, conn *pgx.Conn, c int) {
 	rate := float64(sent) / time.Since(start).Seconds()
 	cpu := perRequest(cpu0, sampleCPU(g.pid), float64(sent))
 	hist := scrapeHistograms(g.url, "oncegate_outcome_record_seconds")
+	handoff := scrapeHistograms(g.url, "oncegate_outcome_handoff_seconds")
 	fmt.Println(tableHeader)
 	fmt.Printf("| accepts and deliveries together (half analytics, the rest smtp, webhook, http) | %d | %.0f | | | | | | %.0f MiB | %s |\n",
 		c, rate, g.maxRSS(), cpu)
@@ -82,8 +83,16 @@ func windowPhase(ctx context.Context, cfg string, conn *pgx.Conn, c int) {
 			h.quantile(0.5)*1000, h.quantile(0.99)*1000, h.max()*1000))
 		line = append(line, fmt.Sprintf("%s p99 %.2f ms", p.kind, h.quantile(0.99)*1000))
 	}
+	var handed []string
+	for _, p := range windowProviders {
+		h := handoff[p.typ+"/"+p.kind]
+		handed = append(handed, fmt.Sprintf("%s p50 %.3f ms, p99 %.3f ms, max ≤ %.3f ms", p.kind, h.quantile(0.5)*1000,
+			h.quantile(0.99)*1000, h.max()*1000))
+	}
 	fmt.Printf("\nwindow, %d clients, acceptance to recorded commit (oncegate_outcome_record_seconds): %s\n", c,
 		strings.Join(cells, "; "))
+	fmt.Printf("what a SIGKILL can land in, acceptance to the statement written (oncegate_outcome_handoff_seconds): %s\n",
+		strings.Join(handed, "; "))
 	fmt.Printf("window: %s (acceptance to recorded commit)\n", strings.Join(line, ", "))
 }
 

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -61,6 +62,11 @@ type ChaosReport struct {
 	Resends               int     `json:"resends"`
 	GatewayKills          int     `json:"gateway_kills"`
 	ResendsPerGatewayKill float64 `json:"resends_per_gateway_kill"`
+	// ResendGapsMs has, for each resend, the time from the destination's first copy to the next gateway
+	// SIGKILL (-1 when none came after it): where in the delivery the kill landed. A gap of a millisecond
+	// or two is a kill while the gateway read the destination's answer or recorded it; a long one points
+	// at something else than a kill.
+	ResendGapsMs []float64 `json:"resend_gaps_ms"`
 }
 
 // OK is true when nothing was lost and no analytics event was recorded twice.
@@ -117,10 +123,14 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	defer cleanup()
 	var hmu sync.Mutex
 	hooks := map[string]int{}
+	hookFirst := map[string]time.Time{}
 	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		hmu.Lock()
-		hooks[r.Header.Get("webhook-id")]++
+		id := r.Header.Get("webhook-id")
+		if hooks[id]++; hooks[id] == 1 {
+			hookFirst[id] = time.Now()
+		}
 		hmu.Unlock()
 		w.WriteHeader(204)
 	}))
@@ -205,6 +215,7 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	}
 
 	kills := map[string]int{}
+	var gatewayKilled []time.Time
 	memory := map[string][]float64{}
 	nextSample := time.Now()
 	next := time.Now().Add(jitter(cfg.KillEvery))
@@ -234,6 +245,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 			m := members[rand.IntN(len(members))]
 			for cfg.Spare && strings.HasSuffix(m.name, "-0") {
 				m = members[rand.IntN(len(members))]
+			}
+			if strings.HasPrefix(m.name, "gateway-") {
+				gatewayKilled = append(gatewayKilled, time.Now()) // before kill, which waits for the exit
 			}
 			m.current().kill()
 			kills[m.name]++
@@ -273,14 +287,34 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		}
 	}
 	byRecipient := count(mail)
+	firstMail := map[string]time.Time{}
+	for _, m := range mail.Messages() {
+		for _, to := range m.To {
+			if u := strings.TrimSuffix(to, "@example.com"); firstMail[u].IsZero() || m.Received.Before(firstMail[u]) {
+				firstMail[u] = m.Received
+			}
+		}
+	}
 	hmu.Lock()
 	hookCounts := hooks
 	hmu.Unlock()
+	gap := func(first time.Time) float64 {
+		for _, k := range gatewayKilled {
+			if !k.Before(first) {
+				return math.Round(float64(k.Sub(first).Microseconds())/10) / 100
+			}
+		}
+		return -1
+	}
 	email := ChaosRow{Type: "welcome-email (smtp)", Jobs: per, CountedBy: "recipient at the SMTP server"}
 	orders := ChaosRow{Type: "order-webhook (webhook)", Jobs: per, CountedBy: "webhook-id at the receiver"}
 	clicks := ChaosRow{Type: "clicks (postgres)", Jobs: per, CountedBy: "rows in analytics_events"}
 	for i := range per {
-		tally(&email, byRecipient[fmt.Sprintf("user_%d", i)])
+		user := fmt.Sprintf("user_%d", i)
+		tally(&email, byRecipient[user])
+		if byRecipient[user] > 1 {
+			report.ResendGapsMs = append(report.ResendGapsMs, gap(firstMail[user]))
+		}
 		// A webhook's id is its effect's stable id, which the gateway drew when it created the effect.
 		var hookID string
 		err := conn.QueryRow(ctx, "SELECT stable_id FROM oncegate_effects WHERE tenant = 'demo' AND key = $1",
@@ -289,6 +323,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 			return ChaosReport{}, err
 		}
 		tally(&orders, hookCounts[hookID])
+		if hookCounts[hookID] > 1 {
+			report.ResendGapsMs = append(report.ResendGapsMs, gap(hookFirst[hookID]))
+		}
 		var n int
 		if err := conn.QueryRow(ctx, "SELECT count(*) FROM analytics_events WHERE key = $1",
 			fmt.Sprintf("click-event:click:%d", i)).Scan(&n); err != nil {
@@ -310,6 +347,7 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	if report.GatewayKills > 0 {
 		report.ResendsPerGatewayKill = math.Round(float64(report.Resends)/float64(report.GatewayKills)*1000) / 1000
 	}
+	slices.Sort(report.ResendGapsMs)
 	report.Seconds = time.Since(started).Round(100 * time.Millisecond).Seconds()
 	return report, nil
 }
@@ -354,6 +392,14 @@ func ChaosTable(r ChaosReport) string {
 	}
 	fmt.Fprintf(&b, "\nresends_per_gateway_kill: %.3f (%d emails and webhooks resent, %d gateway kills)\n",
 		r.ResendsPerGatewayKill, r.Resends, r.GatewayKills)
+	if len(r.ResendGapsMs) > 0 {
+		gaps := make([]string, len(r.ResendGapsMs))
+		for i, g := range r.ResendGapsMs {
+			gaps[i] = strconv.FormatFloat(g, 'f', 2, 64)
+		}
+		fmt.Fprintf(&b, "each resend's first copy came this many ms before a gateway was killed: %s\n",
+			strings.Join(gaps, ", "))
+	}
 	names := make([]string, 0, len(r.Memory))
 	for n := range r.Memory {
 		names = append(names, n)

@@ -37,6 +37,8 @@ type Message struct {
 	// Parts are the leaves of the message's MIME tree, decoded; Malformed is what Check found wrong.
 	Parts     []Part
 	Malformed error
+	// Received is when the server had the whole message, before it answered the end of DATA.
+	Received time.Time
 }
 
 // Fault makes the server misbehave.
@@ -213,7 +215,7 @@ func (x *session) Data(r io.Reader) error {
 	}
 	// Every message is checked, the ones a fault refuses too: what a client sent is malformed or not
 	// whatever the server answers.
-	msg := Message{From: x.from, To: x.to, SMTPUTF8: x.utf8, Data: data}
+	msg := Message{From: x.from, To: x.to, SMTPUTF8: x.utf8, Data: data, Received: time.Now()}
 	if rc, ok := x.conn.Conn().(*recordingConn); ok {
 		msg.Envelope = rc.envelope()
 	}

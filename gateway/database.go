@@ -251,13 +251,14 @@ func outcomeShare(total int32, parallel int) int32 {
 }
 
 // newOutcomePool opens the outcome connections: the main pool's configuration (its hooks, exec mode and
-// failover checks), n connections, all opened at once and kept open. Until the statement recording an
-// outcome is written, a gateway killed resends the effect; so that statement must never wait for a
-// connection that requests hold, nor for one to be dialled (a chaos run saw a gateway just restarted hold
-// an outcome 42 ms for a new connection, and be killed meanwhile).
+// failover checks), at most n connections, half of them opened at start and kept open. Until the statement
+// recording an outcome is written, a gateway killed resends the effect; so that statement must not wait
+// for a connection that requests hold, nor, but in a burst, for one to be dialled (a chaos run saw a
+// gateway just restarted hold an outcome 42 ms for a new connection, and be killed meanwhile). Half, not
+// all: each is a server process that a gateway's start forks.
 func newOutcomePool(main *pgxpool.Pool, n int32) (*pgxpool.Pool, error) {
 	cfg := main.Config()
-	cfg.MaxConns, cfg.MinConns = n, n
+	cfg.MaxConns, cfg.MinConns = n, max(n/2, 1)
 	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {

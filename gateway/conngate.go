@@ -71,6 +71,10 @@ type connGate struct {
 	changed chan struct{} // closed and replaced whenever a connection changes state or closes
 	// lastShed is when a wait was last shed for room.
 	lastShed time.Time
+	// refused counts, per tenant, the requests refused for holding too many connections in the current
+	// second (refusedIn), to spread their Retry-After (retryAfter).
+	refused   map[string]int
+	refusedIn time.Time
 	// closed is set by Close: an Accept waiting for room goes on to the closed listener's error.
 	closed bool
 }
@@ -87,7 +91,8 @@ func (g *connGate) Close() error {
 func newConnGate(l net.Listener, max int, shed func() bool, reaped *prometheus.CounterVec,
 	gauge *prometheus.GaugeVec) *connGate {
 	return &connGate{Listener: l, max: max, spare: spareConnections(max), shed: shed, reaped: reaped,
-		gauge: gauge, conns: map[net.Conn]*gatedConn{}, owned: map[string]int{}, changed: make(chan struct{})}
+		gauge: gauge, conns: map[net.Conn]*gatedConn{}, owned: map[string]int{}, changed: make(chan struct{}),
+		refused: map[string]int{}}
 }
 
 // spareConnections is the share of max that connections holding no request may take: a quarter, at least one.
@@ -305,4 +310,26 @@ func (g *connGate) claim(r *http.Request, tenant string) bool {
 		g.owned[tenant]++
 	}
 	return len(g.conns) < g.max*3/4 || g.owned[tenant] <= heldCeiling(g.max)
+}
+
+// maxRetryAfter bounds the Retry-After of a refused request, in seconds.
+const maxRetryAfter = 30
+
+// retryAfter is the Retry-After, in seconds, of a request of tenant that claim refused: the first refusals
+// of a second are told 1, and each further share of the tenant's ceiling one second more, up to
+// maxRetryAfter. A tenant whose clients all come back after the same second reconnects all at once, and
+// every new connection, another tenant's first request among them, waits behind those in the kernel's
+// accept queue (issue 33: 2,000 waits of one tenant refused with "Retry-After: 1" came back 1,300 times a
+// second, and another tenant's request on a new connection took up to 1.1 s); spread, as many come back each
+// second as the tenant may hold.
+func (g *connGate) retryAfter(tenant string, now time.Time) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if now.Sub(g.refusedIn) >= time.Second {
+		clear(g.refused)
+		g.refusedIn = now
+	}
+	n := g.refused[tenant]
+	g.refused[tenant]++
+	return min(maxRetryAfter, 1+n/heldCeiling(g.max))
 }

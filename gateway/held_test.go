@@ -263,3 +263,24 @@ func TestTheHeartbeatWritesHeldRequests(t *testing.T) {
 		t.Fatalf("heartbeat row: held %s, types %s", held, types)
 	}
 }
+
+// A tenant refused for holding too many connections is told to come back later the more of its requests
+// were refused this second, a share of its ceiling per second, so that its clients do not all reconnect at
+// once and fill the accept queue every other tenant's new connections wait in.
+func TestRefusedConnectionsComeBackSpread(t *testing.T) {
+	g := newConnGate(nil, 200, nil, nil, nil) // a ceiling of 50 a tenant
+	now := time.Now()
+	got := map[int]int{}
+	for range 2000 {
+		got[g.retryAfter("alpha", now)]++
+	}
+	if got[1] != 50 || got[2] != 50 || got[29] != 50 || got[30] != 2000-29*50 {
+		t.Fatalf("Retry-After counts %v; want 50 each of 1..29 and the rest 30", got)
+	}
+	if after := g.retryAfter("beta", now); after != 1 {
+		t.Fatalf("another tenant's first refusal: Retry-After %d; want 1", after)
+	}
+	if after := g.retryAfter("alpha", now.Add(time.Second)); after != 1 {
+		t.Fatalf("alpha's first refusal of the next second: Retry-After %d; want 1", after)
+	}
+}

@@ -116,7 +116,7 @@ func (g *Gateway) authenticateBy(header string, next http.Handler) http.Handler 
 		}
 		if g.gate != nil && !g.gate.claim(r, tenant) {
 			g.metrics.rateLimited.WithLabelValues(tenant, "connections").Inc()
-			w.Header().Set("Retry-After", "1")
+			w.Header().Set("Retry-After", strconv.Itoa(g.gate.retryAfter(tenant, time.Now())))
 			w.Header().Set("Connection", "close")
 			refuseUnread(w, r, probRateLimited, "this API key's tenant holds more than its share of this "+
 				"gateway's connections while they are scarce; retry after the time in Retry-After (with the "+

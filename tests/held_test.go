@@ -258,13 +258,16 @@ func attackWith(ctx context.Context, t *testing.T, wg *sync.WaitGroup, base, att
 			for ctx.Err() == nil {
 				start := time.Now()
 				resp, err := c.Do(req())
-				what := "error"
+				what, after := "error", time.Second
 				if err == nil {
 					_, _ = io.Copy(io.Discard, resp.Body)
 					_ = resp.Body.Close()
 					what = strconv.Itoa(resp.StatusCode)
-					if resp.Header.Get("Retry-After") != "" {
+					if ra := resp.Header.Get("Retry-After"); ra != "" {
 						what += "+Retry-After"
+						if n, err := strconv.Atoi(ra); err == nil && n > 1 {
+							after = time.Duration(n) * time.Second
+						}
 					}
 				}
 				if ctx.Err() == nil {
@@ -272,10 +275,10 @@ func attackWith(ctx context.Context, t *testing.T, wg *sync.WaitGroup, base, att
 					statuses[what]++
 					mu.Unlock()
 				}
-				if time.Since(start) < time.Second { // as Retry-After says
+				if time.Since(start) < after { // as Retry-After says, or a second
 					select {
 					case <-ctx.Done():
-					case <-time.After(time.Second):
+					case <-time.After(after):
 					}
 				}
 			}

@@ -101,6 +101,10 @@ const rescueUnknown = "the lease of the gateway delivering this effect ran out b
 const sentUnknown = "the request went out and no answer came back, so the destination may have acted on it; " +
 	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
 
+// cutAfterSent is added to the error of an attempt that a shutdown cut short after its request went out.
+const cutAfterSent = "the gateway stopped (dispatcher.drain_timeout ran out) after the request went out and " +
+	"before an answer came, so the destination may have acted on it; it is sent again"
+
 // decide is the dispatcher's whole delivery policy, without I/O: given how far a claimed row got, it says
 // what happens next. docs/effects.md draws the transitions it makes.
 //
@@ -114,6 +118,8 @@ const sentUnknown = "the request went out and no answer came back, so the destin
 //   - The breaker refused the call: the row waits, uncharged, until the breaker can let a call through.
 //   - A transient attempt whose request went out unanswered (MaybeSent) of an at-most-once type is finished
 //     unknown, shutdown or not: a resend could be a second effect, as after a crash.
+//   - Shutdown cut short an attempt whose request went out (MaybeSent): the row is handed back at once,
+//     charged, since the destination may have acted on it and it will be sent again.
 //   - Shutdown cancelled any other transient attempt: the row is handed back at once, uncharged, for any
 //     gateway.
 //   - Delivered, failed and in doubt finish the effect as delivered, failed and unknown.
@@ -164,6 +170,14 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 			finish: finish(effect.StatusUnknown, errText+"; "+sentUnknown),
 			msg:    "no answer to a delivery that went out; on_crash is at_most_once, so it is not resent",
 			level:  slog.LevelWarn, err: out.Err}
+	}
+	if ev.stopping && out.MaybeSent {
+		// The request went out: the destination may have acted on it, and the gateway that takes the row sends
+		// it again. That is an attempt, counted and logged as one; it is handed back at once.
+		return action{kind: actReschedule,
+			reschedule: dedup.Reschedule{LastError: errText + "; " + cutAfterSent, Attempted: true},
+			msg:        "shutdown cut a delivery short after its request went out; handed back, it will be sent again",
+			level:      slog.LevelWarn, err: out.Err}
 	}
 	if ev.stopping {
 		return action{kind: actReschedule}

@@ -290,3 +290,72 @@ func TestPgBouncerPauseLongerThanLeaseLosesNothing(t *testing.T) {
 	t.Logf("PAUSE 14s: %d webhooks, %d answered by the receiver during the pause, %d sent twice", ids, during, resent)
 	result(fmt.Sprintf("%d webhooks, all delivered; %d answered during the pause, %d sent twice", ids, during, resent))
 }
+
+// A graceful stop waits for the slowest delivery its types allow: by default dispatcher.drain_timeout is
+// the longest type timeout. An outside tester's destination answered after 15 s, under a 20 s type timeout
+// and the 10 s drain of then: the drain cut the requests that had gone out, and the next gateway sent 8 of 10
+// webhooks again. Here the destination answers after 11 s, past the 10 s drain of then.
+func TestGracefulStopWaitsForASlowDestination(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	got := map[string]int{}
+	var arrived atomic.Int64
+	receiver := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		arrived.Add(1)
+		time.Sleep(11 * time.Second)
+		mu.Lock()
+		got[r.Header.Get("webhook-id")]++
+		mu.Unlock()
+		w.WriteHeader(204)
+	}))
+	t.Cleanup(receiver.Close)
+	dbURL := pgtest.Database(t)
+	config := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %q
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  hook:
+    provider: webhook
+    webhook: { url: "%s/hooks", secret: "%s", allow_private_networks: true }
+    timeout: 15s
+dispatcher: { poll_interval: 200ms }
+`, dbURL, apiKey, receiver.URL, whsec)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, base := startServe(t, config)
+	const n = 5
+	for i := range n {
+		req, _ := http.NewRequest("POST", base+"/v1/effects", strings.NewReader(`{"type":"hook","payload":{"event":"e","data":{}}}`))
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", fmt.Sprintf("slow-%d", i))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != 202 {
+			t.Fatalf("create %d: %v %v", i, resp, err)
+		}
+		_ = resp.Body.Close()
+	}
+	testenv.Eventually(t, 30*time.Second, "every webhook at the receiver", func() bool { return arrived.Load() == n })
+	p.Signal(syscall.SIGTERM)
+	if err := p.Wait(60 * time.Second); err != nil {
+		t.Fatalf("graceful stop: %v\n%s", err, p.Log())
+	}
+	// Another gateway takes whatever the stop handed back, as in a rolling deploy.
+	startServe(t, config)
+	pool := pgtest.Pool(t, dbURL)
+	testenv.Eventually(t, 60*time.Second, "the outbox drained", func() bool {
+		return pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox") == 0
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	for id, c := range got {
+		if c != 1 {
+			t.Errorf("webhook %s received %d times across a graceful stop", id, c)
+		}
+	}
+	if len(got) != n || strings.Contains(p.Log(), "drain timeout") {
+		t.Fatalf("%d webhooks of %d; the stopped gateway's log:\n%s", len(got), n, p.Log())
+	}
+}

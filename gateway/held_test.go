@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // heldMetric reads one tenant's oncegate_held_requests from /metrics.
@@ -282,5 +285,29 @@ func TestRefusedConnectionsComeBackSpread(t *testing.T) {
 	}
 	if after := g.retryAfter("alpha", now.Add(time.Second)); after != 1 {
 		t.Fatalf("alpha's first refusal of the next second: Retry-After %d; want 1", after)
+	}
+}
+
+// When every connection serves a request, the gate sheds a wait of the tenant holding the most; never another
+// tenant's waits because that one's held requests (proxied calls, bodies) cannot be shed.
+func TestShedOnlyTheTenantHoldingTheMost(t *testing.T) {
+	h := newHeld(func(string) int { return 100 }, prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "g"}, []string{"tenant"}))
+	for range 30 {
+		if _, ok := h.hold("alpha"); !ok { // proxied calls: held, not sheddable
+			t.Fatal("alpha: no held request")
+		}
+	}
+	betaWait, releaseBeta, ok := h.holdWait(context.Background(), "beta")
+	if !ok {
+		t.Fatal("beta: no held request")
+	}
+	defer releaseBeta()
+	if h.shedOne() || betaWait.Err() != nil {
+		t.Fatal("beta's wait was shed for alpha, which holds the most")
+	}
+	alphaWait, releaseAlpha, _ := h.holdWait(context.Background(), "alpha")
+	defer releaseAlpha()
+	if !h.shedOne() || alphaWait.Err() == nil || betaWait.Err() != nil {
+		t.Fatalf("shed: alpha's wait %v, beta's %v; want alpha's ended and beta's not", alphaWait.Err(), betaWait.Err())
 	}
 }

@@ -224,7 +224,17 @@ func Migrate(ctx context.Context, databaseURL string, log *slog.Logger) error {
 }
 
 func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, lockWait time.Duration) error {
-	db := stdlib.OpenDBFromPool(pool)
+	// Connections of their own, two: the migration lock is held on one while the migrations run on the
+	// other, so on a pool of one (pool_max_conns=1) the migrations waited for the lock's connection forever,
+	// past timeouts.migration_lock (an outside tester's gateway never started on an empty database).
+	cfg := pool.Config()
+	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 2, 0, 0
+	own, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("database_url: migration connections: %w", err)
+	}
+	defer own.Close()
+	db := stdlib.OpenDBFromPool(own)
 	defer db.Close()
 	v, err := migrations.UpWithin(ctx, db, log, lockWait)
 	if err != nil {

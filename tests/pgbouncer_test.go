@@ -491,3 +491,16 @@ func TestPoolMaxConnsIsRespected(t *testing.T) {
 		})
 	}
 }
+
+// A gateway whose pool holds one connection starts on an empty database: the migrations take connections
+// of their own, two (one holds the migration lock). It waited forever before, past timeouts.migration_lock.
+func TestAPoolOfOneConnectionMigratesAndServes(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Database(t)
+	_, base := startServe(t, bouncerConfig(t, dbURL+"&pool_max_conns=1", "", ""))
+	for i := range 20 {
+		if r := send(base, fmt.Sprintf("one-%d", i), "5s"); r.err != nil || r.status != 200 {
+			t.Fatalf("create %d with wait on a pool of one: %+v", i, r)
+		}
+	}
+}

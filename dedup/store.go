@@ -73,6 +73,7 @@ var (
 	finishBatchSQL  = query("finish_batch")
 	lockLeasesSQL   = query("lock_leases")
 	rescheduleSQL   = query("reschedule")
+	deferSQL        = query("defer")
 	extendLeaseSQL  = query("extend_lease")
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")

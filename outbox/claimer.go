@@ -34,6 +34,7 @@ type claimState struct {
 	// a gateway that delivers one busy type among idle ones made an empty claim of each idle type at every
 	// delivery that ended, each a statement Postgres plans and runs for nothing.
 	idle bool
+	rate rateState // a limited type's last take of tokens (rates.go)
 
 	mu   sync.Mutex
 	busy bool // a one-by-one claim runs (claimEach); the loop leaves the type to it
@@ -132,6 +133,15 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		}
 		_, headroom := t.claimLimits()
 		n := min(free, d.cfg.BatchSize, headroom)
+		if t.Rate != nil {
+			if now.Before(st.rate.wait) {
+				if retryAt.IsZero() || st.rate.wait.Before(retryAt) {
+					retryAt = st.rate.wait
+				}
+				continue
+			}
+			n = min(n, st.rate.claimRoom(t.Rate, now))
+		}
 		if n <= 0 {
 			continue
 		}
@@ -155,6 +165,8 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 			continue
 		}
 		st.failures = 0
+		claimed := len(rows)
+		rows, heldBack := d.holdBack(ctx, t, &st.rate, rows)
 		var together []dedup.Claimed
 		for _, r := range rows {
 			// A batch may bring one tenant more rows than its share: the rest go back, uncharged, and the
@@ -176,8 +188,10 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		case len(together) > 1:
 			d.startBatch(deliveries, inflight, t, together)
 		}
-		st.backlog = len(rows) == n
-		st.idle = len(rows) == 0 && len(skip) == 0
+		// Rows held back by a limit or a pause are not a backlog to claim again at once: their claim waits for
+		// the next token (st.rate.wait), or for the rows to come due.
+		st.backlog = claimed == n && heldBack == 0
+		st.idle = claimed == 0 && len(skip) == 0
 		if st.backlog {
 			more = true
 		}
@@ -239,6 +253,12 @@ func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *worker
 			d.log.Debug("read a suspect row's payload", "type", t.Name, "effect", r.EffectID, "err", err,
 				"took", time.Since(start).String())
 			if err == nil {
+				// The one-row claim reads no pauses: those this gateway knows still hold, and a limit's tokens
+				// are taken as for any claim. st.rate is the claim loop's, which leaves this type alone meanwhile.
+				if kept, _ := d.holdBack(ctx, t, &st.rate, []dedup.Claimed{r}); len(kept) == 0 {
+					d.release(t, r.Tenant)
+					continue
+				}
 				d.startDelivery(deliveries, inflight, t, r)
 				continue
 			}

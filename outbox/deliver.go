@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"time"
 
@@ -63,7 +64,13 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectType, r dedup.Claimed,
 	stableID string, lc *leaseClock) (ev event, recorded bool) {
 	del := delivery(r)
-	b := d.breakers.get(t, r.Tenant, providers.Destination(t.Provider, r.Payload))
+	dest := providers.Destination(t.Provider, r.Payload)
+	// A destination that asked the fleet to wait after this row was claimed is not called: the row waits
+	// with it, uncharged, as a row its breaker refuses.
+	if left := d.pauses.pausedFor(t.Name, dest, time.Now()); left > 0 {
+		return event{stage: stageRefused, wait: left + rand.N(minRefusedWait)}, false
+	}
+	b := d.breakers.get(t, r.Tenant, dest)
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)
 	start := time.Now()
@@ -92,6 +99,9 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false
 	}
 	answered := time.Now()
+	if out.Kind == providers.KindRetry && out.Throttled != 0 && out.RetryAfter > 0 && ctx.Err() == nil {
+		d.pauseDestination(t, dest, out.RetryAfter, out.Throttled)
+	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
 	// The attempt log and the metric say what the attempt came to, as decide will finish it.
 	seen := t.policy.seen(r, out, ctx.Err() != nil)
@@ -102,7 +112,11 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 
 // destinationFailure reports whether an outcome counts against the destination in its breaker: transient
 // failures and doubt do, and so does a permanent failure that the destination did not answer itself.
+// A destination that asked for time (Throttled) is up and paused (rates.go): its answer is not a failure.
 func destinationFailure(o providers.Outcome) bool {
+	if o.Kind == providers.KindRetry && o.Throttled != 0 && o.RetryAfter > 0 {
+		return false
+	}
 	return o.Kind == providers.KindRetry || o.Kind == providers.KindInDoubt ||
 		(o.Kind == providers.KindFailed && !o.DestinationUp)
 }

@@ -10,6 +10,10 @@
 -- A type an operator paused (oncegate_paused_types) is not claimed at all: its rows wait, uncharged.
 -- A rescued row brings the lease it is rescued from (prev_owner, prev_token), so that the rescue can record
 -- the interrupted attempt against the gateway that made it.
+-- `paused` is the same on every row: the destinations of the type that asked every gateway to wait
+-- (oncegate_destination_pauses), with the milliseconds left, by the database's clock. Rows are claimed before
+-- their destinations are known (a provider reads it from the payload), so the dispatcher hands back those of
+-- a paused destination, uncharged; asked here, the pause costs unlimited types no statement of their own.
 WITH due AS (
     SELECT effect_id, lease_expires_at IS NOT NULL AS rescued, lease_owner AS prev_owner, lease_token AS prev_token,
         lease_expires_at AS prev_expires
@@ -33,6 +37,8 @@ WITH due AS (
     RETURNING o.effect_id, o.lease_token, due.rescued, o.trace, due.prev_owner, due.prev_token, due.prev_expires
 )
 SELECT e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
-    claimed.trace, e.stable_id, claimed.prev_owner, claimed.prev_token, claimed.prev_expires
+    claimed.trace, e.stable_id, claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
+    (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)
+     FROM oncegate_destination_pauses p WHERE p.type = $1 AND p.until > now()) AS paused
 FROM claimed
 CROSS JOIN LATERAL (SELECT * FROM oncegate_effects e WHERE e.id = claimed.effect_id LIMIT 1) e

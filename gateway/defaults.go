@@ -81,12 +81,12 @@ const (
 	DefaultBreakerOpenFor  = outbox.DefaultBreakerOpenFor
 	// MaxDeliveryRate bounds a type's rate.per_second: a limit above it would cost a statement a token for
 	// no protection (use none). MaxDeliveryBurst bounds rate.burst.
-	MaxDeliveryRate  = 10000
-	MaxDeliveryBurst = 100000
-	DefaultRetention       = outbox.DefaultRetention
-	DefaultPollInterval    = outbox.DefaultPollInterval
-	DefaultLeaseMargin     = outbox.DefaultLeaseMargin
-	DefaultDrainTimeout    = outbox.DefaultDrainTimeout
+	MaxDeliveryRate     = 10000
+	MaxDeliveryBurst    = 100000
+	DefaultRetention    = outbox.DefaultRetention
+	DefaultPollInterval = outbox.DefaultPollInterval
+	DefaultLeaseMargin  = outbox.DefaultLeaseMargin
+	DefaultDrainTimeout = outbox.DefaultDrainTimeout
 
 	// DefaultBatchTxConcurrency is the concurrency of a kind whose deliveries are rows in a few shared
 	// transactions (postgres: providerKinds), not calls that each wait on a destination.

@@ -164,7 +164,7 @@ func (c *Config) outboxTypes(reg *providers.Registry) []outbox.EffectType {
 			MaxAttempts: t.Retry.MaxAttempts,
 			Retry:       backoff.Policy{Base: time.Duration(t.Retry.BaseDelay), Max: time.Duration(t.Retry.MaxDelay)},
 			OnCrash:     t.OnCrash, BreakerFailures: t.Breaker.Failures, BreakerOpenFor: time.Duration(t.Breaker.OpenFor),
-			Rate:        outboxRate(t.Rate),
+			Rate: outboxRate(t.Rate),
 		})
 	}
 	return out

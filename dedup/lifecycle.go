@@ -64,6 +64,9 @@ type ClaimParams struct {
 	Lease time.Duration
 	// SkipTenants are tenants whose rows this claim leaves for later.
 	SkipTenants []string
+	// Burst, when not 0, is the burst of the type's fleet-wide delivery limit: the claim goes by destination
+	// (claim_limited.sql), leaving out those without a token and taking no more of each than its tokens.
+	Burst int
 }
 
 // Claim leases up to p.Limit due outbox rows of p.Type (new, due for a retry, or rescued from an expired
@@ -104,8 +107,15 @@ const releaseTimeout = 10 * time.Second
 // ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, for Payload to read.
 func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	sent := time.Now()
-	rs, err := pinned(ctx, s.db, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
-		append([]string{}, p.SkipTenants...))
+	var rs pgx.Rows
+	var err error
+	if p.Burst > 0 {
+		rs, err = pinned(ctx, s.db, claimLimitedSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
+			append([]string{}, p.SkipTenants...), p.Burst)
+	} else {
+		rs, err = pinned(ctx, s.db, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
+			append([]string{}, p.SkipTenants...))
+	}
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}

@@ -23,6 +23,14 @@ CREATE TABLE oncegate_rate_buckets (
     PRIMARY KEY (type, destination)
 );
 
+-- Each outbox row names its destination (providers.Destination of its payload, written with the effect), so
+-- that a claim of a limited type leaves alone the rows of a destination that has no token or is paused, and
+-- takes no more rows of one destination than its tokens: without it, one destination's backlog filled every
+-- claim, and rows of the type's other destinations waited behind it (convoy#1926). NULL for rows written
+-- before this, or sent back by a retry: such rows count as one destination of their own. Adding a nullable
+-- column rewrites no row.
+ALTER TABLE oncegate_outbox ADD COLUMN destination text;
+
 -- A destination that answered 429 or 503 with Retry-After is paused for every gateway until `until`: its
 -- rows wait uncharged and no gateway calls it meanwhile. A row per effect type and destination, so that two
 -- types that reach one host with two accounts (two API keys, two limits) pause apart.

@@ -109,7 +109,21 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		busy, err := st.busy, st.err
 		st.err = nil
 		st.mu.Unlock()
-		if busy || st.idle {
+		if busy {
+			continue
+		}
+		// A type whose destinations ran out of tokens, or were paused, is claimed again when the next token
+		// is due or the pause ends: the claim left them out, so nothing else would wake it before the poll.
+		if !st.rate.wake.IsZero() {
+			if now.Before(st.rate.wake) {
+				if retryAt.IsZero() || st.rate.wake.Before(retryAt) {
+					retryAt = st.rate.wake
+				}
+			} else {
+				st.rate.wake, st.idle = time.Time{}, false
+			}
+		}
+		if st.idle {
 			continue
 		}
 		if err != nil {
@@ -133,15 +147,6 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		}
 		_, headroom := t.claimLimits()
 		n := min(free, d.cfg.BatchSize, headroom)
-		if t.Rate != nil {
-			if now.Before(st.rate.wait) {
-				if retryAt.IsZero() || st.rate.wait.Before(retryAt) {
-					retryAt = st.rate.wait
-				}
-				continue
-			}
-			n = min(n, st.rate.claimRoom(t.Rate, now))
-		}
 		if n <= 0 {
 			continue
 		}
@@ -211,8 +216,11 @@ func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int, skipTenant
 	// sit out their lease for nothing.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	return d.store.Claim(cctx, dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease,
-		SkipTenants: skipTenants})
+	p := dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease, SkipTenants: skipTenants}
+	if t.Rate != nil {
+		p.Burst = t.Rate.Burst
+	}
+	return d.store.Claim(cctx, p)
 }
 
 // claimEach claims up to n rows of t one at a time, in a goroutine of its own (the claim loop goes on with
@@ -281,8 +289,11 @@ func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *worker
 func (d *Dispatcher) claimOne(ctx context.Context, t *effectType) (dedup.Claimed, bool, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	rows, err := d.store.ClaimLeases(cctx, dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease,
-		SkipTenants: t.saturated()})
+	p := dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease, SkipTenants: t.saturated()}
+	if t.Rate != nil {
+		p.Burst = t.Rate.Burst
+	}
+	rows, err := d.store.ClaimLeases(cctx, p)
 	if err != nil || len(rows) == 0 {
 		return dedup.Claimed{}, false, err
 	}

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	_ "embed"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -24,10 +25,12 @@ import (
 // leased the rows; so the rows a claim holds beyond the tokens it got are handed back (dedup.Store.Defer),
 // unattempted and uncharged, not a breaker failure, each due when a token of its destination will be: the
 // first at the next token, the next one interval later, and so on, in the order they were claimed. To keep
-// such hand-backs few, a claim of a type whose last take had one destination takes no more rows than the
-// tokens it expects, and none before the next token is due. The cost: a limited type's claim is two
-// statements (the claim, then the take), and with several gateways racing for the same token a loser hands
-// its row back (one write). Unlimited types take no extra statement.
+// such hand-backs few, each outbox row names its destination (written with the effect), and a limited
+// type's claim (dedup's claim_limited.sql) leaves out the destinations that are paused or have no token,
+// and takes no more rows of each than the tokens its bucket holds: one destination's backlog never holds
+// back the type's others, and a claim seldom takes rows it must hand back. The cost: a limited type's claim
+// is two statements (the claim, then the take), and of gateways racing for the same token the losers hand
+// their rows back (one write). Unlimited types take no extra statement.
 //
 // A destination that answers 429 or 503 with Retry-After pauses itself for the whole fleet: the gateway that
 // got the answer writes oncegate_destination_pauses (pause.sql), and every claim of the type reads that
@@ -94,21 +97,18 @@ func (p *pauses) pausedFor(typ, dest string, now time.Time) time.Duration {
 	return until.Sub(now)
 }
 
-// rateState is what the claim loop remembers of a limited type's last take of tokens.
+// rateState is what the claim loop remembers of a type's last hold-back.
 type rateState struct {
-	at    time.Time // when the take's answer came
-	left  float64   // tokens its one destination had left then
-	dests int       // destinations in that take
-	wait  time.Time // no claim before: the next token is not due
+	// wake is when a token of a destination that ran short is due, or a pause ends: the claim leaves those
+	// destinations out until then, and nothing else would wake the type before the poll.
+	wake time.Time
 }
 
-// claimRoom bounds a limited type's claim to the tokens it expects its one destination to have, at least one.
-func (s *rateState) claimRoom(r *Rate, now time.Time) int {
-	if s.dests != 1 {
-		return int(^uint(0) >> 1)
+// wakeAt moves the type's next wake to at, when that is sooner.
+func (s *rateState) wakeAt(at time.Time) {
+	if s.wake.IsZero() || at.Before(s.wake) {
+		s.wake = at
 	}
-	room := min(s.left+now.Sub(s.at).Seconds()*r.PerSecond, float64(r.Burst))
-	return max(1, int(room))
 }
 
 // holdBack keeps the claimed rows that may be attempted now and hands the others back, uncharged: those of
@@ -136,6 +136,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		for i, r := range rows {
 			if left := d.pauses.pausedFor(t.Name, dests[i], now); left > 0 {
 				hand(r, left+rand.N(minRefusedWait))
+				rs.wakeAt(now.Add(left + minRefusedWait))
 				continue
 			}
 			keep = append(keep, r)
@@ -145,25 +146,17 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		for _, dest := range dests {
 			need[dest] = min(need[dest]+1, t.Rate.Burst)
 		}
-		names := slices.Sorted(func(yield func(string) bool) {
-			for n := range need {
-				if !yield(n) {
-					return
-				}
-			}
-		})
+		names := slices.Sorted(maps.Keys(need))
 		got, err := d.takeTokens(ctx, t, names, need)
 		if err != nil {
 			d.log.Warn("taking delivery tokens failed; the claim's rows go back uncharged", "type", t.Name,
 				"err", err, "in", failedTakeWait.String())
-			rs.wait = now.Add(failedTakeWait)
 			for _, r := range rows {
 				hand(r, failedTakeWait)
 			}
+			rs.wakeAt(now.Add(failedTakeWait))
 		} else {
-			rs.at, rs.dests = time.Now(), len(names)
 			used := map[string]int{}
-			short := time.Duration(-1) // the soonest next token of a destination that ran short
 			for i, r := range rows {
 				g := got[dests[i]]
 				if g.paused {
@@ -178,22 +171,16 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 					continue
 				}
 				hand(r, g.next+time.Duration(k-g.granted)*t.Rate.interval())
-				if short < 0 || g.next < short {
-					short = g.next
-				}
 			}
-			if len(names) == 1 {
-				if g := got[names[0]]; g.paused {
-					rs.left, short = 0, g.next
-				} else if rs.left = g.left; g.left < 1 {
-					short = g.next
+			// A jitter of up to a quarter interval keeps the gateways of a fleet from all asking for the same
+			// token at the same instant; more would leave tokens of a small burst unused.
+			for _, g := range got {
+				switch {
+				case g.paused:
+					rs.wakeAt(now.Add(g.next + minRefusedWait))
+				case g.left < 1:
+					rs.wakeAt(now.Add(g.next + rand.N(t.Rate.interval()/4+1)))
 				}
-			}
-			// The next claim waits for a token when this one ran short; a jitter of up to one interval keeps
-			// the gateways of a fleet from all asking for the same token at the same instant. A paused
-			// destination among others holds back only its own rows.
-			if short >= 0 {
-				rs.wait = rs.at.Add(short + rand.N(t.Rate.interval()+1))
 			}
 		}
 	}

@@ -11,7 +11,8 @@ import (
 )
 
 // Each path that writes an outbox row with its effect names the destination on it (issue 31: a limited
-X
+// type's claim goes by destination): one request alone and requests batched by group commit; an effect
+// created without one has none.
 func TestCreateKeepsTheDestinationOnTheOutboxRow(t *testing.T) {
 	t.Parallel()
 	_, pool := newStore(t)

@@ -18,8 +18,8 @@ WITH effect AS (
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{written}}
 ), queued AS (
-    INSERT INTO oncegate_outbox (effect_id, type, trace, destination)
-    SELECT id, type, $6::jsonb, $13::text FROM effect
+    INSERT INTO oncegate_outbox (effect_id, type, trace, destination, tenant)
+    SELECT id, type, $6::jsonb, $13::text, tenant FROM effect
 )
 SELECT true AS created, {{written}} FROM effect
 UNION ALL

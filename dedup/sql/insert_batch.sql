@@ -27,8 +27,9 @@ WITH input AS (
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{written}}
 ), queued AS (
-    INSERT INTO oncegate_outbox (effect_id, type, trace, destination)
-    SELECT effect.id, effect.type, input.trace::jsonb, input.destination FROM effect JOIN input USING (stable_id)
+    INSERT INTO oncegate_outbox (effect_id, type, trace, destination, tenant)
+    SELECT effect.id, effect.type, input.trace::jsonb, input.destination, effect.tenant
+    FROM effect JOIN input USING (stable_id)
 )
 SELECT true AS created, {{written}} FROM effect
 UNION ALL

@@ -314,7 +314,9 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error
 // in one statement: rows a fleet-wide limit or a destination's pause keeps from their attempt now. A fresh
 // row's effect goes back to pending; a rescued row stays rescued (release.sql). A row whose lease was lost is
 // left alone.
-func (s *Store) Defer(ctx context.Context, rows []Claimed, delays []time.Duration) error {
+//
+// dests names each row's destination, for a row that does not name it yet.
+func (s *Store) Defer(ctx context.Context, rows []Claimed, delays []time.Duration, dests []string) error {
 	ids := make([]int64, len(rows))
 	tokens := make([]pgtype.UUID, len(rows))
 	rescued := make([]bool, len(rows))
@@ -322,7 +324,7 @@ func (s *Store) Defer(ctx context.Context, rows []Claimed, delays []time.Duratio
 	for i, r := range rows {
 		ids[i], tokens[i], rescued[i], ms[i] = r.EffectID, uuidArg(r.Token), r.Rescued, delays[i].Milliseconds()
 	}
-	_, err := s.db.Exec(ctx, deferSQL, ids, tokens, rescued, ms, effect.StatusPending)
+	_, err := s.db.Exec(ctx, deferSQL, ids, tokens, rescued, ms, dests, effect.StatusPending)
 	return translate("defer effects", err)
 }
 

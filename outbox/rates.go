@@ -128,9 +128,15 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 	}
 	var keep, back []dedup.Claimed
 	var delays []time.Duration
+	var backDests []string
+	at := make(map[int64]string, len(rows))
+	for i, r := range rows {
+		at[r.EffectID] = dests[i]
+	}
 	hand := func(r dedup.Claimed, wait time.Duration) {
 		back = append(back, r)
 		delays = append(delays, wait)
+		backDests = append(backDests, at[r.EffectID])
 	}
 	if t.Rate == nil {
 		for i, r := range rows {
@@ -185,7 +191,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		}
 	}
 	if len(back) > 0 {
-		d.deferRows(t, back, delays)
+		d.deferRows(t, back, delays, backDests)
 	}
 	return keep, len(back)
 }
@@ -227,10 +233,10 @@ func (d *Dispatcher) takeTokens(ctx context.Context, t *effectType, names []stri
 
 // deferRows hands rows back through dedup.Store.Defer. A failed write leaves them leased: they come back
 // when their leases run out, attempted then, so the failure costs time, never an effect.
-func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []time.Duration) {
+func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []time.Duration, dests []string) {
 	ctx, cancel := d.dbContext()
 	defer cancel()
-	if err := d.store.Defer(ctx, rows, delays); err != nil {
+	if err := d.store.Defer(ctx, rows, delays, dests); err != nil {
 		d.log.Error("handing back rows held by a delivery limit or a paused destination failed; they come back "+
 			"after their leases", "type", t.Name, "rows", len(rows), "err", err)
 	}

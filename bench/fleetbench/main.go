@@ -249,7 +249,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	gws = []*gateway{startGateway(cfg), startGateway(cfg), startGateway(cfg)}
 
 	// Fairness: the quiet tenant alone, then beside the noisy tenant's backlog of the same type.
-	alone := quietP99(gws[0].url, fair, "alone")
+	alone50, alone := quietLatency(gws[0].url, fair, "alone")
 	_, err = db.Exec(ctx, `
 		WITH e AS (
 			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
@@ -258,12 +258,21 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		INSERT INTO oncegate_outbox (effect_id, type, destination) SELECT id, type, $2 FROM e`, *backlog,
 		strings.TrimPrefix(fair.srv.URL, "http://"))
 	must(err)
-	busy := quietP99(gws[0].url, fair, "busy")
+	busy50, busy := quietLatency(gws[0].url, fair, "busy")
 	var left int
 	must(db.QueryRow(ctx, `SELECT count(*) FROM oncegate_outbox o JOIN oncegate_effects e ON e.id = o.effect_id
 		WHERE e.type = 'fair' AND e.tenant = 'noisy'`).Scan(&left))
-	fmt.Printf("quiet tenant: p99 %v alone, %v beside the noisy tenant's %d effects (%d of them still waiting at the end)\n",
-		alone.Round(time.Microsecond), busy.Round(time.Microsecond), *backlog, left)
+	fmt.Printf("quiet tenant: p50 %v, p99 %v alone; p50 %v, p99 %v beside the noisy tenant's %d effects (%d of them still waiting at the end)\n",
+		alone50.Round(time.Microsecond), alone.Round(time.Microsecond), busy50.Round(time.Microsecond),
+		busy.Round(time.Microsecond), *backlog, left)
+	// The noisy tenant's effects wait for their turn: from their creation (all at once) to their delivery.
+	var n50, n99 float64
+	var nDone int
+	must(db.QueryRow(ctx, `SELECT count(*), coalesce(percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM delivered_at - created_at)), 0),
+		coalesce(percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM delivered_at - created_at)), 0)
+		FROM oncegate_effects WHERE type = 'fair' AND tenant = 'noisy' AND status = 'delivered'`).Scan(&nDone, &n50, &n99))
+	fmt.Printf("noisy tenant: %d of its backlog delivered meanwhile, p50 %.2f s, p99 %.2f s from creation (a backlog drains in its turn)\n",
+		nDone, n50, n99)
 
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
@@ -290,9 +299,9 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		limit, rate, off, paused.Seconds(), float64(busy)/float64(alone))
 }
 
-// quietP99 posts the quiet tenant's effects one at a time and returns the p99 of the time from each POST to
-// its arrival at the receiver.
-func quietP99(base string, r *receiver, phase string) time.Duration {
+// quietLatency posts the quiet tenant's effects one at a time and returns the p50 and p99 of the time from
+// each POST to its arrival at the receiver.
+func quietLatency(base string, r *receiver, phase string) (p50, p99 time.Duration) {
 	var lat []time.Duration
 	for i := range *quiet {
 		q := fmt.Sprintf("%s-%d", phase, i)
@@ -324,7 +333,7 @@ func quietP99(base string, r *receiver, phase string) time.Duration {
 		}
 	}
 	slices.Sort(lat)
-	return lat[len(lat)*99/100]
+	return lat[len(lat)/2], lat[len(lat)*99/100]
 }
 
 // gateway is a running gateway process.

@@ -300,15 +300,30 @@ type DestinationRate struct {
 	// that holds the percentile; nil when no call was timed, or when it is past the last bound.
 	P50MS *float64 `json:"p50_ms"`
 	P99MS *float64 `json:"p99_ms"`
-	// LastAttempt is the minute of the last attempt.
-	LastAttempt time.Time `json:"last_attempt"`
+	// LastAttempt is the minute of the last attempt; nil when there was none in the hour (a destination
+	// listed for its rows waiting or its pause).
+	LastAttempt *time.Time `json:"last_attempt"`
+	// PerSecond is its attempts a second over the last whole minute.
+	PerSecond float64 `json:"per_second"`
+	// LimitPerSecond and LimitBurst are its fleet-wide limit (effect type's rate), as the last take of its
+	// tokens applied it; nil when it has none.
+	LimitPerSecond *float64 `json:"limit_per_second"`
+	LimitBurst     *int     `json:"limit_burst"`
+	// Waiting counts its rows not being delivered now: due, waiting for a retry, a token or a pause.
+	Waiting int64 `json:"waiting"`
+	// PausedUntil is set while it asked the fleet to wait (a 429 or 503 with Retry-After): until when, the
+	// status it answered, and the gateway that got the answer.
+	PausedUntil  *time.Time `json:"paused_until"`
+	PausedStatus *int       `json:"paused_status"`
+	PausedBy     *string    `json:"paused_by"`
 }
 
 // DestinationWindow is how far back DestinationRates looks.
 const DestinationWindow = time.Hour
 
-// DestinationRates lists every destination delivered to in the last hour, by effect type, with its success
-// rate and latencies, from the per-minute rollup the gateways write beside their attempt logs.
+// DestinationRates lists every destination delivered to in the last hour, or with rows waiting, or paused, by
+// effect type, with its success rate and latencies, from the per-minute rollup the gateways write beside
+// their attempt logs, and its fleet-wide limit, current rate, rows waiting and pause.
 func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationRate, error) {
 	if err := s.allow(ctx, a, "destination.list", RoleViewer, ""); err != nil {
 		return nil, err
@@ -324,7 +339,8 @@ func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationR
 		var d DestinationRate
 		var buckets []int64
 		err := r.Scan(&d.Type, &d.Destination, &d.Attempts, &d.Delivered, &d.Failed, &d.Retried, &d.InDoubt,
-			&buckets, &d.LastAttempt)
+			&buckets, &d.LastAttempt, &d.PerSecond, &d.LimitPerSecond, &d.LimitBurst, &d.Waiting, &d.PausedUntil,
+			&d.PausedStatus, &d.PausedBy)
 		if d.Attempts > 0 {
 			d.SuccessRate = float64(d.Delivered) / float64(d.Attempts)
 		}

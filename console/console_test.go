@@ -827,3 +827,39 @@ func TestSecureCookieIsHostPrefixed(t *testing.T) {
 		t.Fatalf("the unprefixed name must not be read when the cookie is secure: %d", code)
 	}
 }
+
+// Issue 31: the Destinations page shows a destination's fleet-wide limit, its rows waiting and its pause,
+// also when it had no attempt in the hour, and the API gives the same fields.
+func TestDestinationsShowLimitsWaitingRowsAndPauses(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 10})
+	ctx := context.Background()
+	if _, err := e.db.Exec(ctx, `
+		INSERT INTO oncegate_rate_buckets (type, destination, tat, granted, per_second, burst)
+		VALUES ('webhook', 'limited.example', now(), 1, 50, 10);
+		INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
+		VALUES ('webhook', 'limited.example', now() + interval '5 minutes', 429, 'gw-7', now()),
+		       ('webhook', 'over.example', now() - interval '1 minute', 503, 'gw-7', now() - interval '2 minutes');
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+			SELECT 'acme', 'lim-' || g, 'webhook', '\x00', '{}', 'eff_lim' || g FROM generate_series(1, 7) g
+			RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination) SELECT id, type, tenant, 'limited.example' FROM e`); err != nil {
+		t.Fatal(err)
+	}
+	_, _, body := e.get(e.client(admin.RoleViewer), "/destinations")
+	for _, want := range []string{"limited.example", "50/s (burst 10)", ">7<", "(429, by gw-7)"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("the Destinations page lacks %q", want)
+		}
+	}
+	if strings.Contains(body, "over.example") {
+		t.Error("a pause that ended, with nothing waiting, is listed")
+	}
+	_, _, api := e.apiGet(e.tokens[admin.RoleViewer], "/api/v1/destinations")
+	for _, want := range []string{`"limit_per_second": 50`, `"limit_burst": 10`, `"waiting": 7`, `"paused_status": 429`} {
+		if !strings.Contains(api, want) {
+			t.Errorf("/api/v1/destinations lacks %s: %.400s", want, api)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"time"
 
@@ -37,7 +38,30 @@ type page struct {
 type pages struct{ byName map[string]*template.Template }
 
 var funcs = template.FuncMap{
-	"ago":         ago,
+	"ago": ago,
+	"agop": func(t *time.Time) string {
+		if t == nil {
+			return ""
+		}
+		return ago(*t)
+	},
+	"limit": func(perSecond *float64, burst *int) string {
+		if perSecond == nil {
+			return "none"
+		}
+		s := strconv.FormatFloat(*perSecond, 'f', -1, 64) + "/s"
+		if burst != nil {
+			s += fmt.Sprintf(" (burst %d)", *burst)
+		}
+		return s
+	},
+	"intp": func(n *int) string {
+		if n == nil {
+			return ""
+		}
+		return strconv.Itoa(*n)
+	},
+	"persec":      func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + "/s" },
 	"when":        when,
 	"whenp":       func(t *time.Time) string { return whenPtr(t) },
 	"str":         func(s *string) string { return deref(s) },

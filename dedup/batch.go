@@ -451,8 +451,9 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 	n := len(batch)
 	tenants, keys, types := make([]string, n), make([]string, n), make([]string, n)
 	fps, payloads, traces, ids := make([][]byte, n), make([]string, n), make([]*string, n), make([]string, n)
-	tags, terms := make([]*string, n), make([]*string, n)
+	tags, terms, dests := make([]*string, n), make([]*string, n), make([]*string, n)
 	for i, in := range batch {
+		dests[i] = orNil(in.ne.Destination)
 		tenants[i], keys[i], types[i], fps[i], payloads[i], ids[i] = in.ne.Tenant, in.ne.Key, in.ne.Type, in.fp,
 			string(in.ne.Payload), in.stableID
 		if in.trace != nil {
@@ -461,7 +462,7 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 		}
 		tags[i], terms[i] = jsonList(in.ne.Tags), jsonList(in.ne.Terms)
 	}
-	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids, tags, terms)
+	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids, tags, terms, dests)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -43,6 +43,10 @@ type Claimed struct {
 	// database began the lease, so LeasedAt plus the lease's length never overstates how long it runs. The
 	// dispatcher keeps trying to record an outcome, and extends the lease, against that bound.
 	LeasedAt time.Time
+	// DestinationPauses are the destinations of the row's type that asked the whole fleet to wait (a 429 or
+	// 503 with Retry-After), with the time left by the database's clock when the row was claimed. One map,
+	// shared by every row of a claim: the claim reads it once.
+	DestinationPauses map[string]time.Duration
 }
 
 // InterruptedLease is a lease that ran out before its holder recorded an outcome.
@@ -60,6 +64,9 @@ type ClaimParams struct {
 	Lease time.Duration
 	// SkipTenants are tenants whose rows this claim leaves for later.
 	SkipTenants []string
+	// Burst, when not 0, is the burst of the type's fleet-wide delivery limit: the claim goes by destination
+	// (claim_limited.sql), leaving out those without a token and taking no more of each than its tokens.
+	Burst int
 }
 
 // Claim leases up to p.Limit due outbox rows of p.Type (new, due for a retry, or rescued from an expired
@@ -100,18 +107,36 @@ const releaseTimeout = 10 * time.Second
 // ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, for Payload to read.
 func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	sent := time.Now()
-	rs, err := pinned(ctx, s.db, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
-		append([]string{}, p.SkipTenants...))
+	var rs pgx.Rows
+	var err error
+	if p.Burst > 0 {
+		rs, err = pinned(ctx, s.db, claimLimitedSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
+			append([]string{}, p.SkipTenants...), p.Burst)
+	} else {
+		rs, err = pinned(ctx, s.db, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
+			append([]string{}, p.SkipTenants...))
+	}
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}
+	var pauses map[string]time.Duration
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
 		var stableID, prevOwner *string
 		var prevToken pgtype.UUID
 		var prevExpires pgtype.Timestamptz
+		var paused map[string]int64
 		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Attempts, &c.CreatedAt,
-			&c.Trace, &stableID, &prevOwner, &prevToken, &prevExpires)
+			&c.Trace, &stableID, &prevOwner, &prevToken, &prevExpires, &paused)
+		if len(paused) > 0 {
+			if pauses == nil {
+				pauses = make(map[string]time.Duration, len(paused))
+				for d, ms := range paused {
+					pauses[d] = time.Duration(ms) * time.Millisecond
+				}
+			}
+			c.DestinationPauses = pauses
+		}
 		c.StableID = stableIDOf(c.Tenant, c.Key, stableID)
 		c.LeasedAt = sent
 		if prevOwner != nil {
@@ -292,6 +317,24 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error
 		return ErrLeaseLost
 	}
 	return translate("reschedule effect", err)
+}
+
+// Defer hands claimed rows back, unattempted and uncharged, each to wait its delay (by the database's clock),
+// in one statement: rows a fleet-wide limit or a destination's pause keeps from their attempt now. A fresh
+// row's effect goes back to pending; a rescued row stays rescued (release.sql). A row whose lease was lost is
+// left alone.
+//
+// dests names each row's destination, for a row that does not name it yet.
+func (s *Store) Defer(ctx context.Context, rows []Claimed, delays []time.Duration, dests []string) error {
+	ids := make([]int64, len(rows))
+	tokens := make([]pgtype.UUID, len(rows))
+	rescued := make([]bool, len(rows))
+	ms := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i], tokens[i], rescued[i], ms[i] = r.EffectID, uuidArg(r.Token), r.Rescued, delays[i].Milliseconds()
+	}
+	_, err := s.db.Exec(ctx, deferSQL, ids, tokens, rescued, ms, dests, effect.StatusPending)
+	return translate("defer effects", err)
 }
 
 // ExtendLease makes lease run for d from now (by the database's clock), if the row is still under it: the

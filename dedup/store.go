@@ -67,12 +67,14 @@ var (
 	getSQL          = query("get")
 	listSQL         = query("list")
 	claimSQL        = query("claim")
+	claimLimitedSQL = query("claim_limited")
 	readPayloadsSQL = query("read_payloads")
 	releaseSQL      = query("release")
 	finishSQL       = query("finish")
 	finishBatchSQL  = query("finish_batch")
 	lockLeasesSQL   = query("lock_leases")
 	rescheduleSQL   = query("reschedule")
+	deferSQL        = query("defer")
 	extendLeaseSQL  = query("extend_lease")
 	purgeSQL        = query("purge")
 	backlogSQL      = query("backlog")
@@ -212,6 +214,9 @@ type NewEffect struct {
 	// (effect.SearchTerms: the tags and the provider's recipients, lowercased). Neither is part of the
 	// fingerprint: a retry that adds a tag is the same effect, and keeps the first request's.
 	Tags, Terms []string
+	// Destination is where the effect will be delivered (providers.Destination of its payload), kept on its
+	// outbox row so that a claim of a type with a fleet-wide limit can go by destination. Empty is unknown.
+	Destination string
 }
 
 // Create records the effect and its outbox row, or returns the effect already stored under the key with
@@ -282,7 +287,7 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 			defer s.batcher.creates.releaseInline()
 		}
 		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil)))
+			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination))))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
 	switch {
@@ -406,7 +411,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 			return err
 		}
 		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
-			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms), orNil(ne.JobQueue))))
+			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms), orNil(ne.JobQueue), orNil(ne.Destination))))
 		var taken *takenError
 		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
 			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)

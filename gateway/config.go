@@ -127,6 +127,21 @@ type EffectType struct {
 	Retry *Retry `yaml:"retry"`
 	// Breaker opens this type's circuit breaker after consecutive failures.
 	Breaker Breaker `yaml:"breaker"`
+	// Rate limits this type's calls to each destination (scheme, host and port: a webhook's payload URL
+	// varies, each host it names has a limit of its own) across every gateway sharing the database. Rows
+	// over it wait, uncharged, for their token. Defaults to none: unlimited.
+	Rate *DeliveryRate `yaml:"rate"`
+}
+
+// DeliveryRate is a fleet-wide limit on one effect type's calls to one destination: a token bucket shared by
+// every gateway through the database (docs/configuration.md, "Fleet-wide delivery limits").
+type DeliveryRate struct {
+	// PerSecond is the sustained rate of calls, for the whole fleet: 50 means 50 a second whether one
+	// gateway delivers or ten. Required, above 0 and at most MaxDeliveryRate.
+	PerSecond float64 `yaml:"per_second"`
+	// Burst is how many calls may go at once after a quiet spell. Defaults to one second's worth of
+	// PerSecond (at least 1); at most MaxDeliveryBurst.
+	Burst int `yaml:"burst"`
 }
 
 // Retry is the retry policy: exponential backoff with full jitter.

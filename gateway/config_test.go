@@ -426,3 +426,35 @@ func TestWebhookSecretsUnder24BytesStopStartUp(t *testing.T) {
 	}
 	result(fmt.Sprintf("%d/%d short secrets refused naming the field; 24 bytes accepted", refused, refused))
 }
+
+// Issue 31: a fleet-wide delivery rate out of range stops the start naming the field; a rate without a
+// burst gets one second's worth, and reaches the dispatcher's type.
+func TestDeliveryRateIsCheckedAndDefaulted(t *testing.T) {
+	t.Parallel()
+	typ := func(rate string) string {
+		return tenantsYAML + "effect_types: { w: { provider: webhook, webhook: { url: 'https://h.example/x', " +
+			"secret: 'whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=' }, rate: " + rate + " } }\n"
+	}
+	for _, c := range []struct{ rate, want string }{
+		{"{ per_second: 0 }", "effect_types.w: rate.per_second: 0: want calls a second to one destination, above 0"},
+		{"{ per_second: -5 }", "effect_types.w: rate.per_second: -5"},
+		{"{ burst: 10 }", "effect_types.w: rate.per_second: 0"},
+		{"{ per_second: 20000 }", "rate.per_second: 20000: want calls a second to one destination, above 0 and at most 10000"},
+		{"{ per_second: 50, burst: -1 }", "effect_types.w: rate.burst: -1: want 1 to 100000"},
+		{"{ per_second: 50, brust: 3 }", "brust"},
+	} {
+		if _, err := Load(writeConfig(t, typ(c.rate))); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("rate %s: %v, want an error with %q", c.rate, err, c.want)
+		}
+	}
+	cfg, err := Load(writeConfig(t, typ("{ per_second: 2.5 }")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.EffectTypes["w"].Rate; r == nil || r.PerSecond != 2.5 || r.Burst != 2 {
+		t.Fatalf("rate %+v, want 2.5/s with a burst of 2", r)
+	}
+	if r := outboxRate(cfg.EffectTypes["w"].Rate); r == nil || r.PerSecond != 2.5 || r.Burst != 2 {
+		t.Fatalf("the dispatcher's rate %+v", r)
+	}
+}

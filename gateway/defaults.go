@@ -79,10 +79,14 @@ const (
 	DefaultMaxDelay        = backoff.DefaultMax
 	DefaultBreakerFailures = outbox.DefaultBreakerFailures
 	DefaultBreakerOpenFor  = outbox.DefaultBreakerOpenFor
-	DefaultRetention       = outbox.DefaultRetention
-	DefaultPollInterval    = outbox.DefaultPollInterval
-	DefaultLeaseMargin     = outbox.DefaultLeaseMargin
-	DefaultDrainTimeout    = outbox.DefaultDrainTimeout
+	// MaxDeliveryRate bounds a type's rate.per_second: a limit above it would cost a statement a token for
+	// no protection (use none). MaxDeliveryBurst bounds rate.burst.
+	MaxDeliveryRate     = 10000
+	MaxDeliveryBurst    = 100000
+	DefaultRetention    = outbox.DefaultRetention
+	DefaultPollInterval = outbox.DefaultPollInterval
+	DefaultLeaseMargin  = outbox.DefaultLeaseMargin
+	DefaultDrainTimeout = outbox.DefaultDrainTimeout
 
 	// DefaultBatchTxConcurrency is the concurrency of a kind whose deliveries are rows in a few shared
 	// transactions (postgres: providerKinds), not calls that each wait on a destination.
@@ -194,6 +198,13 @@ func (c *Config) WithDefaults() *Config {
 			t.Breaker.Failures = DefaultBreakerFailures
 		}
 		def(&t.Breaker.OpenFor, DefaultBreakerOpenFor)
+		if t.Rate != nil {
+			r := *t.Rate
+			if r.Burst == 0 {
+				r.Burst = outbox.DefaultBurst(r.PerSecond)
+			}
+			t.Rate = &r
+		}
 		o.EffectTypes[name] = t
 	}
 	if !drainSet {

@@ -98,7 +98,8 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload,
-		JobID: jobID, JobEpoch: epoch, JobQueue: jobQueue, Tags: tags, Terms: effect.SearchTerms(tags, providers.Recipients(p, req.Payload))})
+		JobID: jobID, JobEpoch: epoch, JobQueue: jobQueue, Tags: tags, Terms: effect.SearchTerms(tags, providers.Recipients(p, req.Payload)),
+		Destination: providers.Destination(p, req.Payload)})
 	if err != nil {
 		return about(err, key, req.Type)
 	}

@@ -1,6 +1,7 @@
 -- A gateway's heartbeat: its row in oncegate_gateways, with its circuit breakers, inserted at start and
 -- refreshed every heartbeat. Rows of gateways not seen for a day are deleted on the way, so the table holds
--- the fleet of the last day, and so are the destinations' per-minute counts older than a day. $1 id (the dispatcher's owner name), $2 address, $3 version, $4 started at,
+-- the fleet of the last day, and so are the destinations' per-minute counts older than a day, pauses that
+-- ended over an hour ago and delivery-limit buckets unused for a day. $1 id (the dispatcher's owner name), $2 address, $3 version, $4 started at,
 -- $5 breakers (JSON array of outbox.BreakerState), $6 the effect types it delivers, $7 the requests each
 -- tenant holds open in it (JSON object)
 WITH gone AS (
@@ -8,6 +9,13 @@ WITH gone AS (
 ), old_minutes AS (
     -- The destinations' per-minute rollup keeps a day, for the console's last hour and a margin.
     DELETE FROM oncegate_destination_minutes WHERE minute < now() - interval '1 day'
+), old_pauses AS (
+    -- A destination's pause ended over an hour ago: nothing reads it any more (the console shows live ones).
+    DELETE FROM oncegate_destination_pauses WHERE until < now() - interval '1 hour'
+), old_buckets AS (
+    -- A bucket untouched for a day is full again whatever its tat says: deleting it changes no limit, and
+    -- a webhook type's thousand passing hosts leave no rows behind.
+    DELETE FROM oncegate_rate_buckets WHERE updated_at < now() - interval '1 day'
 )
 INSERT INTO oncegate_gateways AS g (id, address, version, started_at, last_seen, breakers, types, held)
 VALUES ($1, $2, $3, $4, now(), $5::jsonb, $6::text[], $7::jsonb)

@@ -164,7 +164,15 @@ func (c *Config) outboxTypes(reg *providers.Registry) []outbox.EffectType {
 			MaxAttempts: t.Retry.MaxAttempts,
 			Retry:       backoff.Policy{Base: time.Duration(t.Retry.BaseDelay), Max: time.Duration(t.Retry.MaxDelay)},
 			OnCrash:     t.OnCrash, BreakerFailures: t.Breaker.Failures, BreakerOpenFor: time.Duration(t.Breaker.OpenFor),
+			Rate: outboxRate(t.Rate),
 		})
 	}
 	return out
+}
+
+func outboxRate(r *DeliveryRate) *outbox.Rate {
+	if r == nil {
+		return nil
+	}
+	return &outbox.Rate{PerSecond: r.PerSecond, Burst: r.Burst}
 }

@@ -180,8 +180,25 @@ func (t EffectType) validate() error {
 	if t.Timeout < 0 || t.Concurrency < 0 || t.TenantConcurrency < 0 || t.Breaker.OpenFor < 0 {
 		return errors.New("timeout, concurrency and breaker.open_for must be positive")
 	}
+	if t.Rate != nil {
+		if err := t.Rate.validate("rate"); err != nil {
+			return err
+		}
+	}
 	if t.Retry != nil {
 		return t.Retry.validate("retry")
+	}
+	return nil
+}
+
+func (r DeliveryRate) validate(path string) error {
+	if !(r.PerSecond > 0) || r.PerSecond > MaxDeliveryRate {
+		return fmt.Errorf("%s.per_second: %v: want calls a second to one destination, above 0 and at most %d "+
+			"(leave rate out for no limit)", path, r.PerSecond, MaxDeliveryRate)
+	}
+	if r.Burst < 0 || r.Burst > MaxDeliveryBurst {
+		return fmt.Errorf("%s.burst: %d: want 1 to %d calls (leave it out for one second's worth)", path, r.Burst,
+			MaxDeliveryBurst)
 	}
 	return nil
 }

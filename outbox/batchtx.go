@@ -104,7 +104,7 @@ func (d *Dispatcher) attemptGroup(ctx context.Context, t *effectType, br *breake
 		defer cancel()
 		d.attemptTxBatch(actx, t, rows)
 		for _, b := range rows {
-			if !b.settled && destinationFailure(b.out) {
+			if !b.settled && destinationFailure(b.out, false) {
 				return b.out, errBreakerFailure
 			}
 		}

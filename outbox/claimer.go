@@ -34,6 +34,7 @@ type claimState struct {
 	// a gateway that delivers one busy type among idle ones made an empty claim of each idle type at every
 	// delivery that ended, each a statement Postgres plans and runs for nothing.
 	idle bool
+	rate rateState // a limited type's last take of tokens (rates.go)
 
 	mu   sync.Mutex
 	busy bool // a one-by-one claim runs (claimEach); the loop leaves the type to it
@@ -108,7 +109,21 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		busy, err := st.busy, st.err
 		st.err = nil
 		st.mu.Unlock()
-		if busy || st.idle {
+		if busy {
+			continue
+		}
+		// A type whose destinations ran out of tokens, or were paused, is claimed again when the next token
+		// is due or the pause ends: the claim left them out, so nothing else would wake it before the poll.
+		if !st.rate.wake.IsZero() {
+			if now.Before(st.rate.wake) {
+				if retryAt.IsZero() || st.rate.wake.Before(retryAt) {
+					retryAt = st.rate.wake
+				}
+			} else {
+				st.rate.wake, st.idle = time.Time{}, false
+			}
+		}
+		if st.idle {
 			continue
 		}
 		if err != nil {
@@ -155,6 +170,8 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 			continue
 		}
 		st.failures = 0
+		claimed := len(rows)
+		rows, heldBack := d.holdBack(ctx, t, &st.rate, rows)
 		var together []dedup.Claimed
 		for _, r := range rows {
 			// A batch may bring one tenant more rows than its share: the rest go back, uncharged, and the
@@ -176,8 +193,10 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		case len(together) > 1:
 			d.startBatch(deliveries, inflight, t, together)
 		}
-		st.backlog = len(rows) == n
-		st.idle = len(rows) == 0 && len(skip) == 0
+		// Rows held back by a limit or a pause are not a backlog to claim again at once: their claim waits for
+		// the next token (st.rate.wait), or for the rows to come due.
+		st.backlog = claimed == n && heldBack == 0
+		st.idle = claimed == 0 && len(skip) == 0
 		if st.backlog {
 			more = true
 		}
@@ -197,8 +216,11 @@ func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int, skipTenant
 	// sit out their lease for nothing.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	return d.store.Claim(cctx, dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease,
-		SkipTenants: skipTenants})
+	p := dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease, SkipTenants: skipTenants}
+	if t.Rate != nil {
+		p.Burst = t.Rate.Burst
+	}
+	return d.store.Claim(cctx, p)
 }
 
 // claimEach claims up to n rows of t one at a time, in a goroutine of its own (the claim loop goes on with
@@ -239,6 +261,12 @@ func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *worker
 			d.log.Debug("read a suspect row's payload", "type", t.Name, "effect", r.EffectID, "err", err,
 				"took", time.Since(start).String())
 			if err == nil {
+				// The one-row claim reads no pauses: those this gateway knows still hold, and a limit's tokens
+				// are taken as for any claim. st.rate is the claim loop's, which leaves this type alone meanwhile.
+				if kept, _ := d.holdBack(ctx, t, &st.rate, []dedup.Claimed{r}); len(kept) == 0 {
+					d.release(t, r.Tenant)
+					continue
+				}
 				d.startDelivery(deliveries, inflight, t, r)
 				continue
 			}
@@ -261,8 +289,11 @@ func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *worker
 func (d *Dispatcher) claimOne(ctx context.Context, t *effectType) (dedup.Claimed, bool, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	rows, err := d.store.ClaimLeases(cctx, dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease,
-		SkipTenants: t.saturated()})
+	p := dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease, SkipTenants: t.saturated()}
+	if t.Rate != nil {
+		p.Burst = t.Rate.Burst
+	}
+	rows, err := d.store.ClaimLeases(cctx, p)
 	if err != nil || len(rows) == 0 {
 		return dedup.Claimed{}, false, err
 	}

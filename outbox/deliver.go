@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -46,7 +47,7 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 	act := decide(event{stage: stageClaimed}, r, t.policy)
 	var accepted time.Time
 	if act.kind == actDeliver {
-		ev, recorded := d.attempt(ctx, log, t, r, stableID, lc)
+		ev, recorded := d.attempt(ctx, log, t, r, stableID, lc, false)
 		if ev.stage == stageAttempted {
 			traceOutcome(span, ev.outcome)
 		}
@@ -60,11 +61,19 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 
 // attempt calls the provider through the breaker of the delivery's destination, timed and counted, and says
 // what became of the call. recorded is set when a TxProvider's delivery was recorded (or lost its lease) in
-// the provider's transaction.
+// the provider's transaction. An attempt in a request (the dedup proxy: inRequest) neither waits for a
+// destination's pause nor sets one: its client asked for this call now and gets the destination's own
+// answer, Retry-After included, to act on; the dispatcher's attempts are the fleet's to pace.
 func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectType, r dedup.Claimed,
-	stableID string, lc *leaseClock) (ev event, recorded bool) {
+	stableID string, lc *leaseClock, inRequest bool) (ev event, recorded bool) {
 	del := delivery(r)
-	b := d.breakers.get(t, r.Tenant, providers.Destination(t.Provider, r.Payload))
+	dest := providers.Destination(t.Provider, r.Payload)
+	// A destination that asked the fleet to wait after this row was claimed is not called: the row waits
+	// with it, uncharged, as a row its breaker refuses.
+	if left := d.pauses.pausedFor(t.Name, dest, time.Now()); left > 0 && !inRequest {
+		return event{stage: stageRefused, wait: left + rand.N(minRefusedWait)}, false
+	}
+	b := d.breakers.get(t, r.Tenant, dest)
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)
 	start := time.Now()
@@ -82,7 +91,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 			}()
 		}
 		// A delivery that the gateway cancelled (its shutdown's drain ran out) says nothing of the destination.
-		if destinationFailure(o) && ctx.Err() == nil {
+		if destinationFailure(o, !inRequest) && ctx.Err() == nil {
 			return o, errBreakerFailure
 		}
 		return o, nil
@@ -93,6 +102,9 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false
 	}
 	answered := time.Now()
+	if out.Kind == providers.KindRetry && out.Throttled != 0 && out.RetryAfter > 0 && ctx.Err() == nil && !inRequest {
+		d.pauseDestination(t, dest, out.RetryAfter, out.Throttled)
+	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
 	// The attempt log and the metric say what the attempt came to, as decide will finish it.
 	seen := t.policy.seen(r, out, ctx.Err() != nil)
@@ -103,7 +115,12 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 
 // destinationFailure reports whether an outcome counts against the destination in its breaker: transient
 // failures and doubt do, and so does a permanent failure that the destination did not answer itself.
-func destinationFailure(o providers.Outcome) bool {
+// A destination that asked for time (Throttled) is up, and paused when pausing (rates.go): its answer is then
+// not a failure. Unpaused (an attempt in a request), nothing else holds the calls back, and the breaker does.
+func destinationFailure(o providers.Outcome, pausing bool) bool {
+	if pausing && o.Kind == providers.KindRetry && o.Throttled != 0 && o.RetryAfter > 0 {
+		return false
+	}
 	return o.Kind == providers.KindRetry || o.Kind == providers.KindInDoubt ||
 		(o.Kind == providers.KindFailed && !o.DestinationUp)
 }

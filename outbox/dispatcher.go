@@ -99,6 +99,9 @@ type EffectType struct {
 	// (providers.Router); each tenant's destinations have breakers of their own.
 	BreakerFailures uint32
 	BreakerOpenFor  time.Duration
+	// Rate, when set, limits this type's calls to each destination across every gateway that shares the
+	// database (rates.go). Nil is unlimited, and costs the claim nothing.
+	Rate *Rate
 }
 
 // Config configures a dispatcher.
@@ -216,6 +219,14 @@ func (c *Config) withDefaults() (Config, error) {
 			t.BreakerFailures = DefaultBreakerFailures
 		}
 		def(&t.BreakerOpenFor, DefaultBreakerOpenFor)
+		if t.Rate != nil {
+			if !(t.Rate.PerSecond > 0) {
+				return o, fmt.Errorf("outbox: effect type %s: rate %v a second: want more than 0", t.Name, t.Rate.PerSecond)
+			}
+			r := *t.Rate
+			defInt(&r.Burst, DefaultBurst(r.PerSecond))
+			t.Rate = &r
+		}
 		o.BreakerIdle = max(o.BreakerIdle, 2*(t.BreakerOpenFor+t.Timeout))
 		o.Types[i] = t
 	}
@@ -287,6 +298,7 @@ type Dispatcher struct {
 	cfg      Config
 	types    []*effectType
 	breakers *breakerSet
+	pauses   pauses // the fleet's paused destinations, as this dispatcher knows them (rates.go)
 	metrics  *Metrics
 	log      *slog.Logger
 	wake     chan struct{}

@@ -3,6 +3,8 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/providers"
 )
@@ -75,4 +78,87 @@ func TestOneTenantsHangingDestinationsLeaveSlotsForOthers(t *testing.T) {
 	}
 	t.Logf("alpha delivered %v after it was requested; beta: 2 hanging, %d pending, uncharged", took, pending)
 	result("alpha delivered in " + took.Round(10*time.Millisecond).String() + "; beta held 2 of 4 slots, 0 attempts charged")
+}
+
+// timedDelivery delivers every effect after a fixed delay, as a receiver a few milliseconds away, and notes
+// when each key arrived.
+type timedDelivery struct {
+	delay time.Duration
+	mu    sync.Mutex
+	at    map[string]time.Time
+}
+
+func (p *timedDelivery) Validate(json.RawMessage) error { return nil }
+
+func (p *timedDelivery) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
+	time.Sleep(p.delay)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.at == nil {
+		p.at = map[string]time.Time{}
+	}
+	p.at[d.Key] = time.Now()
+	return providers.Delivered(nil)
+}
+
+// quietP99 creates n of tenant quiet's effects one at a time and returns the p99 of the time each took from
+// its creation's commit to its delivery.
+func (f *fixture) quietP99(p *timedDelivery, d *Dispatcher, phase string, n int) time.Duration {
+	f.t.Helper()
+	var lat []time.Duration
+	for i := range n {
+		key := phase + strconv.Itoa(i)
+		f.createFor("quiet", key, "hook", `{}`)
+		// From the commit: the claim's order is measured, not the time Postgres takes to insert beside the
+		// noisy tenant's deliveries.
+		t0 := time.Now()
+		d.Wake()
+		testenv.Eventually(f.t, 30*time.Second, "quiet's "+key+" delivered", func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			_, ok := p.at[key]
+			return ok
+		})
+		p.mu.Lock()
+		lat = append(lat, p.at[key].Sub(t0))
+		p.mu.Unlock()
+	}
+	slices.Sort(lat)
+	return lat[len(lat)*99/100]
+}
+
+// Issue 31: one tenant's backlog of 100,000 effects of a type does not hold back another tenant's new
+// effects of that type beyond twice what they take alone: claims go round the tenants with work. The
+// per-tenant share of slots (tenant_concurrency) is off here, so that only the claim's order is measured.
+func TestAQuietTenantIsNotQueuedBehindAnothersBacklog(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Isolation",
+		"Tenant noisy's 100,000 effects waiting, then tenant quiet's new effects of the same type, one at a time",
+		"quiet's p99 within 2× its p99 alone")
+	f := newFixture(t)
+	p := &timedDelivery{delay: 10 * time.Millisecond}
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 16, TenantConcurrency: 16}}})
+	f.start(d)
+	f.quietP99(p, d, "warm", 5) // the first claims plan their statements
+	alone := f.quietP99(p, d, "alone", 50)
+	if _, err := f.pool.Exec(context.Background(), `WITH e AS (
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+		SELECT 'noisy', 'n' || g, 'hook', '\x00', '{}', 'eff_n' || g FROM generate_series(1, 100000) g
+		RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, tenant) SELECT id, type, tenant FROM e`); err != nil {
+		t.Fatal(err)
+	}
+	d.Wake()
+	busy := f.quietP99(p, d, "busy", 50)
+	left := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_outbox WHERE tenant = 'noisy'`)
+	t.Logf("quiet p99 %v alone, %v beside noisy's backlog (%d of 100,000 still waiting)", alone, busy, left)
+	if left < 50000 {
+		t.Fatalf("noisy's backlog was mostly delivered (%d left) before quiet's were measured", left)
+	}
+	// A floor of 20 ms: alone, a p99 of a few milliseconds is scheduling noise that twice of cannot bound.
+	if busy > 2*max(alone, 20*time.Millisecond) {
+		t.Fatalf("quiet's p99 %v beside noisy's backlog, %v alone: over twice", busy, alone)
+	}
+	result(fmt.Sprintf("quiet p99 %v alone, %v beside the backlog (%.2f×)", alone.Round(time.Millisecond),
+		busy.Round(time.Millisecond), float64(busy)/float64(alone)))
 }

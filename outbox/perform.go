@@ -128,7 +128,7 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 	if act.kind == actDeliver {
 		ctx, span := tracer.Start(ctx, "outbox.perform "+t.Name)
 		lc = newLeaseClock(r, t.lease)
-		ev, recorded := d.attempt(ctx, log, t, r, r.StableID, lc)
+		ev, recorded := d.attempt(ctx, log, t, r, r.StableID, lc, true)
 		accepted = ev.at
 		if ev.stage == stageAttempted {
 			traceOutcome(span, ev.outcome)

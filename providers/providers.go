@@ -185,6 +185,10 @@ type Outcome struct {
 	// acted on it. A resend is then a duplicate to a destination that does not deduplicate, so an effect type
 	// with on_crash: at_most_once finishes such an attempt unknown, as it does an attempt a crash cut short.
 	MaybeSent bool
+	// Throttled is set with KindRetry and RetryAfter when the destination itself asked for the time: the
+	// HTTP status (429 or 503) that came with its Retry-After. The dispatcher then pauses that destination
+	// for every gateway for RetryAfter, and the answer is no breaker failure.
+	Throttled int
 }
 
 // Delivered returns a delivered outcome with result encoded as JSON (without HTML escaping: results are

@@ -215,3 +215,28 @@ func TestJobEnqueuePrintsTheID(t *testing.T) {
 		t.Fatalf("a payload that is not JSON: exit %d, %s", code, errOut)
 	}
 }
+
+// Issue 31: `destination ls` shows each destination's fleet-wide limit, its rows waiting and its pause.
+func TestDestinationLsShowsLimitsWaitingRowsAndPauses(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO oncegate_rate_buckets (type, destination, tat, granted, per_second, burst)
+		VALUES ('hook', 'api.example', now(), 1, 50, 10);
+		INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
+		VALUES ('hook', 'api.example', now() + interval '5 minutes', 429, 'gw-1', now());
+		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination)
+		SELECT g, 'hook', 'acme', 'api.example' FROM generate_series(1, 3) g`); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := run(t, url, "destination", "ls")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"api.example", "50/s burst 10", "(429)", "  3  "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("destination ls lacks %q:\n%s", want, out)
+		}
+	}
+}

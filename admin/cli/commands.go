@@ -43,6 +43,7 @@ func init() {
 		"gateway ls":     gatewayLs,
 		"worker ls":      workerLs,
 		"breaker ls":     breakerLs,
+		"destination ls": destinationLs,
 		"audit ls":       auditLs,
 		"console":        consoleServe,
 		"token create":   tokenCreate,
@@ -871,6 +872,42 @@ func breakerLs(c *command, args []string) error {
 				gw += " (gone)"
 			}
 			row(w, gw, b.Type, b.Tenant, b.Destination, b.State, b.OpenUntil, b.LastUsed)
+		}
+	})
+}
+
+// destinationLs lists the destinations of the last hour with what holds them back: their fleet-wide limit,
+// their rate now, their rows waiting and their pause (issue 31).
+func destinationLs(c *command, args []string) error {
+	if err := c.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	ds, err := c.svc.DestinationRates(c.ctx, c.actor)
+	if err != nil {
+		return err
+	}
+	return c.out(map[string]any{"destinations": ds}, func(w *tabwriter.Writer) {
+		row(w, "TYPE", "DESTINATION", "LIMIT", "NOW", "WAITING", "PAUSED UNTIL", "ATTEMPTS (1H)", "SUCCESS")
+		for _, d := range ds {
+			limit := "none"
+			if d.LimitPerSecond != nil {
+				limit = strconv.FormatFloat(*d.LimitPerSecond, 'f', -1, 64) + "/s"
+				if d.LimitBurst != nil {
+					limit += fmt.Sprintf(" burst %d", *d.LimitBurst)
+				}
+			}
+			paused := ""
+			if d.PausedUntil != nil {
+				paused = d.PausedUntil.UTC().Format(time.RFC3339)
+				if d.PausedStatus != nil {
+					paused += fmt.Sprintf(" (%d)", *d.PausedStatus)
+				}
+			}
+			row(w, d.Type, d.Destination, limit, fmt.Sprintf("%.1f/s", d.PerSecond), d.Waiting, paused, d.Attempts,
+				fmt.Sprintf("%.1f%%", 100*d.SuccessRate))
 		}
 	})
 }

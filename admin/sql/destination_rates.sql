@@ -1,6 +1,10 @@
 -- Each destination's deliveries over the last hour, by effect type, from the per-minute rollup the gateways
 -- write with their attempt logs (oncegate_destination_minutes): at most 60 rows per type and destination,
 -- however many attempts there were, read once; the latency buckets are summed element by element.
+-- Beside them, what holds the destination back (issue 31): its fleet-wide limit as the last take of tokens
+-- applied it (oncegate_rate_buckets), its calls a second over the last whole minute, the rows waiting for it
+-- (due or not, unleased), and its pause when it asked for one (oncegate_destination_pauses). A destination
+-- with rows waiting or a pause is listed even with no attempt in the hour: it is the one an operator looks for.
 -- $1 the window in seconds
 WITH m AS MATERIALIZED (
     SELECT * FROM oncegate_destination_minutes
@@ -11,9 +15,32 @@ WITH m AS MATERIALIZED (
           FROM m, unnest(m.latency_buckets) WITH ORDINALITY AS t (v, i)
           GROUP BY type, destination, i) per_bucket
     GROUP BY type, destination
+), rolled AS (
+    SELECT m.type, m.destination, sum(m.attempts) AS attempts, sum(m.delivered) AS delivered,
+        sum(m.failed) AS failed, sum(m.retried) AS retried, sum(m.in_doubt) AS in_doubt, b.latency_buckets,
+        max(m.minute) AS last_minute,
+        coalesce(sum(m.attempts) FILTER (WHERE m.minute = date_trunc('minute', now()) - interval '1 minute'), 0)
+            / 60.0 AS per_second
+    FROM m JOIN buckets b USING (type, destination)
+    GROUP BY m.type, m.destination, b.latency_buckets
+), waiting AS (
+    SELECT type, destination, count(*) AS rows
+    FROM oncegate_outbox
+    WHERE destination IS NOT NULL AND lease_token IS NULL
+    GROUP BY type, destination
+), paused AS (
+    SELECT * FROM oncegate_destination_pauses WHERE until > now()
+), keys AS (
+    SELECT type, destination FROM rolled
+    UNION SELECT type, destination FROM waiting
+    UNION SELECT type, destination FROM paused
 )
-SELECT m.type, m.destination, sum(m.attempts), sum(m.delivered), sum(m.failed), sum(m.retried), sum(m.in_doubt),
-    b.latency_buckets, max(m.minute)
-FROM m JOIN buckets b USING (type, destination)
-GROUP BY m.type, m.destination, b.latency_buckets
-ORDER BY m.type, m.destination
+SELECT k.type, k.destination, coalesce(r.attempts, 0), coalesce(r.delivered, 0), coalesce(r.failed, 0),
+    coalesce(r.retried, 0), coalesce(r.in_doubt, 0), r.latency_buckets, r.last_minute,
+    coalesce(r.per_second, 0)::float8, rb.per_second, rb.burst, coalesce(w.rows, 0), p.until, p.status, p.paused_by
+FROM keys k
+LEFT JOIN rolled r USING (type, destination)
+LEFT JOIN waiting w USING (type, destination)
+LEFT JOIN paused p USING (type, destination)
+LEFT JOIN oncegate_rate_buckets rb USING (type, destination)
+ORDER BY k.type, k.destination

@@ -9,8 +9,9 @@
 //     as the yardstick: group commit is how the gateway goes past it.
 //
 // Then deliveries, by a second gateway process that only dispatches: the backlog of the accept phases with the
-// postgres (analytics insert) provider, and -webhooks signed webhooks to a local receiver. The gateways'
-// largest resident memory is reported for every phase.
+// postgres (analytics insert) provider, and -webhooks signed webhooks to a local receiver, then as many of a
+// webhook type with a fleet-wide rate far above what the machine delivers (the cost of a limit, beside the
+// unlimited type of the same run). The gateways' largest resident memory is reported for every phase.
 //
 // Then the dedup proxy (/v1/proxy/{type}) at -proxy-clients clients, against a local upstream that answers
 // at once: calls to the upstream directly (the yardstick), proxied calls under new keys (recorded, performed
@@ -146,12 +147,18 @@ effect_types:
     concurrency: 64
     tenant_concurrency: 64
     webhook: { url: "%s/hook", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
+  hooklimited:
+    provider: webhook
+    concurrency: 64
+    tenant_concurrency: 64
+    webhook: { url: "%s/hook", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
+    rate: { per_second: 10000, burst: 1000 }   # far above what one machine delivers: its cost, not its limit
   mail:
     provider: smtp
     concurrency: 64
     tenant_concurrency: 64
     smtp: { addr: "%s", from: "Bench <bench@example.test>", starttls: "off" }
-`, dbURL, apiKey, os.Getenv("GATEWAYBENCH_CONFIG"), upstream.URL, receiver.URL, mail.Addr)), 0o600))
+`, dbURL, apiKey, os.Getenv("GATEWAYBENCH_CONFIG"), upstream.URL, receiver.URL, receiver.URL, mail.Addr)), 0o600))
 	dbconn, err := pgx.Connect(ctx, dbURL)
 	must(err)
 	defer dbconn.Close(ctx)
@@ -214,10 +221,26 @@ effect_types:
 	disp.stop()
 	fmt.Printf("| deliveries, webhooks to a local receiver (signed, one gateway) | | %.0f | | | | | | %.0f MiB | %s |\n",
 		hookRate, disp.maxRSS(), cpu)
+
+	// The same webhooks of a type with a fleet-wide rate far above what the machine delivers: the cost of a
+	// limit (its claim by destination and its take of tokens), beside the unlimited type of the same run.
+	api = startGateway(cfg, "--no-dispatch")
+	post(api, 32, *hooks, func() string { return fmt.Sprintf("hl%d", hookNext.Add(1)) },
+		`{"type":"hooklimited","payload":{"event":"order.paid","data":{"order":42,"total":"19.99"}}}`)
+	api.stop()
+	start = time.Now()
+	disp = startGateway(cfg)
+	cpu0 = sampleCPU(disp.pid)
+	waitEmpty(ctx, dbconn)
+	limitedRate := float64(*hooks) / time.Since(start).Seconds()
+	cpu = perRequest(cpu0, sampleCPU(disp.pid), float64(*hooks))
+	disp.stop()
+	fmt.Printf("| deliveries, webhooks of a type with a rate limit of 10,000/s (one gateway) | | %.0f | | | | %.2f× unlimited | | %.0f MiB | %s |\n",
+		limitedRate, limitedRate/hookRate, disp.maxRSS(), cpu)
 	if *proxyConc > 0 {
 		proxyPhases(cfg, upstream.URL, *proxyConc)
 	}
-	fmt.Printf("\n%d effects accepted in all; the receiver got %d webhooks for %d effects\n", lastCreated, received.Load(), *hooks)
+	fmt.Printf("\n%d effects accepted in all; the receiver got %d webhooks for %d effects\n", lastCreated, received.Load(), 2**hooks)
 	if *windowConc > 0 {
 		fmt.Println()
 		windowPhase(ctx, cfg, dbconn, *windowConc)
@@ -293,7 +316,7 @@ const backlogSQL = `SELECT count(*) FROM oncegate_outbox WHERE run_at < now() + 
 
 // drainedSQL says whether they are all gone. It probes the (type, run_at) index, where a count would read
 // every row left every time: polled every 20 ms, the count took a core's fifth from the gateway it measured.
-const drainedSQL = `SELECT NOT EXISTS (SELECT FROM oncegate_outbox WHERE type = ANY ('{analytics,hook}') AND run_at < now() + interval '1 hour')`
+const drainedSQL = `SELECT NOT EXISTS (SELECT FROM oncegate_outbox WHERE type = ANY ('{analytics,hook,hooklimited}') AND run_at < now() + interval '1 hour')`
 
 // waitEmpty waits until the gateway's outbox rows are gone.
 func waitEmpty(ctx context.Context, conn *pgx.Conn) {

@@ -8,7 +8,7 @@
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id (effect.NewStableID), $8 the asking job's id or NULL, $9 its lease epoch or NULL,
 -- $10 its tags or NULL, $11 its search terms (tags and recipients, lowercased) or NULL, $12 the job's queue
--- or NULL.
+-- or NULL, $13 its destination (providers.Destination) or NULL.
 -- The trace id, for the operator, is the one of the traceparent in $6.
 WITH effect AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch, trace_id,
@@ -18,8 +18,8 @@ WITH effect AS (
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{written}}
 ), queued AS (
-    INSERT INTO oncegate_outbox (effect_id, type, trace)
-    SELECT id, type, $6::jsonb FROM effect
+    INSERT INTO oncegate_outbox (effect_id, type, trace, destination, tenant)
+    SELECT id, type, $6::jsonb, $13::text, tenant FROM effect
 )
 SELECT true AS created, {{written}} FROM effect
 UNION ALL

@@ -3,7 +3,7 @@
 -- $1 tenants, $2 keys, $3 types, $4 fingerprints, $5 payloads (JSON text), $6 trace contexts (JSON or NULL),
 -- $7 stable ids (unique per request: they tie each inserted row back to its request), $8 tags and $9 search
 -- terms, each a JSON array of strings or NULL (Postgres arrays are rectangular: an array of arrays of
--- different lengths cannot be passed). The trace id, for the
+-- different lengths cannot be passed), $10 destinations (providers.Destination, or NULL). The trace id, for the
 -- operator, is the one of each traceparent; batched requests have no job (a fenced request is not batched).
 -- No NOTIFY, as in insert.sql: the gateway announces new effects after the commit.
 -- A key that exists already inserts nothing and returns the stored effect with created false, as insert.sql
@@ -15,8 +15,8 @@
 WITH input AS (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[],
-        $9::text[])
-        WITH ORDINALITY AS i (tenant, key, type, fingerprint, payload, trace, stable_id, tags, terms, ord)
+        $9::text[], $10::text[])
+        WITH ORDINALITY AS i (tenant, key, type, fingerprint, payload, trace, stable_id, tags, terms, destination, ord)
 ), effect AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, trace_id, tags, search_terms)
     SELECT tenant, key, type, fingerprint, payload::json, stable_id,
@@ -27,8 +27,9 @@ WITH input AS (
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{written}}
 ), queued AS (
-    INSERT INTO oncegate_outbox (effect_id, type, trace)
-    SELECT effect.id, effect.type, input.trace::jsonb FROM effect JOIN input USING (stable_id)
+    INSERT INTO oncegate_outbox (effect_id, type, trace, destination, tenant)
+    SELECT effect.id, effect.type, input.trace::jsonb, input.destination, effect.tenant
+    FROM effect JOIN input USING (stable_id)
 )
 SELECT true AS created, {{written}} FROM effect
 UNION ALL

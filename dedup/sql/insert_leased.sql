@@ -18,8 +18,9 @@ WITH effect AS (
     ON CONFLICT (tenant, key) DO NOTHING
     RETURNING {{written}}
 ), queued AS (
-    INSERT INTO oncegate_outbox (effect_id, type, trace, lease_token, lease_owner, lease_expires_at)
-    SELECT id, type, $6::jsonb, gen_random_uuid(), $8, now() + make_interval(secs => $9::double precision / 1000)
+    INSERT INTO oncegate_outbox (effect_id, type, trace, lease_token, lease_owner, lease_expires_at, tenant)
+    SELECT id, type, $6::jsonb, gen_random_uuid(), $8, now() + make_interval(secs => $9::double precision / 1000),
+        tenant
     FROM effect
     RETURNING effect_id, lease_token
 )

@@ -18,8 +18,8 @@ WITH effect AS (
     WHERE tenant = $1 AND key = $2 AND status = ANY ($3::text[])
     RETURNING {{written}}
 ), queued AS (
-    INSERT INTO oncegate_outbox (effect_id, type)
-    SELECT id, type FROM effect
+    INSERT INTO oncegate_outbox (effect_id, type, tenant)
+    SELECT id, type, tenant FROM effect
     ON CONFLICT (effect_id) DO UPDATE
     SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
 ), marked AS (

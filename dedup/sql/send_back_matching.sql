@@ -26,10 +26,10 @@ WITH picked AS (
         resolution = NULL, resolved_by = NULL, resolved_at = NULL, resolution_reason = NULL
     FROM picked
     WHERE x.id = picked.id
-    RETURNING x.id, x.type
+    RETURNING x.id, x.type, x.tenant
 ), queued AS (
-    INSERT INTO oncegate_outbox (effect_id, type)
-    SELECT id, type FROM effect
+    INSERT INTO oncegate_outbox (effect_id, type, tenant)
+    SELECT id, type, tenant FROM effect
     ON CONFLICT (effect_id) DO UPDATE
     SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
 ), marked AS (

@@ -193,7 +193,7 @@ func RetryAfter(h string, now time.Time) time.Duration {
 }
 
 // Classify turns an HTTP answer into an outcome: 2xx delivered; 408, 429 and 5xx retried (honouring
-// Retry-After); any other status, 3xx included since redirects are not followed, failed for good from a
+// Retry-After; a 429 or 503 with one is Throttled, a pause of the destination for the fleet); any other status, 3xx included since redirects are not followed, failed for good from a
 // destination that is up. result is kept with the outcome.
 func Classify(status int, header http.Header, result any) providers.Outcome {
 	switch {
@@ -202,6 +202,9 @@ func Classify(status int, header http.Header, result any) providers.Outcome {
 	case status == http.StatusRequestTimeout || status == http.StatusTooManyRequests || status >= 500:
 		o := providers.RetryAfter(RetryAfter(header.Get("Retry-After"), time.Now()),
 			fmt.Errorf("destination answered %d %s", status, http.StatusText(status)))
+		if o.RetryAfter > 0 && (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) {
+			o.Throttled = status
+		}
 		o.Result = providers.Delivered(result).Result
 		return o
 	default:

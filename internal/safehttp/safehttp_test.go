@@ -93,6 +93,27 @@ func TestRetryAfterAndClassify(t *testing.T) {
 	if o.RetryAfter != 7*time.Second {
 		t.Errorf("429 Retry-After: %v", o.RetryAfter)
 	}
+	// A 429 or 503 whose Retry-After can be read asks the fleet to pause the destination (issue 31); the
+	// same header on another status, or a 429 without one, is a retry of that effect only.
+	date := time.Now().Add(90 * time.Second).UTC().Format(http.TimeFormat)
+	for _, c := range []struct {
+		status    int
+		after     string
+		throttled int
+	}{
+		{429, "5", 429}, {503, date, 503}, {429, "", 0}, {503, "soon", 0}, {429, "0", 0}, {500, "5", 0}, {408, "5", 0},
+	} {
+		h := http.Header{}
+		if c.after != "" {
+			h.Set("Retry-After", c.after)
+		}
+		if o := Classify(c.status, h, nil); o.Throttled != c.throttled {
+			t.Errorf("%d with Retry-After %q: Throttled %d, want %d", c.status, c.after, o.Throttled, c.throttled)
+		}
+	}
+	if o := Classify(503, http.Header{"Retry-After": {date}}, nil); o.RetryAfter < 85*time.Second || o.RetryAfter > 90*time.Second {
+		t.Errorf("503 with an HTTP date 90 s ahead: RetryAfter %v", o.RetryAfter)
+	}
 }
 
 // IPv6 addresses that carry an IPv4 address reach that IPv4 address through a translator or a tunnel (NAT64,

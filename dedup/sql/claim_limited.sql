@@ -1,0 +1,60 @@
+-- claim.sql for an effect type with a fleet-wide delivery limit (outbox/rates.go): the same leases, the same
+-- columns, but chosen by destination (each outbox row names its own, written with its effect). Rows of a
+-- destination that is paused (oncegate_destination_pauses) or has no token now (its bucket's next token is
+-- not due: oncegate_rate_buckets) are left alone, so that one destination's backlog never fills the claims
+-- of the type's others; and of each destination no more rows are taken than the tokens its bucket holds
+-- now, so that a claim seldom takes rows it must hand back. The buckets are read here, not written: the
+-- dispatcher takes the tokens next (take_tokens.sql), and hands back the rows another gateway's take beat
+-- it to. Rows whose destination is not known (NULL: written before it was kept, or sent back by a retry)
+-- count as one destination, with the limit's burst for room.
+-- The candidates are the first $2 × 4 due rows, in order, once the paused and empty destinations are left
+-- out; the rows leased are the first $2 of them that fit their destination's room, rechecked under lock.
+-- $1..$5 as in claim.sql; $6 the limit's burst.
+WITH cand AS (
+    SELECT o.effect_id, o.destination, o.run_at
+    FROM oncegate_outbox o
+    WHERE o.type = $1
+      AND NOT EXISTS (SELECT 1 FROM oncegate_paused_types p WHERE p.type = $1)
+      AND o.run_at <= now()
+      AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+      AND (cardinality($5::text[]) = 0 OR NOT EXISTS (
+          SELECT 1 FROM oncegate_effects e WHERE e.id = o.effect_id AND e.tenant = ANY($5::text[])))
+      AND NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+          WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
+      AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
+          WHERE b.type = $1 AND b.destination = o.destination
+            AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
+    ORDER BY o.run_at
+    LIMIT $2 * 4
+), ranked AS (
+    SELECT cand.effect_id, cand.run_at,
+        row_number() OVER (PARTITION BY cand.destination ORDER BY cand.run_at, cand.effect_id) AS k,
+        coalesce((SELECT floor(extract(epoch FROM now() - greatest(b.tat, now()))::float8 * b.per_second + b.burst + 1e-9)
+            FROM oncegate_rate_buckets b WHERE b.type = $1 AND b.destination = cand.destination), $6::integer) AS room
+    FROM cand
+), due AS (
+    SELECT o.effect_id, o.lease_expires_at IS NOT NULL AS rescued, o.lease_owner AS prev_owner,
+        o.lease_token AS prev_token, o.lease_expires_at AS prev_expires
+    FROM oncegate_outbox o
+    JOIN ranked ON ranked.effect_id = o.effect_id
+    WHERE ranked.k <= ranked.room
+      AND o.run_at <= now()
+      AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+    ORDER BY ranked.run_at
+    LIMIT $2
+    FOR UPDATE OF o SKIP LOCKED
+), claimed AS (
+    UPDATE oncegate_outbox o
+    SET lease_token = gen_random_uuid(),
+        lease_owner = $3,
+        lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
+    FROM due
+    WHERE o.effect_id = due.effect_id
+    RETURNING o.effect_id, o.lease_token, due.rescued, o.trace, due.prev_owner, due.prev_token, due.prev_expires
+)
+SELECT e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
+    claimed.trace, e.stable_id, claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
+    (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)
+     FROM oncegate_destination_pauses p WHERE p.type = $1 AND p.until > now()) AS paused
+FROM claimed
+CROSS JOIN LATERAL (SELECT * FROM oncegate_effects e WHERE e.id = claimed.effect_id LIMIT 1) e

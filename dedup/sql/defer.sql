@@ -1,0 +1,30 @@
+-- Hands leased rows back, unattempted and uncharged, each to wait its own delay: the rows of a claim that a
+-- fleet-wide delivery limit (oncegate_rate_buckets) or a destination's pause (oncegate_destination_pauses)
+-- keeps from an attempt now. Attempts and last error stay as they were. As in release.sql, a fresh row's
+-- effect goes back to pending, and a rescued row keeps an expired lease and its effect stays delivering, so
+-- that the claim that finally takes it still knows it was rescued (on_crash).
+-- A row that did not name its destination (written before rows kept it, or sent back by a retry) is given
+-- it, so that the next claims of a limited type go by it (claim_limited.sql) instead of taking it again
+-- whenever it is due, whatever its destination's tokens.
+-- Rows are found by primary key and fenced by their tokens: a row whose lease was lost is left alone.
+-- $1 effect ids, $2 their lease tokens, $3 whether each was rescued, $4 each one's delay in ms, $5 each
+-- one's destination, paired by index; $6 pending
+WITH leased AS (
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::boolean[], $4::bigint[], $5::text[])
+        AS l (effect_id, token, rescued, delay_ms, destination)
+), back AS (
+    UPDATE oncegate_outbox o
+    SET run_at = now() + make_interval(secs => leased.delay_ms::double precision / 1000),
+        lease_token = NULL, lease_owner = NULL,
+        lease_expires_at = CASE WHEN leased.rescued THEN '-infinity'::timestamptz END,
+        destination = coalesce(o.destination, leased.destination)
+    FROM leased
+    WHERE o.effect_id = leased.effect_id AND o.lease_token = leased.token
+    RETURNING o.effect_id, leased.delay_ms, NOT leased.rescued AS fresh
+)
+UPDATE oncegate_effects e
+SET status = CASE WHEN back.fresh THEN $6 ELSE e.status END,
+    next_attempt_at = now() + make_interval(secs => back.delay_ms::double precision / 1000),
+    updated_at = now()
+FROM back
+WHERE e.id = back.effect_id

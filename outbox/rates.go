@@ -1,0 +1,257 @@
+package outbox
+
+import (
+	"context"
+	_ "embed"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// Fleet-wide limits and pauses per effect type and destination (issue 31).
+//
+// A Rate is held by every gateway that shares the database, not by each: the tokens are a row per type and
+// destination in oncegate_rate_buckets, which the claim path takes from in one statement (take_tokens.sql)
+// for all the destinations of a claim. There are no per-gateway shares, so a gateway that starts takes
+// tokens at its first claim and one that dies holds none back: the rows it had leased come back after their
+// lease and take tokens again when claimed (a rescue is a call like any other).
+//
+// A destination is known only from a row's payload (providers.Destination), which a claim reads after it has
+// leased the rows; so the rows a claim holds beyond the tokens it got are handed back (dedup.Store.Defer),
+// unattempted and uncharged, not a breaker failure, each due when a token of its destination will be: the
+// first at the next token, the next one interval later, and so on, in the order they were claimed. To keep
+// such hand-backs few, each outbox row names its destination (written with the effect), and a limited
+// type's claim (dedup's claim_limited.sql) leaves out the destinations that are paused or have no token,
+// and takes no more rows of each than the tokens its bucket holds: one destination's backlog never holds
+// back the type's others, and a claim seldom takes rows it must hand back. The cost: a limited type's claim
+// is two statements (the claim, then the take), and of gateways racing for the same token the losers hand
+// their rows back (one write). Unlimited types take no extra statement.
+//
+// A destination that answers 429 or 503 with Retry-After pauses itself for the whole fleet: the gateway that
+// got the answer writes oncegate_destination_pauses (pause.sql), and every claim of the type reads that
+// table (dedup's claim.sql returns the type's pauses with its rows; take_tokens.sql for a limited type), so
+// each gateway hands back the rows of a paused destination until the pause ends and calls it no more. The
+// pause is the destination's Retry-After, which safehttp.RetryAfter caps at an hour.
+
+//go:embed sql/take_tokens.sql
+var takeTokensSQL string
+
+//go:embed sql/pause.sql
+var pauseSQL string
+
+// Rate is a fleet-wide limit on an effect type's calls to each of its destinations.
+type Rate struct {
+	// PerSecond is the sustained rate of calls to one destination, across every gateway. Required, > 0.
+	PerSecond float64
+	// Burst is how many calls may go at once after the destination was quiet. Defaults to DefaultBurst(PerSecond).
+	Burst int
+}
+
+// DefaultBurst is a rate's burst when it names none: one second of calls, at least one.
+func DefaultBurst(perSecond float64) int { return max(1, int(perSecond)) }
+
+// interval is the time between two tokens.
+func (r *Rate) interval() time.Duration { return time.Duration(float64(time.Second) / r.PerSecond) }
+
+// failedTakeWait is how long the rows of a claim whose take of tokens failed wait: no token, no call.
+const failedTakeWait = time.Second
+
+type pauseKey struct{ typ, dest string }
+
+// pauses is what a dispatcher knows of the fleet's paused destinations: from its claims and its own
+// attempts. It is checked once more right before each call, so a row claimed before a pause began waits too.
+type pauses struct {
+	mu    sync.Mutex
+	until map[pauseKey]time.Time
+}
+
+func (p *pauses) note(typ, dest string, until time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.until == nil {
+		p.until = map[pauseKey]time.Time{}
+	}
+	k := pauseKey{typ, dest}
+	if until.After(p.until[k]) {
+		p.until[k] = until
+	}
+}
+
+// pausedFor returns how long dest of typ is still paused, zero when it is not.
+func (p *pauses) pausedFor(typ, dest string, now time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	until, ok := p.until[pauseKey{typ, dest}]
+	if !ok {
+		return 0
+	}
+	if !until.After(now) {
+		delete(p.until, pauseKey{typ, dest})
+		return 0
+	}
+	return until.Sub(now)
+}
+
+// rateState is what the claim loop remembers of a type's last hold-back.
+type rateState struct {
+	// wake is when a token of a destination that ran short is due, or a pause ends: the claim leaves those
+	// destinations out until then, and nothing else would wake the type before the poll.
+	wake time.Time
+}
+
+// wakeAt moves the type's next wake to at, when that is sooner.
+func (s *rateState) wakeAt(at time.Time) {
+	if s.wake.IsZero() || at.Before(s.wake) {
+		s.wake = at
+	}
+}
+
+// holdBack keeps the claimed rows that may be attempted now and hands the others back, uncharged: those of
+// a paused destination until its pause ends, and, for a limited type, those beyond the tokens their
+// destination had, each until its token is due. It returns the rows kept and how many went back.
+func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState, rows []dedup.Claimed) ([]dedup.Claimed, int) {
+	if len(rows) == 0 {
+		return rows, 0
+	}
+	now := time.Now()
+	for dest, left := range rows[0].DestinationPauses {
+		d.pauses.note(t.Name, dest, now.Add(left))
+	}
+	dests := make([]string, len(rows))
+	for i, r := range rows {
+		dests[i] = providers.Destination(t.Provider, r.Payload)
+	}
+	var keep, back []dedup.Claimed
+	var delays []time.Duration
+	var backDests []string
+	at := make(map[int64]string, len(rows))
+	for i, r := range rows {
+		at[r.EffectID] = dests[i]
+	}
+	hand := func(r dedup.Claimed, wait time.Duration) {
+		back = append(back, r)
+		delays = append(delays, wait)
+		backDests = append(backDests, at[r.EffectID])
+	}
+	if t.Rate == nil {
+		for i, r := range rows {
+			if left := d.pauses.pausedFor(t.Name, dests[i], now); left > 0 {
+				hand(r, left+rand.N(minRefusedWait))
+				rs.wakeAt(now.Add(left + minRefusedWait))
+				continue
+			}
+			keep = append(keep, r)
+		}
+	} else {
+		need := map[string]int{}
+		for _, dest := range dests {
+			need[dest] = min(need[dest]+1, t.Rate.Burst)
+		}
+		names := slices.Sorted(maps.Keys(need))
+		got, err := d.takeTokens(ctx, t, names, need)
+		if err != nil {
+			d.log.Warn("taking delivery tokens failed; the claim's rows go back uncharged", "type", t.Name,
+				"err", err, "in", failedTakeWait.String())
+			for _, r := range rows {
+				hand(r, failedTakeWait)
+			}
+			rs.wakeAt(now.Add(failedTakeWait))
+		} else {
+			used := map[string]int{}
+			for i, r := range rows {
+				g := got[dests[i]]
+				if g.paused {
+					d.pauses.note(t.Name, dests[i], now.Add(g.next))
+					hand(r, g.next+rand.N(minRefusedWait))
+					continue
+				}
+				k := used[dests[i]]
+				used[dests[i]]++
+				if k < g.granted {
+					keep = append(keep, r)
+					continue
+				}
+				hand(r, g.next+time.Duration(k-g.granted)*t.Rate.interval())
+			}
+			// A jitter of up to a quarter interval keeps the gateways of a fleet from all asking for the same
+			// token at the same instant; more would leave tokens of a small burst unused.
+			for _, g := range got {
+				switch {
+				case g.paused:
+					rs.wakeAt(now.Add(g.next + minRefusedWait))
+				case g.left < 1:
+					rs.wakeAt(now.Add(g.next + rand.N(t.Rate.interval()/4+1)))
+				}
+			}
+		}
+	}
+	if len(back) > 0 {
+		d.deferRows(t, back, delays, backDests)
+	}
+	return keep, len(back)
+}
+
+// grant is one destination's answer to a take of tokens.
+type grant struct {
+	granted int
+	next    time.Duration // until its next token is due, or its pause ends
+	left    float64       // tokens it has left now
+	paused  bool
+}
+
+// takeTokens takes, for each destination of names, up to need of it of t's tokens, in one statement.
+func (d *Dispatcher) takeTokens(ctx context.Context, t *effectType, names []string, need map[string]int) (map[string]grant, error) {
+	ns := make([]int32, len(names))
+	for i, n := range names {
+		ns[i] = int32(need[n])
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
+	defer cancel()
+	rows, err := d.pool.Query(cctx, takeTokensSQL, t.Name, names, ns, t.Rate.PerSecond, t.Rate.Burst)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]grant, len(names))
+	for rows.Next() {
+		var dest string
+		var g grant
+		var nextMS int64
+		if err := rows.Scan(&dest, &g.granted, &nextMS, &g.left, &g.paused); err != nil {
+			return nil, err
+		}
+		g.next = time.Duration(nextMS) * time.Millisecond
+		out[dest] = g
+	}
+	return out, rows.Err()
+}
+
+// deferRows hands rows back through dedup.Store.Defer. A failed write leaves them leased: they come back
+// when their leases run out, attempted then, so the failure costs time, never an effect.
+func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []time.Duration, dests []string) {
+	ctx, cancel := d.dbContext()
+	defer cancel()
+	if err := d.store.Defer(ctx, rows, delays, dests); err != nil {
+		d.log.Error("handing back rows held by a delivery limit or a paused destination failed; they come back "+
+			"after their leases", "type", t.Name, "rows", len(rows), "err", err)
+	}
+}
+
+// pauseDestination pauses dest of t for every gateway for wait, as the destination asked with status.
+func (d *Dispatcher) pauseDestination(t *effectType, dest string, wait time.Duration, status int) {
+	d.pauses.note(t.Name, dest, time.Now().Add(wait))
+	ctx, cancel := d.dbContext()
+	defer cancel()
+	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner); err != nil {
+		d.log.Error("recording a destination's pause failed; only this gateway holds it", "type", t.Name,
+			"destination", dest, "err", err)
+		return
+	}
+	d.log.Warn("the destination asked to wait: paused for every gateway", "type", t.Name, "destination", dest,
+		"status", status, "for", wait.String())
+}

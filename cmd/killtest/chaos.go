@@ -62,10 +62,12 @@ type ChaosReport struct {
 	Resends               int     `json:"resends"`
 	GatewayKills          int     `json:"gateway_kills"`
 	ResendsPerGatewayKill float64 `json:"resends_per_gateway_kill"`
-	// ResendGapsMs has, for each resend, the time from the destination's first copy to the next gateway
-	// SIGKILL (-1 when none came after it): where in the delivery the kill landed. A gap of a millisecond
-	// or two is a kill while the gateway read the destination's answer or recorded it; a long one points
-	// at something else than a kill.
+	// ResendGapsMs has, for each resend, the time from the destination's first copy to the nearest gateway
+	// SIGKILL, negative when the kill came first (none when no gateway was killed): where in the delivery the
+	// kill landed. A small positive gap
+	// is a kill while the answer went back to the gateway or while it recorded it; a small negative one, a
+	// kill while the request was on its way (the destination read it after the gateway died); a long one
+	// points at something else than a kill (an attempt that timed out after the destination had it).
 	ResendGapsMs []float64 `json:"resend_gaps_ms"`
 }
 
@@ -298,13 +300,16 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	hmu.Lock()
 	hookCounts := hooks
 	hmu.Unlock()
+	// gap is the time from the destination's first copy to the nearest gateway kill, negative when the kill
+	// came first (the request was on its way, or read by the destination after the gateway died).
 	gap := func(first time.Time) float64 {
+		best := time.Duration(math.MaxInt64)
 		for _, k := range gatewayKilled {
-			if !k.Before(first) {
-				return math.Round(float64(k.Sub(first).Microseconds())/10) / 100
+			if d := k.Sub(first); d.Abs() < best.Abs() {
+				best = d
 			}
 		}
-		return -1
+		return math.Round(float64(best.Microseconds())/10) / 100
 	}
 	email := ChaosRow{Type: "welcome-email (smtp)", Jobs: per, CountedBy: "recipient at the SMTP server"}
 	orders := ChaosRow{Type: "order-webhook (webhook)", Jobs: per, CountedBy: "webhook-id at the receiver"}
@@ -312,7 +317,7 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	for i := range per {
 		user := fmt.Sprintf("user_%d", i)
 		tally(&email, byRecipient[user])
-		if byRecipient[user] > 1 {
+		if byRecipient[user] > 1 && len(gatewayKilled) > 0 {
 			report.ResendGapsMs = append(report.ResendGapsMs, gap(firstMail[user]))
 		}
 		// A webhook's id is its effect's stable id, which the gateway drew when it created the effect.
@@ -323,7 +328,7 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 			return ChaosReport{}, err
 		}
 		tally(&orders, hookCounts[hookID])
-		if hookCounts[hookID] > 1 {
+		if hookCounts[hookID] > 1 && len(gatewayKilled) > 0 {
 			report.ResendGapsMs = append(report.ResendGapsMs, gap(hookFirst[hookID]))
 		}
 		var n int
@@ -397,7 +402,7 @@ func ChaosTable(r ChaosReport) string {
 		for i, g := range r.ResendGapsMs {
 			gaps[i] = strconv.FormatFloat(g, 'f', 2, 64)
 		}
-		fmt.Fprintf(&b, "each resend's first copy came this many ms before a gateway was killed: %s\n",
+		fmt.Fprintf(&b, "each resend's first copy came this many ms before the nearest gateway kill (negative: after it): %s\n",
 			strings.Join(gaps, ", "))
 	}
 	names := make([]string, 0, len(r.Memory))

@@ -32,6 +32,9 @@ type fakeEngine struct {
 	// afterClaim, when set, runs after each PerformExisting that performed nothing (another gateway acts).
 	afterClaim func(n int)
 	claims     int
+	// waiting counts the claims that found an attempt in flight and had no fence yet: one per request that
+	// starts to wait for another's attempt.
+	waiting int
 	// staleGet, when set, is what the next Get returns instead of the row (a read from before an outcome).
 	staleGet *dedup.Effect
 }
@@ -89,6 +92,9 @@ func (f *fakeEngine) PerformExisting(ctx context.Context, _ string, _ int64, fen
 		if !terminal && f.token != nil {
 			t := *f.token
 			holding = &t
+			if fence == nil {
+				f.waiting++
+			}
 		}
 		f.mu.Unlock()
 		if f.afterClaim != nil {
@@ -238,7 +244,17 @@ func TestProxyFlowWaitersInOneGatewayShareTheAnswer(t *testing.T) {
 	for i := range outs {
 		wg.Go(func() { outs[i] = flowOn(eng, answers, w).run(context.Background(), flowRequest, nil, time.Second) })
 	}
-	time.Sleep(10 * time.Millisecond)
+	// Every waiter waits for the attempt before it ends (under CI's load, 10 ms was not always enough for the
+	// five to start, and the late ones made attempts of their own).
+	for {
+		eng.mu.Lock()
+		n := eng.waiting
+		eng.mu.Unlock()
+		if n >= len(outs) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
 	close(release)
 	wg.Wait()
 	if o := <-first; o.Kind != performedHere {

@@ -468,9 +468,11 @@ func TestProxyDeadEffectGaveUp(t *testing.T) {
 		t.Fatalf("first attempt: %d %s", first.status, first.raw)
 	}
 	for i := range 2 {
+		// The second attempt is this request's, or the dispatcher's retry that came due at once (Retry-After:
+		// 0) and, on a loaded machine, ran first: then this request replays it. The one after always replays.
 		r := h.req("POST", "/v1/proxy/payments/status/500", acmeKey, "{}", "Idempotency-Key: fd-1")
 		if r.status != 502 || !strings.Contains(r.raw, "/problems/upstream-gave-up") ||
-			(i == 1) != (r.header.Get("Idempotent-Replayed") == "true") {
+			(i == 1 && r.header.Get("Idempotent-Replayed") != "true") {
 			t.Fatalf("request %d after the last attempt: %d %v %s", i, r.status, r.header, r.raw)
 		}
 	}

@@ -112,6 +112,12 @@ func postHook(base, key string) (int, error) {
 // hookConfig is a gateway configuration with one webhook type, hook, on databaseURL.
 func hookConfig(t *testing.T, databaseURL, receiver, extra string) string {
 	t.Helper()
+	return hookConfigTimeout(t, databaseURL, receiver, "5s", extra)
+}
+
+// hookConfigTimeout is hookConfig with the webhook type's timeout.
+func hookConfigTimeout(t *testing.T, databaseURL, receiver, timeout, extra string) string {
+	t.Helper()
 	body := fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %q
 tenants: { acme: { api_keys: [%s] } }
@@ -119,9 +125,9 @@ effect_types:
   hook:
     provider: webhook
     webhook: { url: "%s/hooks", secret: "%s", allow_private_networks: true }
-    timeout: 5s
+    timeout: %s
 dispatcher: { poll_interval: 200ms }
-%s`, databaseURL, apiKey, receiver, whsec, extra)
+%s`, databaseURL, apiKey, receiver, whsec, timeout, extra)
 	p := filepath.Join(t.TempDir(), "gateway.yaml")
 	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
@@ -311,19 +317,7 @@ func TestGracefulStopWaitsForASlowDestination(t *testing.T) {
 	}))
 	t.Cleanup(receiver.Close)
 	dbURL := pgtest.Database(t)
-	config := filepath.Join(t.TempDir(), "gateway.yaml")
-	if err := os.WriteFile(config, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
-database_url: %q
-tenants: { acme: { api_keys: [%s] } }
-effect_types:
-  hook:
-    provider: webhook
-    webhook: { url: "%s/hooks", secret: "%s", allow_private_networks: true }
-    timeout: 15s
-dispatcher: { poll_interval: 200ms }
-`, dbURL, apiKey, receiver.URL, whsec)), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	config := hookConfigTimeout(t, dbURL, receiver.URL, "15s", "")
 	p, base := startServe(t, config)
 	const n = 5
 	for i := range n {

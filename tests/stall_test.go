@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/internal/testkit/proctest"
@@ -28,16 +30,19 @@ type hookCounter struct {
 	delay time.Duration
 	mu    sync.Mutex
 	got   map[string]int
+	at    map[string][]time.Time // when each copy was received, for a failure's account
 	total atomic.Int64
 }
 
 func newHookCounter(t *testing.T, delay time.Duration) *hookCounter {
-	h := &hookCounter{delay: delay, got: map[string]int{}}
+	h := &hookCounter{delay: delay, got: map[string]int{}, at: map[string][]time.Time{}}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
+		arrived := time.Now()
 		time.Sleep(h.delay)
 		h.mu.Lock()
 		h.got[r.Header.Get("webhook-id")]++
+		h.at[r.Header.Get("webhook-id")] = append(h.at[r.Header.Get("webhook-id")], arrived)
 		h.mu.Unlock()
 		h.total.Add(1)
 		w.WriteHeader(204)
@@ -55,6 +60,43 @@ func (h *hookCounter) counts() (ids, resent int) {
 		resent += n - 1
 	}
 	return len(h.got), resent
+}
+
+// explainResent logs, for each webhook received more than once, when each copy arrived and the attempt log
+// of its effect in pool's database: which gateway attempted it when, under which lease, with what outcome.
+func (h *hookCounter) explainResent(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, n := range h.got {
+		if n < 2 {
+			continue
+		}
+		var arrivals []string
+		for _, at := range h.at[id] {
+			arrivals = append(arrivals, at.Format("15:04:05.000"))
+		}
+		t.Logf("webhook %s received %d times, at %s", id, n, strings.Join(arrivals, ", "))
+		rows, err := pool.Query(context.Background(), `SELECT a.attempt, to_char(a.started_at, 'HH24:MI:SS.MS'),
+			a.gateway, coalesce(a.lease_token::text, '-'), a.outcome, coalesce(a.error, ''), coalesce(a.latency_ms, -1)
+			FROM oncegate_effect_attempts a JOIN oncegate_effects e ON e.id = a.effect_id
+			WHERE e.stable_id = $1 ORDER BY a.started_at`, id)
+		if err != nil {
+			t.Logf("  its attempts: %v", err)
+			continue
+		}
+		for rows.Next() {
+			var attempt int
+			var started, gateway, token, outcome, errText string
+			var latency float64
+			if err := rows.Scan(&attempt, &started, &gateway, &token, &outcome, &errText, &latency); err != nil {
+				t.Logf("  its attempts: %v", err)
+				break
+			}
+			t.Logf("  attempt %d at %s by %s lease %s: %s %s (%.0f ms)", attempt, started, gateway, token, outcome, errText, latency)
+		}
+		rows.Close()
+	}
 }
 
 // hookLoad keeps clients posting webhook effects, each under a key of its own retried until a gateway
@@ -159,6 +201,9 @@ func stallRun(t *testing.T, gatewayURL, checkURL string, stall func()) (ids, res
 		t.Fatalf("%d effects not delivered", n)
 	}
 	ids, resent = hooks.counts()
+	if resent != 0 {
+		hooks.explainResent(t, pool)
+	}
 	if want := int(load.accepted.Load()); ids != want {
 		t.Fatalf("%d webhook ids received for %d effects accepted", ids, want)
 	}

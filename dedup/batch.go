@@ -316,16 +316,29 @@ func finishAll(ctx context.Context, db DBTX, leases []Lease, fs []Finish) (map[i
 		}
 		tries[i], delivered[i] = int32(attempts(f.Attempted)), f.Status == effect.StatusDelivered
 	}
+	var handoffs []func()
 	for _, f := range fs {
 		if f.OnHandoff != nil {
-			f.OnHandoff()
+			handoffs = append(handoffs, f.OnHandoff)
 		}
 	}
-	rows, err := pinned(ctx, db, finishBatchSQL, ids, tokens, statuses, results, lastErrors, tries, delivered)
-	if err != nil {
-		return nil, translate("finish effects", err)
+	var onHandoff func()
+	if len(handoffs) > 0 {
+		onHandoff = func() {
+			for _, h := range handoffs {
+				h()
+			}
+		}
 	}
-	done, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	var done []int64
+	err := handOff(ctx, db, onHandoff, func(db DBTX) error {
+		rows, err := pinned(ctx, db, finishBatchSQL, ids, tokens, statuses, results, lastErrors, tries, delivered)
+		if err != nil {
+			return err
+		}
+		done, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		return err
+	})
 	if err != nil {
 		return nil, translate("finish effects", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/effect"
 )
@@ -244,14 +245,52 @@ func (s *Store) Finish(ctx context.Context, lease Lease, f Finish) error {
 	return finishOne(ctx, s.db, lease, f)
 }
 
+// handOff runs write on db, calling onHandoff (when set) right before the write's statement goes out: on a
+// pool, once a connection is held, so that the wait for one counts in the crash window that onHandoff ends.
+// Nothing else is sent first on that connection when it is an outcome connection (PrepareOutcomes): the
+// statement is prepared already.
+func handOff(ctx context.Context, db DBTX, onHandoff func(), write func(DBTX) error) error {
+	if onHandoff == nil {
+		return write(db)
+	}
+	if p, ok := db.(*pgxpool.Pool); ok {
+		c, err := p.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer c.Release()
+		onHandoff()
+		return write(c)
+	}
+	onHandoff()
+	return write(db)
+}
+
+// PrepareOutcomes prepares, on a connection that records outcomes (GroupCommit.Outcomes), the statements
+// that record them, when the connection caches prepared statements (pgx's default mode): the first outcome
+// on a connection then goes out in one write, not after a round trip to prepare it, which a gateway killed
+// meanwhile would turn into a resend. A connection in another mode (exec mode, through a transaction-pooling
+// PgBouncer, which loses prepared statements between transactions) needs and gets nothing.
+func PrepareOutcomes(ctx context.Context, c *pgx.Conn) error {
+	if c.Config().DefaultQueryExecMode != pgx.QueryExecModeCacheStatement {
+		return nil
+	}
+	for _, sql := range []string{pinSQL, finishSQL, finishBatchSQL} {
+		// Named by its text, a prepared statement is the one pgx runs for that text (Conn.Query, SendBatch).
+		if _, err := c.Prepare(ctx, sql, sql); err != nil {
+			return fmt.Errorf("dedup: prepare the outcome statements: %w", err)
+		}
+	}
+	return nil
+}
+
 // finishOne records one Finish in a statement of its own.
 func finishOne(ctx context.Context, db DBTX, lease Lease, f Finish) error {
 	var id int64
-	if f.OnHandoff != nil {
-		f.OnHandoff()
-	}
-	err := db.QueryRow(ctx, finishSQL, lease.EffectID, uuidArg(lease.Token), f.Status, nullJSON(storableJSON(f.Result)),
-		nullString(storableText(f.LastError)), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
+	err := handOff(ctx, db, f.OnHandoff, func(db DBTX) error {
+		return db.QueryRow(ctx, finishSQL, lease.EffectID, uuidArg(lease.Token), f.Status, nullJSON(storableJSON(f.Result)),
+			nullString(storableText(f.LastError)), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}

@@ -25,7 +25,8 @@ var pinnedStatements = map[string]string{"claim": "claimSQL", "claim_limited": "
 	"finish_batch": "finishBatchSQL", "terminal": "terminalSQL"}
 
 // TestPinnedStatementsAreRunPinned holds the call sites to pinnedStatements: each runs its statement through
-// pinned or pinnedExec, and no statement is in both lists.
+// pinned or pinnedExec, and no statement is in both lists. (Preparing one, in a list of statements as
+// PrepareOutcomes does, is not running it.)
 func TestPinnedStatementsAreRunPinned(t *testing.T) {
 	var src strings.Builder
 	for _, f := range []string{"store.go", "lifecycle.go", "batch.go", "oplog.go", "perform.go", "effect.go"} {

@@ -242,6 +242,10 @@ func (r *readOnlyConns) TraceCopyFromEnd(_ context.Context, c *pgx.Conn, d pgx.T
 // statements in flight at most (parallel, and three times as many in reserve for them), and at most a
 // quarter of the pool, carved out of it so that pool_max_conns still bounds what a gateway opens. None in a
 // pool too small to spare them.
+// warmFor bounds the wait for the outcome connections at start: a database slow to answer delays no start
+// for long, and the connections not open by then open when first needed.
+const warmFor = 2 * time.Second
+
 func outcomeShare(total int32, parallel int) int32 {
 	n := int32(4 * max(parallel, 1))
 	if total/4 < n {
@@ -251,18 +255,34 @@ func outcomeShare(total int32, parallel int) int32 {
 }
 
 // newOutcomePool opens the outcome connections: the main pool's configuration (its hooks, exec mode and
-// failover checks), at most n connections, half of them opened at start and kept open. Until the statement
-// recording an outcome is written, a gateway killed resends the effect; so that statement must not wait
-// for a connection that requests hold, nor, but in a burst, for one to be dialled (a chaos run saw a
-// gateway just restarted hold an outcome 42 ms for a new connection, and be killed meanwhile). Half, not
-// all: each is a server process that a gateway's start forks.
+// failover checks), n connections, all opened at start and kept open, each with the statements that record
+// outcomes prepared (dedup.PrepareOutcomes). Until the statement recording an outcome is written, a gateway
+// killed resends the effect; so that statement must not wait for a connection that requests hold, for one
+// to be dialled, nor for a round trip to prepare it on a new one. Chaos runs saw both: a gateway just
+// restarted held an outcome 42 ms for a new connection and was killed meanwhile, and with half the
+// connections opened at start, resends came 6 to 250 ms after the destination had answered, from gateways
+// killed within seconds of their start, which is when a burst of outcomes met connections not yet opened.
+// It waits, at most warmFor, for them to open: a gateway that claims no row before its outcome connections
+// are up never holds an outcome for one.
 func newOutcomePool(main *pgxpool.Pool, n int32) (*pgxpool.Pool, error) {
 	cfg := main.Config()
-	cfg.MaxConns, cfg.MinConns = n, max(n/2, 1)
+	cfg.MaxConns, cfg.MinConns = n, n
 	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
+	afterConnect := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if afterConnect != nil {
+			if err := afterConnect(ctx, c); err != nil {
+				return err
+			}
+		}
+		return dedup.PrepareOutcomes(ctx, c)
+	}
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database_url: outcome connections: %w", err)
+	}
+	for end := time.Now().Add(warmFor); pool.Stat().IdleConns() < n && time.Now().Before(end); {
+		time.Sleep(5 * time.Millisecond)
 	}
 	return pool, nil
 }

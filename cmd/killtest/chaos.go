@@ -292,8 +292,14 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 	firstMail := map[string]time.Time{}
 	for _, m := range mail.Messages() {
 		for _, to := range m.To {
-			if u := strings.TrimSuffix(to, "@example.com"); firstMail[u].IsZero() || m.Received.Before(firstMail[u]) {
-				firstMail[u] = m.Received
+			// The first copy's answer is when the gateway could have known of it: the server's own time
+			// between taking the message and saying so (parsing it, here) is its window, not the gateway's.
+			at := m.Answered
+			if at.IsZero() {
+				at = m.Received
+			}
+			if u := strings.TrimSuffix(to, "@example.com"); firstMail[u].IsZero() || at.Before(firstMail[u]) {
+				firstMail[u] = at
 			}
 		}
 	}

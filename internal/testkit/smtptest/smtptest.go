@@ -39,6 +39,9 @@ type Message struct {
 	Malformed error
 	// Received is when the server had the whole message, before it answered the end of DATA.
 	Received time.Time
+	// Answered is when the server's 250 to the end of DATA was written to the connection: from then on the
+	// client could know that the message was taken. Zero until then, and for a message refused.
+	Answered time.Time
 }
 
 // Fault makes the server misbehave.
@@ -244,8 +247,16 @@ func (x *session) Data(r io.Reader) error {
 	}
 	x.s.mu.Lock()
 	x.s.messages = append(x.s.messages, msg)
+	idx := len(x.s.messages) - 1
 	on := x.s.onMessage
 	x.s.mu.Unlock()
+	if rc, ok := x.conn.Conn().(*recordingConn); ok {
+		rc.answered(func(at time.Time) {
+			x.s.mu.Lock()
+			x.s.messages[idx].Answered = at
+			x.s.mu.Unlock()
+		})
+	}
 	if on != nil {
 		on(msg)
 	}
@@ -275,6 +286,26 @@ type recordingConn struct {
 	partial  []byte
 	inData   bool
 	commands []string
+	answer   func(at time.Time) // stamps the message whose reply is the next write
+}
+
+// answered has the next write, the server's reply to the end of the message's DATA, call stamp when done.
+func (c *recordingConn) answered(stamp func(at time.Time)) {
+	c.mu.Lock()
+	c.answer = stamp
+	c.mu.Unlock()
+}
+
+func (c *recordingConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.mu.Lock()
+	stamp := c.answer
+	c.answer = nil
+	c.mu.Unlock()
+	if stamp != nil && err == nil {
+		stamp(time.Now())
+	}
+	return n, err
 }
 
 func (c *recordingConn) Read(b []byte) (int, error) {

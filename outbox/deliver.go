@@ -47,6 +47,9 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 	act := decide(event{stage: stageClaimed}, r, t.policy)
 	var accepted time.Time
 	if act.kind == actDeliver {
+		if !d.leaseForCall(log, t, r, lc) {
+			return
+		}
 		ev, recorded := d.attempt(ctx, log, t, r, stableID, lc, false)
 		if ev.stage == stageAttempted {
 			traceOutcome(span, ev.outcome)
@@ -57,6 +60,33 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 		act, accepted = decide(ev, r, t.policy), ev.at
 	}
 	d.applyUnder(log, t, r, act, lc, accepted)
+}
+
+// leaseForCall makes sure that r's lease leaves room for a whole call and the record of its outcome before the
+// call starts, and says whether it may start. A claim's lease is the type's timeout plus lease_margin, counted
+// from before the claim was sent, but a call may start late: the claim reads its rows' payloads in a second
+// statement, and a stall of the database between the two (a PgBouncer PAUSE, a failover) held the read
+// while the lease ran. A call begun with too little lease outlived it, was rescued by another dispatcher and
+// made again (an 8 s PAUSE resent 4 webhooks of 128 in a CI run; TestACallIsNotStartedOnALeaseTooShortForIt).
+// So a call with less than its timeout and half the margin left extends the lease first (a full lease from
+// now, fenced by the token). A row whose lease cannot be extended is not called: it is handed back,
+// uncharged, or, with the database away, left to be rescued when its lease runs out.
+func (d *Dispatcher) leaseForCall(log *slog.Logger, t *effectType, r dedup.Claimed, lc *leaseClock) bool {
+	if time.Until(lc.expires()) >= t.Timeout+d.cfg.LeaseMargin/2 {
+		return true
+	}
+	err := d.extendLease(r, lc, min(d.cfg.DBTimeout, extendTimeout))
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, dedup.ErrLeaseLost):
+		log.Warn("lease lost before the call; another dispatcher owns the row")
+	default:
+		log.Warn("the lease left is too short for the call and could not be extended; the row is handed back uncalled",
+			"lease_left", time.Until(lc.expires()).Round(time.Millisecond).String(), "err", err)
+		_ = d.apply(log, t, r, action{kind: actReschedule})
+	}
+	return false
 }
 
 // attempt calls the provider through the breaker of the delivery's destination, timed and counted, and says

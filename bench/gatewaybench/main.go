@@ -57,6 +57,7 @@ var (
 	proxyConc  = flag.Int("proxy-clients", 8, "concurrent clients of the dedup proxy phases; 0 skips them")
 	windowConc = flag.Int("window-clients", 32, "concurrent clients of the crash-window phase; 0 skips it")
 	windowOnly = flag.Bool("window-only", false, "run the crash-window phase alone")
+	proxyOnly  = flag.Bool("proxy-only", false, "run the dedup proxy phases alone")
 )
 
 const apiKey = "bench-api-key-4a7c1e9f3b5d8a2c6e0f"
@@ -167,6 +168,11 @@ effect_types:
 		sync_, *duration, runtime.NumCPU())
 	if *windowOnly {
 		windowPhase(ctx, cfg, dbconn, *windowConc)
+		return
+	}
+	if *proxyOnly {
+		fmt.Println(tableHeader)
+		proxyPhases(cfg, upstream.URL, *proxyConc)
 		return
 	}
 	fmt.Println(tableHeader)

@@ -90,6 +90,9 @@ func main() {
 		manyBatch, *concurrency, median(ogMany))
 	fmt.Printf("| lease+run+complete, no-op jobs/s (concurrency %d) | %.0f | %.0f | %.2f× |\n", *concurrency,
 		median(ogRun), median(aqRun), median(ogRun)/median(aqRun))
+	if *crashes <= 0 || *pauses <= 0 {
+		return // the liveness phase needs both; -crashes 0 or -pauses 0 measures throughput alone
+	}
 	if err := livenessReport(ctx, rdb, quiet, *crashes, *pauses); err != nil {
 		log.Fatal(err)
 	}

@@ -150,7 +150,7 @@ func (c *Config) WithDefaults() *Config {
 		o.Limits.MaxHeader = DefaultMaxHeader
 	}
 	defInt(&o.Limits.MaxConnections, DefaultMaxConnections)
-	o.Limits.TenantRate = o.Limits.TenantRate.or(RateLimit{RequestsPerSecond: DefaultTenantRequestsPerSecond,
+	o.Limits.TenantRate = o.Limits.TenantRate.or(RateLimit{Scope: ScopeGateway, RequestsPerSecond: DefaultTenantRequestsPerSecond,
 		RequestBurst: DefaultTenantRequestBurst, BytesPerSecond: DefaultTenantBytesPerSecond,
 		ByteBurst: DefaultTenantByteBurst})
 	defInt(&o.Limits.TenantHeldRequests, DefaultTenantHeldRequests)
@@ -221,6 +221,9 @@ func (c *Config) WithDefaults() *Config {
 
 // or fills the fields r leaves out from d.
 func (r RateLimit) or(d RateLimit) RateLimit {
+	if r.Scope == "" {
+		r.Scope = d.Scope
+	}
 	if r.RequestsPerSecond == 0 {
 		r.RequestsPerSecond = d.RequestsPerSecond
 	}

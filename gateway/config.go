@@ -93,7 +93,7 @@ type RateLimit struct {
 	// gateway sharing the database together (a round trip per batch of a tenth of a second's requests; off
 	// by at most a batch per gateway; each gateway on its own while the database cannot be asked):
 	// docs/configuration.md, "Tenant rates". The byte bucket is per gateway in either scope. Defaults to
-	// ScopeGateway.
+	// DefaultTenantRateScope, ScopeGateway.
 	Scope RateScope `yaml:"scope"`
 	// RequestsPerSecond is the sustained request rate, or Unlimited. Defaults to DefaultTenantRequestsPerSecond.
 	RequestsPerSecond PerSecond `yaml:"requests_per_second"`

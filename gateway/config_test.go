@@ -210,7 +210,7 @@ func TestWithDefaults(t *testing.T) {
 		"timeouts.idle":           {time.Duration(c.Timeouts.Idle), DefaultIdleTimeout},
 		"limits.max_header":       {int64(c.Limits.MaxHeader), int64(DefaultMaxHeader)},
 		"limits.max_connections":  {c.Limits.MaxConnections, DefaultMaxConnections},
-		"limits.tenant_rate":      {c.Limits.TenantRate, RateLimit{ScopeGateway, DefaultTenantRequestsPerSecond, DefaultTenantRequestBurst, DefaultTenantBytesPerSecond, DefaultTenantByteBurst}},
+		"limits.tenant_rate":      {c.Limits.TenantRate, RateLimit{DefaultTenantRateScope, DefaultTenantRequestsPerSecond, DefaultTenantRequestBurst, DefaultTenantBytesPerSecond, DefaultTenantByteBurst}},
 		"tenant.rate":             {c.Tenants[DefaultTenant].Rate, c.Limits.TenantRate},
 		"timeouts.ready":          {time.Duration(c.Timeouts.Ready), DefaultReadyTimeout},
 		"timeouts.metrics":        {time.Duration(c.Timeouts.Metrics), DefaultMetricsTimeout},

@@ -15,9 +15,10 @@ package tenantlimit
 //     held when the database went away (below); it admits less by at most the stocks the gateways hold
 //     unspent, a batch each at most: a gateway that dies takes at most one batch with it, and an idle one
 //     keeps at most one batch that the others cannot use;
-//   - an empty bucket answers with the time a batch will be there again: until then the gateway refuses the
-//     tenant's requests on its own, with that Retry-After, without asking again; so a tenant far over its
-//     rate costs each gateway a few round trips a batch's time, however many requests it sends.
+//   - a bucket that had fewer tokens than asked for answers with the time the rest will be there: until then
+//     the gateway spends what it got, then refuses the tenant's requests on its own, with that Retry-After,
+//     without asking again; so a tenant far over its rate costs each gateway about a round trip a batch's
+//     time, however many requests it sends.
 //
 // When the database cannot be asked (an error, or no answer within TakeTimeout), the gateway holds the tenant's
 // full rate on its own bucket, as scope gateway does, and says so in its log: N gateways then allow up to N
@@ -98,12 +99,12 @@ type fleetBucket struct {
 	batch     int
 	local     *rate.Limiter // the tenant's bucket in this gateway alone, while the database cannot be asked
 
-	mu         sync.Mutex
-	stock      int           // tokens taken from the fleet's bucket, not yet spent
-	emptyUntil time.Time     // the fleet's bucket was empty: a batch is due again then
-	down       bool          // the last take failed: the local bucket holds the rate
-	downSince  time.Time     // when the last take failed, or was retried
-	asking     chan struct{} // closed when the take in flight ends; nil when none is
+	mu        sync.Mutex
+	stock     int           // tokens taken from the fleet's bucket, not yet spent
+	waitUntil time.Time     // the fleet's bucket had less than was asked for: the rest is due then
+	down      bool          // the last take failed: the local bucket holds the rate
+	downSince time.Time     // when the last take failed, or was retried
+	asking    chan struct{} // closed when the take in flight ends; nil when none is
 }
 
 // take spends one of the tenant's tokens.
@@ -121,15 +122,15 @@ func (f *fleetBucket) take(ctx context.Context, now time.Time) (bool, time.Durat
 		}
 		if f.stock > 0 {
 			f.stock--
-			if f.stock <= f.batch/4 && f.asking == nil && !now.Before(f.emptyUntil) {
+			if f.stock <= f.batch/4 && f.asking == nil && !now.Before(f.waitUntil) {
 				f.ask() // ahead of need: the next requests find the stock topped up
 			}
 			f.mu.Unlock()
 			return true, 0
 		}
-		if now.Before(f.emptyUntil) {
+		if now.Before(f.waitUntil) {
 			f.mu.Unlock()
-			return false, f.emptyUntil.Sub(now)
+			return false, f.waitUntil.Sub(now)
 		}
 		if waits == 2 {
 			f.mu.Unlock()
@@ -186,8 +187,8 @@ func (f *fleetBucket) ask() chan struct{} {
 			f.down = false
 		}
 		f.stock += granted
-		if granted == 0 {
-			f.emptyUntil = now.Add(time.Duration(nextMS) * time.Millisecond)
+		if granted < n {
+			f.waitUntil = now.Add(time.Duration(nextMS) * time.Millisecond)
 		}
 	}()
 	return done

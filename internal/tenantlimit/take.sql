@@ -8,10 +8,10 @@
 -- none when the bucket is empty.
 --
 -- Returns granted, and next_ms: in ms from now, by the database's clock, until the bucket holds the $2 tokens
--- asked for (its burst at most). A gateway that got none waits that long before it asks again: a batch's
--- time, not a token's, so that the gateways of a tenant over its rate ask a few times a batch, not a few
--- times a token; the bucket keeps what comes due meanwhile (up to its burst, which is at least a batch), so
--- the wait loses no token.
+-- asked for (its burst at most). A gateway that got fewer waits that long before it asks again: a batch's
+-- time, not a token's, so that the gateways of a tenant over its rate ask about once a batch, not once a
+-- token; the bucket keeps what comes due meanwhile (up to its burst, which is at least a batch), so the wait
+-- loses no token while a take is answered faster than the bucket fills.
 INSERT INTO oncegate_tenant_rate_buckets AS b (tenant, tat, granted, per_second, burst, taken)
 VALUES ($1, now() + make_interval(secs => least($2::integer, $4::integer) / $3::float8),
     least($2::integer, $4::integer), $3::float8, $4::integer, least($2::integer, $4::integer))

@@ -151,9 +151,9 @@ func (c *Config) WithDefaults() *Config {
 		o.Limits.MaxHeader = DefaultMaxHeader
 	}
 	defInt(&o.Limits.MaxConnections, DefaultMaxConnections)
-	o.Limits.TenantRate = o.Limits.TenantRate.or(RateLimit{Scope: DefaultTenantRateScope, RequestsPerSecond: DefaultTenantRequestsPerSecond,
-		RequestBurst: DefaultTenantRequestBurst, BytesPerSecond: DefaultTenantBytesPerSecond,
-		ByteBurst: DefaultTenantByteBurst})
+	o.Limits.TenantRate = o.Limits.TenantRate.or(RateLimit{Scope: DefaultTenantRateScope,
+		RequestsPerSecond: DefaultTenantRequestsPerSecond, RequestBurst: DefaultTenantRequestBurst,
+		BytesPerSecond: DefaultTenantBytesPerSecond, ByteBurst: DefaultTenantByteBurst})
 	defInt(&o.Limits.TenantHeldRequests, DefaultTenantHeldRequests)
 	for name, t := range o.Tenants {
 		t.Rate = t.Rate.or(o.Limits.TenantRate)

@@ -84,9 +84,17 @@ type Tenant struct {
 	HeldRequests int `yaml:"held_requests"`
 }
 
-// RateLimit is a tenant's rate in one gateway process: token buckets of requests and of request-body bytes. A
-// request that would overdraw either is a 429 with Retry-After. Operator retries are requests like any other.
+// RateLimit is a tenant's rate: token buckets of requests and of request-body bytes, each held by one gateway
+// process, or for requests by the whole fleet (Scope). A request that would overdraw either is a 429 with
+// Retry-After. Operator retries are requests like any other.
 type RateLimit struct {
+	// Scope says who holds RequestsPerSecond and RequestBurst: ScopeGateway, each gateway process on its own
+	// (N gateways allow N times the rate; no request waits on the database for it), or ScopeFleet, every
+	// gateway sharing the database together (a round trip per batch of a tenth of a second's requests; off
+	// by at most a batch per gateway; each gateway on its own while the database cannot be asked):
+	// docs/configuration.md, "Tenant rates". The byte bucket is per gateway in either scope. Defaults to
+	// DefaultTenantRateScope, ScopeGateway.
+	Scope RateScope `yaml:"scope"`
 	// RequestsPerSecond is the sustained request rate, or Unlimited. Defaults to DefaultTenantRequestsPerSecond.
 	RequestsPerSecond PerSecond `yaml:"requests_per_second"`
 	// RequestBurst is how many requests may come at once. Defaults to DefaultTenantRequestBurst.
@@ -98,6 +106,16 @@ type RateLimit struct {
 	// accepted can pass. Defaults to DefaultTenantByteBurst.
 	ByteBurst ByteSize `yaml:"byte_burst"`
 }
+
+// RateScope says who holds a tenant's request rate: "gateway" or "fleet".
+type RateScope string
+
+const (
+	// ScopeGateway: each gateway process holds the rate on its own.
+	ScopeGateway RateScope = "gateway"
+	// ScopeFleet: every gateway that shares the database holds the rate together.
+	ScopeFleet RateScope = "fleet"
+)
 
 // EffectType binds an effect type to a provider kind and its settings. The block named after the kind
 // (postgres, smtp, webhook or http) holds the provider's own settings; everything about delivery (timeout,

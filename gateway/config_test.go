@@ -210,7 +210,7 @@ func TestWithDefaults(t *testing.T) {
 		"timeouts.idle":           {time.Duration(c.Timeouts.Idle), DefaultIdleTimeout},
 		"limits.max_header":       {int64(c.Limits.MaxHeader), int64(DefaultMaxHeader)},
 		"limits.max_connections":  {c.Limits.MaxConnections, DefaultMaxConnections},
-		"limits.tenant_rate":      {c.Limits.TenantRate, RateLimit{DefaultTenantRequestsPerSecond, DefaultTenantRequestBurst, DefaultTenantBytesPerSecond, DefaultTenantByteBurst}},
+		"limits.tenant_rate":      {c.Limits.TenantRate, RateLimit{DefaultTenantRateScope, DefaultTenantRequestsPerSecond, DefaultTenantRequestBurst, DefaultTenantBytesPerSecond, DefaultTenantByteBurst}},
 		"tenant.rate":             {c.Tenants[DefaultTenant].Rate, c.Limits.TenantRate},
 		"timeouts.ready":          {time.Duration(c.Timeouts.Ready), DefaultReadyTimeout},
 		"timeouts.metrics":        {time.Duration(c.Timeouts.Metrics), DefaultMetricsTimeout},
@@ -244,12 +244,26 @@ func TestWithDefaults(t *testing.T) {
 	// A tenant's rate keeps what it sets; what it leaves out takes limits.tenant_rate, set or defaulted.
 	rates := (&Config{Limits: Limits{TenantRate: RateLimit{RequestsPerSecond: 7}}, Tenants: map[string]Tenant{
 		"a": {APIKeys: []string{testKey}, Rate: RateLimit{RequestBurst: 3, BytesPerSecond: Unlimited}}}}).WithDefaults()
-	want := RateLimit{RequestsPerSecond: 7, RequestBurst: 3, BytesPerSecond: Unlimited, ByteBurst: DefaultTenantByteBurst}
+	want := RateLimit{Scope: ScopeGateway, RequestsPerSecond: 7, RequestBurst: 3, BytesPerSecond: Unlimited,
+		ByteBurst: DefaultTenantByteBurst}
 	if got := rates.Tenants["a"].Rate; got != want {
 		t.Fatalf("tenant rate %+v, want %+v", got, want)
 	}
-	if l := want.limits(); l.RequestsPerSecond != 7 || l.BytesPerSecond != 0 {
-		t.Fatalf("limiter's view of %+v: %+v; want 7 requests/s and no byte bucket", want, l)
+	if l := want.limits(); l.RequestsPerSecond != 7 || l.BytesPerSecond != 0 || l.Fleet {
+		t.Fatalf("limiter's view of %+v: %+v; want 7 requests/s in this gateway and no byte bucket", want, l)
+	}
+
+	// The scope too: limits.tenant_rate's for every tenant that sets none, a tenant's own where it does.
+	scoped := (&Config{Limits: Limits{TenantRate: RateLimit{Scope: ScopeFleet}}, Tenants: map[string]Tenant{
+		"a": {APIKeys: []string{testKey}},
+		"b": {APIKeys: []string{testKey + "b"}, Rate: RateLimit{Scope: ScopeGateway}}}}).WithDefaults()
+	if a, b := scoped.Tenants["a"].Rate, scoped.Tenants["b"].Rate; !a.limits().Fleet || b.limits().Fleet {
+		t.Fatalf("scopes: a %q, b %q; want a fleet (limits.tenant_rate's), b gateway (its own)", a.Scope, b.Scope)
+	}
+	if err := (&Config{Limits: Limits{TenantRate: RateLimit{Scope: "cluster"}}, Tenants: map[string]Tenant{
+		"a": {APIKeys: []string{testKey}}}}).WithDefaults().validate(); err == nil ||
+		!strings.Contains(err.Error(), "limits.tenant_rate.scope") {
+		t.Fatalf("scope cluster: %v, want refused as limits.tenant_rate.scope", err)
 	}
 }
 

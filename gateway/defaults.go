@@ -52,7 +52,8 @@ const (
 	// enough for a worker fleet's waits on one gateway of several, a sixteenth of the default connections.
 	DefaultTenantHeldRequests = 64
 
-	// The default rate of each tenant, per gateway process.
+	// The default rate of each tenant, per gateway process (DefaultTenantRateScope).
+	DefaultTenantRateScope         = ScopeGateway
 	DefaultTenantRequestsPerSecond = 500
 	DefaultTenantRequestBurst      = 1000
 	DefaultTenantBytesPerSecond    = 8 << 20
@@ -150,9 +151,9 @@ func (c *Config) WithDefaults() *Config {
 		o.Limits.MaxHeader = DefaultMaxHeader
 	}
 	defInt(&o.Limits.MaxConnections, DefaultMaxConnections)
-	o.Limits.TenantRate = o.Limits.TenantRate.or(RateLimit{RequestsPerSecond: DefaultTenantRequestsPerSecond,
-		RequestBurst: DefaultTenantRequestBurst, BytesPerSecond: DefaultTenantBytesPerSecond,
-		ByteBurst: DefaultTenantByteBurst})
+	o.Limits.TenantRate = o.Limits.TenantRate.or(RateLimit{Scope: DefaultTenantRateScope,
+		RequestsPerSecond: DefaultTenantRequestsPerSecond, RequestBurst: DefaultTenantRequestBurst,
+		BytesPerSecond: DefaultTenantBytesPerSecond, ByteBurst: DefaultTenantByteBurst})
 	defInt(&o.Limits.TenantHeldRequests, DefaultTenantHeldRequests)
 	for name, t := range o.Tenants {
 		t.Rate = t.Rate.or(o.Limits.TenantRate)
@@ -221,6 +222,9 @@ func (c *Config) WithDefaults() *Config {
 
 // or fills the fields r leaves out from d.
 func (r RateLimit) or(d RateLimit) RateLimit {
+	if r.Scope == "" {
+		r.Scope = d.Scope
+	}
 	if r.RequestsPerSecond == 0 {
 		r.RequestsPerSecond = d.RequestsPerSecond
 	}

@@ -180,7 +180,8 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 			}
 		}
 	}
-	g.limiter = tenantlimit.New(func(tenant string) tenantlimit.Limits { return cfg.Tenants[tenant].Rate.limits() })
+	g.limiter = tenantlimit.NewShared(func(tenant string) tenantlimit.Limits { return cfg.Tenants[tenant].Rate.limits() },
+		pool, log)
 	g.held = newHeld(func(tenant string) int { return cfg.Tenants[tenant].HeldRequests }, m.held)
 	// Every tenant's series from the start, at 0, so that a rate over them is defined before the first cut.
 	for _, t := range tenants {
@@ -196,6 +197,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 
 // Close releases the database pool and the providers.
 func (g *Gateway) Close() {
+	g.limiter.Close() // its takes of tokens in flight use the pool
 	g.pool.Close()
 	if g.outcomes != nil {
 		g.outcomes.Close()

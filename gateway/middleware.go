@@ -146,14 +146,15 @@ func refuseUnread(w http.ResponseWriter, r *http.Request, k *ProblemKind, detail
 	writeProblem(w, k, "", detail)
 }
 
-// limitTenant spends the tenant's tokens (internal/tenantlimit): one request, and the body's bytes. A body of
-// declared length is charged before it is read, so a refused one is never read; a chunked body is charged
+// limitTenant spends the tenant's tokens (internal/tenantlimit): one request, and the body's bytes. A request
+// token of a tenant whose rate the fleet holds (scope fleet) comes from this gateway's stock of the tenant's
+// tokens, and waits on the database only when the stock is spent. A body of declared length is charged before it is read, so a refused one is never read; a chunked body is charged
 // once read, and what it overdraws is paid by the tenant's next requests. Every route behind it counts,
 // operator retries included.
 func (g *Gateway) limitTenant(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tenant, now := tenantOf(r), time.Now()
-		if ok, after := g.limiter.Request(tenant, now); !ok {
+		if ok, after := g.limiter.Request(r.Context(), tenant, now); !ok {
 			g.tooMany(w, r, tenant, after, "requests")
 			return
 		}
@@ -283,7 +284,7 @@ func refuseDotSegments(next http.Handler) http.Handler {
 // limits is the tenant's rate for the limiter.
 func (r RateLimit) limits() tenantlimit.Limits {
 	l := tenantlimit.Limits{RequestsPerSecond: float64(r.RequestsPerSecond), RequestBurst: r.RequestBurst,
-		BytesPerSecond: float64(r.BytesPerSecond), ByteBurst: int(r.ByteBurst)}
+		BytesPerSecond: float64(r.BytesPerSecond), ByteBurst: int(r.ByteBurst), Fleet: r.Scope == ScopeFleet}
 	if r.RequestsPerSecond == Unlimited {
 		l.RequestsPerSecond = 0
 	}

@@ -153,6 +153,10 @@ func (c *Config) validateTenants() error {
 
 // validate checks a filled rate: bursts of at least one request and of the largest body accepted.
 func (r RateLimit) validate(path string, maxBody ByteSize) error {
+	if r.Scope != ScopeGateway && r.Scope != ScopeFleet {
+		return fmt.Errorf("%s.scope is %q: it is gateway (each gateway holds the rate) or fleet (every gateway "+
+			"sharing the database holds it together)", path, r.Scope)
+	}
 	if (r.RequestsPerSecond < 0 && r.RequestsPerSecond != Unlimited) || (r.BytesPerSecond < 0 && r.BytesPerSecond != Unlimited) {
 		return fmt.Errorf("%s: a rate is positive or unlimited", path)
 	}

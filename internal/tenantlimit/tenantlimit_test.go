@@ -1,6 +1,7 @@
 package tenantlimit
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -15,20 +16,20 @@ func TestRequestsAreBucketedPerTenant(t *testing.T) {
 	})
 	now := time.Unix(1_000_000, 0)
 	for i := range 3 {
-		if ok, _ := l.Request("free", now); !ok {
+		if ok, _ := l.Request(context.Background(), "free", now); !ok {
 			t.Fatalf("request %d of a burst of 3 refused", i+1)
 		}
 	}
-	ok, after := l.Request("free", now)
+	ok, after := l.Request(context.Background(), "free", now)
 	if ok || after != 500*time.Millisecond {
 		t.Fatalf("4th request at once: ok=%v retry after %v, want refused for 500ms", ok, after)
 	}
 	// A refusal costs nothing: half a second later exactly one more fits.
-	if ok, _ := l.Request("free", now.Add(500*time.Millisecond)); !ok {
+	if ok, _ := l.Request(context.Background(), "free", now.Add(500*time.Millisecond)); !ok {
 		t.Fatal("refused after the bucket refilled one token")
 	}
 	for range 1000 {
-		if ok, _ := l.Request("unlimited", now); !ok {
+		if ok, _ := l.Request(context.Background(), "unlimited", now); !ok {
 			t.Fatal("a tenant without limits was limited")
 		}
 	}
@@ -87,7 +88,7 @@ func BenchmarkRequestAndBytes(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		for i := 0; pb.Next(); i++ {
 			now := time.Now()
-			l.Request(tenants[i%4], now)
+			l.Request(context.Background(), tenants[i%4], now)
 			l.Bytes(tenants[i%4], now, 300)
 		}
 	})

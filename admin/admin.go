@@ -59,6 +59,7 @@ var (
 	typesPausedSQL      = query("types_paused")
 	typesListSQL        = query("types_list")
 	destinationRatesSQL = query("destination_rates")
+	tenantRatesSQL      = query("tenant_rates")
 	typeKnownSQL        = query("type_known")
 	gatewaysListSQL     = query("gateways_list")
 	jobEffectsSQL       = query("job_effects")

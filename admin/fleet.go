@@ -379,3 +379,45 @@ func bucketBound(counts []int64, q float64) *float64 {
 	}
 	return nil
 }
+
+// TenantRate is the fleet-wide request bucket of a tenant whose rate has scope fleet
+// (docs/configuration.md, tenant rates): one bucket that every gateway sharing the database takes from.
+type TenantRate struct {
+	Tenant string `json:"tenant"`
+	// PerSecond and Burst are the tenant's rate as the last take of its tokens applied it.
+	PerSecond float64 `json:"per_second"`
+	Burst     int     `json:"burst"`
+	// Available is how many tokens the bucket holds now: 0 is a tenant at its limit (its requests past what
+	// the gateways hold are refused with 429), Burst one that sent nothing lately.
+	Available int `json:"available"`
+	// Taken counts every token granted to a gateway; LastTake is when one last took some.
+	Taken    int64     `json:"taken"`
+	LastTake time.Time `json:"last_take"`
+}
+
+// TenantRates lists the fleet-wide request buckets of the tenants (issue 31). A tenant whose rate has scope
+// gateway has none: each gateway holds its bucket in memory.
+func (s *Service) TenantRates(ctx context.Context, a Actor) ([]TenantRate, error) {
+	if err := s.allow(ctx, a, "tenant.list", RoleViewer, ""); err != nil {
+		return nil, err
+	}
+	if err := s.needDB(); err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Query(ctx, tenantRatesSQL)
+	if err != nil {
+		return nil, dbError("read the tenants' rates", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (TenantRate, error) {
+		var t TenantRate
+		err := r.Scan(&t.Tenant, &t.PerSecond, &t.Burst, &t.Available, &t.Taken, &t.LastTake)
+		return t, err
+	})
+	if err != nil {
+		return nil, dbError("read the tenants' rates", err)
+	}
+	if out == nil {
+		out = []TenantRate{}
+	}
+	return out, nil
+}

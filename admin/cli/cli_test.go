@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/oncegate/oncegate/admin"
 	"github.com/oncegate/oncegate/admin/cli"
 	"github.com/oncegate/oncegate/internal/testkit/leaktest"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
@@ -237,6 +238,46 @@ func TestDestinationLsShowsLimitsWaitingRowsAndPauses(t *testing.T) {
 	for _, want := range []string{"api.example", "50/s burst 10", "(429)", "  3  "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("destination ls lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// Issue 31: `tenant ls` shows each tenant's fleet-wide request bucket: its limit and the tokens it holds now.
+func TestTenantLsShowsFleetBuckets(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	// acme took 20 s of its rate ahead (at 0.1 a second with a burst of 10: 2 tokens spent, 8 left, and one
+	// more back only in 10 s); beta's bucket is full; gamma took far more than its burst ahead: none left.
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO oncegate_tenant_rate_buckets (tenant, tat, granted, per_second, burst, taken)
+		VALUES ('acme', now() + interval '20 seconds', 10, 0.1, 10, 4321),
+		       ('beta', now() - interval '1 hour', 1, 7.5, 15, 3),
+		       ('gamma', now() + interval '1 minute', 5, 5, 20, 99)`); err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, code := run(t, url, "tenant", "ls")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{"acme", "0.1/s burst 10", "4321", "beta", "7.5/s burst 15", "gamma"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tenant ls lacks %q:\n%s", want, out)
+		}
+	}
+	js, errOut, code := run(t, url, "tenant", "ls", "-o", "json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var doc struct {
+		Tenants []admin.TenantRate `json:"tenants"`
+	}
+	if err := json.Unmarshal([]byte(js), &doc); err != nil || len(doc.Tenants) != 3 {
+		t.Fatalf("tenant ls -o json: %v\n%s", err, js)
+	}
+	for i, want := range []int{8, 15, 0} {
+		if got := doc.Tenants[i].Available; got != want {
+			t.Errorf("%s's bucket holds %d tokens, want %d", doc.Tenants[i].Tenant, got, want)
 		}
 	}
 }

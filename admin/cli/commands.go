@@ -44,6 +44,7 @@ func init() {
 		"worker ls":      workerLs,
 		"breaker ls":     breakerLs,
 		"destination ls": destinationLs,
+		"tenant ls":      tenantLs,
 		"audit ls":       auditLs,
 		"console":        consoleServe,
 		"token create":   tokenCreate,
@@ -872,6 +873,28 @@ func breakerLs(c *command, args []string) error {
 				gw += " (gone)"
 			}
 			row(w, gw, b.Type, b.Tenant, b.Destination, b.State, b.OpenUntil, b.LastUsed)
+		}
+	})
+}
+
+// tenantLs lists the tenants' fleet-wide request buckets: their rate, the tokens left now, the tokens taken
+// (issue 31).
+func tenantLs(c *command, args []string) error {
+	if err := c.parse(args, 0, 0, ""); err != nil {
+		return err
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	ts, err := c.svc.TenantRates(c.ctx, c.actor)
+	if err != nil {
+		return err
+	}
+	return c.out(map[string]any{"tenants": ts}, func(w *tabwriter.Writer) {
+		row(w, "TENANT", "LIMIT (FLEET)", "AVAILABLE", "TAKEN", "LAST TAKE")
+		for _, t := range ts {
+			row(w, t.Tenant, fmt.Sprintf("%s/s burst %d", strconv.FormatFloat(t.PerSecond, 'f', -1, 64), t.Burst),
+				t.Available, t.Taken, t.LastTake.UTC().Format(time.RFC3339))
 		}
 	})
 }

@@ -266,6 +266,7 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	})
 	get("queues", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Queues(r.Context(), a) })
 	get("destinations", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.DestinationRates(r.Context(), a) })
+	get("tenants", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.TenantRates(r.Context(), a) })
 	post("queues/pause", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return map[string]string{"paused": b.Queue}, s.adm.PauseQueue(r.Context(), a, b.Queue, b.Reason)
 	})

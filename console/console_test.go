@@ -591,7 +591,7 @@ func TestJSONAPI(t *testing.T) {
 	if code != 200 || !strings.Contains(body, `"applied": 2`) {
 		t.Fatalf("requeue: %d %s", code, body)
 	}
-	for _, path := range []string{"/api/v1/whoami", "/api/v1/overview", "/api/v1/queues", "/api/v1/gateways", "/api/v1/destinations",
+	for _, path := range []string{"/api/v1/whoami", "/api/v1/overview", "/api/v1/queues", "/api/v1/gateways", "/api/v1/destinations", "/api/v1/tenants",
 		"/api/v1/breakers", "/api/v1/types", "/api/v1/audit?action=effect.retry",
 		"/api/v1/jobs?queue=" + e.queue + "&state=dead", "/api/v1/job?queue=" + e.queue + "&id=" + e.dead[2],
 		"/api/v1/workers?queue=" + e.queue} {
@@ -828,8 +828,8 @@ func TestSecureCookieIsHostPrefixed(t *testing.T) {
 	}
 }
 
-// Issue 31: the Destinations page shows a destination's fleet-wide limit, its rows waiting and its pause,
-// also when it had no attempt in the hour, and the API gives the same fields.
+// Issue 31: the Destinations page shows a destination's fleet-wide limit, its rows waiting and its pause, also
+// when it had no attempt in the hour, and each tenant's fleet-wide request bucket; the API gives the same.
 func TestDestinationsShowLimitsWaitingRowsAndPauses(t *testing.T) {
 	t.Parallel()
 	e := setup(t, options{effects: 10})
@@ -844,17 +844,26 @@ func TestDestinationsShowLimitsWaitingRowsAndPauses(t *testing.T) {
 			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
 			SELECT 'acme', 'lim-' || g, 'webhook', '\x00', '{}', 'eff_lim' || g FROM generate_series(1, 7) g
 			RETURNING id, type, tenant)
-		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination) SELECT id, type, tenant, 'limited.example' FROM e`); err != nil {
+		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination) SELECT id, type, tenant, 'limited.example' FROM e;
+		INSERT INTO oncegate_tenant_rate_buckets (tenant, tat, granted, per_second, burst, taken)
+		VALUES ('acme', now() + interval '1 minute', 5, 25, 40, 12345)`); err != nil {
 		t.Fatal(err)
 	}
 	_, _, body := e.get(e.client(admin.RoleViewer), "/destinations")
-	for _, want := range []string{"limited.example", "50/s (burst 10)", ">7<", "(429, by gw-7)"} {
+	// acme's fleet-wide request bucket is listed beside the destinations: its limit, at its limit (0 left).
+	for _, want := range []string{"limited.example", "50/s (burst 10)", ">7<", "(429, by gw-7)", "25/s (burst 40)", ">12345<"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the Destinations page lacks %q", want)
 		}
 	}
 	if strings.Contains(body, "over.example") {
 		t.Error("a pause that ended, with nothing waiting, is listed")
+	}
+	_, _, tenants := e.apiGet(e.tokens[admin.RoleViewer], "/api/v1/tenants")
+	for _, want := range []string{`"tenant": "acme"`, `"per_second": 25`, `"available": 0`, `"taken": 12345`} {
+		if !strings.Contains(tenants, want) {
+			t.Errorf("/api/v1/tenants lacks %s: %.400s", want, tenants)
+		}
 	}
 	_, _, api := e.apiGet(e.tokens[admin.RoleViewer], "/api/v1/destinations")
 	for _, want := range []string{`"limit_per_second": 50`, `"limit_burst": 10`, `"waiting": 7`, `"paused_status": 429`} {

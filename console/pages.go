@@ -528,7 +528,19 @@ func (s *Server) destinations(w http.ResponseWriter, r *http.Request, a admin.Ac
 		s.fail(w, r, a, err)
 		return
 	}
-	s.render(w, r, http.StatusOK, "destinations", s.frame(a, "Destinations", "destinations", ds))
+	ts, err := s.adm.TenantRates(r.Context(), a)
+	if err != nil {
+		s.fail(w, r, a, err)
+		return
+	}
+	s.render(w, r, http.StatusOK, "destinations", s.frame(a, "Destinations", "destinations", destinationsPage{ds, ts}))
+}
+
+// destinationsPage is what holds deliveries and requests back: each destination's limit, rate and pause, and
+// each tenant's fleet-wide request bucket (issue 31).
+type destinationsPage struct {
+	Destinations []admin.DestinationRate
+	Tenants      []admin.TenantRate
 }
 
 // ---- queues and jobs

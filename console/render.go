@@ -55,6 +55,9 @@ var funcs = template.FuncMap{
 		}
 		return s
 	},
+	"rate": func(perSecond float64, burst int) string {
+		return fmt.Sprintf("%s/s (burst %d)", strconv.FormatFloat(perSecond, 'f', -1, 64), burst)
+	},
 	"intp": func(n *int) string {
 		if n == nil {
 			return ""

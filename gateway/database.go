@@ -255,18 +255,17 @@ func outcomeShare(total int32, parallel int) int32 {
 }
 
 // newOutcomePool opens the outcome connections: the main pool's configuration (its hooks, exec mode and
-// failover checks), n connections, all opened at start and kept open, each with the statements that record
-// outcomes prepared (dedup.PrepareOutcomes). Until the statement recording an outcome is written, a gateway
-// killed resends the effect; so that statement must not wait for a connection that requests hold, for one
-// to be dialled, nor for a round trip to prepare it on a new one. Chaos runs saw both: a gateway just
-// restarted held an outcome 42 ms for a new connection and was killed meanwhile, and with half the
-// connections opened at start, resends came 6 to 250 ms after the destination had answered, from gateways
-// killed within seconds of their start, which is when a burst of outcomes met connections not yet opened.
-// It waits, at most warmFor, for them to open: a gateway that claims no row before its outcome connections
-// are up never holds an outcome for one.
+// failover checks), at most n connections, each with the statements that record outcomes prepared as it
+// opens (dedup.PrepareOutcomes). Until the statement recording an outcome is written, a gateway killed resends
+// the effect; so that statement must not wait for a connection that requests hold, nor, but in a burst, for
+// one to be dialled, nor for a round trip to prepare it on a new one (a chaos run saw a gateway just restarted
+// hold an outcome 42 ms for a new connection, and be killed meanwhile). Half of them are opened at start and
+// kept open, and the gateway waits, at most warmFor, for those before it claims a row. Half, not all: each is
+// a server process, and a test suite or a fleet that starts many gateways at once on one Postgres ran out of
+// its max_connections with all of them.
 func newOutcomePool(main *pgxpool.Pool, n int32) (*pgxpool.Pool, error) {
 	cfg := main.Config()
-	cfg.MaxConns, cfg.MinConns = n, n
+	cfg.MaxConns, cfg.MinConns = n, max(n/2, 1)
 	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
 	afterConnect := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
@@ -281,7 +280,7 @@ func newOutcomePool(main *pgxpool.Pool, n int32) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database_url: outcome connections: %w", err)
 	}
-	for end := time.Now().Add(warmFor); pool.Stat().IdleConns() < n && time.Now().Before(end); {
+	for end := time.Now().Add(warmFor); pool.Stat().IdleConns() < cfg.MinConns && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond)
 	}
 	return pool, nil

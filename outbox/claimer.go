@@ -171,6 +171,9 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		}
 		st.failures = 0
 		claimed := len(rows)
+		if t.Rate != nil {
+			st.rate.claimed(claimed, now, t.Rate.interval(), d.cfg.PollInterval)
+		}
 		rows, heldBack := d.holdBack(ctx, t, &st.rate, rows)
 		var together []dedup.Claimed
 		for _, r := range rows {

@@ -102,6 +102,26 @@ type rateState struct {
 	// wake is when a token of a destination that ran short is due, or a pause ends: the claim leaves those
 	// destinations out until then, and nothing else would wake the type before the poll.
 	wake time.Time
+	// empty counts a limited type's claims in a row that found nothing (emptyClaim).
+	empty int
+}
+
+// claimed notes what a limited type's claim found. A claim of a limited type that finds nothing has most
+// likely met destinations with no token: another gateway took it, and this one took none, so no take of
+// its own said when the next is due. Left to the poll (1 s by default), a fleet of three gateways delivered
+// 28 a second of a 50 a second limit, in bursts and gaps of up to 676 ms, and one gateway alone 27. So the
+// claim is tried again a token's interval later, then twice that, and so on up to the poll, from which
+// notifications and the poll take over again: a backlog that truly ran out costs a few empty claims.
+func (s *rateState) claimed(rows int, now time.Time, interval, poll time.Duration) {
+	if rows > 0 {
+		s.empty = 0
+		return
+	}
+	s.empty++
+	wait := interval << min(s.empty-1, 20)
+	if wait < poll {
+		s.wakeAt(now.Add(wait + rand.N(interval/4+1)))
+	}
 }
 
 // wakeAt moves the type's next wake to at, when that is sooner.

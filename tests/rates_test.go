@@ -309,3 +309,50 @@ dispatcher: { poll_interval: 100ms }
 	result(fmt.Sprintf("scope fleet %.1f/s, scope gateway %.1f/s (%.2f×), 429s all with Retry-After",
 		fleetRate, localRate, localRate/fleetRate))
 }
+
+// Issue 31, an outside test: with the default poll_interval (1 s), one gateway delivered 27 a second to a
+// receiver limited at 50, in bursts and gaps of up to 676 ms: a limited claim that found no token waited for
+// the poll. The limit is the rate a destination gets, not a ceiling the poll keeps it well under.
+func TestADestinationsRateIsHeldWithTheDefaultPoll(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Delivery limits",
+		"1 gateway with the default poll_interval (1 s), one receiver limited at 50/s, a backlog of 600",
+		"50/s ±20% over 6 s, not paced by the poll")
+	a := newReceiver(t)
+	secret24 := "whsec_" + base64.StdEncoding.EncodeToString([]byte("fleet-rate-secret-24-byt"))
+	dbURL := pgtest.Database(t)
+	pool := pgtest.Pool(t, dbURL)
+	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  hook:
+    provider: webhook
+    webhook: { url: "%s/in", secret: "%s", allow_private_networks: true }
+    timeout: 2s
+    rate: { per_second: 50, burst: 10 }
+`, dbURL, apiKey, a.srv.URL, secret24))
+	_, base := startGateway(t, config) // its migrations run before the backlog is written
+	_ = base
+	if _, err := pool.Exec(context.Background(), `
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+			SELECT 'acme', 'p' || i, 'hook', '\x00', json_build_object('event', 'e', 'data', json_build_object('i', i)),
+			       'eff_poll' || i
+			FROM generate_series(1, 600) AS i
+			RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination) SELECT id, type, tenant, $1 FROM e`,
+		a.host()); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the first call", func() bool { return len(a.calls()) > 0 })
+	first := a.calls()[0]
+	time.Sleep(time.Until(first.Add(7 * time.Second)))
+	n := a.between(first.Add(time.Second), first.Add(7*time.Second))
+	rate := float64(n) / 6
+	t.Logf("%d calls in the 6 s from 1 s after the first: %.1f a second (limit 50, poll 1 s)", n, rate)
+	if rate < 40 || rate > 60 {
+		t.Fatalf("%.1f calls a second with the default poll, limit 50", rate)
+	}
+	result(fmt.Sprintf("%.1f calls a second", rate))
+}

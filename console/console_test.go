@@ -847,6 +847,7 @@ func TestDestinationsShowLimitsWaitingRowsAndPauses(t *testing.T) {
 		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination) SELECT id, type, tenant, 'limited.example' FROM e`); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.KeyEffects(t, e.db)
 	_, _, body := e.get(e.client(admin.RoleViewer), "/destinations")
 	for _, want := range []string{"limited.example", "50/s (burst 10)", ">7<", "(429, by gw-7)"} {
 		if !strings.Contains(body, want) {

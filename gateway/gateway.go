@@ -133,7 +133,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		groupCommit.Outcomes = outcomes
 	}
 	types := cfg.outboxTypes(reg)
-	store := dedup.NewStore(pool).WithGroupCommit(groupCommit)
+	store := dedup.NewStore(pool).WithRetention(time.Duration(cfg.Retention.Keys)).WithGroupCommit(groupCommit)
 	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
 	w := newWaiters()
 	attempts := dedup.NewAttemptLog(pool, 0, log)

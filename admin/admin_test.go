@@ -45,6 +45,7 @@ func seed(t *testing.T, pool *pgxpool.Pool, prefix string, n int, status effect.
 	if err != nil {
 		t.Fatal(err)
 	}
+	pgtest.KeyEffects(t, pool)
 }
 
 func TestPagesWalkEveryEffectOnceNewestFirst(t *testing.T) {

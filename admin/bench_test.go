@@ -61,6 +61,7 @@ func BenchmarkOperatorListings(b *testing.B) {
 		                     WHEN h = 6 THEN 'pending' ELSE 'delivered' END AS status) s`, effects); err != nil {
 		b.Fatal(err)
 	}
+	pgtest.KeyEffects(b, seed)
 	if _, err := seed.Exec(ctx, "VACUUM ANALYZE oncegate_effects"); err != nil {
 		b.Fatal(err)
 	}

@@ -849,6 +849,7 @@ func TestDestinationsShowLimitsWaitingRowsAndPauses(t *testing.T) {
 		VALUES ('acme', now() + interval '1 minute', 5, 25, 40, 12345)`); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.KeyEffects(t, e.db)
 	_, _, body := e.get(e.client(admin.RoleViewer), "/destinations")
 	// acme's fleet-wide request bucket is listed beside the destinations: its limit, at its limit (0 left).
 	for _, want := range []string{"limited.example", "50/s (burst 10)", ">7<", "(429, by gw-7)", "25/s (burst 40)", ">12345<"} {

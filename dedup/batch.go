@@ -64,13 +64,13 @@ var DefaultGroupCommit = GroupCommit{MaxBatch: DefaultMaxBatch, Parallel: Defaul
 // batch: each batch runs in a transaction of its own.
 func (s *Store) WithGroupCommit(gc GroupCommit) *Store {
 	if gc.MaxBatch <= 1 {
-		return &Store{db: s.db}
+		return &Store{db: s.db, retention: s.retention}
 	}
 	gc.Parallel = max(gc.Parallel, 1)
 	if gc.Timeout <= 0 {
 		gc.Timeout = DefaultBatchTimeout
 	}
-	return &Store{db: s.db, batcher: newBatcher(s.db, gc)}
+	return &Store{db: s.db, retention: s.retention, batcher: newBatcher(s.db, gc)}
 }
 
 // finishDB is where Finishes are recorded: the Outcomes connections for a batch that holds an External
@@ -360,8 +360,11 @@ type insertion struct {
 	fp       []byte
 	trace    json.RawMessage
 	stableID string
-	span     trace.SpanContext
-	done     chan insertResult // buffered: the batch never waits for a request that gave up
+	// retention is the key's, in milliseconds (Store.keyRetention): each request's own, as a batch may hold
+	// the requests of stores that share a batcher (WithRetention).
+	retention int64
+	span      trace.SpanContext
+	done      chan insertResult // buffered: the batch never waits for a request that gave up
 }
 
 type insertResult struct {
@@ -465,7 +468,9 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 	tenants, keys, types := make([]string, n), make([]string, n), make([]string, n)
 	fps, payloads, traces, ids := make([][]byte, n), make([]string, n), make([]*string, n), make([]string, n)
 	tags, terms, dests := make([]*string, n), make([]*string, n), make([]*string, n)
+	retentions := make([]int64, n)
 	for i, in := range batch {
+		retentions[i] = in.retention
 		dests[i] = orNil(in.ne.Destination)
 		tenants[i], keys[i], types[i], fps[i], payloads[i], ids[i] = in.ne.Tenant, in.ne.Key, in.ne.Type, in.fp,
 			string(in.ne.Payload), in.stableID
@@ -475,7 +480,8 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 		}
 		tags[i], terms[i] = jsonList(in.ne.Tags), jsonList(in.ne.Terms)
 	}
-	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids, tags, terms, dests)
+	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids, tags, terms, dests,
+		retentions)
 	if err != nil {
 		return nil, nil, err
 	}

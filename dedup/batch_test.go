@@ -36,8 +36,9 @@ func batchedOver(t *testing.T, base *Store, pool *pgxpool.Pool) (s *Store, hold 
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := tx.Exec(ctx, `INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload)
-			VALUES ('t', 'gate', 'typ', '\x00', '{}')`); err != nil {
+		// The key alone: its primary key is what a create of the same key waits on.
+		if _, err := tx.Exec(ctx, `INSERT INTO oncegate_keys (tenant, key, effect_id, fingerprint)
+			VALUES ('t', 'gate', 0, '\x00')`); err != nil {
 			t.Fatal(err)
 		}
 		done := make(chan struct{})

@@ -66,3 +66,39 @@ func BenchmarkFingerprint(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkReplay measures replays: creates of keys that are taken, each answered with the stored effect by
+// one statement that writes nothing.
+func BenchmarkReplay(b *testing.B) {
+	for _, callers := range []int{1, 8} {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			base, _ := newStore(b)
+			s := base.WithGroupCommit(DefaultGroupCommit)
+			payload := json.RawMessage(`{"name":"signup","properties":{"plan":"pro"}}`)
+			const keys = 1000
+			for i := range keys {
+				if _, _, err := s.Create(context.Background(), NewEffect{Tenant: "t", Key: fmt.Sprintf("k%d", i),
+					Type: "analytics", Payload: payload}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for range callers {
+				wg.Go(func() {
+					for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+						_, replayed, err := s.Create(context.Background(), NewEffect{Tenant: "t",
+							Key: fmt.Sprintf("k%d", i%keys), Type: "analytics", Payload: payload})
+						if err != nil || !replayed {
+							b.Error(replayed, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "replays/s")
+		})
+	}
+}

@@ -1,14 +1,18 @@
-// Package dedup is the effect store: it owns every write to the effect, outbox and paused-type rows
-// (oncegate_effects, oncegate_outbox, oncegate_paused_types), as typed lifecycle operations, so that the
+// Package dedup is the effect store: it owns every write to the key, effect, outbox and paused-type rows
+// (oncegate_keys, oncegate_effects, oncegate_outbox, oncegate_paused_types), as typed lifecycle operations, so that the
 // effect's state machine (docs/effects.md) is written down in one package. Create records an effect under an
 // idempotency key; Claim, Finish and Reschedule move it through delivery under a lease; SendBack (a tenant's
 // Retry, an operator's retry or resend), Resolve, SendBackMatching and PauseType/ResumeType are the changes an
 // operator makes, which package admin calls inside its audited transaction (Store.WithTx); Purge applies
 // retention. internal/testkit/deptest fails when another package's code writes these tables.
 //
-// Create's guarantee: a Postgres unique constraint on (tenant, key) decides which of any number of concurrent
-// requests with one key creates the effect; every other request, and every later one, gets the stored effect
-// back (a replay) or, if it carried another request under the same key, a KeyReusedError. The effect and its
+// Create's guarantee: the primary key of oncegate_keys (tenant, key), the one place a key is unique, decides
+// which of any number of concurrent requests with one key creates the effect; every other request, and every
+// later one while the key is held, gets the effect the key points at back (a replay) or, if it carried another
+// request under the same key, a KeyReusedError. A key is held until its retention, counted from its effect's
+// creation (WithRetention), has passed and its effect is terminal; then the next Create claims it again, in
+// the same statement, for a new effect with a new stable id, and of concurrent Creates one does
+// (docs/storage.md). Every read by key is of the effect the key points at now. The effect and its
 // outbox row are written in one statement, so an accepted effect always has an outbox row and a refused one
 // has neither. The delivery operations' guarantee: a write under a lease happens only while the lease is the
 // row's (ErrLeaseLost otherwise), so of two dispatchers that believe they hold a row, one records an outcome.

@@ -154,7 +154,8 @@ func exerciseStore(t *testing.T, s *Store, pool *pgxpool.Pool, tenant string) {
 		if existing[[2]string{tenant, "k1"}] == nil {
 			t.Fatalf("batch read %v", existing)
 		}
-		if _, err := pool.Exec(ctx, "DELETE FROM oncegate_effects WHERE key = 'b1'"); err != nil {
+		if _, err := pool.Exec(ctx, `WITH e AS (DELETE FROM oncegate_effects WHERE key = 'b1' RETURNING tenant, key)
+			DELETE FROM oncegate_keys k USING e WHERE k.tenant = e.tenant AND k.key = e.key`); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"embed"
 	"encoding/base64"
@@ -11,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -189,17 +191,34 @@ var (
 	_ DBTX = pgx.Tx(nil)
 )
 
+// DefaultRetention is how long a key is kept, counted from the creation of its effect, unless the store is
+// given another (WithRetention).
+const DefaultRetention = 24 * time.Hour
+
 // Store reads and writes effects.
 type Store struct {
-	db      DBTX
-	batcher *batcher // nil: every Create is a statement of its own
+	db        DBTX
+	retention time.Duration // of the keys it claims; 0 is DefaultRetention
+	batcher   *batcher      // nil: every Create is a statement of its own
 }
 
 // NewStore returns a store on db, usually a *pgxpool.Pool.
 func NewStore(db DBTX) *Store { return &Store{db: db} }
 
 // WithTx returns the store's operations inside tx: they commit or roll back with it.
-func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx} }
+func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx, retention: s.retention} }
+
+// WithRetention returns the store with keys kept for d, counted from the creation of their effects: a key
+// Create claims expires then, and the next Create under it after that, its effect terminal, makes a new
+// effect (oncegate_keys). 0 is DefaultRetention.
+func (s *Store) WithRetention(d time.Duration) *Store {
+	c := *s
+	c.retention = d
+	return &c
+}
+
+// keyRetention is the store's key retention in milliseconds, as the insert statements take it.
+func (s *Store) keyRetention() int64 { return cmp.Or(s.retention, DefaultRetention).Milliseconds() }
 
 // NewEffect is a request for an effect.
 type NewEffect struct {
@@ -287,9 +306,10 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 			defer s.batcher.creates.releaseInline()
 		}
 		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination))))
+			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination), s.keyRetention())))
 	}
-	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID})
+	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID,
+		retention: s.keyRetention()})
 	switch {
 	case err != nil:
 		return nil, err
@@ -411,7 +431,8 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 			return err
 		}
 		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
-			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms), orNil(ne.JobQueue), orNil(ne.Destination))))
+			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms), orNil(ne.JobQueue), orNil(ne.Destination),
+			s.keyRetention())))
 		var taken *takenError
 		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
 			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)

@@ -1,7 +1,7 @@
 // Package gateway is oncegate's HTTP service: workers ask it to perform a side effect under an idempotency
 // key, and it performs that effect once, however often it is asked. It records each effect and its outbox
-// row in one transaction under a unique (tenant, key) constraint (package dedup), and runs the dispatcher
-// that delivers outbox rows to providers (package outbox) in the same process.
+// row in one transaction, which claims its key in the table where keys are unique (package dedup), and runs
+// the dispatcher that delivers outbox rows to providers (package outbox) in the same process.
 //
 // It runs on Postgres directly or behind PgBouncer in transaction pooling mode (database.go): there it uses
 // no prepared statement and no session state, listens for notifications only on a connection of its own
@@ -133,7 +133,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		groupCommit.Outcomes = outcomes
 	}
 	types := cfg.outboxTypes(reg)
-	store := dedup.NewStore(pool).WithGroupCommit(groupCommit)
+	store := dedup.NewStore(pool).WithRetention(time.Duration(cfg.Retention.Keys)).WithGroupCommit(groupCommit)
 	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
 	w := newWaiters()
 	attempts := dedup.NewAttemptLog(pool, 0, log)

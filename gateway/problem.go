@@ -52,8 +52,8 @@ var (
 	probNotFound = &ProblemKind{Slug: "not-found", Status: 404, Title: "Not found",
 		Means: "No effect is recorded under this key for this tenant (keys of other tenants are not visible), " +
 			"or the path is not part of the API.",
-		Do: "Check the key, percent-encoded in the path, and the API key's tenant. A purged key is gone: it was " +
-			"kept for the configured retention after the effect finished."}
+		Do: "Check the key, percent-encoded in the path, and the API key's tenant. A purged key is gone: its " +
+			"effect was kept for the configured retention after it finished."}
 	probMethodNotAllowed = &ProblemKind{Slug: "method-not-allowed", Status: 405, Title: "Method not allowed",
 		Means: "The path exists but does not take this method.",
 		Do:    "Use one of the methods in the Allow header."}

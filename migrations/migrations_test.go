@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"io/fs"
 	"strings"
 	"sync"
 	"testing"
@@ -68,8 +69,14 @@ func TestConcurrentUpIsSafe(t *testing.T) {
 	if pending, err := migrations.Pending(ctx, db); err != nil || pending {
 		t.Fatalf("pending after Up: %v, %v", pending, err)
 	}
-	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_schema_migrations WHERE version_id > 0"); n != int(versions[0]) {
-		t.Fatalf("%d migrations recorded for version %d: one was applied twice", n, versions[0])
+	// Counted against the files, not the version: numbers are handed out to branches, and one branch may lack
+	// another's (00017 while 00018 is here).
+	files, err := fs.Glob(migrations.Files(), "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_schema_migrations WHERE version_id > 0"); n != len(files) {
+		t.Fatalf("%d migrations recorded for %d files (version %d): one was applied twice", n, len(files), versions[0])
 	}
 }
 
@@ -121,8 +128,14 @@ func TestConcurrentUpThroughPgBouncer(t *testing.T) {
 			t.Fatalf("gateway %d reached version %d; all: %v", i, v, versions)
 		}
 	}
-	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_schema_migrations WHERE version_id > 0"); n != int(versions[0]) {
-		t.Fatalf("%d migrations recorded for version %d: one was applied twice", n, versions[0])
+	// Counted against the files, not the version: numbers are handed out to branches, and one branch may lack
+	// another's (00017 while 00018 is here).
+	files, err := fs.Glob(migrations.Files(), "*.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_schema_migrations WHERE version_id > 0"); n != len(files) {
+		t.Fatalf("%d migrations recorded for %d files (version %d): one was applied twice", n, len(files), versions[0])
 	}
 	// Nothing is left locked: no session lock held for good by a pooled server connection.
 	if n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'

@@ -64,7 +64,7 @@ const (
 	DefaultPollInterval       = time.Second
 	DefaultBatchSize          = 32
 	DefaultDrainTimeout       = 10 * time.Second
-	DefaultRetention          = 24 * time.Hour
+	DefaultRetention          = dedup.DefaultRetention
 	DefaultPurgeInterval      = time.Minute
 	DefaultPurgeBatchSize     = 1000
 	DefaultDBTimeout          = 10 * time.Second
@@ -317,7 +317,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Dispatcher{pool: pool, store: dedup.NewStore(pool).WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
+	d := &Dispatcher{pool: pool, store: dedup.NewStore(pool).WithRetention(c.Retention).WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
 		log:  c.Logger.With("component", "dispatcher", "owner", c.Owner),
 		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1)}
 	d.done = newDoneBatcher(pool, d.log)

@@ -46,6 +46,7 @@ func TestPoisonRowIsSetAsideAndEveryOtherRowDelivered(t *testing.T) {
 		INSERT INTO oncegate_outbox (effect_id, type, run_at) SELECT id, type, now() - interval '1 minute' FROM e`); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.KeyEffects(t, pool)
 	for i := range 5 {
 		for _, typ := range []string{"a", "b"} {
 			if _, _, err := store.Create(ctx, dedup.NewEffect{Tenant: "t", Key: fmt.Sprintf("%s%d", typ, i), Type: typ,

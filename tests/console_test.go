@@ -271,6 +271,7 @@ func TestConsoleInABrowser(t *testing.T) {
 		SELECT id, 2, now() - interval '2 minutes', 'gw-2', 'delivered', NULL, 41.5 FROM e`); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.KeyEffects(t, db)
 	b.do("search carol", chromedp.SendKeys(chromedp.CSS(`header input[name=q]`), "Carol@Example.test\n"),
 		chromedp.WaitVisible(chromedp.CSS("#effect-rows")))
 	if body := b.text("main"); !strings.Contains(body, "welcome:user_6") || !strings.Contains(body, "tag or recipient") {

@@ -43,6 +43,7 @@ func TestTablesShowControlCharactersAsEscapes(t *testing.T) {
 		        E'\x1b]0;PWNED\x07\x1b[2J\rforged line \u202egnp.exe \u2028hidden\u200b', now())`); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.KeyEffects(t, pool)
 	for _, args := range [][]string{{"effect", "ls"}, {"effect", "show", "esc\x1b[31mRED"},
 		{"effect", "retry", "esc\x1b[31mRED", "--reason", "r\x1b[2J"}, {"audit", "ls"}} {
 		out, errOut, code := run(t, url, args...)
@@ -68,6 +69,7 @@ func TestJSONShowsControlCharactersAsEscapes(t *testing.T) {
 		VALUES ('acme', $1, 'hook', '\x00', '{}'::json, 'dead', $1, now())`, key); err != nil {
 		t.Fatal(err)
 	}
+	pgtest.KeyEffects(t, pool)
 	for _, args := range [][]string{{"effect", "ls", "-o", "json"}, {"effect", "show", key, "-o", "json"}} {
 		out, errOut, code := run(t, url, args...)
 		if code != 0 || strings.ContainsFunc(out, func(r rune) bool {

@@ -405,10 +405,24 @@ func load(g *gateway, c int, key func() string, want int) result {
 // pgbench runs the gateway's insert statement (dedup/sql/insert.sql, columns expanded) with fresh keys.
 func pgbench(dir, dbURL string, clients int) (tps float64, cpu string) {
 	script := `\set k random(1, 1000000000000)
-WITH effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
-    VALUES ('pgbench', 'k' || :k, 'analytics', '\x00'::bytea, '{"name":"signup","properties":{"plan":"pro"}}', 'eff_' || :k)
-    ON CONFLICT (tenant, key) DO NOTHING
+WITH held AS (
+    SELECT k.effect_id, k.expires_at IS NULL OR k.expires_at >= now()
+        OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0) AS held
+    FROM oncegate_keys k WHERE k.tenant = 'pgbench' AND k.key = 'k' || :k
+), claimed AS (
+    INSERT INTO oncegate_keys AS k (tenant, key, effect_id, fingerprint, expires_at)
+    SELECT 'pgbench', 'k' || :k, nextval('oncegate_effects_id_seq'), '\x00'::bytea, now() + interval '1 day'
+    WHERE NOT EXISTS (SELECT FROM held WHERE held.held)
+    ON CONFLICT (tenant, key) DO UPDATE
+    SET effect_id = EXCLUDED.effect_id, fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at
+    WHERE k.effect_id = (SELECT held.effect_id FROM held) AND k.expires_at < now()
+        AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+    RETURNING k.effect_id
+), effect AS (
+    INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id)
+    OVERRIDING SYSTEM VALUE
+    SELECT claimed.effect_id, 'pgbench', 'k' || :k, 'analytics', '\x00'::bytea, '{"name":"signup","properties":{"plan":"pro"}}', 'eff_' || :k
+    FROM claimed
     RETURNING id, tenant, key, type, fingerprint, status, attempts, result, last_error, created_at, updated_at, delivered_at, next_attempt_at, stable_id
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, run_at) SELECT id, type, now() + interval '1 day' FROM effect

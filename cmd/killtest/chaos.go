@@ -328,7 +328,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		}
 		// A webhook's id is its effect's stable id, which the gateway drew when it created the effect.
 		var hookID string
-		err := conn.QueryRow(ctx, "SELECT stable_id FROM oncegate_effects WHERE tenant = 'demo' AND key = $1",
+		// The key's effect, through oncegate_keys, as the gateway reads it.
+		err := conn.QueryRow(ctx, `SELECT stable_id FROM oncegate_effects
+			WHERE id = (SELECT effect_id FROM oncegate_keys WHERE tenant = 'demo' AND key = $1)`,
 			fmt.Sprintf("order-webhook:order:%d", i)).Scan(&hookID)
 		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return ChaosReport{}, err

@@ -1,21 +1,52 @@
--- Records a new effect and its outbox row. One statement is one transaction: both rows commit, or neither.
--- When the tenant has used the key already, it inserts nothing and returns the stored effect with created
--- false, so that a replay costs one statement and no write (issue 14); of concurrent inserts of one key, the
--- unique constraint lets exactly one through. A key taken by a transaction that committed after this
--- statement's snapshot was taken returns no row at all: the caller reads it then. No NOTIFY here: it would
--- take Postgres's cluster-wide notification lock at every commit; the gateway announces new effects after the
--- commit, batched.
+-- Records a new effect and its outbox row, claiming its key (oncegate_keys). One statement is one
+-- transaction: the key, the effect and its outbox row commit, or none does.
+--
+-- The key is held while it has not expired (expires_at, NULL never) or its effect is not terminal (it has an
+-- outbox row: the row is written with the effect and by a retry, and deleted only in the statements that make
+-- the effect terminal, finish.sql, finish_batch.sql and resolve.sql). A held key inserts nothing and returns
+-- the stored effect with created false, so that a replay costs one statement and writes nothing, not even a
+-- row lock (issue 14): `held` reads the key as this statement's snapshot has it, and the insert into
+-- oncegate_keys then has no row to try. A free key (none, or expired with a terminal effect) is claimed by the
+-- insert, which re-claims an expired key with ON CONFLICT ... DO UPDATE: the key then points at the new
+-- effect, under a new id (drawn here, from oncegate_effects' own sequence) and a new stable id, and the old
+-- effect stays readable by its id until the purge deletes it.
+--
+-- Of concurrent creates of one key, the primary key of oncegate_keys lets exactly one through: a second
+-- waits for the first's row, and its DO UPDATE then finds the key pointing at another effect than the one
+-- its snapshot saw (effect_id = held's) and leaves it alone. A key taken or re-claimed by a transaction that
+-- committed after this statement's snapshot was taken returns no row at all: the caller reads it then (Get).
+-- The outbox is probed by its primary key, row by row (OFFSET 0 keeps Postgres from planning the EXISTS as a
+-- hashed read of the whole outbox, which a plan made on empty tables would keep as the outbox grows).
+-- No NOTIFY here: it would take Postgres's cluster-wide notification lock at every commit; the gateway
+-- announces new effects after the commit, batched.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id (effect.NewStableID), $8 the asking job's id or NULL, $9 its lease epoch or NULL,
 -- $10 its tags or NULL, $11 its search terms (tags and recipients, lowercased) or NULL, $12 the job's queue
--- or NULL, $13 its destination (providers.Destination) or NULL.
+-- or NULL, $13 its destination (providers.Destination) or NULL, $14 the key's retention in milliseconds.
 -- The trace id, for the operator, is the one of the traceparent in $6.
-WITH effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch, trace_id,
-        tags, search_terms, job_queue)
-    VALUES ($1, $2, $3, $4, $5, $7, $8::text, $9::bigint, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''),
-        $10::text[], $11::text[], $12::text)
-    ON CONFLICT (tenant, key) DO NOTHING
+WITH held AS (
+    SELECT k.effect_id,
+        k.expires_at IS NULL OR k.expires_at >= now()
+            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0) AS held
+    FROM oncegate_keys k
+    WHERE k.tenant = $1 AND k.key = $2
+), claimed AS (
+    INSERT INTO oncegate_keys AS k (tenant, key, effect_id, fingerprint, expires_at)
+    SELECT $1, $2, nextval('oncegate_effects_id_seq'), $4,
+        now() + make_interval(secs => $14::double precision / 1000)
+    WHERE NOT EXISTS (SELECT FROM held WHERE held.held)
+    ON CONFLICT (tenant, key) DO UPDATE
+    SET effect_id = EXCLUDED.effect_id, fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at
+    WHERE k.effect_id = (SELECT held.effect_id FROM held) AND k.expires_at < now()
+        AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+    RETURNING k.effect_id
+), effect AS (
+    INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch,
+        trace_id, tags, search_terms, job_queue)
+    OVERRIDING SYSTEM VALUE
+    SELECT claimed.effect_id, $1, $2, $3, $4, $5, $7, $8::text, $9::bigint,
+        NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''), $10::text[], $11::text[], $12::text
+    FROM claimed
     RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace, destination, tenant)
@@ -24,4 +55,4 @@ WITH effect AS (
 SELECT true AS created, {{written}} FROM effect
 UNION ALL
 SELECT false, {{columns}} FROM oncegate_effects
-WHERE tenant = $1 AND key = $2 AND NOT EXISTS (SELECT FROM effect)
+WHERE id = (SELECT held.effect_id FROM held WHERE held.held) AND tenant = $1

@@ -1,21 +1,40 @@
 -- Records a new effect and its outbox row already leased to the caller, for a request that performs the
 -- effect at once (the dedup proxy): no dispatcher can claim the row while the request holds it, and if the
 -- request's gateway dies, the lease runs out and the row is rescued like any other. One statement, one
--- transaction: both rows commit, or neither. The key taken, it inserts nothing and returns the stored effect
--- with created false and no lease, as insert.sql does (a replay is one statement); no row at all when the
--- key was taken after the statement's snapshot, or when an operator paused the type (oncegate_paused_types):
--- a paused type is not delivered, and this request would deliver it at once, so nothing is recorded.
+-- transaction: the key, the effect and its row commit, or none does. The key is claimed as insert.sql claims
+-- it (a free key, none or expired with a terminal effect, is claimed; an expired one is re-claimed for a new
+-- effect). A held key inserts nothing and returns the effect it points at with created false and no lease,
+-- as insert.sql does (a replay is one statement, and writes nothing); no row at all when the key was taken
+-- after the statement's snapshot, or when an operator paused the type (oncegate_paused_types): a paused type
+-- is not delivered, and this request would deliver it at once, so nothing is recorded, not even the key.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status, $11 tags or
--- NULL, $12 search terms or NULL (as in insert.sql). The trace
--- id, for the operator, is the one of the traceparent in $6, as in insert.sql.
-WITH effect AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id, status, trace_id, tags,
+-- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds. The trace id,
+-- for the operator, is the one of the traceparent in $6, as in insert.sql.
+WITH held AS (
+    SELECT k.effect_id,
+        k.expires_at IS NULL OR k.expires_at >= now()
+            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0) AS held
+    FROM oncegate_keys k
+    WHERE k.tenant = $1 AND k.key = $2
+), claimed AS (
+    INSERT INTO oncegate_keys AS k (tenant, key, effect_id, fingerprint, expires_at)
+    SELECT $1, $2, nextval('oncegate_effects_id_seq'), $4,
+        now() + make_interval(secs => $13::double precision / 1000)
+    WHERE NOT EXISTS (SELECT FROM held WHERE held.held)
+        AND NOT EXISTS (SELECT FROM oncegate_paused_types WHERE type = $3)
+    ON CONFLICT (tenant, key) DO UPDATE
+    SET effect_id = EXCLUDED.effect_id, fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at
+    WHERE k.effect_id = (SELECT held.effect_id FROM held) AND k.expires_at < now()
+        AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+    RETURNING k.effect_id
+), effect AS (
+    INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, status, trace_id, tags,
         search_terms)
-    SELECT $1, $2, $3, $4, $5, $7, $10, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''), $11::text[],
-        $12::text[]
-    WHERE NOT EXISTS (SELECT FROM oncegate_paused_types WHERE type = $3)
-    ON CONFLICT (tenant, key) DO NOTHING
+    OVERRIDING SYSTEM VALUE
+    SELECT claimed.effect_id, $1, $2, $3, $4, $5, $7, $10, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''),
+        $11::text[], $12::text[]
+    FROM claimed
     RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace, lease_token, lease_owner, lease_expires_at, tenant)
@@ -27,4 +46,4 @@ WITH effect AS (
 SELECT true AS created, {{written}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id
 UNION ALL
 SELECT false, {{columns}}, NULL::uuid FROM oncegate_effects
-WHERE tenant = $1 AND key = $2 AND NOT EXISTS (SELECT FROM effect)
+WHERE id = (SELECT held.effect_id FROM held WHERE held.held) AND tenant = $1

@@ -3,14 +3,15 @@
 -- resolution must leave nothing to deliver). Its delivered_at stays as it was: nobody saw it delivered, and
 -- the resolution says when it was resolved (the console showed the click's time as the delivery's). The
 -- attempt log gets a row saying who resolved it and why. Returns no row when the effect is missing or not
--- unknown.
+-- unknown. The effect is the one the key points at now (oncegate_keys).
 -- $1 tenant, $2 key, $3 delivered or failed, $4 operator, $5 reason, $6 the effect-done channel, $7 unknown,
 -- $8 who, as the attempt log names them
 WITH effect AS (
     UPDATE oncegate_effects
     SET status = $3, resolution = $3, resolved_by = $4, resolved_at = now(), resolution_reason = $5,
         finished_at = now(), updated_at = now(), next_attempt_at = NULL
-    WHERE tenant = $1 AND key = $2 AND status = $7
+    WHERE id = (SELECT k.effect_id FROM oncegate_keys k WHERE k.tenant = $1 AND k.key = $2) AND tenant = $1
+        AND status = $7
     RETURNING {{written}}
 ), gone AS (
     DELETE FROM oncegate_outbox o USING effect WHERE o.effect_id = effect.id

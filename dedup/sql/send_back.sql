@@ -5,6 +5,7 @@
 -- (resolved failed)". Its last error stays for reference. The attempt log gets a row saying who sent it back
 -- and why (outcome retried or resent, attempt 0): the attempts after it are a new series, numbered from 1
 -- again, and the history before it stays. Returns no row when the effect is missing or in a status not in $3.
+-- The effect is the one the key points at now (oncegate_keys): after the key was claimed again, the new one.
 -- $1 tenant, $2 key, $3 the statuses it may be in, $4 resolution (resend) or NULL (retry), $5 operator,
 -- $6 reason, $7 the outbox channel (notifier.TopicOutbox), $8 pending, $9 who, as the attempt log names them
 -- ("operator alice", "tenant acme")
@@ -15,7 +16,8 @@ WITH effect AS (
         resolved_by = CASE WHEN $4::text IS NULL THEN NULL ELSE $5::text END,
         resolved_at = CASE WHEN $4::text IS NULL THEN NULL ELSE now() END,
         resolution_reason = CASE WHEN $4::text IS NULL THEN NULL ELSE $6::text END
-    WHERE tenant = $1 AND key = $2 AND status = ANY ($3::text[])
+    WHERE id = (SELECT k.effect_id FROM oncegate_keys k WHERE k.tenant = $1 AND k.key = $2) AND tenant = $1
+        AND status = ANY ($3::text[])
     RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, tenant)

@@ -2,7 +2,7 @@
 -- three types, and statuses as a real gateway leaves them: mostly delivered, one in 200 failed, one in 500
 -- pending (with its outbox row), one in 1,000 dead and one in 1,000 unknown. Each has a job, an epoch, a
 -- trace id, some replays, and its delivery attempts; an email is searchable by its recipient, as the gateway
--- records it. $1 count, $2 span in seconds, $3 key prefix, $4 end in seconds
+-- records it. Each has its key. $1 count, $2 span in seconds, $3 key prefix, $4 end in seconds
 WITH e AS (
     INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, result, last_error,
         created_at, updated_at, delivered_at, finished_at, next_attempt_at, job_id, job_epoch, trace_id, stable_id,
@@ -32,7 +32,11 @@ WITH e AS (
                               WHEN i % 200 = 3 THEN 'failed' WHEN i % 500 = 11 THEN 'pending'
                               ELSE 'delivered' END AS st) x
     ORDER BY i
-    RETURNING id, type, status, attempts, created_at, job_epoch
+    RETURNING id, tenant, key, fingerprint, type, status, attempts, created_at, job_epoch
+), k AS (
+    -- The key each one's create claimed (oncegate_keys), which reads by key go through.
+    INSERT INTO oncegate_keys (tenant, key, effect_id, fingerprint, expires_at)
+    SELECT tenant, key, id, fingerprint, created_at + interval '1 day' FROM e
 ), r AS (
     -- Three in four absorbed replays; one in eight of those last came from an older epoch (a stale worker).
     INSERT INTO oncegate_effect_replays (effect_id, replays, last_replay_at, last_replay_epoch)

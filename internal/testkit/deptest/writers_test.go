@@ -10,10 +10,11 @@ import (
 )
 
 // ownedTables are written by package dedup alone: it keeps the rules the dispatchers rely on (an outbox row
-// exists exactly while its effect has something to deliver, a lease is cleared only with its row handed back,
+// exists exactly while its effect has something to deliver, a key points at the effect its last claim made,
+// a lease is cleared only with its row handed back,
 // a retry means one thing whoever asks). When admin wrote them with SQL of its own, a tenant's retry and an
 // operator's disagreed about an operator's resolution.
-var ownedTables = regexp.MustCompile(`(?is)\b(insert\s+into|update|delete\s+from|truncate(\s+table)?|copy|merge\s+into)\s+(only\s+)?oncegate_(effects|outbox|paused_types)\b`)
+var ownedTables = regexp.MustCompile(`(?is)\b(insert\s+into|update|delete\s+from|truncate(\s+table)?|copy|merge\s+into)\s+(only\s+)?oncegate_(effects|keys|outbox|paused_types)\b`)
 
 // writersAllowed are the paths that may write them besides dedup: the schema's migrations, and the seeders of
 // tests and benchmarks, which make a million rows faster than the API would.

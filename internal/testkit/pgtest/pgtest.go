@@ -264,3 +264,20 @@ func ThroughPgBouncer(t testing.TB, dbURL string) string {
 	}
 	return WithDatabase(bouncer, u.Path[1:])
 }
+
+// KeyEffectsSQL gives every effect that a test inserted straight into oncegate_effects the key a create would
+// have claimed with it (oncegate_keys), the newest effect under each (tenant, key) that has none: reads by key
+// go through the keys. The key expires after a day, as it would with the default retention.
+const KeyEffectsSQL = `INSERT INTO oncegate_keys (tenant, key, effect_id, fingerprint, expires_at)
+	SELECT DISTINCT ON (e.tenant, e.key) e.tenant, e.key, e.id, e.fingerprint, e.created_at + interval '1 day'
+	FROM oncegate_effects e
+	WHERE NOT EXISTS (SELECT FROM oncegate_keys k WHERE k.tenant = e.tenant AND k.key = e.key)
+	ORDER BY e.tenant, e.key, e.id DESC`
+
+// KeyEffects runs KeyEffectsSQL on pool.
+func KeyEffects(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), KeyEffectsSQL); err != nil {
+		t.Fatalf("key the effects inserted in SQL: %v", err)
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -184,7 +185,13 @@ func RetryAfter(h string, now time.Time) time.Duration {
 		return 0
 	}
 	var d time.Duration
-	if secs, err := strconv.Atoi(h); err == nil && secs >= 0 {
+	if strings.Trim(h, "0123456789") == "" {
+		// delay-seconds is digits alone (RFC 9110): no sign, no fraction. Past an hour, however many digits,
+		// it is the cap; multiplied out first, a large one wrapped round to no pause, or to a short one.
+		secs, err := strconv.ParseUint(h, 10, 64)
+		if err != nil || secs > uint64(time.Hour/time.Second) {
+			return time.Hour
+		}
 		d = time.Duration(secs) * time.Second
 	} else if t, err := http.ParseTime(h); err == nil {
 		d = t.Sub(now)

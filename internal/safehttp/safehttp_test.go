@@ -83,6 +83,14 @@ func TestRetryAfterAndClassify(t *testing.T) {
 	if d := RetryAfter("soon", now); d != 0 {
 		t.Errorf("junk: %v", d)
 	}
+	// Seconds past what a Duration holds are capped too, not wrapped round (an outside test's 9999999999 made
+	// no pause at all, and 18446744074 one of 0.29 s); a sign or a fraction is not delay-seconds (RFC 9110).
+	for h, want := range map[string]time.Duration{"9999999999": time.Hour, "18446744074": time.Hour,
+		"99999999999999999999999": time.Hour, "+5": 0, "-5": 0, "5.5": 0, " 5": 0, "0": 0} {
+		if d := RetryAfter(h, now); d != want {
+			t.Errorf("Retry-After %q: %v, want %v", h, d, want)
+		}
+	}
 	for status, want := range map[int]string{200: "delivered", 204: "delivered", 301: "failed", 400: "failed",
 		404: "failed", 408: "retry", 410: "failed", 422: "failed", 429: "retry", 500: "retry", 503: "retry"} {
 		if got := Classify(status, http.Header{}, nil).Kind.String(); got != want {

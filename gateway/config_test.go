@@ -156,6 +156,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\n    rate: { requests_per_second: 0 }", `"0" is not a positive rate`},
 		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\n    rate: { byte_burst: 1KiB }", "tenants.acme.rate.byte_burst (1024) must be at least limits.max_body (262144)"},
 		{"limits: { tenant_rate: { request_burst: -1 } }", "limits.tenant_rate.request_burst must be at least 1"},
+		{"limits: { tenant_rate: { requests_per_second: 1e-300 } }", "limits.tenant_rate.requests_per_second: 1e-300: want at least 0.001"},
 		{"limits: { tenant_rate: { bytes_per_second: lots } }", `"lots" is not a positive size like 8MiB or "unlimited"`},
 		{"limits: { max_connections: -5 }", "limits.max_connections must be at least 1"},
 		{"timeouts: { read: 21s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m1s"},
@@ -450,10 +451,11 @@ func TestDeliveryRateIsCheckedAndDefaulted(t *testing.T) {
 			"secret: 'whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=' }, rate: " + rate + " } }\n"
 	}
 	for _, c := range []struct{ rate, want string }{
-		{"{ per_second: 0 }", "effect_types.w: rate.per_second: 0: want calls a second to one destination, above 0"},
+		{"{ per_second: 0 }", "effect_types.w: rate.per_second is required: the calls a second to one destination, from 0.001"},
 		{"{ per_second: -5 }", "effect_types.w: rate.per_second: -5"},
-		{"{ burst: 10 }", "effect_types.w: rate.per_second: 0"},
-		{"{ per_second: 20000 }", "rate.per_second: 20000: want calls a second to one destination, above 0 and at most 10000"},
+		{"{ burst: 10 }", "effect_types.w: rate.per_second is required"},
+		{"{ per_second: 1e-300 }", "effect_types.w: rate.per_second: 1e-300: want calls a second to one destination, from 0.001"},
+		{"{ per_second: 20000 }", "rate.per_second: 20000: want calls a second to one destination, from 0.001 to 10000"},
 		{"{ per_second: 50, burst: -1 }", "effect_types.w: rate.burst: -1: want 1 to 100000"},
 		{"{ per_second: 50, brust: 3 }", "brust"},
 	} {

@@ -82,8 +82,10 @@ const (
 	DefaultBreakerOpenFor  = outbox.DefaultBreakerOpenFor
 	// MaxDeliveryRate bounds a type's rate.per_second: a limit above it would cost a statement a token for
 	// no protection (use none). MaxDeliveryBurst bounds rate.burst.
-	MaxDeliveryRate     = 10000
-	MaxDeliveryBurst    = 100000
+	MaxDeliveryRate  = 10000
+	MaxDeliveryBurst = 100000
+	// MinRate is the slowest rate a limit may set, delivery or request: one in about 17 minutes.
+	MinRate             = 0.001
 	DefaultRetention    = outbox.DefaultRetention
 	DefaultPollInterval = outbox.DefaultPollInterval
 	DefaultLeaseMargin  = outbox.DefaultLeaseMargin

@@ -160,6 +160,10 @@ func (r RateLimit) validate(path string, maxBody ByteSize) error {
 	if (r.RequestsPerSecond < 0 && r.RequestsPerSecond != Unlimited) || (r.BytesPerSecond < 0 && r.BytesPerSecond != Unlimited) {
 		return fmt.Errorf("%s: a rate is positive or unlimited", path)
 	}
+	if r.RequestsPerSecond != Unlimited && r.RequestsPerSecond < MinRate {
+		return fmt.Errorf("%s.requests_per_second: %v: want at least %v a second, or unlimited", path,
+			float64(r.RequestsPerSecond), MinRate)
+	}
 	if r.RequestBurst < 1 {
 		return fmt.Errorf("%s.request_burst must be at least 1", path)
 	}
@@ -196,9 +200,15 @@ func (t EffectType) validate() error {
 }
 
 func (r DeliveryRate) validate(path string) error {
-	if !(r.PerSecond > 0) || r.PerSecond > MaxDeliveryRate {
-		return fmt.Errorf("%s.per_second: %v: want calls a second to one destination, above 0 and at most %d "+
-			"(leave rate out for no limit)", path, r.PerSecond, MaxDeliveryRate)
+	if r.PerSecond == 0 {
+		return fmt.Errorf("%s.per_second is required: the calls a second to one destination, from %v to %d "+
+			"(leave rate out for no limit)", path, MinRate, MaxDeliveryRate)
+	}
+	// Below MinRate a burst's worth of time passes what Postgres's timestamps hold: every take of tokens
+	// failed (an outside test's 1e-300 started, then delivered nothing).
+	if !(r.PerSecond >= MinRate) || r.PerSecond > MaxDeliveryRate {
+		return fmt.Errorf("%s.per_second: %v: want calls a second to one destination, from %v to %d "+
+			"(leave rate out for no limit)", path, r.PerSecond, MinRate, MaxDeliveryRate)
 	}
 	if r.Burst < 0 || r.Burst > MaxDeliveryBurst {
 		return fmt.Errorf("%s.burst: %d: want 1 to %d calls (leave it out for one second's worth)", path, r.Burst,

@@ -111,7 +111,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 			       'eff_rate' || i
 			FROM generate_series(1, $1) AS i
 			RETURNING id, type)
-		INSERT INTO oncegate_outbox (effect_id, type, destination) SELECT id, type, $2 FROM e`, backlog, a.host()); err != nil {
+		INSERT INTO oncegate_outbox (effect_id, type, destination) SELECT id, type, $2 FROM e`, backlog, a.srv.URL); err != nil {
 		t.Fatal(err)
 	}
 	start := func() *proctest.Proc {
@@ -342,7 +342,7 @@ effect_types:
 			FROM generate_series(1, 600) AS i
 			RETURNING id, type, tenant)
 		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination) SELECT id, type, tenant, $1 FROM e`,
-		a.host()); err != nil {
+		a.srv.URL); err != nil {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 30*time.Second, "the first call", func() bool { return len(a.calls()) > 0 })

@@ -173,7 +173,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	db, err := pgx.Connect(ctx, dbURL)
 	must(err)
 	defer db.Close(ctx)
-	host := strings.TrimPrefix(limited.srv.URL, "http://")
+	host := limited.srv.URL // as safehttp.Destination names it: scheme, host and port
 	rows := int(limit*(window.Seconds()+20)) + 500
 	_, err = db.Exec(ctx, `
 		WITH e AS (
@@ -247,7 +247,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 			SELECT 'noisy', 'f' || i, 'fair', '\x00', json_build_object('event', 'e', 'data', json_build_object('i', i)), 'eff_f' || i
 			FROM generate_series(1, $1) AS i RETURNING id, type)
 		INSERT INTO oncegate_outbox (effect_id, type, destination) SELECT id, type, $2 FROM e`, *backlog,
-		strings.TrimPrefix(fair.srv.URL, "http://"))
+		fair.srv.URL)
 	must(err)
 	busy50, busy := quietLatency(gws[0].url, fair, "busy")
 	var left int

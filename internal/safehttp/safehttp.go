@@ -226,6 +226,38 @@ func Origin(u *url.URL) string {
 	return u.Scheme + "://" + u.Host
 }
 
+// Destination names the server u reaches, one way for every spelling of it: scheme, host and port, the
+// scheme and host lowercased, a DNS name without its final dot, an IP address in its canonical form (an
+// IPv4-mapped IPv6 address as the IPv4 one), and the port as a plain number, the scheme's default when u
+// names none. It is what a fleet-wide delivery limit and a destination's pause are kept by: an outside test
+// reached one receiver as 127.0.0.1:19001, [::ffff:127.0.0.1]:19001, 127.0.0.1:019001 and [::ffff:7f00:1]:19001,
+// four buckets of 50 a second each, and https://h and https://h:443 were two.
+func Destination(u *url.URL) string {
+	scheme := strings.ToLower(u.Scheme)
+	host := strings.TrimSuffix(strings.ToLower(u.Hostname()), ".")
+	if a, err := netip.ParseAddr(host); err == nil {
+		host = a.Unmap().WithZone("").String()
+	}
+	if strings.Contains(host, ":") {
+		host = "[" + host + "]"
+	}
+	port := u.Port()
+	if n, err := strconv.ParseUint(port, 10, 16); err == nil {
+		port = strconv.FormatUint(n, 10)
+	} else {
+		switch scheme {
+		case "https":
+			port = "443"
+		case "http":
+			port = "80"
+		}
+	}
+	if port == "" {
+		return scheme + "://" + host
+	}
+	return scheme + "://" + host + ":" + port
+}
+
 // SetIdempotencyKey sets a request's Idempotency-Key, in a spelling net/http's Transport does not look for.
 // The Transport takes a request carrying "Idempotency-Key" for idempotent and, when a reused connection fails
 // after the request was written and before an answer came, sends it again by itself: two requests at the

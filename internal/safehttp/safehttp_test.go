@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"net/http/httptest"
 	"net/netip"
 	"strconv"
@@ -222,3 +223,31 @@ func TestClientRefusesEmbeddedIPv4AtDialTime(t *testing.T) {
 }
 
 func itoa(p uint16) string { return strconv.Itoa(int(p)) }
+
+// A destination is named one way however its URL spells it, so that a fleet-wide limit or a pause cannot be
+// slipped by writing the same server another way.
+func TestDestinationIsOneNameForEverySpelling(t *testing.T) {
+	for want, spellings := range map[string][]string{
+		"http://127.0.0.1:19001": {"http://127.0.0.1:19001/a", "http://[::ffff:127.0.0.1]:19001/b",
+			"http://127.0.0.1:019001/c", "http://[::ffff:7f00:1]:19001/f", "HTTP://127.0.0.1:19001"},
+		"https://api.example.com:443": {"https://api.example.com/x", "https://API.Example.com:443/y",
+			"https://api.example.com.:0443/z"},
+		"http://[2001:db8::1]:80":      {"http://[2001:db8::1]/", "http://[2001:DB8:0::1]:80/"},
+		"https://api.example.com:8443": {"https://api.example.com:8443/v1"},
+	} {
+		for _, s := range spellings {
+			u, err := url.Parse(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := Destination(u); got != want {
+				t.Errorf("Destination(%s) = %s, want %s", s, got, want)
+			}
+		}
+	}
+	u, _ := url.Parse("http://a.example:80/")
+	v, _ := url.Parse("https://a.example:80/")
+	if Destination(u) == Destination(v) {
+		t.Errorf("http and https to one host and port are two destinations: %s", Destination(u))
+	}
+}

@@ -247,8 +247,8 @@ func (p *Provider) Validate(payload json.RawMessage) error {
 	return p.checkHeaders(h, false)
 }
 
-// Destination is the upstream's host (and port, when base_url names one), never its path or query.
-func (p *Provider) Destination(json.RawMessage) string { return strings.ToLower(p.base.Host) }
+// Destination is the upstream's scheme, host and port (safehttp.Destination), never its path or query.
+func (p *Provider) Destination(json.RawMessage) string { return safehttp.Destination(p.base) }
 
 func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
 	pl, err := p.parse(d.Payload)

@@ -66,7 +66,7 @@ func TestConfiguredSecretsStayOutOfErrorsAndKeptHeaders(t *testing.T) {
 			t.Errorf("%s: %v %v", name, o.Kind, o.Err)
 		}
 		assertNone(t, name+": the error", o.Err.Error(), pathToken, "/api/")
-		if d := p.Destination(nil); d != strings.TrimPrefix(base, "http://") {
+		if d := p.Destination(nil); d != base { // scheme, host and port (safehttp.Destination)
 			t.Errorf("destination %q", d)
 		}
 	}

@@ -296,8 +296,9 @@ func (p *Provider) Validate(payload json.RawMessage) error {
 	return err
 }
 
-// Destination is the host (and port, when the URL names one) of the URL a delivery of payload is posted to:
-// the payload's url when it has one, else the configured url. Never the URL's path or query.
+// Destination is the scheme, host and port of the URL a delivery of payload is posted to, one way for every
+// spelling of them (safehttp.Destination): the payload's url when it has one, else the configured url. Never
+// the URL's path or query.
 func (p *Provider) Destination(payload json.RawMessage) string {
 	_, u, err := p.parse(payload)
 	if err != nil {
@@ -306,7 +307,7 @@ func (p *Provider) Destination(payload json.RawMessage) string {
 		}
 		u = p.def
 	}
-	return strings.ToLower(u.Host)
+	return safehttp.Destination(u)
 }
 
 // Sign returns the webhook-signature header for one request: "v1,<base64 HMAC-SHA256>" per secret,

@@ -22,6 +22,7 @@ import (
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/oncegate/oncegate/internal/safehttp"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/providers"
@@ -116,9 +117,10 @@ func TestOneTenantsFailingDestinationDoesNotHoldAnother(t *testing.T) {
 }
 
 // hostOf is the destination a webhook URL names: its host.
+// hostOf is the destination a breaker is kept by: u's scheme, host and port (safehttp.Destination).
 func hostOf(u string) string {
 	p, _ := url.Parse(u)
-	return p.Host
+	return safehttp.Destination(p)
 }
 
 // commitCounter counts the statements a pool runs: each is one transaction here (the dispatcher runs no

@@ -226,3 +226,30 @@ func TestARateIsHeldWithTheDefaultPoll(t *testing.T) {
 			in, window, DefaultPollInterval, rate.PerSecond, rate.Burst, want)
 	}
 }
+
+// A paused destination's backlog does not hold back its type's other destinations, limited or not: an
+// unlimited type's claim leaves out the rows of a paused destination, as a limited type's always did. An
+// outside test's tenant with 50,000 rows to a destination paused by its 429 waited 3 min 37 s for its first
+// effect to another destination: each claim took the paused rows first and handed them back, a few at a time.
+func TestAPausedDestinationsBacklogDoesNotHoldBackAnother(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("free", "a", 20000)
+	f.backlog("free", "b", 10)
+	if _, err := f.pool.Exec(context.Background(), `UPDATE oncegate_outbox SET tenant = 't';
+		UPDATE oncegate_outbox SET run_at = now() + interval '1 millisecond' WHERE destination = 'b';
+		INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
+		VALUES ('free', 'a', now() + interval '10 minutes', 429, 'elsewhere', now())`); err != nil {
+		t.Fatal(err)
+	}
+	p := &routed{}
+	start := time.Now()
+	f.run(EffectType{Name: "free", Provider: p, Concurrency: 4})
+	testenv.Eventually(t, 20*time.Second, "b's 10 effects delivered beside a's paused backlog", func() bool {
+		return len(p.snapshot("b")) == 10
+	})
+	t.Logf("b's 10 delivered %v after the start", time.Since(start).Round(time.Millisecond))
+	if n := len(p.snapshot("a")); n != 0 {
+		t.Fatalf("%d calls to the paused destination", n)
+	}
+}

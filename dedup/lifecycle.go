@@ -46,7 +46,8 @@ type Claimed struct {
 	LeasedAt time.Time
 	// DestinationPauses are the destinations of the row's type that asked the whole fleet to wait (a 429 or
 	// 503 with Retry-After), with the time left by the database's clock when the row was claimed. One map,
-	// shared by every row of a claim: the claim reads it once.
+	// shared by every row of a claim: the claim reads it once, and only when a row it claims names no
+	// destination (the rows that name one are left out while their destination is paused).
 	DestinationPauses map[string]time.Duration
 }
 

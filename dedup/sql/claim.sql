@@ -20,8 +20,9 @@
 -- destination each outbox row names: a paused destination's backlog taken first and handed back a few rows a
 -- claim held another destination's rows for minutes (an outside test: 3 min 37 s behind 50,000). Walking past
 -- such a backlog costs the claim an index probe a row while the pause lasts.
--- `paused` is the same on every row: the destinations of the type that asked every gateway to wait, with the
--- milliseconds left, by the database's clock, for the rows that name no destination (written before it was
+-- `paused` is the same on every row, and set only when a row names no destination: the destinations of the
+-- type that asked every gateway to wait, with the milliseconds left, by the database's clock, for the rows
+-- that name no destination (written before it was
 -- kept, or sent back by a retry), which the dispatcher hands back, uncharged, by the destination it reads
 -- from their payloads; asked here, the pause costs unlimited types no statement of their own.
 WITH RECURSIVE tenants AS (
@@ -82,11 +83,16 @@ WITH RECURSIVE tenants AS (
         lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
     FROM due
     WHERE o.effect_id = due.effect_id
-    RETURNING o.effect_id, o.lease_token, due.rescued, o.trace, due.prev_owner, due.prev_token, due.prev_expires
+    RETURNING o.effect_id, o.lease_token, due.rescued, o.trace, due.prev_owner, due.prev_token, due.prev_expires,
+        o.destination
 )
 SELECT e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
     claimed.trace, e.stable_id, claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
+    -- Read only when a row names no destination: an outside test's 10,000 paused destinations, aggregated at
+    -- every claim, cut the type's deliveries from 300 a second to 13 to 44.
     (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)
-     FROM oncegate_destination_pauses p WHERE p.type = $1 AND p.until > now()) AS paused
+     FROM oncegate_destination_pauses p
+     WHERE p.type = $1 AND p.until > now()
+       AND EXISTS (SELECT 1 FROM claimed c WHERE c.destination IS NULL)) AS paused
 FROM claimed
 CROSS JOIN LATERAL (SELECT * FROM oncegate_effects e WHERE e.id = claimed.effect_id LIMIT 1) e

@@ -364,8 +364,10 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error
 // row's effect goes back to pending; a rescued row stays rescued (release.sql). A row whose lease was lost is
 // left alone.
 //
-// dests names each row's destination, for a row that does not name it yet.
-func (s *Store) Defer(ctx context.Context, rows []Claimed, delays []time.Duration, dests []string) error {
+// dests names each row's destination, for a row that does not name it yet. keep (nil: none) says which rows
+// keep their place in the order of claims rather than wait their delay: those whose wait the claims keep
+// themselves, a destination with no token or paused (defer.sql).
+func (s *Store) Defer(ctx context.Context, rows []Claimed, delays []time.Duration, dests []string, keep []bool) error {
 	ids := make([]int64, len(rows))
 	tokens := make([]pgtype.UUID, len(rows))
 	rescued := make([]bool, len(rows))
@@ -373,7 +375,10 @@ func (s *Store) Defer(ctx context.Context, rows []Claimed, delays []time.Duratio
 	for i, r := range rows {
 		ids[i], tokens[i], rescued[i], ms[i] = r.EffectID, uuidArg(r.Token), r.Rescued, delays[i].Milliseconds()
 	}
-	_, err := s.db.Exec(ctx, deferSQL, ids, tokens, rescued, ms, dests, effect.StatusPending)
+	if keep == nil {
+		keep = make([]bool, len(rows))
+	}
+	_, err := s.db.Exec(ctx, deferSQL, ids, tokens, rescued, ms, dests, effect.StatusPending, keep)
 	return translate("defer effects", err)
 }
 

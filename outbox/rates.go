@@ -149,19 +149,23 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 	var keep, back []dedup.Claimed
 	var delays []time.Duration
 	var backDests []string
+	var inPlace []bool
 	at := make(map[int64]string, len(rows))
 	for i, r := range rows {
 		at[r.EffectID] = dests[i]
 	}
-	hand := func(r dedup.Claimed, wait time.Duration) {
+	// hand hands r back for wait. A row whose destination has no token or is paused keeps its place: the
+	// claims leave it out until then themselves (defer.sql).
+	hand := func(r dedup.Claimed, wait time.Duration, place bool) {
 		back = append(back, r)
 		delays = append(delays, wait)
 		backDests = append(backDests, at[r.EffectID])
+		inPlace = append(inPlace, place)
 	}
 	if t.Rate == nil {
 		for i, r := range rows {
 			if left := d.pauses.pausedFor(t.Name, dests[i], now); left > 0 {
-				hand(r, left+rand.N(minRefusedWait))
+				hand(r, left+rand.N(minRefusedWait), true)
 				rs.wakeAt(now.Add(left + minRefusedWait))
 				continue
 			}
@@ -178,7 +182,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 			d.log.Warn("taking delivery tokens failed; the claim's rows go back uncharged", "type", t.Name,
 				"err", err, "in", failedTakeWait.String())
 			for _, r := range rows {
-				hand(r, failedTakeWait)
+				hand(r, failedTakeWait, false)
 			}
 			rs.wakeAt(now.Add(failedTakeWait))
 		} else {
@@ -187,7 +191,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 				g := got[dests[i]]
 				if g.paused {
 					d.pauses.note(t.Name, dests[i], now.Add(g.next))
-					hand(r, g.next+rand.N(minRefusedWait))
+					hand(r, g.next+rand.N(minRefusedWait), true)
 					continue
 				}
 				k := used[dests[i]]
@@ -196,7 +200,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 					keep = append(keep, r)
 					continue
 				}
-				hand(r, g.next+time.Duration(k-g.granted)*t.Rate.interval())
+				hand(r, g.next+time.Duration(k-g.granted)*t.Rate.interval(), true)
 			}
 			// A jitter of up to a quarter interval keeps the gateways of a fleet from all asking for the same
 			// token at the same instant; more would leave tokens of a small burst unused.
@@ -211,7 +215,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		}
 	}
 	if len(back) > 0 {
-		d.deferRows(t, back, delays, backDests)
+		d.deferRows(t, back, delays, backDests, inPlace)
 	}
 	return keep, len(back)
 }
@@ -253,10 +257,10 @@ func (d *Dispatcher) takeTokens(ctx context.Context, t *effectType, names []stri
 
 // deferRows hands rows back through dedup.Store.Defer. A failed write leaves them leased: they come back
 // when their leases run out, attempted then, so the failure costs time, never an effect.
-func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []time.Duration, dests []string) {
+func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []time.Duration, dests []string, keep []bool) {
 	ctx, cancel := d.dbContext()
 	defer cancel()
-	if err := d.store.Defer(ctx, rows, delays, dests); err != nil {
+	if err := d.store.Defer(ctx, rows, delays, dests, keep); err != nil {
 		d.log.Error("handing back rows held by a delivery limit or a paused destination failed; they come back "+
 			"after their leases", "type", t.Name, "rows", len(rows), "err", err)
 	}

@@ -6,15 +6,21 @@
 -- A row that did not name its destination (written before rows kept it, or sent back by a retry) is given
 -- it, so that the next claims of a limited type go by it (claim_limited.sql) instead of taking it again
 -- whenever it is due, whatever its destination's tokens.
+-- A row whose wait the claims themselves keep (its destination has no token, or is paused: claim.sql and
+-- claim_limited.sql leave such rows out) keeps its place, its run_at: it is claimed again before the rows
+-- behind it once its destination may be called. Made due after its delay instead, it went behind the whole
+-- backlog, and of gateways racing for one destination's tokens, the losers' rows were delivered up to
+-- thousands of places late. Any other row (a failed take of tokens) waits its delay.
 -- Rows are found by primary key and fenced by their tokens: a row whose lease was lost is left alone.
 -- $1 effect ids, $2 their lease tokens, $3 whether each was rescued, $4 each one's delay in ms, $5 each
--- one's destination, paired by index; $6 pending
+-- one's destination, paired by index; $6 pending; $7 whether each keeps its place
 WITH leased AS (
-    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::boolean[], $4::bigint[], $5::text[])
-        AS l (effect_id, token, rescued, delay_ms, destination)
+    SELECT * FROM unnest($1::bigint[], $2::uuid[], $3::boolean[], $4::bigint[], $5::text[], $7::boolean[])
+        AS l (effect_id, token, rescued, delay_ms, destination, keep)
 ), back AS (
     UPDATE oncegate_outbox o
-    SET run_at = now() + make_interval(secs => leased.delay_ms::double precision / 1000),
+    SET run_at = CASE WHEN leased.keep AND leased.destination IS NOT NULL THEN o.run_at
+                      ELSE now() + make_interval(secs => leased.delay_ms::double precision / 1000) END,
         lease_token = NULL, lease_owner = NULL,
         lease_expires_at = CASE WHEN leased.rescued THEN '-infinity'::timestamptz END,
         destination = coalesce(o.destination, leased.destination)

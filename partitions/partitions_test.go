@@ -310,3 +310,43 @@ func detachProcess() int {
 	fmt.Fprintln(os.Stderr, "pass ended:", err)
 	return 0
 }
+
+// A partition of the attempt log past retention is kept while an attempt in it is of an effect still
+// stored (one still retrying, or finished less than retention ago), and dropped once the purge has deleted
+// that effect: the attempts of an effect stay as long as it does.
+func TestAttemptsOfAStoredEffectKeepTheirPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	var effect int64
+	if err := pool.QueryRow(ctx, `INSERT INTO oncegate_effects (tenant, key, type, payload, fingerprint, status)
+		VALUES ('t', 'k', 'typ', '{}', '\x00', 'pending') RETURNING id`).Scan(&effect); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome)
+		VALUES ($1, 1, now(), 'g', 'retry'), ($1 + 1000, 1, now(), 'g', 'delivered')`, effect); err != nil {
+		t.Fatal(err)
+	}
+	oldest := list(t, pool, "oncegate_effect_attempts")[0].name // the migration's, up to the day after tomorrow
+	// A week on, with a day of retention: every partition there is now is past it.
+	later := time.Now().Add(7 * 24 * time.Hour)
+	m := manager(t, url, partitions.Config{Tables: []partitions.Table{partitions.Attempts}, Interval: 24 * time.Hour,
+		Retention: 24 * time.Hour, Now: func() time.Time { return later }})
+	rep, err := m.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Kept, oldest) || slices.Contains(rep.Dropped, oldest) {
+		t.Fatalf("kept %v, dropped %v: want %s kept", rep.Kept, rep.Dropped, oldest)
+	}
+	if _, err := pool.Exec(ctx, "DELETE FROM oncegate_effects WHERE id = $1", effect); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = m.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Dropped, oldest) {
+		t.Fatalf("after the purge: kept %v, dropped %v: want %s dropped", rep.Kept, rep.Dropped, oldest)
+	}
+}

@@ -34,6 +34,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 //go:embed sql/*.sql
@@ -240,7 +241,13 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 		m.conn = nil
 	}
 	if m.conn == nil {
-		conn, err := pgx.Connect(ctx, m.cfg.ConnString)
+		// Parsed as a pool's, so that a database_url's pool settings (pool_max_conns, …) are taken out
+		// rather than sent to the server as parameters it does not know.
+		pcfg, err := pgxpool.ParseConfig(m.cfg.ConnString)
+		if err != nil {
+			return Report{}, fmt.Errorf("partitions: connection string: %w", err)
+		}
+		conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig)
 		if err != nil {
 			return Report{}, fmt.Errorf("partitions: connect: %w", err)
 		}

@@ -401,3 +401,37 @@ func strPtr(s *string) string {
 	}
 	return *s
 }
+
+// The attempt log is in time partitions (migration 00019): an effect whose attempts lie in three of them
+// shows them all, in order, and its listing counts the interrupted ones across them.
+func TestAttemptHistoryAcrossPartitions(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "p", 1, effect.StatusDead)
+	// Now, and two and three days on: the migration's first partition (or today's), and the days' created
+	// ahead of them.
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome)
+		SELECT id, a, now() + (a - 1) * interval '1 day', 'gw-1',
+			CASE WHEN a = 3 THEN 'failed' ELSE 'interrupted' END
+		FROM oncegate_effects, (VALUES (1), (3), (4)) AS v (a) WHERE key = 'p0'`); err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(DISTINCT tableoid) FROM oncegate_effect_attempts"); n != 3 {
+		t.Fatalf("the attempts are in %d partitions, want 3", n)
+	}
+	d, err := svc.Effect(ctx, viv, "acme", "p0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range d.AttemptLog {
+		got = append(got, fmt.Sprintf("%d %s", a.Attempt, a.Outcome))
+	}
+	if want := []string{"1 interrupted", "3 failed", "4 interrupted"}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("attempt log %q, want %q", got, want)
+	}
+	if d.Interrupted != 2 {
+		t.Fatalf("interrupted %d, want 2", d.Interrupted)
+	}
+}

@@ -37,6 +37,8 @@ type Config struct {
 	Retry Retry `yaml:"retry"`
 	// Retention says how long terminal effects are kept.
 	Retention Retention `yaml:"retention"`
+	// Partitions tunes the time partitions of the attempt log (docs/storage.md).
+	Partitions Partitions `yaml:"partitions"`
 	// Limits bounds requests.
 	Limits Limits `yaml:"limits"`
 	// Timeouts bounds the gateway's own waits.
@@ -184,6 +186,19 @@ type Breaker struct {
 type Retention struct {
 	// Keys defaults to DefaultRetention.
 	Keys Duration `yaml:"keys"`
+}
+
+// Partitions tunes the partition manager (package partitions): one gateway at a time creates the attempt
+// log's time partitions ahead and drops those past retention.keys, on listen_url's connection (or
+// database_url's when it reaches Postgres directly; through a transaction pooler without listen_url the
+// manager does not run, and says so).
+type Partitions struct {
+	// Interval is the range of one partition. Defaults to partitions.DefaultInterval (a day).
+	Interval Duration `yaml:"interval"`
+	// Ahead is how many intervals past the present are kept created. Defaults to partitions.DefaultAhead.
+	Ahead int `yaml:"ahead"`
+	// Disabled leaves the partitions to something else (pg_partman, a cron job). Defaults to false.
+	Disabled bool `yaml:"disabled"`
 }
 
 // Limits bounds requests.

@@ -12,6 +12,7 @@ import (
 	"github.com/oncegate/oncegate/internal/backoff"
 	"github.com/oncegate/oncegate/migrations"
 	"github.com/oncegate/oncegate/outbox"
+	"github.com/oncegate/oncegate/partitions"
 	"github.com/oncegate/oncegate/providers/postgres"
 )
 
@@ -144,6 +145,8 @@ func (c *Config) WithDefaults() *Config {
 	}
 	o.Retry = o.Retry.withDefaults()
 	def(&o.Retention.Keys, DefaultRetention)
+	def(&o.Partitions.Interval, partitions.DefaultInterval)
+	defInt(&o.Partitions.Ahead, partitions.DefaultAhead)
 	if o.Limits.MaxBody == 0 {
 		o.Limits.MaxBody = DefaultMaxBody
 	}

@@ -50,6 +50,7 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	wg.Go(func() { g.poll(bg) })
 	wg.Go(func() { g.heartbeat(bg, l.Addr().String()) })
 	wg.Go(func() { g.watchReplication(bg) })
+	wg.Go(func() { g.managePartitions(bg) })
 	if g.cfg.Dispatcher.Disabled {
 		g.log.Info("dispatcher disabled: this gateway records effects, other gateways deliver them")
 	} else {

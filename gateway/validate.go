@@ -50,6 +50,9 @@ func (c *Config) validate() error {
 	if err := c.Limits.TenantRate.validate("limits.tenant_rate", c.Limits.MaxBody); err != nil {
 		return err
 	}
+	if c.Partitions.Interval != 0 && c.Partitions.Interval < Duration(time.Second) || c.Partitions.Ahead < 0 {
+		return errors.New("partitions.interval must be at least 1s, and partitions.ahead not negative")
+	}
 	for field, d := range map[string]Duration{"retention.keys": c.Retention.Keys,
 		"timeouts.database": c.Timeouts.Database, "timeouts.shutdown": c.Timeouts.Shutdown,
 		"timeouts.read_header": c.Timeouts.ReadHeader, "timeouts.read": c.Timeouts.Read,

@@ -14,3 +14,12 @@ func UpTo(ctx context.Context, db *sql.DB, version int64) error {
 	_, err = p.UpTo(ctx, version)
 	return err
 }
+
+// Source returns a migration file's text.
+func Source(name string) string {
+	b, err := files.ReadFile(name)
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/migrations"
+	"github.com/oncegate/oncegate/partitions"
 )
 
 // DefaultDatabaseURL is used when DATABASE_URL is unset.
@@ -75,7 +76,19 @@ func DatabaseAt(t testing.TB, adminURL string) string {
 		t.Fatalf("create database from %s: %v", tmpl, err)
 	}
 	t.Cleanup(func() { dropDatabase(t, adminURL, name) })
-	return WithDatabase(adminURL, name)
+	u := WithDatabase(adminURL, name)
+	// The template may have been migrated days ago, and the time-partitioned tables' partitions then end
+	// before today: the copy gets today's and the next days', as a gateway's partition manager makes them.
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := partitions.Ensure(ctx, conn, partitions.Attempts, partitions.DefaultInterval,
+		partitions.DefaultAhead, time.Now()); err != nil {
+		t.Fatalf("partitions of %s: %v", name, err)
+	}
+	return u
 }
 
 func dropDatabase(t testing.TB, adminURL, name string) {

@@ -1,0 +1,469 @@
+// Package partitions keeps tables partitioned by time (PARTITION BY RANGE on a timestamptz column, plain
+// Postgres declarative partitioning) in shape: it creates their partitions ahead of time and retires those
+// whose whole range is past retention, by DETACH PARTITION ... CONCURRENTLY and DROP TABLE, instead of a
+// batched DELETE (issue 30).
+//
+// What it guarantees:
+//   - One manager works at a time in a database: a pass runs only while its manager holds a session
+//     advisory lock (LockKey) on a connection of its own, which must reach Postgres directly or through a
+//     session-mode pooler (never PgBouncer in transaction mode, where a session lock lands on a pooled
+//     server connection). A manager killed releases it with its connection.
+//   - Its DDL never holds off writes for long: every statement runs with lock_timeout (Config.LockTimeout),
+//     and one that times out is retried with backoff, then left to the next pass. Partitions are created
+//     apart and attached (SHARE UPDATE EXCLUSIVE on the table, which inserts do not wait for) and detached
+//     CONCURRENTLY.
+//   - A detach interrupted (the gateway killed, its wait timed out) leaves the partition "detach pending";
+//     the next pass finishes it (FINALIZE) and drops it, and drops a detached partition whose DROP did not
+//     run.
+//   - A partition is retired only when its whole range ends before now - retention and its table's Keep
+//     query says nothing in it must stay (for attempts: none is of an effect still stored).
+//
+// There is no DEFAULT partition: DETACH ... CONCURRENTLY refuses a table that has one. An insert needs its
+// partition to exist, so partitions are created Config.Ahead intervals ahead, and a pass that finds the
+// newest partition ending less than one interval ahead says so (an error log, and Report.Short).
+package partitions
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed sql/*.sql
+var sqlFiles embed.FS
+
+func sqlFile(name string) string {
+	b, err := sqlFiles.ReadFile("sql/" + name + ".sql")
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
+}
+
+var (
+	listSQL      = sqlFile("list")
+	leftoversSQL = sqlFile("leftovers")
+	createSQL    = sqlFile("create")
+	detachSQL    = sqlFile("detach")
+	finalizeSQL  = sqlFile("finalize")
+	dropSQL      = sqlFile("drop")
+)
+
+// Table is a table partitioned by RANGE on a timestamptz column.
+type Table struct {
+	// Name is the partitioned table. Its partitions are named Name_pYYYYMMDDtHHMMSS after their lower bound
+	// (UTC).
+	Name string
+	// Keep, if not empty, is a query answering one boolean: whether a partition past retention must be kept
+	// still. {{partition}} in it is replaced by the partition's name.
+	Keep string
+}
+
+// Attempts is oncegate_effect_attempts (migration 00019): a partition is kept while an attempt in it is of
+// an effect that is still stored.
+var Attempts = Table{Name: "oncegate_effect_attempts", Keep: sqlFile("keep_attempts")}
+
+// Defaults.
+const (
+	// DefaultInterval is the range of one partition.
+	DefaultInterval = 24 * time.Hour
+	// DefaultAhead is how many intervals past the present are kept created.
+	DefaultAhead = 3
+	// DefaultLockTimeout is each DDL statement's lock_timeout.
+	DefaultLockTimeout = 100 * time.Millisecond
+	// DefaultRetries is how often a statement whose lock timed out is tried again within a pass.
+	DefaultRetries = 8
+	// LockKey is the session advisory lock that one manager at a time holds (pg_try_advisory_lock).
+	LockKey int64 = 0x6f6e6365_70617274 // "oncepart"
+)
+
+// Config configures a Manager.
+type Config struct {
+	// ConnString reaches the database directly, or through a session-mode pooler: the manager's advisory lock
+	// is a session's. Required.
+	ConnString string
+	// Tables to manage. Defaults to Attempts.
+	Tables []Table
+	// Interval is the range of one partition; partitions start on multiples of it counted as time.Truncate
+	// counts (UTC midnights for a day, whole minutes for a minute). Defaults to DefaultInterval.
+	Interval time.Duration
+	// Ahead is how many intervals past the present are kept created. Defaults to DefaultAhead.
+	Ahead int
+	// Retention: a partition whose range ends more than this before now is retired. Required.
+	Retention time.Duration
+	// Every is how often a pass runs. Defaults to a quarter of Interval, at most an hour.
+	Every time.Duration
+	// LockTimeout is each DDL statement's lock_timeout. Defaults to DefaultLockTimeout.
+	LockTimeout time.Duration
+	// Retries is how often a statement whose lock timed out is tried again, with backoff, within a pass.
+	// Defaults to DefaultRetries.
+	Retries int
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Now defaults to time.Now; tests move the clock.
+	Now func() time.Time
+}
+
+// WithDefaults returns the config with its unset fields defaulted.
+func (c Config) WithDefaults() Config {
+	if len(c.Tables) == 0 {
+		c.Tables = []Table{Attempts}
+	}
+	if c.Interval <= 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.Ahead <= 0 {
+		c.Ahead = DefaultAhead
+	}
+	if c.Every <= 0 {
+		c.Every = min(c.Interval/4, time.Hour)
+	}
+	if c.LockTimeout <= 0 {
+		c.LockTimeout = DefaultLockTimeout
+	}
+	if c.Retries <= 0 {
+		c.Retries = DefaultRetries
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.ConnString == "" {
+		return errors.New("partitions: a connection string is required")
+	}
+	if c.Retention <= 0 {
+		return errors.New("partitions: retention must be positive")
+	}
+	if c.Interval < time.Second {
+		return errors.New("partitions: the interval must be at least a second")
+	}
+	return nil
+}
+
+// ErrNotHeld is returned by Pass when another manager holds the lock.
+var ErrNotHeld = errors.New("partitions: another manager holds the lock")
+
+// Report says what a pass did.
+type Report struct {
+	Created   []string // partitions created
+	Finalized []string // pending detaches finished
+	Dropped   []string // partitions (and leftovers of earlier detaches) dropped
+	Kept      []string // partitions past retention kept, because of their Keep query
+	// Short names the tables whose newest partition ends less than one interval ahead: inserts past it fail
+	// if the manager does not run again before then.
+	Short []string
+}
+
+// Manager keeps the tables' partitions.
+type Manager struct {
+	cfg  Config
+	conn *pgx.Conn // holds the lock while the manager works
+}
+
+// New returns a manager; it connects when it runs.
+func New(cfg Config) (*Manager, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Manager{cfg: cfg}, nil
+}
+
+// Run makes a pass every Config.Every until ctx ends, taking the lock when no other manager holds it, and
+// keeping it (and its connection) from one pass to the next.
+func (m *Manager) Run(ctx context.Context) {
+	defer m.Close()
+	for {
+		rep, err := m.Pass(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, ErrNotHeld):
+		case err != nil:
+			m.cfg.Logger.Warn("partitions: pass failed; trying again at the next", "err", err,
+				"next_in", m.cfg.Every.String())
+		default:
+			m.logReport(rep)
+		}
+		t := time.NewTimer(m.cfg.Every)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Manager) logReport(rep Report) {
+	if len(rep.Created)+len(rep.Finalized)+len(rep.Dropped) > 0 {
+		m.cfg.Logger.Info("partitions: pass", "created", rep.Created, "finalized", rep.Finalized,
+			"dropped", rep.Dropped)
+	}
+	if len(rep.Kept) > 0 {
+		m.cfg.Logger.Info("partitions: kept past retention, for rows still in use", "kept", rep.Kept)
+	}
+	if len(rep.Short) > 0 {
+		m.cfg.Logger.Error("partitions: the newest partition ends less than one interval ahead; inserts past "+
+			"it will fail", "tables", rep.Short, "interval", m.cfg.Interval.String())
+	}
+}
+
+// Close releases the connection, and with it the lock.
+func (m *Manager) Close() {
+	if m.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = m.conn.Close(ctx)
+		m.conn = nil
+	}
+}
+
+// Pass takes the lock (or finds it held by this manager) and runs one pass: it finishes interrupted
+// detaches, creates partitions ahead, and retires those past retention. ErrNotHeld: another manager holds
+// the lock, and the pass did nothing.
+func (m *Manager) Pass(ctx context.Context) (Report, error) {
+	if m.conn != nil && m.conn.IsClosed() {
+		m.conn = nil
+	}
+	if m.conn == nil {
+		// Parsed as a pool's, so that a database_url's pool settings (pool_max_conns, …) are taken out
+		// rather than sent to the server as parameters it does not know.
+		pcfg, err := pgxpool.ParseConfig(m.cfg.ConnString)
+		if err != nil {
+			return Report{}, fmt.Errorf("partitions: connection string: %w", err)
+		}
+		conn, err := pgx.ConnectConfig(ctx, pcfg.ConnConfig)
+		if err != nil {
+			return Report{}, fmt.Errorf("partitions: connect: %w", err)
+		}
+		var held bool
+		if err := conn.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", LockKey).Scan(&held); err != nil || !held {
+			_ = conn.Close(ctx)
+			if err != nil {
+				return Report{}, fmt.Errorf("partitions: take the lock: %w", err)
+			}
+			return Report{}, ErrNotHeld
+		}
+		if _, err := conn.Exec(ctx, fmt.Sprintf("SET lock_timeout = %d; SET TimeZone = 'UTC'",
+			m.cfg.LockTimeout.Milliseconds())); err != nil {
+			_ = conn.Close(ctx)
+			return Report{}, fmt.Errorf("partitions: set lock_timeout: %w", err)
+		}
+		m.conn = conn
+	}
+	var rep Report
+	for _, t := range m.cfg.Tables {
+		if err := m.table(ctx, t, &rep); err != nil {
+			return rep, err
+		}
+	}
+	return rep, nil
+}
+
+type partition struct {
+	name         string
+	pending      bool
+	lower, upper *time.Time // nil: MINVALUE, MAXVALUE
+}
+
+func list(ctx context.Context, conn *pgx.Conn, table string) ([]partition, error) {
+	rows, err := conn.Query(ctx, listSQL, table)
+	if err != nil {
+		return nil, fmt.Errorf("partitions: list %s: %w", table, err)
+	}
+	var ps []partition
+	for rows.Next() {
+		var p partition
+		if err := rows.Scan(&p.name, &p.pending, &p.lower, &p.upper); err != nil {
+			return nil, err
+		}
+		ps = append(ps, p)
+	}
+	return ps, rows.Err()
+}
+
+func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
+	ps, err := list(ctx, m.conn, t.Name)
+	if err != nil {
+		return err
+	}
+	now := m.cfg.Now()
+	// Interrupted detaches first: a table with a pending detach refuses another detach.
+	for _, p := range ps {
+		if p.pending {
+			if err := m.retire(ctx, t, p.name, true); err != nil {
+				return err
+			}
+			rep.Finalized = append(rep.Finalized, p.name)
+			rep.Dropped = append(rep.Dropped, p.name)
+		}
+	}
+	rows, err := m.conn.Query(ctx, leftoversSQL, t.Name, likePrefix(t.Name)+"p%", t.Name+"_legacy")
+	if err != nil {
+		return fmt.Errorf("partitions: leftovers of %s: %w", t.Name, err)
+	}
+	leftovers, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("partitions: leftovers of %s: %w", t.Name, err)
+	}
+	for _, name := range leftovers {
+		if err := m.ddl(ctx, expand(dropSQL, t.Name, name)); err != nil {
+			return err
+		}
+		rep.Dropped = append(rep.Dropped, name)
+	}
+
+	created, err := m.ensure(ctx, t, ps, now)
+	rep.Created = append(rep.Created, created...)
+	if err != nil {
+		return err
+	}
+
+	horizon := now.Add(-m.cfg.Retention)
+	for _, p := range ps {
+		if p.pending || p.upper == nil || p.upper.After(horizon) {
+			continue
+		}
+		if t.Keep != "" {
+			var keep bool
+			if err := m.conn.QueryRow(ctx, expand(t.Keep, t.Name, p.name)).Scan(&keep); err != nil {
+				return fmt.Errorf("partitions: whether to keep %s: %w", p.name, err)
+			}
+			if keep {
+				rep.Kept = append(rep.Kept, p.name)
+				continue
+			}
+		}
+		if err := m.retire(ctx, t, p.name, false); err != nil {
+			return err
+		}
+		rep.Dropped = append(rep.Dropped, p.name)
+	}
+
+	if ps, err = list(ctx, m.conn, t.Name); err != nil {
+		return err
+	}
+	if len(ps) == 0 || ps[len(ps)-1].upper != nil && ps[len(ps)-1].upper.Before(now.Add(m.cfg.Interval)) {
+		rep.Short = append(rep.Short, t.Name)
+	}
+	return nil
+}
+
+// Ensure creates, without the lock, the partitions of t from its newest one's end (or from the start of the
+// present interval, when it has none) until Ahead intervals past now. A gap since the newest partition's
+// end is covered by one partition up to the present interval. For test databases copied from a template
+// migrated long ago; a gateway's Manager does it under its lock.
+func Ensure(ctx context.Context, conn *pgx.Conn, t Table, interval time.Duration, ahead int, now time.Time) ([]string, error) {
+	m := &Manager{cfg: Config{Interval: interval, Ahead: ahead, Retries: DefaultRetries}, conn: conn}
+	ps, err := list(ctx, conn, t.Name)
+	if err != nil {
+		return nil, err
+	}
+	return m.ensure(ctx, t, ps, now)
+}
+
+func (m *Manager) ensure(ctx context.Context, t Table, ps []partition, now time.Time) ([]string, error) {
+	iv := m.cfg.Interval
+	floor := now.UTC().Truncate(iv)
+	until := floor.Add(time.Duration(m.cfg.Ahead+1) * iv)
+	var from time.Time
+	switch {
+	case len(ps) == 0:
+		from = floor
+	case ps[len(ps)-1].upper == nil:
+		return nil, nil // reaches MAXVALUE
+	default:
+		from = ps[len(ps)-1].upper.UTC()
+	}
+	var created []string
+	for from.Before(until) {
+		to := from.Truncate(iv).Add(iv)
+		if from.Before(floor) {
+			to = floor // the gap since the manager last ran, in one partition
+		}
+		name := partitionName(t.Name, from)
+		if err := m.ddl(ctx, expand(strings.NewReplacer("{{lower}}", literal(from), "{{upper}}", literal(to)).
+			Replace(createSQL), t.Name, name)); err != nil {
+			return created, err
+		}
+		created = append(created, name)
+		from = to
+	}
+	return created, nil
+}
+
+// retire detaches a partition (or finishes its pending detach) and drops it.
+func (m *Manager) retire(ctx context.Context, t Table, name string, pending bool) error {
+	q := detachSQL
+	if pending {
+		q = finalizeSQL
+	}
+	if err := m.ddl(ctx, expand(q, t.Name, name)); err != nil {
+		// A detach whose wait timed out is pending now: the next pass finishes it.
+		return err
+	}
+	return m.ddl(ctx, expand(dropSQL, t.Name, name))
+}
+
+// ddl runs a statement, again with backoff while it cannot have its lock within lock_timeout.
+func (m *Manager) ddl(ctx context.Context, q string) error {
+	delay := 20 * time.Millisecond
+	for i := 0; ; i++ {
+		_, err := m.conn.Exec(ctx, q)
+		var pe *pgconn.PgError
+		if err == nil || !errors.As(err, &pe) || (pe.Code != "55P03" && pe.Code != "40P01") || i >= m.cfg.Retries {
+			if err != nil {
+				return fmt.Errorf("partitions: %s: %w", firstLine(q), err)
+			}
+			return nil
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, 2*time.Second)
+	}
+}
+
+func expand(q, parent, part string) string {
+	return strings.NewReplacer("{{parent}}", pgx.Identifier{parent}.Sanitize(),
+		"{{partition}}", pgx.Identifier{part}.Sanitize()).Replace(q)
+}
+
+func literal(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'" }
+
+func partitionName(table string, lower time.Time) string {
+	return table + "_p" + lower.UTC().Format("20060102t150405")
+}
+
+// likePrefix is the LIKE pattern's prefix of a table's partitions' names: table_ (escaped).
+func likePrefix(table string) string {
+	return strings.NewReplacer(`\`, `\\`, "_", `\_`, "%", `\%`).Replace(table) + `\_`
+}
+
+func firstLine(q string) string {
+	for _, l := range strings.Split(q, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "--") {
+			return l
+		}
+	}
+	return q
+}

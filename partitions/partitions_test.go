@@ -1,0 +1,357 @@
+package partitions_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/internal/testkit/leaktest"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
+	"github.com/oncegate/oncegate/partitions"
+)
+
+func TestMain(m *testing.M) {
+	if proctest.Role() == "detach" {
+		os.Exit(detachProcess())
+	}
+	leaktest.Main(m)
+}
+
+// events is a table partitioned as the attempt log is, without a Keep query: the manager's own behaviour.
+var events = partitions.Table{Name: "events"}
+
+// eventsDB is a database of the test's own with an empty events table, and partitions made for [from,
+// from + 4 minutes) in one-minute intervals.
+func eventsDB(t *testing.T, from time.Time) (string, *pgxpool.Pool) {
+	t.Helper()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	if _, err := pool.Exec(ctx, `CREATE TABLE events (id bigint GENERATED ALWAYS AS IDENTITY, at timestamptz NOT NULL,
+		v int) PARTITION BY RANGE (at); CREATE INDEX events_v ON events (v)`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := partitions.Ensure(ctx, conn, events, time.Minute, 3, from); err != nil {
+		t.Fatal(err)
+	}
+	return url, pool
+}
+
+type part struct {
+	name         string
+	pending      bool
+	lower, upper *time.Time
+}
+
+func list(t *testing.T, pool *pgxpool.Pool, table string) []part {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), `SELECT c.relname::text, i.inhdetachpending,
+		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
+		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass ORDER BY 4`, table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var ps []part
+	for rows.Next() {
+		var p part
+		if err := rows.Scan(&p.name, &p.pending, &p.lower, &p.upper); err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+func manager(t *testing.T, url string, cfg partitions.Config) *partitions.Manager {
+	t.Helper()
+	// A database_url's pool settings are not sent to the server.
+	cfg.ConnString = url + map[bool]string{true: "&", false: "?"}[strings.Contains(url, "?")] + "pool_max_conns=4"
+	if cfg.Tables == nil {
+		cfg.Tables = []partitions.Table{events}
+	}
+	if cfg.Interval == 0 {
+		cfg.Interval = time.Minute
+	}
+	if cfg.Retention == 0 {
+		cfg.Retention = 3 * time.Minute
+	}
+	m, err := partitions.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m
+}
+
+// A pass creates the partitions that cover the present and Ahead intervals past it, contiguous, each one
+// interval long on whole minutes; the gap since the newest partition's end is one partition. Another pass
+// creates nothing.
+func TestPartitionsAreCreatedAhead(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	url, pool := eventsDB(t, now.Add(-30*time.Minute))
+	m := manager(t, url, partitions.Config{Ahead: 3, Retention: time.Hour, Now: func() time.Time { return now }})
+	rep, err := m.Pass(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := list(t, pool, "events")
+	floor := now.UTC().Truncate(time.Minute)
+	if last := ps[len(ps)-1]; !last.upper.Equal(floor.Add(4 * time.Minute)) {
+		t.Fatalf("the newest partition ends at %v, want %v (the present minute and 3 ahead)", last.upper, floor.Add(4*time.Minute))
+	}
+	for i := 1; i < len(ps); i++ {
+		if !ps[i].lower.Equal(*ps[i-1].upper) {
+			t.Fatalf("partitions %s and %s are not contiguous", ps[i-1].name, ps[i].name)
+		}
+		if ps[i].lower.Before(floor) && !ps[i].upper.Equal(floor) && !(ps[i].upper.Sub(*ps[i].lower) == time.Minute) {
+			t.Fatalf("partition %s: %v to %v", ps[i].name, ps[i].lower, ps[i].upper)
+		}
+	}
+	if len(rep.Created) != 5 || len(rep.Short) != 0 { // the gap, the present minute, 3 ahead
+		t.Fatalf("created %v, short %v", rep.Created, rep.Short)
+	}
+	if _, err := pool.Exec(context.Background(), "INSERT INTO events (at, v) VALUES ($1, 1), ($1::timestamptz + interval '3 minutes', 2)", now); err != nil {
+		t.Fatalf("insert into the present and 3 minutes ahead: %v", err)
+	}
+	rep, err = m.Pass(context.Background())
+	if err != nil || len(rep.Created) != 0 {
+		t.Fatalf("second pass: created %v, %v", rep.Created, err)
+	}
+}
+
+// Partitions whose whole range is past retention are detached and dropped while rows go on being inserted
+// into the live ones, from eight connections: no insert fails, and every row inserted is there after.
+func TestOldPartitionsAreDroppedUnderConcurrentInserts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	now := time.Now()
+	url, pool := eventsDB(t, now.Add(-10*time.Minute))
+	if _, err := pool.Exec(ctx, "INSERT INTO events (at, v) SELECT $1::timestamptz + i * interval '1 second', -1 FROM generate_series(0, 239) i",
+		now.Add(-10*time.Minute).Truncate(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := partitions.Ensure(ctx, conn, events, time.Minute, 3, now); err != nil {
+		t.Fatal(err)
+	}
+	old := list(t, pool, "events")
+	m := manager(t, url, partitions.Config{})
+
+	var inserted, failed atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				// Reads of the parent too: each holds locks on every partition while it runs.
+				if _, err := pool.Exec(ctx, "INSERT INTO events (at, v) VALUES (now(), 1)"); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					continue
+				}
+				inserted.Add(1)
+				var n int
+				_ = pool.QueryRow(ctx, "SELECT count(*) FROM events WHERE v = 7").Scan(&n)
+			}
+		})
+	}
+	testenv.Eventually(t, 10*time.Second, "inserts run", func() bool { return inserted.Load() > 50 })
+	rep, err := m.Pass(ctx)
+	for inserted.Load() < 2*50 {
+		time.Sleep(time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if failed.Load() > 0 {
+		t.Fatalf("%d inserts failed during the pass, the first: %v", failed.Load(), firstErr.Load())
+	}
+	horizon := now.Add(-3 * time.Minute)
+	var want []string
+	for _, p := range old {
+		if !p.upper.After(horizon) {
+			want = append(want, p.name)
+		}
+	}
+	if len(want) == 0 || !slices.Equal(rep.Dropped, want) {
+		t.Fatalf("dropped %v, want %v (of %d partitions)", rep.Dropped, want, len(old))
+	}
+	for _, name := range want {
+		if pgtest.Count(t, pool, "SELECT count(*) FROM pg_class WHERE relname = $1", name) != 0 {
+			t.Fatalf("%s is still there", name)
+		}
+	}
+	if got := pgtest.Count(t, pool, "SELECT count(*) FROM events WHERE v = 1"); int64(got) != inserted.Load() {
+		t.Fatalf("%d rows in the live partitions, %d inserted", got, inserted.Load())
+	}
+	if got := pgtest.Count(t, pool, "SELECT count(*) FROM events WHERE v = -1"); got != 0 {
+		t.Fatalf("%d old rows left", got)
+	}
+}
+
+// Two managers at once: only the one holding the lock works; when it stops, the other takes over.
+func TestOneManagerAtATime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, _ := eventsDB(t, time.Now())
+	a := manager(t, url, partitions.Config{})
+	b := manager(t, url, partitions.Config{})
+	if _, err := a.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Pass(ctx); !errors.Is(err, partitions.ErrNotHeld) {
+		t.Fatalf("a second manager's pass: %v, want ErrNotHeld", err)
+	}
+	if _, err := a.Pass(ctx); err != nil {
+		t.Fatalf("the first one's next pass: %v", err)
+	}
+	a.Close()
+	if _, err := b.Pass(ctx); err != nil {
+		t.Fatalf("after the first one stopped: %v", err)
+	}
+}
+
+// A manager SIGKILLed while its DETACH ... CONCURRENTLY waits for a reader of the table leaves the partition
+// pending detach; once the reader is done, the next pass finishes the detach and drops the partition.
+func TestADetachKilledMidwayIsFinishedByTheNextPass(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	now := time.Now()
+	url, pool := eventsDB(t, now.Add(-10*time.Minute))
+	oldest := list(t, pool, "events")[0].name
+
+	// A reader holds the table: the detach's second transaction waits for it.
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck
+	var n int
+	if err := reader.QueryRow(ctx, "SELECT count(*) FROM events").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	// The child's backend notices its client is gone while it waits (as a server with the setting does), so
+	// the kill leaves the detach pending rather than finished by an orphaned backend.
+	child := proctest.ReExec(t, "detach", "DETACH_DB="+url+"&options=-c%20client_connection_check_interval%3D50&application_name=detach")
+	child.WaitLine("ready", 30*time.Second)
+	testenv.Eventually(t, 30*time.Second, "the detach is pending", func() bool {
+		ps := list(t, pool, "events")
+		return len(ps) > 0 && ps[0].name == oldest && ps[0].pending
+	})
+	child.Kill()
+	_ = child.Wait(30 * time.Second)
+	testenv.Eventually(t, 10*time.Second, "the killed process's backend ends", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name = 'detach'`) == 0
+	})
+	if ps := list(t, pool, "events"); ps[0].name != oldest || !ps[0].pending {
+		t.Fatalf("after the kill, the oldest partition is %s pending %v; want %s pending", ps[0].name, ps[0].pending, oldest)
+	}
+	if err := reader.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := manager(t, url, partitions.Config{}).Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Finalized, oldest) || !slices.Contains(rep.Dropped, oldest) {
+		t.Fatalf("next pass: finalized %v, dropped %v; want %s in both", rep.Finalized, rep.Dropped, oldest)
+	}
+	if pgtest.Count(t, pool, "SELECT count(*) FROM pg_class WHERE relname = $1", oldest) != 0 {
+		t.Fatalf("%s is still there", oldest)
+	}
+}
+
+// detachProcess is a manager in a process of its own, which waits as long as it takes for its locks.
+func detachProcess() int {
+	url := os.Getenv("DETACH_DB")
+	if !strings.Contains(url, "?") {
+		url = strings.Replace(url, "&", "?", 1)
+	}
+	m, err := partitions.New(partitions.Config{ConnString: url, Tables: []partitions.Table{events},
+		Interval: time.Minute, Retention: 3 * time.Minute, LockTimeout: 10 * time.Minute})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("ready")
+	_, err = m.Pass(context.Background())
+	fmt.Fprintln(os.Stderr, "pass ended:", err)
+	return 0
+}
+
+// A partition of the attempt log past retention is kept while an attempt in it is of an effect still
+// stored (one still retrying, or finished less than retention ago), and dropped once the purge has deleted
+// that effect: the attempts of an effect stay as long as it does.
+func TestAttemptsOfAStoredEffectKeepTheirPartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	var effect int64
+	if err := pool.QueryRow(ctx, `INSERT INTO oncegate_effects (tenant, key, type, payload, fingerprint, status)
+		VALUES ('t', 'k', 'typ', '{}', '\x00', 'pending') RETURNING id`).Scan(&effect); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome)
+		VALUES ($1, 1, now(), 'g', 'retry'), ($1 + 1000, 1, now(), 'g', 'delivered')`, effect); err != nil {
+		t.Fatal(err)
+	}
+	var oldest string // the migration's, up to the day after tomorrow, or today's when the template is older
+	if err := pool.QueryRow(ctx, "SELECT tableoid::regclass::text FROM oncegate_effect_attempts WHERE effect_id = $1",
+		effect).Scan(&oldest); err != nil {
+		t.Fatal(err)
+	}
+	// A week on, with a day of retention: every partition there is now is past it.
+	later := time.Now().Add(7 * 24 * time.Hour)
+	m := manager(t, url, partitions.Config{Tables: []partitions.Table{partitions.Attempts}, Interval: 24 * time.Hour,
+		Retention: 24 * time.Hour, Now: func() time.Time { return later }})
+	rep, err := m.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Kept, oldest) || slices.Contains(rep.Dropped, oldest) {
+		t.Fatalf("kept %v, dropped %v: want %s kept", rep.Kept, rep.Dropped, oldest)
+	}
+	if _, err := pool.Exec(ctx, "DELETE FROM oncegate_effects WHERE id = $1", effect); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = m.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Dropped, oldest) {
+		t.Fatalf("after the purge: kept %v, dropped %v: want %s dropped", rep.Kept, rep.Dropped, oldest)
+	}
+}

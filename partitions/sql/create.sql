@@ -1,0 +1,7 @@
+-- Creates a partition of {{parent}} for [{{lower}}, {{upper}}) in one transaction (the statements are sent
+-- together, one implicit transaction). CREATE TABLE ... PARTITION OF would take ACCESS EXCLUSIVE on the
+-- parent, holding off every insert while it waits for its lock; a table created apart and attached takes
+-- SHARE UPDATE EXCLUSIVE, which inserts do not wait for. The new table is empty, so the ATTACH's scan of it
+-- is nothing, and it builds the parent's indexes on it, empty too.
+CREATE TABLE {{partition}} (LIKE {{parent}} INCLUDING DEFAULTS INCLUDING STORAGE);
+ALTER TABLE {{parent}} ATTACH PARTITION {{partition}} FOR VALUES FROM ({{lower}}) TO ({{upper}});

@@ -116,6 +116,12 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 			outcomeConns = outcomeShare(pcfg.MaxConns, cfg.GroupCommit.Parallel)
 			pcfg.MaxConns -= outcomeConns
 		}
+		// The partition manager holds a connection of its own to database_url while it holds its lock
+		// (partitions.go): carved out of the pool too, so that pool_max_conns and the listener still bound
+		// what a gateway opens (TestPoolMaxConnsIsRespected saw one more). A pool of 2 or fewer keeps both.
+		if !cfg.Partitions.Disabled && cfg.ListenURL == "" && pcfg.MaxConns > 2 {
+			pcfg.MaxConns--
+		}
 	})
 	if err != nil {
 		_ = reg.Close()

@@ -195,40 +195,6 @@ func TestA429PausesTheDestinationForEveryDispatcher(t *testing.T) {
 	}
 }
 
-// A limited type's claims are not paced by the poll: a claim that finds no token (another dispatcher took
-// it) is tried again at the next token, so the fleet delivers at its rate with the default poll_interval of
-// 1 s as with a fast one. Left to the poll, an outside test's three gateways delivered 28 a second of a 50
-// a second limit, in bursts and gaps of up to 676 ms.
-func TestARateIsHeldWithTheDefaultPoll(t *testing.T) {
-	t.Parallel()
-	f := newFixture(t)
-	f.backlog("hook", "a", 400)
-	p := &routed{}
-	rate := &Rate{PerSecond: 40, Burst: 5}
-	for range 3 {
-		f.start(f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 8, Rate: rate}},
-			PollInterval: DefaultPollInterval}))
-	}
-	const window = 4 * time.Second
-	testenv.Eventually(t, 30*time.Second, "calls to a over the window", func() bool {
-		c := p.snapshot("a")
-		return len(c) > 0 && time.Since(c[0]) > window+time.Second
-	})
-	calls := p.snapshot("a")
-	in := 0
-	for _, at := range calls {
-		if at.Sub(calls[0]) < window {
-			in++
-		}
-	}
-	want := float64(rate.Burst) + rate.PerSecond*window.Seconds()
-	t.Logf("%d calls to a in the first %v with a poll of %v (want about %.0f)", in, window, DefaultPollInterval, want)
-	if float64(in) > want*1.1 || float64(in) < want*0.8 {
-		t.Fatalf("%d calls to a in %v with a poll of %v; a limit of %v a second with a burst of %d allows %.0f",
-			in, window, DefaultPollInterval, rate.PerSecond, rate.Burst, want)
-	}
-}
-
 // A paused destination's backlog does not hold back its type's other destinations, limited or not: an
 // unlimited type's claim leaves out the rows of a paused destination, as a limited type's always did. An
 // outside test's tenant with 50,000 rows to a destination paused by its 429 waited 3 min 37 s for its first

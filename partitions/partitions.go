@@ -183,12 +183,15 @@ func New(cfg Config) (*Manager, error) {
 	return &Manager{cfg: cfg}, nil
 }
 
-// Run makes a pass every Config.Every until ctx ends, taking the lock when no other manager holds it, and
-// keeping it (and its connection) from one pass to the next.
+// Run makes a pass every Config.Every until ctx ends, taking the lock when no other manager holds it. The
+// lock and its connection are let go between passes: a connection held for minutes to do milliseconds of
+// work a minute is one a fleet's Postgres cannot give a request (a test suite starting many gateways ran out
+// of max_connections), and whichever gateway takes the lock next does the next pass as well.
 func (m *Manager) Run(ctx context.Context) {
 	defer m.Close()
 	for {
 		rep, err := m.Pass(ctx)
+		m.Close()
 		switch {
 		case ctx.Err() != nil:
 			return

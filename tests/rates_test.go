@@ -134,7 +134,18 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		t.Fatalf("%.1f calls a second, limit 50", rate)
 	}
 
-	// B's effects through the API, so that they are on their way while A is paused.
+	a.throttle.Store(true)
+	testenv.Eventually(t, 10*time.Second, "the 429", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return !a.limited.IsZero()
+	})
+	a.mu.Lock()
+	limited := a.limited
+	a.mu.Unlock()
+	// B's effects through the API once A is paused, so that they are due while it is: posted before the 429,
+	// they were all delivered before it on a loaded CI machine, whose 300 posts took longer than B's 6 s at
+	// its limit, and B had nothing left to be held back or not.
 	var posts sync.WaitGroup
 	for w := range 8 {
 		posts.Go(func() {
@@ -150,15 +161,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	if t.Failed() {
 		return
 	}
-	a.throttle.Store(true)
-	testenv.Eventually(t, 10*time.Second, "the 429", func() bool {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		return !a.limited.IsZero()
-	})
-	a.mu.Lock()
-	limited := a.limited
-	a.mu.Unlock()
+	posted := time.Since(limited)
 	time.Sleep(time.Until(limited.Add(7 * time.Second)))
 	// Rows another gateway claimed, with their tokens, before the pause was written may still go in its
 	// first moments: each gateway learns of the pause at its next claim.
@@ -172,14 +175,13 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		}
 	}
 	bDuring := b.between(limited, limited.Add(5*time.Second))
-	t.Logf("after the 429: %d calls to A in 300 ms, %d in the rest of the 5 s, first again after %v; %d calls to B meanwhile",
-		early, during, resumed, bDuring)
+	t.Logf("after the 429: %d calls to A in 300 ms, %d in the rest of the 5 s, first again after %v; %d calls to B meanwhile (its 300 posted within %v)",
+		early, during, resumed, bDuring, posted.Round(time.Millisecond))
 	if during != 0 || early > 10 || resumed < 5*time.Second || resumed > 6*time.Second {
 		t.Fatalf("A called %d times during its pause (%d at its start), again after %v; it asked for 5 s", during, early, resumed)
 	}
-	// Its own limit allows 250 in the 5 s; held back with A it would get none. A quiet run gets about 200; one
-	// CI run under load got 3, which is not understood yet (issue 31 stays open on it): so the bound is
-	// that B is not held back with A, and the count is logged.
+	// Its own limit allows 250 in the 5 s; held back with A it would get none. How many it gets depends on how
+	// fast the posts come on the machine: the bound is that B is not held back with A, and the count is logged.
 	if bDuring == 0 {
 		t.Fatalf("B called %d times while A was paused: held back with it", bDuring)
 	}
@@ -224,9 +226,10 @@ func TestFleetHoldsATenantsRequestRate(t *testing.T) {
 		"3 gateways, one database; tenants at 100 requests/s (burst 50), one with scope fleet, one with scope gateway; clients hammer all three for 10 s each",
 		"fleet: 100/s ±10% through the three together; gateway: about 3× that; every 429 with Retry-After")
 	const fleetKey, localKey = "tests-fleet-rate-key-7c1d9e2a4b6f", "tests-local-rate-key-3e8a1f5c7d9b"
-	// A burst of 50: a take of tokens slower than the bucket takes to fill (here 500 ms) leaves tokens unused,
-	// and a loaded 2-core machine has answered slower than the 200 ms a burst of 20 gave.
-	const burst = 50
+	// A burst of 100: a take of tokens slower than the bucket takes to fill (here 1 s, the take's timeout) leaves
+	// tokens unused, and a loaded 2-core machine has answered slower than the 200 ms a burst of 20 gave, and
+	// than the 500 ms of a burst of 50 (CI: 944 tokens taken in 10 s where the bucket had 1,050 to give).
+	const burst = 100
 	dbURL := pgtest.Database(t)
 	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s

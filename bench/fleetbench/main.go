@@ -11,6 +11,9 @@
 //	  - quiet tenant: the p99 of a quiet tenant's effects of an unlimited type (from the POST to the receiver)
 //	    while another tenant has -backlog effects of the same type waiting, over the p99 when it is alone.
 //
+// Before that line, a line of its own for a limited type: the quiet tenant's effects to one destination while
+// the other tenant's -backlog effects wait for another destination of the type, held at its 50/s.
+//
 // Every effect of the limit phases is counted at the receiver: lost and twice are reported beside the line.
 // Run it with `scripts/bench fleet`; it creates and drops a database of its own.
 package main
@@ -146,9 +149,11 @@ func main() {
 	must(err)
 	defer os.RemoveAll(dir)
 
-	limited, fair := newReceiver(), newReceiver()
+	limited, fair, side, held := newReceiver(), newReceiver(), newReceiver(), newReceiver()
 	defer limited.srv.Close()
 	defer fair.srv.Close()
+	defer side.srv.Close()
+	defer held.srv.Close()
 	cfg := filepath.Join(dir, "gateway.yaml")
 	must(os.WriteFile(cfg, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s
@@ -165,8 +170,15 @@ effect_types:
     provider: webhook
     concurrency: 64
     webhook: { url: "%s/in", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
+  side:
+    provider: webhook
+    concurrency: 64
+    timeout: 2s
+    webhook: { url: "%s/in", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true,
+      allowed_hosts: ["%s", "%s"] }
+    rate: { per_second: %v, burst: 10 }
 dispatcher: { poll_interval: 100ms, lease_margin: 1s }
-`, dbURL, apiKey, quietKey, limited.srv.URL, limit, fair.srv.URL)), 0o600))
+`, dbURL, apiKey, quietKey, limited.srv.URL, limit, fair.srv.URL, side.srv.URL, side.srv.URL, held.srv.URL, limit)), 0o600))
 
 	// The schema comes with the first gateway; the backlog goes in before the others start.
 	gws = append(gws, startGateway(cfg, "--no-dispatch"))
@@ -239,8 +251,34 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	}
 	gws = []*gateway{startGateway(cfg), startGateway(cfg), startGateway(cfg)}
 
+	// Fairness on a limited type: the quiet tenant's effects to one destination, alone, then while the noisy
+	// tenant's backlog waits for another destination of the type, which gets its 50 a second.
+	sideAlone50, sideAlone := quietLatency(gws[0].url, "side", side, "side-alone")
+	_, err = db.Exec(ctx, `
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+			SELECT 'noisy', 'h' || i, 'side', '\x00',
+				json_build_object('event', 'e', 'url', $2::text || '/in', 'data', json_build_object('i', i)), 'eff_h' || i
+			FROM generate_series(1, $1) AS i RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant) SELECT id, type, $2, tenant FROM e`, *backlog,
+		held.srv.URL)
+	must(err)
+	time.Sleep(2 * time.Second) // the held destination at its limit
+	sideBusy50, sideBusy := quietLatency(gws[0].url, "side", side, "side-busy")
+	held.mu.Lock()
+	heldCalls := len(held.at)
+	held.mu.Unlock()
+	fmt.Printf("quiet tenant, limited type: p50 %v, p99 %v alone; p50 %v, p99 %v (%.2fx) while the noisy tenant's %d effects wait for another destination of the type (%d delivered meanwhile)\n",
+		sideAlone50.Round(time.Microsecond), sideAlone.Round(time.Microsecond), sideBusy50.Round(time.Microsecond),
+		sideBusy.Round(time.Microsecond), float64(sideBusy)/float64(sideAlone), *backlog, heldCalls)
+	// What is left of that backlog goes, so that the next phases do not share the gateways with it.
+	_, err = db.Exec(ctx, `DELETE FROM oncegate_outbox WHERE type = 'side'`)
+	must(err)
+	_, err = db.Exec(ctx, `VACUUM ANALYZE oncegate_outbox`)
+	must(err)
+
 	// Fairness: the quiet tenant alone, then beside the noisy tenant's backlog of the same type.
-	alone50, alone := quietLatency(gws[0].url, fair, "alone")
+	alone50, alone := quietLatency(gws[0].url, "fair", fair, "alone")
 	_, err = db.Exec(ctx, `
 		WITH e AS (
 			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
@@ -249,7 +287,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		INSERT INTO oncegate_outbox (effect_id, type, destination) SELECT id, type, $2 FROM e`, *backlog,
 		fair.srv.URL)
 	must(err)
-	busy50, busy := quietLatency(gws[0].url, fair, "busy")
+	busy50, busy := quietLatency(gws[0].url, "fair", fair, "busy")
 	var left int
 	must(db.QueryRow(ctx, `SELECT count(*) FROM oncegate_outbox o JOIN oncegate_effects e ON e.id = o.effect_id
 		WHERE e.type = 'fair' AND e.tenant = 'noisy'`).Scan(&left))
@@ -292,11 +330,11 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 
 // quietLatency posts the quiet tenant's effects one at a time and returns the p50 and p99 of the time from
 // each POST to its arrival at the receiver.
-func quietLatency(base string, r *receiver, phase string) (p50, p99 time.Duration) {
+func quietLatency(base, typ string, r *receiver, phase string) (p50, p99 time.Duration) {
 	var lat []time.Duration
 	for i := range *quiet {
 		q := fmt.Sprintf("%s-%d", phase, i)
-		body := fmt.Sprintf(`{"type":"fair","payload":{"event":"e","data":{"q":%q}}}`, q)
+		body := fmt.Sprintf(`{"type":%q,"payload":{"event":"e","data":{"q":%q}}}`, typ, q)
 		req, _ := http.NewRequest("POST", base+"/v1/effects", bytes.NewReader([]byte(body)))
 		req.Header.Set("Authorization", "Bearer "+quietKey)
 		req.Header.Set("Content-Type", "application/json")

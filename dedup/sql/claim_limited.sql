@@ -39,20 +39,98 @@ WITH RECURSIVE tenants AS (
         random() AS draw
     FROM tenants t
     CROSS JOIN LATERAL (
-        -- One range of oncegate_outbox_tenant_due, as in claim.sql.
-        SELECT o.effect_id, o.destination, o.run_at
-        FROM oncegate_outbox o
-        WHERE o.type = $1
-          AND (o.tenant, o.run_at) >= (t.tenant, '-infinity'::timestamptz)
-          AND (o.tenant, o.run_at) <= (t.tenant, now())
-          AND o.run_at <= now()
-          AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-          AND NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-              WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
-          AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
-              WHERE b.type = $1 AND b.destination = o.destination
-                AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
-        ORDER BY o.tenant, o.run_at
+        -- The tenant's first $2 open rows among its first $2 × 8 due rows (one range of
+        -- oncegate_outbox_tenant_due, as in claim.sql): the walk stops at the $2nd open row.
+        WITH fast AS (
+            SELECT w.effect_id, w.destination, w.run_at
+            FROM (
+                SELECT o.effect_id, o.destination, o.run_at,
+                    NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+                        WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
+                    AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
+                        WHERE b.type = $1 AND b.destination = o.destination
+                          AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open
+                FROM oncegate_outbox o
+                WHERE o.type = $1
+                  AND (o.tenant, o.run_at) >= (t.tenant, '-infinity'::timestamptz)
+                  AND (o.tenant, o.run_at) <= (t.tenant, now())
+                  AND o.run_at <= now()
+                  AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+                ORDER BY o.tenant, o.run_at
+                LIMIT $2 * 8
+            ) w
+            WHERE w.open
+            LIMIT $2
+        ), held AS (
+            -- Else held-back destinations stand in front of the rest, which are found by destination: when
+            -- the walk found fewer than $2 open rows and was cut short (asked only then).
+            SELECT (SELECT count(*) FROM fast) < $2 AND (SELECT count(*) FROM (
+                SELECT 1 FROM oncegate_outbox o
+                WHERE o.type = $1
+                  AND (o.tenant, o.run_at) >= (t.tenant, '-infinity'::timestamptz)
+                  AND (o.tenant, o.run_at) <= (t.tenant, now())
+                  AND o.run_at <= now()
+                  AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+                ORDER BY o.tenant, o.run_at
+                LIMIT $2 * 8) x) = $2 * 8 AS yes
+        ), dests AS (
+            -- The tenant's destinations, by a loose scan of oncegate_outbox_tenant_destination_due, a probe
+            -- each, the first 1,000 by name; the open ones.
+            SELECT d.destination
+            FROM held
+            CROSS JOIN LATERAL (
+                WITH RECURSIVE names (destination, n) AS (
+                    (SELECT o.destination, 1 FROM oncegate_outbox o
+                     WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NOT NULL
+                     ORDER BY o.destination LIMIT 1)
+                    UNION ALL
+                    SELECT (SELECT o.destination FROM oncegate_outbox o
+                            WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination > names.destination
+                            ORDER BY o.destination LIMIT 1), names.n + 1
+                    FROM names
+                    WHERE names.destination IS NOT NULL AND names.n < 1000
+                )
+                SELECT names.destination FROM names WHERE names.destination IS NOT NULL
+            ) d
+            WHERE held.yes
+              AND NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+                    WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
+              AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
+                    WHERE b.type = $1 AND b.destination = d.destination
+                      AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
+        )
+        SELECT u.effect_id, u.destination, u.run_at
+        FROM (
+            SELECT fast.effect_id, fast.destination, fast.run_at FROM fast
+            UNION
+            SELECT r.effect_id, r.destination, r.run_at
+            FROM dests
+            CROSS JOIN LATERAL (
+                SELECT o.effect_id, o.destination, o.run_at
+                FROM oncegate_outbox o
+                WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination = dests.destination
+                  AND o.run_at <= now()
+                  AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+                ORDER BY o.run_at
+                LIMIT $2
+            ) r
+            UNION
+            -- Rows that name no destination count as a destination of their own, never held back.
+            SELECT n.effect_id, n.destination, n.run_at
+            FROM held
+            CROSS JOIN LATERAL (
+                SELECT o.effect_id, o.destination, o.run_at
+                FROM oncegate_outbox o
+                WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NULL
+                  AND o.run_at <= now()
+                  AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+                -- By destination too: IS NULL does not tell the planner that the index's order is run_at's.
+                ORDER BY o.destination, o.run_at
+                LIMIT $2
+            ) n
+            WHERE held.yes
+        ) u
+        ORDER BY u.run_at
         LIMIT $2
     ) h
     WHERE t.tenant IS NOT NULL AND t.tenant <> ALL ($5::text[])

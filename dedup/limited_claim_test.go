@@ -1,0 +1,164 @@
+package dedup
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+)
+
+// outboxRowsRead runs a claim once, pinned as the store runs it, and returns the rows it claimed and how many
+// oncegate_outbox rows its plan read: what each index and table scan of the outbox returned or filtered out,
+// over all its loops. A burst of 0 runs claim.sql, else claim_limited.sql with that burst.
+func outboxRowsRead(t *testing.T, dbURL string, typ string, limit, burst int) (claimed, read int) {
+	t.Helper()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, dbURL)
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, pinSQL); err != nil {
+		t.Fatal(err)
+	}
+	claim, args := claimSQL, ""
+	if burst > 0 {
+		claim, args = claimLimitedSQL, fmt.Sprintf(", %d", burst)
+	}
+	if _, err := tx.Exec(ctx, "PREPARE a_claim AS "+claim); err != nil {
+		t.Fatal(err)
+	}
+	var plan []byte
+	explain := fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE a_claim(%s, %d, 'me', 30000, '{}'%s)",
+		pgx.Identifier{typ}.Sanitize(), limit, args)
+	if err := tx.QueryRow(ctx, strings.Replace(explain, `"`, "'", 2)).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	var doc []struct{ Plan map[string]any }
+	if err := json.Unmarshal(plan, &doc); err != nil {
+		t.Fatal(err)
+	}
+	var walk func(n map[string]any)
+	walk = func(n map[string]any) {
+		loops, _ := n["Actual Loops"].(float64)
+		if rel, _ := n["Relation Name"].(string); rel == "oncegate_outbox" {
+			rows, _ := n["Actual Rows"].(float64)
+			removed, _ := n["Rows Removed by Filter"].(float64)
+			read += int(rows + removed*loops) // Actual Rows is per loop, averaged; the removed, a total
+			read += int(rows * (loops - 1))
+			if r := rows*loops + removed; r > 100 {
+				t.Logf("%s on %v: %.0f rows read, %v loops", n["Node Type"], n["Index Name"], r, loops)
+			}
+		}
+		kids, _ := n["Plans"].([]any)
+		for _, k := range kids {
+			walk(k.(map[string]any))
+		}
+	}
+	walk(doc[0].Plan)
+	root := doc[0].Plan
+	rows, _ := root["Actual Rows"].(float64)
+	return int(rows), read
+}
+
+// heldBacklog writes tenant noisy's backlog of n rows to http://held:80, due an hour ago, and behind it three
+// rows of noisy and three of quiet to http://open:80, all of type typ.
+func heldBacklog(t *testing.T, dbURL, typ string, n int) {
+	t.Helper()
+	pool := pgtest.Pool(t, dbURL)
+	if _, err := pool.Exec(context.Background(), `
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+			SELECT 'noisy', 'n' || i, $2, '\x00', '{}', 'eff_n' || i FROM generate_series(1, $1) i
+			RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant, run_at)
+		SELECT id, type, 'http://held:80', tenant, now() - interval '1 hour' FROM e`, n, typ); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(context.Background(), `
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+			SELECT t, t || '-open' || i, $1, '\x00', '{}', 'eff_' || t || i
+			FROM unnest('{noisy,quiet}'::text[]) t, generate_series(1, 3) i
+			RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant) SELECT id, type, 'http://open:80', tenant FROM e`,
+		typ); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Issue 31: a tenant's backlog of 20,000 rows to a destination that has no token stands first in its due
+// order; its rows to another destination, and another tenant's, are behind it. A limited claim takes those
+// rows without reading the backlog: each claim read the whole held-back backlog (60 to 80 ms at 100,000 rows,
+// every claim while the destination waited for its next token), and the rows behind it waited on that.
+func TestALimitedClaimDoesNotReadAHeldBackBacklog(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Database(t)
+	pool := pgtest.Pool(t, dbURL)
+	ctx := context.Background()
+	const backlog = 20000
+	heldBacklog(t, dbURL, "lim", backlog)
+	// The held destination's next token is a day away; the open one has no bucket yet: its burst is its room.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO oncegate_rate_buckets (type, destination, tat, granted, per_second, burst)
+		VALUES ('lim', 'http://held:80', now() + interval '1 day', 0, 50, 10);
+		ANALYZE oncegate_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	claimed, read := outboxRowsRead(t, dbURL, "lim", 16, 10)
+	t.Logf("claimed %d rows, reading %d outbox rows beside a held-back backlog of %d", claimed, read, backlog)
+	if claimed != 6 {
+		t.Fatalf("claimed %d rows; the 6 rows to the open destination, both tenants', are due", claimed)
+	}
+	if read > 1000 {
+		t.Fatalf("the claim read %d outbox rows to find 6 behind a held-back backlog of %d", read, backlog)
+	}
+}
+
+// The same for an unlimited type whose destination asked every gateway to wait: its backlog of 20,000 stands
+// first in the tenant's due order, and the claim takes the rows behind it without reading it.
+func TestAClaimDoesNotReadAPausedBacklog(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Database(t)
+	pool := pgtest.Pool(t, dbURL)
+	const backlog = 20000
+	heldBacklog(t, dbURL, "hook", backlog)
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
+		VALUES ('hook', 'http://held:80', now() + interval '1 day', 429, 'test', now());
+		ANALYZE oncegate_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	claimed, read := outboxRowsRead(t, dbURL, "hook", 16, 0)
+	t.Logf("claimed %d rows, reading %d outbox rows beside a paused backlog of %d", claimed, read, backlog)
+	if claimed != 6 {
+		t.Fatalf("claimed %d rows; the 6 rows to the open destination, both tenants', are due", claimed)
+	}
+	if read > 1000 {
+		t.Fatalf("the claim read %d outbox rows to find 6 behind a paused backlog of %d", read, backlog)
+	}
+}
+
+// Where nothing is held back, a claim reads what it takes: the rows of a tenant's backlog it claims, not the
+// reach of the walk that looks past held-back ones.
+func TestAClaimReadsTheRowsItTakes(t *testing.T) {
+	t.Parallel()
+	for _, burst := range []int{0, 1000} {
+		dbURL := pgtest.Database(t)
+		heldBacklog(t, dbURL, "hook", 5000) // to http://held:80, which here has neither pause nor bucket
+		claimed, read := outboxRowsRead(t, dbURL, "hook", 16, burst)
+		t.Logf("burst %d: claimed %d rows, reading %d outbox rows", burst, claimed, read)
+		if claimed != 16 {
+			t.Fatalf("burst %d: claimed %d rows of a backlog of 5,006", burst, claimed)
+		}
+		if read > 100 {
+			t.Fatalf("burst %d: the claim read %d outbox rows to take 16", burst, read)
+		}
+	}
+}

@@ -3,12 +3,16 @@ package admin
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/notifier"
+	"github.com/oncegate/oncegate/internal/safehttp"
 	"github.com/oncegate/oncegate/outbox"
 )
 
@@ -281,6 +285,62 @@ func (s *Service) typeAction(ctx context.Context, a Actor, action, typ, reason s
 		_, err = s.audit(ctx, tx, a, Audit{Action: action, Target: typ, Count: 1, Reason: reason})
 		return err
 	})
+}
+
+// LiftedPause is the pause ResumeDestination lifted.
+type LiftedPause struct {
+	Type        string    `json:"type"`
+	Destination string    `json:"destination"`
+	Until       time.Time `json:"until"` // when it was to end
+	Status      int       `json:"status"`
+	PausedBy    string    `json:"paused_by"`
+	// Due counts its rows that were waiting for a retry, due now.
+	Due int64 `json:"due"`
+}
+
+// ResumeDestination lifts the pause a destination of an effect type asked every gateway for (a 429 or 503
+// with Retry-After, up to an hour): its receiver is back sooner, and its rows are claimed now, by every
+// gateway, the one that got the answer too, those waiting for a retry (the attempt that got the 429, others
+// in a backoff) with them. dest is a URL of the destination, as a webhook's payload would
+// name it, in any spelling of its server (safehttp.Destination). Resuming a destination that is not paused
+// is a wrong state.
+func (s *Service) ResumeDestination(ctx context.Context, a Actor, typ, dest, reason string) (*LiftedPause, error) {
+	if typ == "" {
+		return nil, &InvalidError{Field: "TYPE", Reason: "name an effect type"}
+	}
+	if err := checkTexts("TYPE", typ, "DESTINATION", dest); err != nil {
+		return nil, err
+	}
+	u, err := url.Parse(dest)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, &InvalidError{Field: "DESTINATION", Reason: fmt.Sprintf("%q: want the receiver's URL, "+
+			"such as https://hooks.example.com (`oncegate destination ls` lists the paused ones)", dest)}
+	}
+	name := safehttp.Destination(u)
+	if err := s.prepareChange(ctx, a, "destination.resume", typ+" "+name, reason); err != nil {
+		return nil, err
+	}
+	out := &LiftedPause{Type: typ, Destination: name}
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if err := s.knownType(ctx, tx, typ); err != nil {
+			return err
+		}
+		err := tx.QueryRow(ctx, destinationResumeSQL, typ, name, string(notifier.TopicOutbox)).
+			Scan(&out.Until, &out.Status, &out.PausedBy, &out.Due)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return &StateError{Msg: fmt.Sprintf("destination %s of effect type %q is not paused", name, typ)}
+		}
+		if err != nil {
+			return dbError("destination.resume", err)
+		}
+		_, err = s.audit(ctx, tx, a, Audit{Action: "destination.resume", Target: typ + " " + name, Count: 1,
+			Reason: reason})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // DestinationRate is one destination's deliveries of one effect type over the last hour: what an operator

@@ -101,6 +101,8 @@ type actionBody struct {
 	Queue  string   `json:"queue"`
 	Type   string   `json:"type"`
 	IDs    []string `json:"ids"`
+	// Destination is for destinations/resume: the receiver's URL.
+	Destination string `json:"destination"`
 	// Job is for job/enqueue: {"queue", "job": {"id", "kind", "payload", "max_attempts"}, "delay", "reason"}.
 	Job   *admin.NewJob `json:"job"`
 	Delay string        `json:"delay"`
@@ -267,6 +269,9 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	get("queues", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Queues(r.Context(), a) })
 	get("destinations", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.DestinationRates(r.Context(), a) })
 	get("tenants", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.TenantRates(r.Context(), a) })
+	post("destinations/resume", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
+		return s.adm.ResumeDestination(r.Context(), a, b.Type, b.Destination, b.Reason)
+	})
 	post("queues/pause", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return map[string]string{"paused": b.Queue}, s.adm.PauseQueue(r.Context(), a, b.Queue, b.Reason)
 	})

@@ -873,3 +873,72 @@ func TestDestinationsShowLimitsWaitingRowsAndPauses(t *testing.T) {
 		}
 	}
 }
+
+// Issue 31: a paused destination has a Resume form for an operator (none for a viewer); resuming it, by any
+// spelling of its URL, lifts the pause and makes its rows waiting for a retry due; resuming it again is a wrong
+// state; the API does the same.
+func TestAnOperatorResumesAPausedDestination(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 10})
+	ctx := context.Background()
+	pause := func() {
+		t.Helper()
+		if _, err := e.db.Exec(ctx, `
+			INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
+			VALUES ('webhook', 'https://hooks.example.com:443', now() + interval '50 minutes', 429, 'gw-7', now())`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pause()
+	if _, err := e.db.Exec(ctx, `
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+			SELECT 'acme', 'paused-' || g, 'webhook', '\x00', '{}', 'eff_paused' || g FROM generate_series(1, 4) g
+			RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination, run_at)
+		SELECT id, type, tenant, 'https://hooks.example.com:443', now() + interval '50 minutes' FROM e`); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.KeyEffects(t, e.db)
+	if _, _, body := e.get(e.client(admin.RoleViewer), "/destinations"); strings.Contains(body, `action="/destinations/resume"`) {
+		t.Fatal("a viewer is offered the Resume form")
+	}
+	c := e.client(admin.RoleOperator)
+	code, hdr, body := e.get(c, "/destinations")
+	checkPage(t, "/destinations", hdr, body)
+	if code != 200 || !strings.Contains(body, `action="/destinations/resume"`) {
+		t.Fatalf("GET /destinations as an operator: %d, no Resume form", code)
+	}
+	form := url.Values{"type": {"webhook"}, "destination": {"HTTPS://Hooks.Example.com/in"}, "reason": {"receiver back"}}
+	code, hdr, body = e.post(c, "/destinations/resume", form)
+	if code != http.StatusSeeOther || !strings.Contains(hdr.Get("Location"), "done=resumed-destination") {
+		t.Fatalf("POST /destinations/resume: %d %s %.300s", code, hdr.Get("Location"), body)
+	}
+	if n := pgtest.Count(t, e.db, `SELECT count(*) FROM oncegate_destination_pauses WHERE until > now()`); n != 0 {
+		t.Fatalf("%d pauses left", n)
+	}
+	if n := pgtest.Count(t, e.db, `SELECT count(*) FROM oncegate_outbox WHERE destination = 'https://hooks.example.com:443' AND run_at <= now()`); n != 4 {
+		t.Fatalf("%d of the 4 rows waiting are due", n)
+	}
+	_, _, body = e.get(c, "/destinations?done=resumed-destination")
+	if !strings.Contains(body, "calls the destination again") {
+		t.Error("no notice of the resume")
+	}
+	code, hdr, body = e.post(c, "/destinations/resume", form)
+	if code != http.StatusConflict || !strings.Contains(body, "not paused") {
+		t.Fatalf("resume twice: %d", code)
+	}
+	checkPage(t, "/destinations/resume", hdr, body)
+
+	pause()
+	code, _, api := e.apiPost(e.tokens[admin.RoleOperator], "/api/v1/destinations/resume",
+		map[string]string{"type": "webhook", "destination": "https://hooks.example.com", "reason": "again back"})
+	if code != 200 || !strings.Contains(api, `"destination": "https://hooks.example.com:443"`) {
+		t.Fatalf("POST /api/v1/destinations/resume: %d %.300s", code, api)
+	}
+	code, _, api = e.apiPost(e.tokens[admin.RoleOperator], "/api/v1/destinations/resume",
+		map[string]string{"type": "webhook", "destination": "hooks", "reason": "r"})
+	if code != http.StatusBadRequest || !strings.Contains(api, "DESTINATION") {
+		t.Fatalf("a destination that is no URL: %d %.300s", code, api)
+	}
+}

@@ -321,6 +321,8 @@ var notices = map[string]string{
 	"purged":   "Purged: the jobs are gone for good.",
 	"paused":   "Paused.",
 	"resumed":  "Resumed.",
+	"resumed-destination": "Resumed: every gateway calls the destination again, and its rows waiting for a retry " +
+		"are due now.",
 	"enqueued": "Enqueued: the job is in the queue and in the audit log.",
 	"duplicate": "Nothing added: a job with this ID is in the queue already, or completed within its dedup " +
 		"window. This is that job.",
@@ -533,7 +535,18 @@ func (s *Server) destinations(w http.ResponseWriter, r *http.Request, a admin.Ac
 		s.fail(w, r, a, err)
 		return
 	}
-	s.render(w, r, http.StatusOK, "destinations", s.frame(a, "Destinations", "destinations", destinationsPage{ds, ts}))
+	p := s.frame(a, "Destinations", "destinations", destinationsPage{ds, ts})
+	p.Notice = notice(r)
+	s.render(w, r, http.StatusOK, "destinations", p)
+}
+
+func (s *Server) resumeDestination(w http.ResponseWriter, r *http.Request, a admin.Actor) {
+	if _, err := s.adm.ResumeDestination(r.Context(), a, r.PostFormValue("type"), r.PostFormValue("destination"),
+		r.PostFormValue("reason")); err != nil {
+		s.fail(w, r, a, err)
+		return
+	}
+	http.Redirect(w, r, "/destinations?done=resumed-destination", http.StatusSeeOther)
 }
 
 // destinationsPage is what holds deliveries and requests back: each destination's limit, rate and pause, and

@@ -153,6 +153,7 @@ func (s *Server) Handler() http.Handler {
 	page("POST /types/pause", s.change(s.pauseType))
 	page("POST /types/resume", s.change(s.resumeType))
 	page("GET /destinations", s.destinations)
+	page("POST /destinations/resume", s.change(s.resumeDestination))
 	page("GET /queues", s.queues)
 	page("POST /queues/pause", s.change(s.pauseQueue))
 	page("POST /queues/resume", s.change(s.resumeQueue))

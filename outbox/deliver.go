@@ -100,8 +100,10 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	dest := providers.Destination(t.Provider, r.Payload)
 	// A destination that asked the fleet to wait after this row was claimed is not called: the row waits
 	// with it, uncharged, as a row its breaker refuses.
-	if left := d.pauses.pausedFor(t.Name, dest, time.Now()); left > 0 && !inRequest {
-		return event{stage: stageRefused, wait: left + rand.N(minRefusedWait)}, false
+	if !inRequest {
+		if left := d.pausedFor(t, dest, time.Now()); left > 0 {
+			return event{stage: stageRefused, wait: left + rand.N(minRefusedWait)}, false
+		}
 	}
 	b := d.breakers.get(t, r.Tenant, dest)
 	b.inflight.Add(1)

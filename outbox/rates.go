@@ -44,6 +44,9 @@ var takeTokensSQL string
 //go:embed sql/pause.sql
 var pauseSQL string
 
+//go:embed sql/pause_left.sql
+var pauseLeftSQL string
+
 // Rate is a fleet-wide limit on an effect type's calls to each of its destinations.
 type Rate struct {
 	// PerSecond is the sustained rate of calls to one destination, across every gateway. Required, > 0.
@@ -65,36 +68,102 @@ type pauseKey struct{ typ, dest string }
 
 // pauses is what a dispatcher knows of the fleet's paused destinations: from its claims and its own
 // attempts. It is checked once more right before each call, so a row claimed before a pause began waits too.
+// A pause the fleet's table holds may be lifted there by an operator (`oncegate destination resume`): such a
+// pause is asked of the table again, at most every pauseRecheck, when a row of its destination comes up,
+// and the gateway that got the 429 calls the destination again too. Rows of a paused destination seldom come
+// up: the claims leave them out. A pause the table does not hold (writing it failed) is this gateway's alone,
+// kept until it ends.
 type pauses struct {
-	mu    sync.Mutex
-	until map[pauseKey]time.Time
+	mu sync.Mutex
+	at map[pauseKey]*pause
 }
 
-func (p *pauses) note(typ, dest string, until time.Time) {
+type pause struct {
+	until   time.Time
+	kept    bool      // oncegate_destination_pauses holds it
+	checked time.Time // when the table was last asked
+}
+
+// pauseRecheck is how often a pause the fleet's table holds is asked of it again while rows of its
+// destination come up: how soon an operator's lift reaches a gateway that holds the pause itself.
+const pauseRecheck = time.Second
+
+// note keeps a pause of dest of typ until until; kept says that the fleet's table holds it (and since when it
+// was last read from there: now).
+func (p *pauses) note(typ, dest string, until time.Time, kept bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.until == nil {
-		p.until = map[pauseKey]time.Time{}
+	if p.at == nil {
+		p.at = map[pauseKey]*pause{}
 	}
 	k := pauseKey{typ, dest}
-	if until.After(p.until[k]) {
-		p.until[k] = until
+	e := p.at[k]
+	if e == nil {
+		e = &pause{}
+		p.at[k] = e
+	}
+	if until.After(e.until) {
+		e.until = until
+	}
+	if kept {
+		e.kept, e.checked = true, time.Now()
 	}
 }
 
-// pausedFor returns how long dest of typ is still paused, zero when it is not.
-func (p *pauses) pausedFor(typ, dest string, now time.Time) time.Duration {
+// set makes the pause of dest of typ what the fleet's table says: ms left, or none when ms is nil.
+func (p *pauses) set(typ, dest string, ms *int64, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	until, ok := p.until[pauseKey{typ, dest}]
+	k := pauseKey{typ, dest}
+	if ms == nil {
+		delete(p.at, k)
+		return
+	}
+	p.at[k] = &pause{until: now.Add(time.Duration(*ms) * time.Millisecond), kept: true, checked: now}
+}
+
+// left returns how long dest of typ is still paused, zero when it is not, and whether the fleet's table is
+// to be asked again (the caller that gets true asks; the others go by what is known meanwhile).
+func (p *pauses) left(typ, dest string, now time.Time) (time.Duration, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k := pauseKey{typ, dest}
+	e, ok := p.at[k]
 	if !ok {
+		return 0, false
+	}
+	if !e.until.After(now) {
+		delete(p.at, k)
+		return 0, false
+	}
+	if e.kept && now.Sub(e.checked) >= pauseRecheck {
+		e.checked = now
+		return e.until.Sub(now), true
+	}
+	return e.until.Sub(now), false
+}
+
+// pausedFor returns how long dest of t is still paused, zero when it is not: as this gateway knows it, asked
+// of the fleet's table again when that is due (pauses). Should the table not answer, what is known holds.
+func (d *Dispatcher) pausedFor(t *effectType, dest string, now time.Time) time.Duration {
+	left, ask := d.pauses.left(t.Name, dest, now)
+	if !ask {
+		return left
+	}
+	ctx, cancel := d.dbContext()
+	defer cancel()
+	var ms *int64
+	if err := d.pool.QueryRow(ctx, pauseLeftSQL, t.Name, dest).Scan(&ms); err != nil {
+		d.log.Warn("asking whether a paused destination is paused still failed; it stays paused here",
+			"type", t.Name, "destination", dest, "err", err)
+		return left
+	}
+	d.pauses.set(t.Name, dest, ms, now)
+	if ms == nil {
+		d.log.Info("a destination's pause was lifted: it is called again", "type", t.Name, "destination", dest)
 		return 0
 	}
-	if !until.After(now) {
-		delete(p.until, pauseKey{typ, dest})
-		return 0
-	}
-	return until.Sub(now)
+	return time.Duration(*ms) * time.Millisecond
 }
 
 // rateState is what the claim loop remembers of a type's last hold-back.
@@ -140,7 +209,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 	}
 	now := time.Now()
 	for dest, left := range rows[0].DestinationPauses {
-		d.pauses.note(t.Name, dest, now.Add(left))
+		d.pauses.note(t.Name, dest, now.Add(left), true)
 	}
 	dests := make([]string, len(rows))
 	for i, r := range rows {
@@ -164,7 +233,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 	}
 	if t.Rate == nil {
 		for i, r := range rows {
-			if left := d.pauses.pausedFor(t.Name, dests[i], now); left > 0 {
+			if left := d.pausedFor(t, dests[i], now); left > 0 {
 				hand(r, left+rand.N(minRefusedWait), true)
 				rs.wakeAt(now.Add(left + minRefusedWait))
 				continue
@@ -190,7 +259,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 			for i, r := range rows {
 				g := got[dests[i]]
 				if g.paused {
-					d.pauses.note(t.Name, dests[i], now.Add(g.next))
+					d.pauses.note(t.Name, dests[i], now.Add(g.next), true)
 					hand(r, g.next+rand.N(minRefusedWait), true)
 					continue
 				}
@@ -268,7 +337,7 @@ func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []tim
 
 // pauseDestination pauses dest of t for every gateway for wait, as the destination asked with status.
 func (d *Dispatcher) pauseDestination(t *effectType, dest string, wait time.Duration, status int) {
-	d.pauses.note(t.Name, dest, time.Now().Add(wait))
+	d.pauses.note(t.Name, dest, time.Now().Add(wait), false)
 	ctx, cancel := d.dbContext()
 	defer cancel()
 	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner); err != nil {
@@ -276,6 +345,7 @@ func (d *Dispatcher) pauseDestination(t *effectType, dest string, wait time.Dura
 			"destination", dest, "err", err)
 		return
 	}
+	d.pauses.note(t.Name, dest, time.Now().Add(wait), true)
 	d.log.Warn("the destination asked to wait: paused for every gateway", "type", t.Name, "destination", dest,
 		"status", status, "for", wait.String())
 }

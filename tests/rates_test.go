@@ -360,3 +360,63 @@ effect_types:
 	}
 	result(fmt.Sprintf("%.1f calls a second", rate))
 }
+
+// Issue 31: a destination that answered 429 with Retry-After: 3600 is paused for an hour; its receiver is fixed
+// and the operator lifts the pause with `oncegate destination resume`, naming the destination however the
+// receiver is spelled. The gateway that got the 429, which holds the pause itself too, delivers the rows
+// waiting within seconds, not in an hour; resuming a destination that is not paused is a wrong state.
+func TestAnOperatorLiftsADestinationsPause(t *testing.T) {
+	t.Parallel()
+	a := newReceiver(t)
+	a.retryFor = "3600"
+	a.throttle.Store(true)
+	secret24 := "whsec_" + base64.StdEncoding.EncodeToString([]byte("fleet-rate-secret-24-byt"))
+	dbURL := pgtest.Database(t)
+	pool := pgtest.Pool(t, dbURL)
+	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  hook:
+    provider: webhook
+    webhook: { url: "%s/in", secret: "%s", allow_private_networks: true }
+    timeout: 2s
+`, dbURL, apiKey, a.srv.URL, secret24))
+	_, base := startGateway(t, config)
+	for i := range 20 {
+		if code := post(t, base, fmt.Sprintf("p%d", i), fmt.Sprintf(`{"type":"hook","payload":{"event":"e","data":{"i":%d}}}`, i)); code != 202 {
+			t.Fatalf("POST p%d: %d", i, code)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "the 429", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return !a.limited.IsZero()
+	})
+	time.Sleep(time.Second)
+	if n := len(a.calls()); n > 10 {
+		t.Fatalf("%d calls after a Retry-After of an hour", n)
+	}
+	env := []string{"DATABASE_URL=" + dbURL}
+	// The receiver as an operator might write it: the scheme in capitals, with the path it is called at.
+	spelled := strings.Replace(a.srv.URL, "http://", "HTTP://", 1) + "/in"
+	out, errOut, code := oncegateCLI(t, env, "destination", "resume", "hook", spelled, "--reason", "receiver fixed")
+	if code != 0 {
+		t.Fatalf("destination resume: exit %d: %s%s", code, out, errOut)
+	}
+	t.Logf("oncegate destination resume: %s", strings.TrimSpace(out))
+	lifted := time.Now()
+	testenv.Eventually(t, 15*time.Second, "every effect delivered", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 20
+	})
+	t.Logf("the 20 effects delivered %v after the lift", time.Since(lifted).Round(10*time.Millisecond))
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_audit WHERE action = 'destination.resume'`); n != 1 {
+		t.Fatalf("%d audit entries of the lift", n)
+	}
+	if _, errOut, code := oncegateCLI(t, env, "destination", "resume", "hook", a.srv.URL, "--reason", "again"); code != 4 {
+		t.Fatalf("resuming a destination that is not paused: exit %d (%s), want 4", code, errOut)
+	}
+	if _, errOut, code := oncegateCLI(t, env, "destination", "resume", "hook", "not a url", "--reason", "r"); code != 2 {
+		t.Fatalf("resuming a destination that is no URL: exit %d (%s), want 2", code, errOut)
+	}
+}

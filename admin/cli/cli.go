@@ -68,6 +68,7 @@ const usage = `usage: oncegate <noun> <verb> [args] [flags]
   dead   ls Q [--limit N] [--cursor C] | dead requeue Q ID... --reason R | dead purge Q ID... --reason R
   gateway ls [--all] | worker ls Q | breaker ls [--all]   (--all: also gateways gone for over an hour)
   destination ls   every destination of the last hour: limit, rate now, rows waiting, pause (429/503)
+  destination resume TYPE URL --reason R   lift a destination's pause: its rows are delivered now
   tenant ls        every tenant rate held by the fleet (scope: fleet): limit, tokens left, tokens taken
   audit  ls [--actor A] [--action A] [--since D] [--limit N] [--cursor C]
   console [--listen 127.0.0.1:8090] [--jaeger-url U] [--read-only] [--refresh 5s] [--secure-cookie]

@@ -24,32 +24,33 @@ import (
 
 func init() {
 	commands = map[string]func(*command, []string) error{
-		"effect ls":      effectLs,
-		"effect show":    effectShow,
-		"effect retry":   effectRetry,
-		"effect resolve": effectResolve,
-		"type ls":        typeLs,
-		"type pause":     func(c *command, a []string) error { return typeAction(c, a, true) },
-		"type resume":    func(c *command, a []string) error { return typeAction(c, a, false) },
-		"queue ls":       queueLs,
-		"queue pause":    func(c *command, a []string) error { return queueAction(c, a, true) },
-		"queue resume":   func(c *command, a []string) error { return queueAction(c, a, false) },
-		"job ls":         jobLs,
-		"job show":       jobShow,
-		"job enqueue":    jobEnqueue,
-		"dead ls":        deadLs,
-		"dead requeue":   func(c *command, a []string) error { return deadAction(c, a, false) },
-		"dead purge":     func(c *command, a []string) error { return deadAction(c, a, true) },
-		"gateway ls":     gatewayLs,
-		"worker ls":      workerLs,
-		"breaker ls":     breakerLs,
-		"destination ls": destinationLs,
-		"tenant ls":      tenantLs,
-		"audit ls":       auditLs,
-		"console":        consoleServe,
-		"token create":   tokenCreate,
-		"token ls":       tokenLs,
-		"token revoke":   tokenRevoke,
+		"effect ls":          effectLs,
+		"effect show":        effectShow,
+		"effect retry":       effectRetry,
+		"effect resolve":     effectResolve,
+		"type ls":            typeLs,
+		"type pause":         func(c *command, a []string) error { return typeAction(c, a, true) },
+		"type resume":        func(c *command, a []string) error { return typeAction(c, a, false) },
+		"queue ls":           queueLs,
+		"queue pause":        func(c *command, a []string) error { return queueAction(c, a, true) },
+		"queue resume":       func(c *command, a []string) error { return queueAction(c, a, false) },
+		"job ls":             jobLs,
+		"job show":           jobShow,
+		"job enqueue":        jobEnqueue,
+		"dead ls":            deadLs,
+		"dead requeue":       func(c *command, a []string) error { return deadAction(c, a, false) },
+		"dead purge":         func(c *command, a []string) error { return deadAction(c, a, true) },
+		"gateway ls":         gatewayLs,
+		"worker ls":          workerLs,
+		"breaker ls":         breakerLs,
+		"destination ls":     destinationLs,
+		"destination resume": destinationResume,
+		"tenant ls":          tenantLs,
+		"audit ls":           auditLs,
+		"console":            consoleServe,
+		"token create":       tokenCreate,
+		"token ls":           tokenLs,
+		"token revoke":       tokenRevoke,
 	}
 }
 
@@ -932,6 +933,28 @@ func destinationLs(c *command, args []string) error {
 			row(w, d.Type, d.Destination, limit, fmt.Sprintf("%.1f/s", d.PerSecond), d.Waiting, paused, d.Attempts,
 				fmt.Sprintf("%.1f%%", 100*d.SuccessRate))
 		}
+	})
+}
+
+// destinationResume lifts a destination's pause (a 429 or 503 with Retry-After): its rows are claimed now.
+func destinationResume(c *command, args []string) error {
+	reason := c.fs.String("reason", "", "why (required; goes to the audit log)")
+	if err := c.parse(args, 2, 2, "TYPE DESTINATION"); err != nil {
+		return err
+	}
+	if *reason == "" {
+		return usagef("--reason: required: say why (it goes to the audit log)")
+	}
+	if err := c.connect(true, false); err != nil {
+		return err
+	}
+	lifted, err := c.svc.ResumeDestination(c.ctx, c.actor, c.pos[0], c.pos[1], *reason)
+	if err != nil {
+		return err
+	}
+	return c.out(lifted, func(w *tabwriter.Writer) {
+		fmt.Fprintf(w, "destination.resume %s %s: done (it was paused until %s by a %d to %s); rows waiting for a retry made due now: %d\n",
+			lifted.Type, lifted.Destination, lifted.Until.UTC().Format(time.RFC3339), lifted.Status, lifted.PausedBy, lifted.Due)
 	})
 }
 

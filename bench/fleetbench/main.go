@@ -288,6 +288,23 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		fair.srv.URL)
 	must(err)
 	busy50, busy := quietLatency(gws[0].url, "fair", fair, "busy")
+	// Where the quiet tenant's time goes, for both phases: from its effect's creation to its attempt's start
+	// (the claim), the call, and from the call's end to the delivery's record.
+	for _, phase := range []string{"alone", "busy"} {
+		var c50, c99, call50, call99, r50, r99 float64
+		must(db.QueryRow(ctx, `SELECT
+				percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - e.created_at)),
+				percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - e.created_at)),
+				percentile_cont(0.5) WITHIN GROUP (ORDER BY a.latency_ms / 1000),
+				percentile_cont(0.99) WITHIN GROUP (ORDER BY a.latency_ms / 1000),
+				percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.delivered_at - a.started_at) - a.latency_ms / 1000),
+				percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.delivered_at - a.started_at) - a.latency_ms / 1000)
+			FROM oncegate_effects e JOIN oncegate_effect_attempts a ON a.effect_id = e.id
+			WHERE e.tenant = 'quiet' AND e.type = 'fair' AND e.key LIKE $1 || '-%'`, phase).
+			Scan(&c50, &c99, &call50, &call99, &r50, &r99))
+		fmt.Printf("quiet tenant %s: creation to claim p50 %.1f ms p99 %.1f ms; call p50 %.1f ms p99 %.1f ms; call to record p50 %.1f ms p99 %.1f ms\n",
+			phase, c50*1000, c99*1000, call50*1000, call99*1000, r50*1000, r99*1000)
+	}
 	var left int
 	must(db.QueryRow(ctx, `SELECT count(*) FROM oncegate_outbox o JOIN oncegate_effects e ON e.id = o.effect_id
 		WHERE e.type = 'fair' AND e.tenant = 'noisy'`).Scan(&left))

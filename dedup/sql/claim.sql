@@ -9,9 +9,12 @@
 -- Claims go round the tenants with work (issue 31): the tenants with rows of the type are found by a loose
 -- scan of oncegate_outbox_tenant_due (one index probe a tenant, never a read of any tenant's backlog), each
 -- brings its oldest due rows, and the claim takes the first of every tenant, then the second of every tenant,
--- and so on, oldest first within each round. One tenant's backlog of 100,000 rows so takes one row of a
--- claim's round while another tenant has work, where ordering by due time alone put all of it first. Rows
--- without a tenant (written before it was kept) are one tenant of their own.
+-- and so on. One tenant's backlog of 100,000 rows so takes one row of a claim's round while another tenant
+-- has work, where ordering by due time alone put all of it first. Within a round the tenants go in an order
+-- drawn at each claim, not oldest first: a busy dispatcher's claims mostly have room for a row or two (a
+-- delivery ends, a claim fills its slot), and the tenant with the backlog always has the oldest head, so it
+-- took every one-row claim while a quiet tenant's new effect waited (claim_limited.sql draws for its tokens
+-- likewise). Rows without a tenant (written before it was kept) are one tenant of their own.
 -- Rows of the tenants in $5 are left alone: they have their fair share of this type's deliveries in flight.
 -- A type an operator paused (oncegate_paused_types) is not claimed at all: its rows wait, uncharged.
 -- A rescued row brings the lease it is rescued from (prev_owner, prev_token), so that the rescue can record
@@ -34,7 +37,7 @@ WITH RECURSIVE tenants AS (
     FROM tenants
     WHERE tenants.tenant IS NOT NULL
 ), heads AS (
-    SELECT h.effect_id, h.run_at, row_number() OVER (PARTITION BY t.tenant ORDER BY h.run_at) AS k
+    SELECT h.effect_id, h.run_at, row_number() OVER (PARTITION BY t.tenant ORDER BY h.run_at) AS k, random() AS draw
     FROM tenants t
     CROSS JOIN LATERAL (
         -- The tenant's first $2 rows of open (not paused) destinations among its first $2 × 8 due rows: the
@@ -128,7 +131,7 @@ WITH RECURSIVE tenants AS (
     ) h
     WHERE t.tenant IS NOT NULL AND t.tenant <> ALL ($5::text[])
     UNION ALL
-    SELECT h.effect_id, h.run_at, row_number() OVER (ORDER BY h.run_at) AS k
+    SELECT h.effect_id, h.run_at, row_number() OVER (ORDER BY h.run_at) AS k, random() AS draw
     FROM (SELECT o.effect_id, o.run_at
           FROM oncegate_outbox o
           WHERE o.type = $1 AND o.tenant IS NULL
@@ -148,7 +151,7 @@ WITH RECURSIVE tenants AS (
     WHERE NOT EXISTS (SELECT 1 FROM oncegate_paused_types p WHERE p.type = $1)
       AND o.run_at <= now()
       AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-    ORDER BY heads.k, heads.run_at
+    ORDER BY heads.k, heads.draw
     LIMIT $2
     FOR UPDATE OF o SKIP LOCKED
 ), claimed AS (

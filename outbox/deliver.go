@@ -229,6 +229,17 @@ func (d *Dispatcher) applyUnder(log *slog.Logger, t *effectType, r dedup.Claimed
 		var handedOff atomic.Int64
 		if !accepted.IsZero() {
 			fin.OnHandoff = func() { handedOff.Store(time.Now().UnixNano()) }
+			// At debug level each step is logged as it happens, so that the log of a gateway killed in the
+			// window says which step its outcome had reached (killtest --gateway-log-level debug -v).
+			if log.Enabled(context.Background(), slog.LevelDebug) {
+				log.Debug("the destination accepted the effect; recording it", "accepted", accepted,
+					"after", time.Since(accepted))
+				fin.OnHandoff = func() {
+					now := time.Now()
+					handedOff.Store(now.UnixNano())
+					log.Debug("the outcome's statement is handed to Postgres", "after", now.Sub(accepted))
+				}
+			}
 		}
 		err := d.record(log, r, lc, func(ctx context.Context) error { return d.store.Finish(ctx, r.Lease, fin) })
 		switch {
@@ -240,6 +251,9 @@ func (d *Dispatcher) applyUnder(log *slog.Logger, t *effectType, r dedup.Claimed
 			if !accepted.IsZero() && act.finish.Status == effect.StatusDelivered {
 				d.metrics.OutcomeRecord.WithLabelValues(t.Name, t.kind).Observe(time.Since(accepted).Seconds())
 				d.metrics.OutcomeHandoff.WithLabelValues(t.Name, t.kind).Observe(time.Unix(0, handedOff.Load()).Sub(accepted).Seconds())
+				if log.Enabled(context.Background(), slog.LevelDebug) {
+					log.Debug("the outcome is recorded", "after", time.Since(accepted))
+				}
 			}
 			d.finishedEffect(t, act.finish.Status, r.EffectID)
 		}

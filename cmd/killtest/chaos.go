@@ -69,6 +69,8 @@ type ChaosReport struct {
 	// kill while the request was on its way (the destination read it after the gateway died); a long one
 	// points at something else than a kill (an attempt that timed out after the destination had it).
 	ResendGapsMs []float64 `json:"resend_gaps_ms"`
+	// Resent are the keys of the effects resent, to find in the gateways' logs (-v).
+	Resent []string `json:"resent"`
 }
 
 // OK is true when nothing was lost and no analytics event was recorded twice.
@@ -251,6 +253,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 			if strings.HasPrefix(m.name, "gateway-") {
 				gatewayKilled = append(gatewayKilled, time.Now()) // before kill, which waits for the exit
 			}
+			// For -v: a gateway's log names it by its pid (its dispatcher's owner, vm/PID/...).
+			fmt.Fprintf(env.Log, "killtest: SIGKILL %s pid %d at %s\n", m.name, m.current().cmd.Process.Pid,
+				time.Now().UTC().Format(time.RFC3339Nano))
 			m.current().kill()
 			kills[m.name]++
 			if err := m.restart(); err != nil {
@@ -325,6 +330,7 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		tally(&email, byRecipient[user])
 		if byRecipient[user] > 1 && len(gatewayKilled) > 0 {
 			report.ResendGapsMs = append(report.ResendGapsMs, gap(firstMail[user]))
+			report.Resent = append(report.Resent, fmt.Sprintf("welcome-email:signup:%s", user))
 		}
 		// A webhook's id is its effect's stable id, which the gateway drew when it created the effect.
 		var hookID string
@@ -338,6 +344,7 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		tally(&orders, hookCounts[hookID])
 		if hookCounts[hookID] > 1 && len(gatewayKilled) > 0 {
 			report.ResendGapsMs = append(report.ResendGapsMs, gap(hookFirst[hookID]))
+			report.Resent = append(report.Resent, fmt.Sprintf("order-webhook:order:%d", i))
 		}
 		var n int
 		if err := conn.QueryRow(ctx, "SELECT count(*) FROM analytics_events WHERE key = $1",

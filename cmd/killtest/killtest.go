@@ -51,6 +51,8 @@ type Env struct {
 	// Self is this program, re-executed for the child roles; Gateway and Worker are the binaries.
 	Self, Gateway, Worker string
 	Log                   io.Writer // the children's stderr
+	// GatewayLogLevel is the gateways' --log-level: warn, or debug to see each outcome's handoff (with -v).
+	GatewayLogLevel string
 }
 
 func count(srv *smtptest.Server) map[string]int {
@@ -345,7 +347,11 @@ func StartGateway(env Env, dbURL, listen string, types map[string]string) (*proc
 	if err := os.WriteFile(cfg, []byte(b.String()), 0o600); err != nil {
 		return nil, "", nil, err
 	}
-	cmd := exec.Command(env.Gateway, "serve", "--config", cfg, "--log-level", "warn")
+	level := env.GatewayLogLevel
+	if level == "" {
+		level = "warn"
+	}
+	cmd := exec.Command(env.Gateway, "serve", "--config", cfg, "--log-level", level)
 	cmd.Stderr = env.Log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.StdoutPipe()

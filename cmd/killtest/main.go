@@ -43,6 +43,7 @@ func run() error {
 	chaosJobs := flag.Int("jobs", 0, "chaos mode: run this many jobs of the three demo kinds while killing processes")
 	killEvery := flag.Duration("kill-every", 2*time.Second, "chaos mode: mean time between SIGKILLs of a random worker or gateway")
 	spare := flag.Bool("spare", false, "chaos mode: never kill gateway-0 and worker-0, and report their memory (a soak)")
+	gatewayLog := flag.String("gateway-log-level", "warn", "the gateways' --log-level; debug logs each delivery's outcome as the destination accepted it and as it was handed to Postgres (with -v: where a resend's time went)")
 	flag.Parse()
 
 	self, err := os.Executable()
@@ -51,7 +52,7 @@ func run() error {
 	}
 	env := Env{RedisURL: envOr("REDIS_URL", "redis://127.0.0.1:6379/0"),
 		DatabaseURL: envOr("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"),
-		Self:        self, Log: io.Discard}
+		Self:        self, Log: io.Discard, GatewayLogLevel: *gatewayLog}
 	if *verbose {
 		env.Log = os.Stderr
 	}

@@ -345,6 +345,10 @@ type Reschedule struct {
 	LastError string
 	// Attempted counts the attempt: false when the row is handed back unattempted (breaker open, shutdown).
 	Attempted bool
+	// WhilePaused says that the row waits for its destination's pause, Delay being the pause's end as the
+	// caller knew it: when the fleet's table holds no pause of the row's destination now (an operator lifted
+	// it meanwhile), the row is due at once instead (reschedule.sql).
+	WhilePaused bool
 }
 
 // Reschedule puts a leased row back to wait, and its effect back to pending, under lease. It returns
@@ -352,7 +356,7 @@ type Reschedule struct {
 func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error {
 	var id int64
 	err := s.db.QueryRow(ctx, rescheduleSQL, lease.EffectID, uuidArg(lease.Token), r.Delay.Milliseconds(),
-		nullString(storableText(r.LastError)), attempts(r.Attempted), effect.StatusPending).Scan(&id)
+		nullString(storableText(r.LastError)), attempts(r.Attempted), effect.StatusPending, r.WhilePaused).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}

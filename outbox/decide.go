@@ -57,6 +57,8 @@ type event struct {
 	outcome providers.Outcome // stageAttempted
 	// wait is how long a row refused by its breaker waits: until the breaker can let a call through.
 	wait time.Duration
+	// paused says that the row was refused for its destination's pause, which wait is the end of.
+	paused bool
 	// stopping is set when the delivery's context ended (shutdown cancelled the attempt).
 	stopping bool
 	// err is why the payload could not be read (stageUnreadable).
@@ -136,7 +138,7 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 		}
 		return action{kind: actDeliver}
 	case stageRefused:
-		return action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: ev.wait}}
+		return action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: ev.wait, WhilePaused: ev.paused}}
 	case stagePanicked:
 		return action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: panicked, Attempted: true}}
 	case stageUnreadable:

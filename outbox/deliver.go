@@ -100,9 +100,11 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	dest := providers.Destination(t.Provider, r.Payload)
 	// A destination that asked the fleet to wait after this row was claimed is not called: the row waits
 	// with it, uncharged, as a row its breaker refuses.
+	// The fleet's table is asked again first (pausedFor, forced): rows of a paused destination reach this
+	// point only when claimed before the pause, or after an operator lifted it.
 	if !inRequest {
-		if left := d.pausedFor(t, dest, time.Now()); left > 0 {
-			return event{stage: stageRefused, wait: left + rand.N(minRefusedWait)}, false
+		if left := d.pausedFor(t, dest, time.Now(), true); left > 0 {
+			return event{stage: stageRefused, wait: left + rand.N(minRefusedWait), paused: true}, false
 		}
 	}
 	b := d.breakers.get(t, r.Tenant, dest)

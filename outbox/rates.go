@@ -124,7 +124,7 @@ func (p *pauses) set(typ, dest string, ms *int64, now time.Time) {
 
 // left returns how long dest of typ is still paused, zero when it is not, and whether the fleet's table is
 // to be asked again (the caller that gets true asks; the others go by what is known meanwhile).
-func (p *pauses) left(typ, dest string, now time.Time) (time.Duration, bool) {
+func (p *pauses) left(typ, dest string, now time.Time, force bool) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	k := pauseKey{typ, dest}
@@ -136,7 +136,7 @@ func (p *pauses) left(typ, dest string, now time.Time) (time.Duration, bool) {
 		delete(p.at, k)
 		return 0, false
 	}
-	if e.kept && now.Sub(e.checked) >= pauseRecheck {
+	if e.kept && (force || now.Sub(e.checked) >= pauseRecheck) {
 		e.checked = now
 		return e.until.Sub(now), true
 	}
@@ -144,9 +144,10 @@ func (p *pauses) left(typ, dest string, now time.Time) (time.Duration, bool) {
 }
 
 // pausedFor returns how long dest of t is still paused, zero when it is not: as this gateway knows it, asked
-// of the fleet's table again when that is due (pauses). Should the table not answer, what is known holds.
-func (d *Dispatcher) pausedFor(t *effectType, dest string, now time.Time) time.Duration {
-	left, ask := d.pauses.left(t.Name, dest, now)
+// of the fleet's table again when that is due (pauses), or at once with force when the table holds the
+// pause. Should the table not answer, what is known holds.
+func (d *Dispatcher) pausedFor(t *effectType, dest string, now time.Time, force bool) time.Duration {
+	left, ask := d.pauses.left(t.Name, dest, now, force)
 	if !ask {
 		return left
 	}
@@ -233,7 +234,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 	}
 	if t.Rate == nil {
 		for i, r := range rows {
-			if left := d.pausedFor(t, dests[i], now); left > 0 {
+			if left := d.pausedFor(t, dests[i], now, false); left > 0 {
 				hand(r, left+rand.N(minRefusedWait), true)
 				rs.wakeAt(now.Add(left + minRefusedWait))
 				continue

@@ -203,3 +203,37 @@ func TestAOneRowClaimDoesNotAlwaysGoToTheBacklog(t *testing.T) {
 		}
 	}
 }
+
+// A tenant's rows to more held-back destinations than the claim's loose scan reads by name (an outside test:
+// 1,002 destinations of a type limited to 0.001 a second, each waiting 17 minutes for its next token) do not
+// keep its rows to an open destination, named after them, from being claimed: the scan stops at the open
+// destinations it needs, not at a count of destinations read.
+func TestALimitedClaimFindsAnOpenDestinationBehindAThousandHeldBack(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+			SELECT 'noisy', 'n' || i, 'lim', '\x00', '{}', 'eff_n' || i FROM generate_series(10000, 11199) i
+			RETURNING id, type, tenant, key)
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant, run_at)
+		SELECT id, type, 'http://held' || substr(key, 2) || ':80', tenant, now() - interval '1 hour' FROM e;
+		INSERT INTO oncegate_rate_buckets (type, destination, tat, granted, per_second, burst)
+		SELECT 'lim', 'http://held' || i || ':80', now() + interval '17 minutes', 1, 0.001, 1
+		FROM generate_series(10000, 11199) i;
+		WITH e AS (
+			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+			VALUES ('noisy', 'open', 'lim', '\x00', '{}', 'eff_open') RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant) SELECT id, type, 'http://open:80', tenant FROM e;
+		ANALYZE oncegate_outbox`); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := s.ClaimLeases(ctx, ClaimParams{Type: "lim", Limit: 16, Owner: "me", Lease: time.Minute, Burst: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Key != "open" {
+		t.Fatalf("claimed %d rows (want the one to the open destination), beside 1,200 held-back destinations", len(rows))
+	}
+}

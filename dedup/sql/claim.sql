@@ -74,25 +74,31 @@ WITH RECURSIVE tenants AS (
                 ORDER BY o.tenant, o.run_at
                 LIMIT $2 * 8) x) = $2 * 8 AS yes
         ), dests AS (
-            SELECT d.destination
+            -- The tenant's open destinations, by a loose scan of oncegate_outbox_tenant_destination_due in
+            -- name order, a probe each, which stops at the $2nd open one, or after 10,000 (claim_limited.sql).
+            SELECT names.destination
             FROM held
             CROSS JOIN LATERAL (
-                WITH RECURSIVE names (destination, n) AS (
-                    (SELECT o.destination, 1 FROM oncegate_outbox o
-                     WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NOT NULL
-                     ORDER BY o.destination LIMIT 1)
+                WITH RECURSIVE names (destination, open, found, n) AS (
+                    (SELECT d.destination, f.open, f.open::integer, 1
+                     FROM (SELECT o.destination FROM oncegate_outbox o
+                           WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NOT NULL
+                           ORDER BY o.destination LIMIT 1) d
+                     CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now()) AS open) f)
                     UNION ALL
-                    SELECT (SELECT o.destination FROM oncegate_outbox o
-                            WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination > names.destination
-                            ORDER BY o.destination LIMIT 1), names.n + 1
+                    SELECT d.destination, f.open, names.found + f.open::integer, names.n + 1
                     FROM names
-                    WHERE names.destination IS NOT NULL AND names.n < 1000
+                    CROSS JOIN LATERAL (SELECT (SELECT o.destination FROM oncegate_outbox o
+                            WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination > names.destination
+                            ORDER BY o.destination LIMIT 1) AS destination) d
+                    CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now()) AS open) f
+                    WHERE names.destination IS NOT NULL AND names.found < $2 AND names.n < 10000
                 )
-                SELECT names.destination FROM names WHERE names.destination IS NOT NULL
-            ) d
+                SELECT names.destination FROM names WHERE names.destination IS NOT NULL AND names.open
+            ) names
             WHERE held.yes
-              AND NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                    WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
         )
         SELECT u.effect_id, u.run_at
         FROM (

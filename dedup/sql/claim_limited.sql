@@ -74,30 +74,40 @@ WITH RECURSIVE tenants AS (
                 ORDER BY o.tenant, o.run_at
                 LIMIT $2 * 8) x) = $2 * 8 AS yes
         ), dests AS (
-            -- The tenant's destinations, by a loose scan of oncegate_outbox_tenant_destination_due, a probe
-            -- each, the first 1,000 by name; the open ones.
-            SELECT d.destination
+            -- The tenant's open destinations, by a loose scan of oncegate_outbox_tenant_destination_due in
+            -- name order, a probe each, which stops at the $2nd open one, or after 10,000: the rows of a tenant
+            -- with more held-back destinations than that wait for some of them to open (an outside test's
+            -- tenant had 1,002, each waiting 17 minutes for its token, and the scan's first bound of 1,000
+            -- destinations read left its rows to an open one unclaimed).
+            SELECT names.destination
             FROM held
             CROSS JOIN LATERAL (
-                WITH RECURSIVE names (destination, n) AS (
-                    (SELECT o.destination, 1 FROM oncegate_outbox o
-                     WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NOT NULL
-                     ORDER BY o.destination LIMIT 1)
+                WITH RECURSIVE names (destination, open, found, n) AS (
+                    (SELECT d.destination, f.open, f.open::integer, 1
+                     FROM (SELECT o.destination FROM oncegate_outbox o
+                           WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NOT NULL
+                           ORDER BY o.destination LIMIT 1) d
+                     CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
+                        AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
+                            WHERE b.type = $1 AND b.destination = d.destination
+                              AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open) f)
                     UNION ALL
-                    SELECT (SELECT o.destination FROM oncegate_outbox o
-                            WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination > names.destination
-                            ORDER BY o.destination LIMIT 1), names.n + 1
+                    SELECT d.destination, f.open, names.found + f.open::integer, names.n + 1
                     FROM names
-                    WHERE names.destination IS NOT NULL AND names.n < 1000
+                    CROSS JOIN LATERAL (SELECT (SELECT o.destination FROM oncegate_outbox o
+                            WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination > names.destination
+                            ORDER BY o.destination LIMIT 1) AS destination) d
+                    CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
+                        AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
+                            WHERE b.type = $1 AND b.destination = d.destination
+                              AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open) f
+                    WHERE names.destination IS NOT NULL AND names.found < $2 AND names.n < 10000
                 )
-                SELECT names.destination FROM names WHERE names.destination IS NOT NULL
-            ) d
+                SELECT names.destination FROM names WHERE names.destination IS NOT NULL AND names.open
+            ) names
             WHERE held.yes
-              AND NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                    WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
-              AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
-                    WHERE b.type = $1 AND b.destination = d.destination
-                      AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
         )
         SELECT u.effect_id, u.destination, u.run_at
         FROM (

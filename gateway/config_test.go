@@ -36,7 +36,7 @@ func writeConfig(t *testing.T, body string) string {
 // tenants, a short key, a short webhook secret) as the attack found them.
 func TestConfigFailsClosed(t *testing.T) {
 	result := reliability.Record(t, "Configuration",
-		"A file without tenants; one key under two tenants; an 8-character key; a webhook secret of 16 bytes",
+		"A file without tenants; one key under two tenants; an 8-character key; a webhook secret of 16 bytes; a burst of 1.5",
 		"start-up refused, the error naming the field (both fields for a duplicate key)")
 	for _, c := range []struct{ yaml, want string }{
 		{"listen: 0.0.0.0:8080\n", "tenants: missing"},
@@ -46,12 +46,15 @@ func TestConfigFailsClosed(t *testing.T) {
 		{"tenants: { alpha: { api_keys: ['" + strings.Repeat(" ", 40) + "'] } }", "tenants.alpha.api_keys[0]: an API key must be visible ASCII"},
 		{tenantsYAML + "effect_types: { w: { provider: webhook, webhook: { url: 'https://h/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZg== } } }",
 			"effect_types.w: webhook: webhook: secret: want whsec_ and the base64 of at least 24 bytes"},
+		// The YAML decoder would cut 1.5 to 1 for a whole-number field, silently.
+		{tenantsYAML + "effect_types: { w: { provider: webhook, webhook: { url: 'https://h/x', secret: whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY= }, rate: { per_second: 50, burst: 1.5 } } }",
+			`effect_types.w.rate.burst: "1.5" (line 2): want a whole number`},
 	} {
 		if _, err := Load(writeConfig(t, c.yaml)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: error %v, want %q", c.yaml, err, c.want)
 		}
 	}
-	result("4/4 refused, each naming its field")
+	result("5/5 refused, each naming its field")
 }
 
 // A file names its tenants; only `serve --dev` (LoadDev) has a built-in one, and only on loopback.

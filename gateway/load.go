@@ -5,10 +5,12 @@ package gateway
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -199,8 +201,24 @@ func checkKnown(n *yaml.Node, t reflect.Type, path string) error {
 				return err
 			}
 		}
+	case n.Kind == yaml.ScalarNode && isInt(t.Kind()) && n.ShortTag() == "!!float" &&
+		!reflect.PointerTo(t).Implements(reflect.TypeFor[yaml.Unmarshaler]()):
+		// The YAML decoder cuts 1.5 down to 1 for a whole-number field, silently (an outside test's
+		// `burst: 1.5` started a gateway with a burst of 1).
+		if f, err := strconv.ParseFloat(n.Value, 64); err != nil || f != math.Trunc(f) {
+			return fmt.Errorf("%s: %q (line %d): want a whole number", path, n.Value, n.Line)
+		}
 	}
 	return nil
+}
+
+func isInt(k reflect.Kind) bool {
+	switch k {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
 }
 
 func join(path, k string) string {

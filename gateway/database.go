@@ -259,13 +259,15 @@ func outcomeShare(total int32, parallel int) int32 {
 // opens (dedup.PrepareOutcomes). Until the statement recording an outcome is written, a gateway killed resends
 // the effect; so that statement must not wait for a connection that requests hold, nor, but in a burst, for
 // one to be dialled, nor for a round trip to prepare it on a new one (a chaos run saw a gateway just restarted
-// hold an outcome 42 ms for a new connection, and be killed meanwhile). Half of them are opened at start and
-// kept open, and the gateway waits, at most warmFor, for those before it claims a row. Half, not all: each is
-// a server process, and a test suite or a fleet that starts many gateways at once on one Postgres ran out of
-// its max_connections with all of them.
-func newOutcomePool(main *pgxpool.Pool, n int32) (*pgxpool.Pool, error) {
+// hold an outcome 42 ms for a new connection, and be killed meanwhile). All of them are opened at start and
+// kept open, and the gateway waits, at most warmFor, for them before it claims a row. Half of them, as before,
+// left a gateway's first bursts to dial the rest under load, 100 to 300 ms each on a busy 2-core machine: in
+// chaos runs, where a gateway lives a few seconds, the outcomes' handoff p99 was 210 to 230 ms with half and 38
+// ms with all, and resends per gateway kill 0.50 to 0.52 against 0.32. Each is a server process: a fleet's
+// gateways × this share count against max_connections from the start (README, Deploying).
+func newOutcomePool(main *pgxpool.Pool, n int32, log *slog.Logger) (*pgxpool.Pool, error) {
 	cfg := main.Config()
-	cfg.MaxConns, cfg.MinConns = n, max(n/2, 1)
+	cfg.MaxConns, cfg.MinConns = n, n
 	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
 	afterConnect := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
@@ -280,8 +282,11 @@ func newOutcomePool(main *pgxpool.Pool, n int32) (*pgxpool.Pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database_url: outcome connections: %w", err)
 	}
-	for end := time.Now().Add(warmFor); pool.Stat().IdleConns() < cfg.MinConns && time.Now().Before(end); {
+	start := time.Now()
+	for end := start.Add(warmFor); pool.Stat().IdleConns() < cfg.MinConns && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond)
 	}
+	log.Debug("outcome connections opened", "open", pool.Stat().IdleConns(), "wanted", cfg.MinConns, "of", n,
+		"took", time.Since(start))
 	return pool, nil
 }

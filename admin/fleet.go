@@ -3,7 +3,6 @@ package admin
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncegate/oncegate/dedup"
-	"github.com/oncegate/oncegate/internal/notifier"
 	"github.com/oncegate/oncegate/internal/safehttp"
 	"github.com/oncegate/oncegate/outbox"
 )
@@ -325,14 +323,14 @@ func (s *Service) ResumeDestination(ctx context.Context, a Actor, typ, dest, rea
 		if err := s.knownType(ctx, tx, typ); err != nil {
 			return err
 		}
-		err := tx.QueryRow(ctx, destinationResumeSQL, typ, name, string(notifier.TopicOutbox)).
-			Scan(&out.Until, &out.Status, &out.PausedBy, &out.Due)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return &StateError{Msg: fmt.Sprintf("destination %s of effect type %q is not paused", name, typ)}
-		}
+		l, ok, err := dedup.NewStore(tx).ResumeDestination(ctx, typ, name)
 		if err != nil {
 			return dbError("destination.resume", err)
 		}
+		if !ok {
+			return &StateError{Msg: fmt.Sprintf("destination %s of effect type %q is not paused", name, typ)}
+		}
+		out.Until, out.Status, out.PausedBy, out.Due = l.Until, l.Status, l.PausedBy, l.Due
 		_, err = s.audit(ctx, tx, a, Audit{Action: "destination.resume", Target: typ + " " + name, Count: 1,
 			Reason: reason})
 		return err

@@ -190,6 +190,31 @@ func (s *Store) ResumeType(ctx context.Context, typ string) (bool, error) {
 	return ok, translate("resume type", err)
 }
 
+var resumeDestinationSQL = query("resume_destination")
+
+// LiftedPause is a destination's pause that ResumeDestination lifted.
+type LiftedPause struct {
+	Until    time.Time // when it was to end
+	Status   int       // the answer that set it, 429 or 503
+	PausedBy string    // the gateway that got that answer
+	Due      int64     // the destination's rows waiting for a retry, due now
+}
+
+// ResumeDestination lifts the pause of destination dest of typ (resume_destination.sql): its rows waiting for
+// a retry are due now, and the dispatchers are woken. It reports false when dest was not paused.
+func (s *Store) ResumeDestination(ctx context.Context, typ, dest string) (LiftedPause, bool, error) {
+	var l LiftedPause
+	err := s.db.QueryRow(ctx, resumeDestinationSQL, typ, dest, string(notifier.TopicOutbox)).
+		Scan(&l.Until, &l.Status, &l.PausedBy, &l.Due)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, false, nil
+	}
+	if err != nil {
+		return l, false, translate("resume destination", err)
+	}
+	return l, true, nil
+}
+
 var barrierSQL = query("barrier")
 
 // BarrierSlots is how many barriers one gateway may run at once (the rows of its own it rewrites).

@@ -259,15 +259,17 @@ func outcomeShare(total int32, parallel int) int32 {
 // opens (dedup.PrepareOutcomes). Until the statement recording an outcome is written, a gateway killed resends
 // the effect; so that statement must not wait for a connection that requests hold, nor, but in a burst, for
 // one to be dialled, nor for a round trip to prepare it on a new one (a chaos run saw a gateway just restarted
-// hold an outcome 42 ms for a new connection, and be killed meanwhile). All of them are opened at start and
-// kept open, and the gateway waits, at most warmFor, for them before it claims a row. Half of them, as before,
+// hold an outcome 42 ms for a new connection, and be killed meanwhile). Up to twice group_commit.parallel (the
+// statements a steady load keeps in flight, and as many again for a burst) are opened at start and kept open,
+// and the gateway waits, at most warmFor, for them before it claims a row. Half of a small share, as before,
 // left a gateway's first bursts to dial the rest under load, 100 to 300 ms each on a busy 2-core machine: in
-// chaos runs, where a gateway lives a few seconds, the outcomes' handoff p99 was 210 to 230 ms with half and 38
-// ms with all, and resends per gateway kill 0.50 to 0.52 against 0.32. Each is a server process: a fleet's
-// gateways × this share count against max_connections from the start (README, Deploying).
-func newOutcomePool(main *pgxpool.Pool, n int32, log *slog.Logger) (*pgxpool.Pool, error) {
+// chaos runs (gateways of 5 outcome connections, each living a few seconds) the outcomes' handoff p99 was 210
+// to 230 ms with 2 opened at start and 38 ms with all 5, and resends per gateway kill 0.50 to 0.52 against
+// 0.32. Not more: each is a server process, and the test suite's gateways, starting together, took 93 of a
+// Postgres's 100 connections with all 8 of the default share opened at start.
+func newOutcomePool(main *pgxpool.Pool, n, warm int32, log *slog.Logger) (*pgxpool.Pool, error) {
 	cfg := main.Config()
-	cfg.MaxConns, cfg.MinConns = n, n
+	cfg.MaxConns, cfg.MinConns = n, min(n, warm)
 	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
 	afterConnect := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {

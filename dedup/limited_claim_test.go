@@ -100,49 +100,38 @@ func heldBacklog(t *testing.T, dbURL, typ string, n int) {
 // every claim while the destination waited for its next token), and the rows behind it waited on that.
 func TestALimitedClaimDoesNotReadAHeldBackBacklog(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.Database(t)
-	pool := pgtest.Pool(t, dbURL)
-	ctx := context.Background()
-	const backlog = 20000
-	heldBacklog(t, dbURL, "lim", backlog)
 	// The held destination's next token is a day away; the open one has no bucket yet: its burst is its room.
-	if _, err := pool.Exec(ctx, `
+	claimPastHeldBacklog(t, "lim", 10, `
 		INSERT INTO oncegate_rate_buckets (type, destination, tat, granted, per_second, burst)
-		VALUES ('lim', 'http://held:80', now() + interval '1 day', 0, 50, 10);
-		ANALYZE oncegate_outbox`); err != nil {
-		t.Fatal(err)
-	}
-	claimed, read := outboxRowsRead(t, dbURL, "lim", 16, 10)
-	t.Logf("claimed %d rows, reading %d outbox rows beside a held-back backlog of %d", claimed, read, backlog)
-	if claimed != 6 {
-		t.Fatalf("claimed %d rows; the 6 rows to the open destination, both tenants', are due", claimed)
-	}
-	if read > 1000 {
-		t.Fatalf("the claim read %d outbox rows to find 6 behind a held-back backlog of %d", read, backlog)
-	}
+		VALUES ('lim', 'http://held:80', now() + interval '1 day', 0, 50, 10)`)
 }
 
 // The same for an unlimited type whose destination asked every gateway to wait: its backlog of 20,000 stands
 // first in the tenant's due order, and the claim takes the rows behind it without reading it.
 func TestAClaimDoesNotReadAPausedBacklog(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.Database(t)
-	pool := pgtest.Pool(t, dbURL)
-	const backlog = 20000
-	heldBacklog(t, dbURL, "hook", backlog)
-	if _, err := pool.Exec(context.Background(), `
+	claimPastHeldBacklog(t, "hook", 0, `
 		INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
-		VALUES ('hook', 'http://held:80', now() + interval '1 day', 429, 'test', now());
-		ANALYZE oncegate_outbox`); err != nil {
+		VALUES ('hook', 'http://held:80', now() + interval '1 day', 429, 'test', now())`)
+}
+
+// claimPastHeldBacklog writes heldBacklog's 20,000 rows of typ, holds their destination back by hold, and
+// claims once (claim.sql when burst is 0, else claim_limited.sql): the 6 rows behind the backlog are taken,
+// reading at most 1,000 outbox rows.
+func claimPastHeldBacklog(t *testing.T, typ string, burst int, hold string) {
+	dbURL := pgtest.Database(t)
+	const backlog = 20000
+	heldBacklog(t, dbURL, typ, backlog)
+	if _, err := pgtest.Pool(t, dbURL).Exec(context.Background(), hold+"; ANALYZE oncegate_outbox"); err != nil {
 		t.Fatal(err)
 	}
-	claimed, read := outboxRowsRead(t, dbURL, "hook", 16, 0)
-	t.Logf("claimed %d rows, reading %d outbox rows beside a paused backlog of %d", claimed, read, backlog)
+	claimed, read := outboxRowsRead(t, dbURL, typ, 16, burst)
+	t.Logf("claimed %d rows, reading %d outbox rows beside a held-back backlog of %d", claimed, read, backlog)
 	if claimed != 6 {
 		t.Fatalf("claimed %d rows; the 6 rows to the open destination, both tenants', are due", claimed)
 	}
 	if read > 1000 {
-		t.Fatalf("the claim read %d outbox rows to find 6 behind a paused backlog of %d", read, backlog)
+		t.Fatalf("the claim read %d outbox rows to find 6 behind a held-back backlog of %d", read, backlog)
 	}
 }
 

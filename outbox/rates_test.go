@@ -61,15 +61,15 @@ func (p *routed) snapshot(dest string) []time.Time {
 }
 
 // backlog records n effects of typ to dest in one statement, as the gateway's Create writes them: effect and
-// outbox row, which names the destination.
+// outbox row, which names the destination and the tenant.
 func (f *fixture) backlog(typ, dest string, n int) {
 	f.t.Helper()
 	if _, err := f.pool.Exec(context.Background(), `WITH e AS (
 		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
 		SELECT 't', $2 || g, $1, '\x00', json_build_object('to', $2::text), 'eff_' || $2 || g
 		FROM generate_series(1, $3) g
-		RETURNING id, type)
-		INSERT INTO oncegate_outbox (effect_id, type, destination) SELECT id, type, $2 FROM e`, typ, dest, n); err != nil {
+		RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant) SELECT id, type, $2, tenant FROM e`, typ, dest, n); err != nil {
 		f.t.Fatal(err)
 	}
 }

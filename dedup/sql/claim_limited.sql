@@ -147,18 +147,22 @@ WITH RECURSIVE tenants AS (
     UNION ALL
     SELECT h.effect_id, h.destination, h.run_at, row_number() OVER (ORDER BY h.run_at) AS k, random() AS draw
     FROM (SELECT o.effect_id, o.destination, o.run_at
-          FROM oncegate_outbox o
-          WHERE o.type = $1 AND o.tenant IS NULL
-            AND o.run_at <= now()
-            AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-            AND (cardinality($5::text[]) = 0 OR NOT EXISTS (
+          -- The first $2 × 8 due rows, as in claim.sql.
+          FROM (SELECT o.effect_id, o.run_at, o.destination
+                FROM oncegate_outbox o
+                WHERE o.type = $1 AND o.tenant IS NULL
+                  AND o.run_at <= now()
+                  AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+                ORDER BY o.tenant, o.run_at
+                LIMIT $2 * 8) o
+          WHERE (cardinality($5::text[]) = 0 OR NOT EXISTS (
                 SELECT 1 FROM oncegate_effects e WHERE e.id = o.effect_id AND e.tenant = ANY ($5::text[])))
             AND NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                 WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
             AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                 WHERE b.type = $1 AND b.destination = o.destination
                   AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
-          ORDER BY o.tenant, o.run_at
+          ORDER BY o.run_at
           LIMIT $2) h
 ), cand AS (
     SELECT heads.effect_id, heads.destination, heads.k, heads.draw
@@ -173,23 +177,26 @@ WITH RECURSIVE tenants AS (
             FROM oncegate_rate_buckets b WHERE b.type = $1 AND b.destination = cand.destination), $6::integer) AS room
     FROM cand
 ), due AS (
-    SELECT o.effect_id, o.lease_expires_at IS NOT NULL AS rescued, o.lease_owner AS prev_owner,
-        o.lease_token AS prev_token, o.lease_expires_at AS prev_expires
-    FROM oncegate_outbox o
-    JOIN ranked ON ranked.effect_id = o.effect_id
-    WHERE ranked.kd <= ranked.room
-      AND o.run_at <= now()
-      AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
-    ORDER BY ranked.k, ranked.draw
+    -- A probe of the primary key a row, in the round's order, and the update by it: claim.sql says why.
+    SELECT o.effect_id, o.rescued, o.prev_owner, o.prev_token, o.prev_expires
+    FROM (SELECT ranked.effect_id FROM ranked WHERE ranked.kd <= ranked.room ORDER BY ranked.k, ranked.draw) h
+    CROSS JOIN LATERAL (
+        SELECT o.effect_id, o.lease_expires_at IS NOT NULL AS rescued, o.lease_owner AS prev_owner,
+            o.lease_token AS prev_token, o.lease_expires_at AS prev_expires
+        FROM oncegate_outbox o
+        WHERE o.effect_id = h.effect_id
+          AND o.run_at <= now()
+          AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
+        FOR UPDATE SKIP LOCKED
+    ) o
     LIMIT $2
-    FOR UPDATE OF o SKIP LOCKED
 ), claimed AS (
     UPDATE oncegate_outbox o
     SET lease_token = gen_random_uuid(),
         lease_owner = $3,
         lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
     FROM due
-    WHERE o.effect_id = due.effect_id
+    WHERE o.effect_id = ANY (ARRAY(SELECT due.effect_id FROM due)) AND o.effect_id = due.effect_id
     RETURNING o.effect_id, o.lease_token, due.rescued, o.trace, due.prev_owner, due.prev_token, due.prev_expires
 )
 SELECT e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,

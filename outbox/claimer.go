@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,7 +35,11 @@ type claimState struct {
 	// a gateway that delivers one busy type among idle ones made an empty claim of each idle type at every
 	// delivery that ended, each a statement Postgres plans and runs for nothing.
 	idle bool
-	rate rateState // a limited type's last take of tokens (rates.go)
+	// emptySkip: the last claim found no row due while it skipped these tenants (their share in flight). A
+	// delivery that ends and leaves the same tenants skipped brings no row a claim could take: claimed
+	// again then, a type with one busy tenant made an empty claim at every delivery of that tenant's.
+	emptySkip []string
+	rate      rateState // a limited type's last take of tokens (rates.go)
 
 	mu   sync.Mutex
 	busy bool // a one-by-one claim runs (claimEach); the loop leaves the type to it
@@ -91,7 +96,7 @@ func (d *Dispatcher) claimLoop(ctx, deliveries context.Context, inflight *worker
 // wakeIdle has every type claimed in the next round: rows may have come due.
 func wakeIdle(states map[*effectType]*claimState) {
 	for _, st := range states {
-		st.idle = false
+		st.idle, st.emptySkip = false, nil
 	}
 }
 
@@ -155,6 +160,9 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 			continue
 		}
 		skip := t.saturated()
+		if st.emptySkip != nil && slices.Equal(skip, st.emptySkip) {
+			continue
+		}
 		rows, err := d.claim(ctx, t, n, skip)
 		if err != nil {
 			if errors.Is(err, dedup.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
@@ -200,6 +208,10 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		// the next token (st.rate.wait), or for the rows to come due.
 		st.backlog = claimed == n && heldBack == 0
 		st.idle = claimed == 0 && len(skip) == 0
+		st.emptySkip = nil
+		if claimed == 0 && len(skip) > 0 {
+			st.emptySkip = skip
+		}
 		if st.backlog {
 			more = true
 		}

@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -245,27 +246,34 @@ type effectType struct {
 	tenants   map[string]int // deliveries in flight per tenant, for TenantConcurrency
 }
 
-// saturated lists the tenants with TenantConcurrency deliveries of t in flight.
+// saturated lists the tenants a claim of t leaves out (claimLimits).
 func (t *effectType) saturated() []string {
 	out, _ := t.claimLimits()
 	return out
 }
 
-// claimLimits returns the tenants a claim must skip (their share is in flight) and how many rows the claim
-// may take so that no tenant it can bring is taken past its share: TenantConcurrency less the most any other
-// tenant has in flight. A claim that took more would hand the excess back, one write per row, on every slot
-// that frees up: with one busy tenant that cost more than the deliveries (issue 14).
+// claimLimits returns the tenants a claim must skip, in name order, and how many rows the claim may take so
+// that no tenant it can bring is taken past its share: TenantConcurrency less the most any other tenant has
+// in flight. A claim that took more would hand the excess back, one write per row, on every slot that frees
+// up: with one busy tenant that cost more than the deliveries (issue 14).
+//
+// A tenant is skipped from a quarter of its share short of it, and so is refilled a quarter at a time, as a
+// type with a backlog is: refilled at each delivery that ended, a tenant with a backlog cost a claim for
+// its one row and a second claim that skipped it and found nothing, two claims a delivery, which held
+// Postgres's cores while another tenant's new effects waited for them (the fleet bench, issue 31).
 func (t *effectType) claimLimits() (saturated []string, headroom int) {
 	t.tenantsMu.Lock()
 	defer t.tenantsMu.Unlock()
 	busiest := 0
+	full := t.TenantConcurrency - max(1, t.TenantConcurrency/4)
 	for tenant, n := range t.tenants {
-		if n >= t.TenantConcurrency {
+		if n > full {
 			saturated = append(saturated, tenant)
 		} else {
 			busiest = max(busiest, n)
 		}
 	}
+	slices.Sort(saturated)
 	return saturated, t.TenantConcurrency - busiest
 }
 

@@ -2,7 +2,9 @@ package outbox
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"testing"
@@ -117,5 +119,48 @@ func TestAnIdleTypeIsClaimedWhileAnotherDrainsABacklog(t *testing.T) {
 	f.waitStatus("i1", effect.StatusDelivered)
 	if left := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_outbox WHERE type = 'busy'`); left == 0 {
 		t.Fatal("the idle type's effect was delivered only after the busy type's backlog had drained")
+	}
+}
+
+// A tenant with a backlog and its share of a type's slots in flight is refilled a quarter of its share at a
+// time: refilled at each delivery that ended, it cost a claim for its one row and a second that skipped it
+// and found nothing, two claims a delivery (the fleet bench: Postgres's cores held by claims while another
+// tenant's new effects waited for them).
+func TestATenantAtItsShareIsNotClaimedAtEveryDelivery(t *testing.T) {
+	t.Parallel()
+	counter := &claimCounter{byType: map[string]int{}}
+	pool := pgtest.TracedPool(t, pgtest.Database(t), counter)
+	f := &fixture{t: t, pool: pool, store: dedup.NewStore(pool)}
+	const backlog = 400
+	for i := range backlog {
+		f.create(fmt.Sprintf("b%d", i), "busy")
+	}
+	// Concurrency 32: the tenant's share is 16 of it, refilled 4 at a time. Each call takes a while, so that
+	// deliveries end one by one, as a destination's answers come.
+	f.start(f.dispatcher(Config{PollInterval: time.Hour, Types: []EffectType{
+		{Name: "busy", Provider: takes(100 * time.Millisecond), Concurrency: 32}}}))
+	for i := range backlog {
+		f.waitStatus(fmt.Sprintf("b%d", i), effect.StatusDelivered)
+	}
+	counter.mu.Lock()
+	claims := counter.byType["busy"]
+	counter.mu.Unlock()
+	t.Logf("%d claims for %d deliveries", claims, backlog)
+	if claims > backlog*3/4 {
+		t.Fatalf("%d claims for %d deliveries of one tenant at its share", claims, backlog)
+	}
+}
+
+// takes is a provider whose every call takes from nothing to twice d, drawn, then delivers.
+type takes time.Duration
+
+func (takes) Validate(json.RawMessage) error { return nil }
+
+func (d takes) Deliver(ctx context.Context, _ providers.Delivery) providers.Outcome {
+	select {
+	case <-time.After(rand.N(2 * time.Duration(d))):
+		return providers.Delivered(nil)
+	case <-ctx.Done():
+		return providers.Retry(ctx.Err())
 	}
 }

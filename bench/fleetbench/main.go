@@ -35,6 +35,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,6 +49,8 @@ var (
 	window  = flag.Duration("window", time.Minute, "how long the limit is measured")
 	backlog = flag.Int("backlog", 100000, "the noisy tenant's effects in the fairness phase")
 	quiet   = flag.Int("quiet", 200, "the quiet tenant's effects in each fairness phase, one at a time")
+	poolMax = flag.Int("pool-max-conns", 30, "each gateway's pool_max_conns")
+	slow    = flag.Duration("log-slow-plans", 0, "when set, Postgres logs the plan of every statement in the benchmark's database slower than this (auto_explain)")
 )
 
 const (
@@ -133,6 +136,12 @@ func main() {
 	must(err)
 	_, err = conn.Exec(ctx, "CREATE DATABASE "+name)
 	must(err)
+	if *slow > 0 {
+		_, err = conn.Exec(ctx, fmt.Sprintf(`ALTER DATABASE %s SET session_preload_libraries = 'auto_explain';
+			ALTER DATABASE %[1]s SET auto_explain.log_min_duration = %d;
+			ALTER DATABASE %[1]s SET auto_explain.log_analyze = on`, name, slow.Milliseconds()))
+		must(err)
+	}
 	var gws []*gateway
 	defer func() {
 		for _, g := range gws {
@@ -145,6 +154,12 @@ func main() {
 	must(err)
 	u.Path = "/" + name
 	dbURL := u.String()
+	// Three gateways share Postgres's 100 connections (its default max_connections) with this benchmark: at
+	// the gateway's default pool of 40 each they asked for 120, and a gateway refused a connection waited for it.
+	q := u.Query()
+	q.Set("pool_max_conns", strconv.Itoa(*poolMax))
+	u.RawQuery = q.Encode()
+	gwURL := u.String()
 	dir, err := os.MkdirTemp("", "fleetbench-")
 	must(err)
 	defer os.RemoveAll(dir)
@@ -178,7 +193,7 @@ effect_types:
       allowed_hosts: ["%s", "%s"] }
     rate: { per_second: %v, burst: 10 }
 dispatcher: { poll_interval: 100ms, lease_margin: 1s }
-`, dbURL, apiKey, quietKey, limited.srv.URL, limit, fair.srv.URL, side.srv.URL, side.srv.URL, held.srv.URL, limit)), 0o600))
+`, gwURL, apiKey, quietKey, limited.srv.URL, limit, fair.srv.URL, side.srv.URL, side.srv.URL, held.srv.URL, limit)), 0o600))
 
 	// The schema comes with the first gateway; the backlog goes in before the others start.
 	gws = append(gws, startGateway(cfg, "--no-dispatch"))
@@ -191,8 +206,8 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		WITH e AS (
 			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
 			SELECT 'noisy', 'l' || i, 'limited', '\x00', json_build_object('event', 'e', 'data', json_build_object('i', i)), 'eff_l' || i
-			FROM generate_series(1, $1) AS i RETURNING id, type)
-		INSERT INTO oncegate_outbox (effect_id, type, destination) SELECT id, type, $2 FROM e`, rows, host)
+			FROM generate_series(1, $1) AS i RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant) SELECT id, type, $2, tenant FROM e`, rows, host)
 	must(err)
 	gws[0].stop()
 	gws = []*gateway{startGateway(cfg), startGateway(cfg), startGateway(cfg)}
@@ -283,8 +298,9 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		WITH e AS (
 			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
 			SELECT 'noisy', 'f' || i, 'fair', '\x00', json_build_object('event', 'e', 'data', json_build_object('i', i)), 'eff_f' || i
-			FROM generate_series(1, $1) AS i RETURNING id, type)
-		INSERT INTO oncegate_outbox (effect_id, type, destination) SELECT id, type, $2 FROM e`, *backlog,
+			FROM generate_series(1, $1) AS i RETURNING id, type, tenant)
+		-- With its tenant, as a gateway writes it: a row that names none is one written before the outbox kept it.
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant) SELECT id, type, $2, tenant FROM e`, *backlog,
 		fair.srv.URL)
 	must(err)
 	busy50, busy := quietLatency(gws[0].url, "fair", fair, "busy")

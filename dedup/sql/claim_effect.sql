@@ -25,13 +25,14 @@ WITH cur AS (
         lease_owner = $2,
         lease_expires_at = now() + make_interval(secs => $3::double precision / 1000)
     FROM cur
-    WHERE o.effect_id = cur.effect_id AND cur.free AND NOT cur.paused
+    -- = $1 as well: by the primary key whatever the join order (finish_batch.sql says why).
+    WHERE o.effect_id = $1 AND o.effect_id = cur.effect_id AND cur.free AND NOT cur.paused
     RETURNING o.effect_id, o.lease_token, cur.rescued, o.trace
 ), won AS (
     UPDATE oncegate_effects e
     SET status = $4, updated_at = now()
     FROM claimed
-    WHERE e.id = claimed.effect_id
+    WHERE e.id = $1 AND e.id = claimed.effect_id
     RETURNING e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
         claimed.trace, e.stable_id
 )

@@ -25,7 +25,8 @@ WITH leased AS (
         lease_expires_at = CASE WHEN leased.rescued THEN '-infinity'::timestamptz END,
         destination = coalesce(o.destination, leased.destination)
     FROM leased
-    WHERE o.effect_id = leased.effect_id AND o.lease_token = leased.token
+    -- = ANY: by the primary key whatever the join order (finish_batch.sql says why).
+    WHERE o.effect_id = ANY ($1::bigint[]) AND o.effect_id = leased.effect_id AND o.lease_token = leased.token
     RETURNING o.effect_id, leased.delay_ms, NOT leased.rescued AS fresh
 )
 UPDATE oncegate_effects e
@@ -33,4 +34,4 @@ SET status = CASE WHEN back.fresh THEN $6 ELSE e.status END,
     next_attempt_at = now() + make_interval(secs => back.delay_ms::double precision / 1000),
     updated_at = now()
 FROM back
-WHERE e.id = back.effect_id
+WHERE e.id = ANY ($1::bigint[]) AND e.id = back.effect_id

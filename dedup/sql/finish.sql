@@ -19,5 +19,5 @@ SET status = $3,
     finished_at = now(),
     updated_at = now()
 FROM gone
-WHERE e.id = gone.effect_id
+WHERE e.id = $1 AND e.id = gone.effect_id
 RETURNING e.id

@@ -8,9 +8,12 @@ WITH input AS (
     FROM unnest($1::bigint[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int[], $7::boolean[])
         AS i (effect_id, token, status, result, last_error, attempts, delivered)
 ), gone AS (
+    -- = ANY: the rows by the primary key whatever the plan's join order. An outbox vacuumed empty is believed
+    -- empty until the next ANALYZE, and a join alone read the whole of a new burst as the outer side of its
+    -- loop (1.85 s a batch beside 100,000 rows in the fleet bench).
     DELETE FROM oncegate_outbox o
     USING input
-    WHERE o.effect_id = input.effect_id AND o.lease_token = input.token::uuid
+    WHERE o.effect_id = ANY ($1::bigint[]) AND o.effect_id = input.effect_id AND o.lease_token = input.token::uuid
     RETURNING o.effect_id
 )
 UPDATE oncegate_effects e
@@ -23,5 +26,5 @@ SET status = input.status,
     finished_at = now(),
     updated_at = now()
 FROM gone JOIN input USING (effect_id)
-WHERE e.id = gone.effect_id
+WHERE e.id = ANY ($1::bigint[]) AND e.id = gone.effect_id
 RETURNING e.id

@@ -13,9 +13,10 @@ WITH doomed AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ), strays AS (
-    DELETE FROM oncegate_outbox WHERE effect_id IN (SELECT id FROM doomed)
+    -- = ANY: by the primary key whatever the join order (finish_batch.sql says why).
+    DELETE FROM oncegate_outbox WHERE effect_id = ANY (ARRAY(SELECT id FROM doomed))
 ), freed AS (
     DELETE FROM oncegate_keys k USING doomed
     WHERE k.tenant = doomed.tenant AND k.key = doomed.key AND k.effect_id = doomed.id
 )
-DELETE FROM oncegate_effects WHERE id IN (SELECT id FROM doomed)
+DELETE FROM oncegate_effects WHERE id = ANY (ARRAY(SELECT id FROM doomed))

@@ -10,10 +10,11 @@ WITH leased AS (
     SET lease_token = NULL, lease_owner = NULL,
         lease_expires_at = CASE WHEN leased.rescued THEN '-infinity'::timestamptz END
     FROM leased
-    WHERE o.effect_id = leased.effect_id AND o.lease_token = leased.token
+    -- = ANY: by the primary key whatever the join order (finish_batch.sql says why).
+    WHERE o.effect_id = ANY ($1::bigint[]) AND o.effect_id = leased.effect_id AND o.lease_token = leased.token
     RETURNING o.effect_id, NOT leased.rescued AS fresh
 )
 UPDATE oncegate_effects e
 SET status = $4, updated_at = now()
 FROM back
-WHERE e.id = back.effect_id AND back.fresh
+WHERE e.id = ANY ($1::bigint[]) AND e.id = back.effect_id AND back.fresh

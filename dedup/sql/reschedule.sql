@@ -26,5 +26,5 @@ SET status = $6,
     next_attempt_at = back.run_at,
     updated_at = now()
 FROM back
-WHERE e.id = back.effect_id
+WHERE e.id = $1 AND e.id = back.effect_id
 RETURNING e.id

@@ -14,7 +14,8 @@ WITH effect AS (
         AND status = $7
     RETURNING {{written}}
 ), gone AS (
-    DELETE FROM oncegate_outbox o USING effect WHERE o.effect_id = effect.id
+    -- By the primary key whatever the join order (finish_batch.sql says why).
+    DELETE FROM oncegate_outbox o WHERE o.effect_id = (SELECT effect.id FROM effect)
 ), marked AS (
     INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome, error)
     SELECT id, 0, now(), $8, 'resolved ' || $3, $5 FROM effect

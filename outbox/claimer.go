@@ -214,6 +214,10 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		}
 		if st.backlog {
 			more = true
+			select {
+			case d.backlogSeen <- struct{}{}:
+			default:
+			}
 		}
 	}
 	return more, retryAt

@@ -311,6 +311,8 @@ type Dispatcher struct {
 	log      *slog.Logger
 	wake     chan struct{}
 	freed    chan struct{}
+	// backlogSeen: a claim came back full (statsLoop).
+	backlogSeen chan struct{}
 
 	done *notifier.Batcher // the IDs of effects finished here, for the other gateways (notify.go)
 
@@ -327,7 +329,8 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	}
 	d := &Dispatcher{pool: pool, store: dedup.NewStore(pool).WithRetention(c.Retention).WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
 		log:  c.Logger.With("component", "dispatcher", "owner", c.Owner),
-		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1)}
+		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
+		backlogSeen: make(chan struct{}, 1)}
 	d.done = newDoneBatcher(pool, d.log)
 	d.breakers = newBreakerSet(c.MaxBreakers, c.BreakerIdle, d.metrics, d.log)
 	for _, t := range c.Types {
@@ -377,6 +380,7 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	var duties sync.WaitGroup
 	duties.Go(func() { d.done.Run(notifyCtx) })
 	duties.Go(func() { d.purgeLoop(ctx) })
+	duties.Go(func() { d.statsLoop(ctx) })
 	defer func() { stopNotify(); duties.Wait() }()
 
 	inflight := workers.New(deliveryIdle)

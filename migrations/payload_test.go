@@ -76,3 +76,49 @@ func TestPayloadMigrationKeepsPendingRowsReadable(t *testing.T) {
 		t.Fatal("a row without a payload was stored")
 	}
 }
+
+// Migration 00021 names the tenant of outbox rows written before 00016, so that a claim takes them tenant by
+// tenant instead of by the walk it keeps for rows that name none.
+func TestOutboxTenantBackfill(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	name := testenv.Name(t, "mig")
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)") //nolint:errcheck
+	pool, err := pgxpool.New(ctx, pgtest.WithDatabase(pgtest.AdminURL(), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if err := migrations.UpTo(ctx, db, 20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `WITH e AS (
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+		SELECT 't' || (i % 3), 'k' || i, 'typ', '\x00', '{}', 'eff_' || i FROM generate_series(1, 3000) i
+		RETURNING id, type)
+		INSERT INTO oncegate_outbox (effect_id, type) SELECT id, type FROM e`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := migrations.Up(ctx, db, nil); err != nil {
+		t.Fatal(err)
+	}
+	var unnamed, wrong int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE o.tenant IS NULL),
+		count(*) FILTER (WHERE o.tenant <> e.tenant)
+		FROM oncegate_outbox o JOIN oncegate_effects e ON e.id = o.effect_id`).Scan(&unnamed, &wrong); err != nil {
+		t.Fatal(err)
+	}
+	if unnamed != 0 || wrong != 0 {
+		t.Fatalf("after 00021: %d outbox rows name no tenant, %d another tenant than their effect's", unnamed, wrong)
+	}
+}

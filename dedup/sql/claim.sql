@@ -140,7 +140,8 @@ WITH RECURSIVE tenants AS (
     SELECT h.effect_id, h.run_at, row_number() OVER (ORDER BY h.run_at) AS k, random() AS draw
     FROM (SELECT o.effect_id, o.run_at
           -- The first $2 × 8 due rows, as a tenant's walk: asking each row's effect for its tenant, a claim
-          -- that skipped the tenant of a backlog of such rows walked all of it to take none.
+          -- that skipped the tenant of a backlog of such rows walked all of it to take none. Migration 00021
+          -- named the tenant of the rows written before 00016; these are a still-running older gateway's.
           FROM (SELECT o.effect_id, o.run_at, o.destination
                 FROM oncegate_outbox o
                 WHERE o.type = $1 AND o.tenant IS NULL

@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,6 +45,8 @@ type Gateway struct {
 	pool       *pgxpool.Pool
 	outcomes   *pgxpool.Pool // nil: outcomes share pool (database.go, newOutcomePool)
 	probe      *poolerProbe
+	budgetMu   sync.Mutex
+	budget     connBudget // the fleet's connections as last judged (connbudget.go)
 	store      *dedup.Store
 	dispatcher *outbox.Dispatcher
 	providers  *providers.Registry

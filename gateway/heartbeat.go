@@ -28,6 +28,7 @@ func (g *Gateway) heartbeat(ctx context.Context, addr string) {
 		if err := g.writeHeartbeat(wctx, addr, started); err != nil && ctx.Err() == nil {
 			g.log.Warn("writing the gateway's heartbeat row failed", "err", err)
 		}
+		g.checkConnections(wctx)
 	}
 	beat()
 	t := time.NewTicker(HeartbeatInterval)

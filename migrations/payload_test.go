@@ -6,13 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
-	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/migrations"
 )
 
@@ -22,21 +19,7 @@ import (
 func TestPayloadMigrationKeepsPendingRowsReadable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	name := testenv.Name(t, "mig")
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)") //nolint:errcheck
-	pool, err := pgxpool.New(ctx, pgtest.WithDatabase(pgtest.AdminURL(), name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.Pool(t, pgtest.EmptyDatabase(t))
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 
@@ -82,21 +65,7 @@ func TestPayloadMigrationKeepsPendingRowsReadable(t *testing.T) {
 func TestOutboxTenantBackfill(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	name := testenv.Name(t, "mig")
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)") //nolint:errcheck
-	pool, err := pgxpool.New(ctx, pgtest.WithDatabase(pgtest.AdminURL(), name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := pgtest.Pool(t, pgtest.EmptyDatabase(t))
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	if err := migrations.UpTo(ctx, db, 20); err != nil {

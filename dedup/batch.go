@@ -106,15 +106,27 @@ func (s *Store) BatchStats() (creates, finishes BatchStats) {
 // killed resends the effect) is never queued behind other work: it goes before every item that is not
 // urgent, first in the next statement, and when the Parallel slots are busy it has reserve slots more, for a
 // statement of its own at once rather than a wait for a statement to end and the next to run.
+//
+// The statements that carry urgent items go out on connections of their own (GroupCommit.Outcomes), and
+// never more of them at once than those connections open: one beyond them would wait for a connection to be
+// dialled, 100 to 300 ms on a busy 2-core machine, where in the queue it goes out, with every urgent item
+// that came meanwhile, as soon as the first statement in flight ends. A chaos run's gateways, just
+// restarted with 4 of their 5 outcome connections open, held the fifth outcome of a burst for a dial, and
+// were killed meanwhile: every resend of that run. The connections that are missing are dialled in the
+// background (grow).
 type group[T any] struct {
 	cfg     GroupCommit
-	reserve int             // slots beyond Parallel that only urgent items may use
-	run     func(batch []T) // answers every item of the batch
+	reserve int               // slots beyond Parallel that only urgent items may use
+	run     func(batch []T)   // answers every item of the batch
+	open    func() int        // how many urgent statements the open connections carry at once; nil: no bound
+	grow    func(done func()) // has a connection opened, or waits for one to be free, then calls done
 
 	mu       sync.Mutex
 	waiting  []T // the urgent first
 	urgent   int // how many of waiting are urgent
 	inflight int
+	urgentIn int  // statements in flight that carry urgent items
+	growing  bool // a grow is under way: one at a time
 	stats    BatchStats
 }
 
@@ -138,18 +150,26 @@ func (g *group[T]) startLocked() {
 	if len(g.waiting) == 0 {
 		return
 	}
-	n := min(len(g.waiting), g.cfg.MaxBatch)
+	urgentGoes := g.urgent > 0 && g.connectionFreeLocked()
+	from, n := 0, min(len(g.waiting), g.cfg.MaxBatch)
 	switch {
-	case g.inflight < g.cfg.Parallel:
-	case g.urgent > 0 && g.inflight < g.cfg.Parallel+g.reserve:
+	case g.inflight < g.cfg.Parallel && (g.urgent == 0 || urgentGoes):
+	case urgentGoes && g.inflight < g.cfg.Parallel+g.reserve:
 		n = min(n, g.urgent) // a reserve slot carries urgent items only
+	case g.inflight < g.cfg.Parallel && len(g.waiting) > g.urgent:
+		// The urgent wait for a connection of theirs; the rest need none of those.
+		from, n = g.urgent, min(len(g.waiting)-g.urgent, g.cfg.MaxBatch)
 	default:
 		return
 	}
 	batch := make([]T, n)
-	copy(batch, g.waiting)
-	g.waiting = append(g.waiting[:0], g.waiting[n:]...)
-	g.urgent -= min(n, g.urgent)
+	copy(batch, g.waiting[from:])
+	g.waiting = slices.Delete(g.waiting, from, from+n)
+	carriesUrgent := from == 0 && g.urgent > 0
+	if carriesUrgent {
+		g.urgent -= min(n, g.urgent)
+		g.urgentIn++
+	}
 	g.inflight++
 	g.stats.Batches++
 	g.stats.Requests += int64(n)
@@ -158,11 +178,35 @@ func (g *group[T]) startLocked() {
 		defer func() {
 			g.mu.Lock()
 			g.inflight--
+			if carriesUrgent {
+				g.urgentIn--
+			}
 			g.startLocked()
 			g.mu.Unlock()
 		}()
 		g.run(batch)
 	}()
+}
+
+// connectionFreeLocked says whether one more statement carrying urgent items has an open connection to go
+// out on, and when it has none, has one dialled in the background (or, the pool full, waits for one to end).
+func (g *group[T]) connectionFreeLocked() bool {
+	if g.open == nil {
+		return true
+	}
+	if g.urgentIn < g.open() {
+		return true
+	}
+	if g.grow != nil && !g.growing {
+		g.growing = true
+		g.grow(func() {
+			g.mu.Lock()
+			defer g.mu.Unlock()
+			g.growing = false
+			g.startLocked()
+		})
+	}
+	return false
 }
 
 // claimInline takes a slot for one item that its caller records itself, in a statement of its own, when
@@ -178,6 +222,12 @@ func (g *group[T]) claimInline(urgent bool) bool {
 	if (urgent && g.urgent > 0) || (!urgent && len(g.waiting) > 0) || g.inflight >= limit {
 		return false
 	}
+	if urgent {
+		if !g.connectionFreeLocked() {
+			return false
+		}
+		g.urgentIn++
+	}
 	g.inflight++
 	g.stats.Batches++
 	g.stats.Requests++
@@ -186,10 +236,13 @@ func (g *group[T]) claimInline(urgent bool) bool {
 }
 
 // releaseInline gives back a slot taken by claimInline, and starts a batch of what waits.
-func (g *group[T]) releaseInline() {
+func (g *group[T]) releaseInline(urgent bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.inflight--
+	if urgent {
+		g.urgentIn--
+	}
 	g.startLocked()
 }
 
@@ -228,17 +281,43 @@ func newBatcher(db DBTX, gc GroupCommit) *batcher {
 	// reserve slot per Parallel, under a load that kept both cores busy, half the outcomes waited 1.5 ms
 	// for a slot (p50 of oncegate_outcome_handoff_seconds); with three, 0.02–0.3 ms.
 	reserve := 3 * gc.Parallel
-	// Never more urgent statements in flight than outcome connections: one beyond them waits for a connection
-	// to come free and then carries its own outcome alone, where waiting in the group it goes, with every
-	// outcome that came meanwhile, in the next statement. A chaos run's gateways, with 3 outcome connections
-	// (their pools sized to share Postgres) and 8 slots, held outcomes for a connection 20 to 900 ms under a
-	// load that kept statements at 10 to 40 ms.
-	if p, ok := gc.Outcomes.(*pgxpool.Pool); ok {
-		reserve = max(0, int(p.Config().MaxConns)-gc.Parallel)
-	}
+	// Never more urgent statements in flight than outcome connections, and of those only the ones open (see
+	// group): one beyond them waits for a connection to come free, or to be dialled, and then carries its
+	// own outcome alone, where waiting in the group it goes, with every outcome that came meanwhile, in the
+	// next statement. A chaos run's gateways, with 3 outcome connections (their pools sized to share
+	// Postgres) and 8 slots, held outcomes for a connection 20 to 900 ms under a load that kept statements
+	// at 10 to 40 ms.
 	b.finishes = &group[*finishing]{cfg: gc, reserve: reserve, run: b.runFinishes}
+	if p, ok := gc.Outcomes.(*pgxpool.Pool); ok {
+		b.finishes.reserve = max(0, int(p.Config().MaxConns)-gc.Parallel)
+		b.finishes.open = func() int {
+			st := p.Stat()
+			return int(st.TotalConns() - st.ConstructingConns())
+		}
+		// An Acquire with no connection idle dials one when the pool may grow, or waits for one being dialled
+		// or carrying a statement; its Release leaves the connection open and idle for the urgent.
+		b.finishes.grow = func(done func()) {
+			go func() {
+				defer done()
+				ctx, cancel := context.WithTimeout(context.Background(), growFor)
+				defer cancel()
+				c, err := p.Acquire(ctx)
+				if err != nil {
+					time.Sleep(growRetry) // a database that refuses a dial is not asked again at once
+					return
+				}
+				c.Release()
+			}()
+		}
+	}
 	return b
 }
+
+// growFor bounds a dial of one more outcome connection in the background.
+const (
+	growFor   = 10 * time.Second
+	growRetry = 100 * time.Millisecond
+)
 
 // finishing is one Finish waiting for the batch that records it.
 type finishing struct {
@@ -250,7 +329,7 @@ type finishing struct {
 // finish records f under lease through a batch.
 func (b *batcher) finish(ctx context.Context, lease Lease, f Finish) error {
 	if b.finishes.claimInline(f.External) {
-		defer b.finishes.releaseInline()
+		defer b.finishes.releaseInline(f.External)
 		return finishOne(ctx, b.finishDB(f.External), lease, f)
 	}
 	fin := &finishing{lease: lease, f: f, done: make(chan error, 1)}

@@ -282,6 +282,20 @@ func PrepareOutcomes(ctx context.Context, c *pgx.Conn) error {
 			return fmt.Errorf("dedup: prepare the outcome statements: %w", err)
 		}
 	}
+	// Then each runs once, recording nothing (effect 0 is no one's): a backend's first run of a statement
+	// loads the catalog entries of the tables and indexes it touches and plans it, 4.7 ms for finish.sql on a
+	// quiet machine against 0.5 ms by its third run, and tens of milliseconds under the load of a gateway's
+	// start, when its first burst of outcomes would wait for it (a chaos run's resends all came from gateways
+	// killed then, their first outcome statements taking 80 to 107 ms).
+	var none int64
+	if err := c.QueryRow(ctx, finishSQL, none, uuidArg([16]byte{}), effect.StatusDelivered, nil, nil, 0, false).
+		Scan(&none); err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("dedup: warm the outcome statements: %w", err)
+	}
+	if err := pinnedExec(ctx, c, finishBatchSQL, []int64{}, []string{}, []string{}, []*string{}, []*string{},
+		[]int32{}, []bool{}); err != nil {
+		return fmt.Errorf("dedup: warm the outcome statements: %w", err)
+	}
 	return nil
 }
 

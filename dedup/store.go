@@ -303,7 +303,7 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.RawMessage, stableID string) (*Effect, error) {
 	if s.batcher == nil || s.batcher.creates.claimInline(false) {
 		if s.batcher != nil {
-			defer s.batcher.creates.releaseInline()
+			defer s.batcher.creates.releaseInline(false)
 		}
 		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
 			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination), s.keyRetention())))

@@ -256,10 +256,12 @@ func outcomeShare(total int32, parallel int) int32 {
 
 // newOutcomePool opens the outcome connections: the main pool's configuration (its hooks, exec mode and
 // failover checks), at most n connections, each with the statements that record outcomes prepared as it
-// opens (dedup.PrepareOutcomes). Until the statement recording an outcome is written, a gateway killed resends
-// the effect; so that statement must not wait for a connection that requests hold, nor, but in a burst, for
-// one to be dialled, nor for a round trip to prepare it on a new one (a chaos run saw a gateway just restarted
-// hold an outcome 42 ms for a new connection, and be killed meanwhile). Up to twice group_commit.parallel (the
+// opens, and run once (dedup.PrepareOutcomes). Until the statement recording an outcome is written, a gateway
+// killed resends the effect; so that statement must not wait for a connection that requests hold, nor for one
+// to be dialled (an outcome that finds every open one busy goes in the next statement, while the rest are
+// dialled in the background: dedup's group), nor for a round trip to prepare it on a new one, nor for its
+// first planning (a chaos run saw a gateway just restarted hold an outcome 42 ms for a new connection, and be
+// killed meanwhile). Up to twice group_commit.parallel (the
 // statements a steady load keeps in flight, and as many again for a burst) are opened at start and kept open,
 // and the gateway waits, at most warmFor, for them before it claims a row. Half of a small share, as before,
 // left a gateway's first bursts to dial the rest under load, 100 to 300 ms each on a busy 2-core machine: in

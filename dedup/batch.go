@@ -116,10 +116,10 @@ func (s *Store) BatchStats() (creates, finishes BatchStats) {
 // background (grow).
 type group[T any] struct {
 	cfg     GroupCommit
-	reserve int               // slots beyond Parallel that only urgent items may use
-	run     func(batch []T)   // answers every item of the batch
-	open    func() int        // how many urgent statements the open connections carry at once; nil: no bound
-	grow    func(done func()) // has a connection opened, or waits for one to be free, then calls done
+	reserve int                          // slots beyond Parallel that only urgent items may use
+	run     func(batch []T)              // answers every item of the batch
+	open    func() int                   // how many urgent statements the open connections carry at once; nil: no bound
+	grow    func(done func(opened bool)) // has a connection opened, or waits for one to be free, then calls done
 
 	mu       sync.Mutex
 	waiting  []T // the urgent first
@@ -199,11 +199,15 @@ func (g *group[T]) connectionFreeLocked() bool {
 	}
 	if g.grow != nil && !g.growing {
 		g.growing = true
-		g.grow(func() {
+		g.grow(func(opened bool) {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			g.growing = false
-			g.startLocked()
+			// A dial that failed (the database away, the pool closed) is tried again by the next item
+			// that arrives or statement that ends, not at once and forever by itself.
+			if opened {
+				g.startLocked()
+			}
 		})
 	}
 	return false
@@ -296,17 +300,15 @@ func newBatcher(db DBTX, gc GroupCommit) *batcher {
 		}
 		// An Acquire with no connection idle dials one when the pool may grow, or waits for one being dialled
 		// or carrying a statement; its Release leaves the connection open and idle for the urgent.
-		b.finishes.grow = func(done func()) {
+		b.finishes.grow = func(done func(opened bool)) {
 			go func() {
-				defer done()
 				ctx, cancel := context.WithTimeout(context.Background(), growFor)
 				defer cancel()
 				c, err := p.Acquire(ctx)
-				if err != nil {
-					time.Sleep(growRetry) // a database that refuses a dial is not asked again at once
-					return
+				if err == nil {
+					c.Release()
 				}
-				c.Release()
+				done(err == nil)
 			}()
 		}
 	}
@@ -314,10 +316,7 @@ func newBatcher(db DBTX, gc GroupCommit) *batcher {
 }
 
 // growFor bounds a dial of one more outcome connection in the background.
-const (
-	growFor   = 10 * time.Second
-	growRetry = 100 * time.Millisecond
-)
+const growFor = 10 * time.Second
 
 // finishing is one Finish waiting for the batch that records it.
 type finishing struct {

@@ -191,13 +191,7 @@ func TestAnOutcomeGoesOutInOneWrite(t *testing.T) {
 				}
 				return countingConn{Conn: c, armed: &armed, writes: &writes}, nil
 			}
-			cfg.AfterConnect = PrepareOutcomes
-			cfg.MinConns, cfg.MaxConns = 1, 1
-			outcomes, err := pgxpool.NewWithConfig(context.Background(), cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(outcomes.Close)
+			outcomes := outcomePool(t, cfg, PrepareOutcomes, 1, 1)
 			arm := func() { armed.Store(true) }
 			// One Finish alone is recorded in a statement of its own (finish.sql).
 			f := Finish{Status: effect.StatusDelivered, Attempted: true, External: true, OnHandoff: arm}
@@ -230,14 +224,7 @@ func TestAnOutcomeGoesOutInOneWrite(t *testing.T) {
 func TestAnOutcomeConnectionHasRunItsStatementsBeforeItsFirstOutcome(t *testing.T) {
 	t.Parallel()
 	_, pool := newStore(t)
-	cfg := pool.Config()
-	cfg.AfterConnect = PrepareOutcomes
-	cfg.MinConns, cfg.MaxConns = 1, 1
-	outcomes, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(outcomes.Close)
+	outcomes := outcomePool(t, pool.Config(), PrepareOutcomes, 1, 1)
 	rows, err := outcomes.Query(context.Background(),
 		`SELECT statement, custom_plans + generic_plans FROM pg_prepared_statements`)
 	if err != nil {
@@ -294,8 +281,7 @@ func TestAnOutcomeWaitsForTheNextStatementNotForADial(t *testing.T) {
 
 	gate := make(chan struct{})
 	var opened atomic.Int32
-	cfg := pool.Config()
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+	outcomes := outcomePool(t, pool.Config(), func(ctx context.Context, c *pgx.Conn) error {
 		if opened.Add(1) > 1 {
 			select {
 			case <-gate:
@@ -304,19 +290,14 @@ func TestAnOutcomeWaitsForTheNextStatementNotForADial(t *testing.T) {
 			}
 		}
 		return PrepareOutcomes(ctx, c)
-	}
-	cfg.MinConns, cfg.MaxConns = 1, 2
-	outcomes, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	}, 1, 2)
 	opens := time.Now().Add(10 * time.Second)
 	for outcomes.Stat().IdleConns() < 1 && time.Now().Before(opens) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	var closeGate sync.Once
 	release := func() { closeGate.Do(func() { close(gate) }) }
-	t.Cleanup(func() { release(); outcomes.Close() })
+	t.Cleanup(release) // before the pool closes: cleanups run last first
 	s := NewStore(pool).WithGroupCommit(GroupCommit{MaxBatch: 8, Parallel: 1, Timeout: time.Minute, Outcomes: outcomes})
 
 	lock, err := pool.Begin(context.Background())
@@ -360,4 +341,18 @@ func TestAnOutcomeWaitsForTheNextStatementNotForADial(t *testing.T) {
 		t.Fatalf("second outcome: %v", err)
 	}
 	release()
+}
+
+// outcomePool opens a pool of outcome connections as a gateway does (newOutcomePool), closed with the test.
+func outcomePool(t *testing.T, cfg *pgxpool.Config, afterConnect func(context.Context, *pgx.Conn) error,
+	minConns, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg.AfterConnect = afterConnect
+	cfg.MinConns, cfg.MaxConns = minConns, maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }

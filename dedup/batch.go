@@ -127,7 +127,9 @@ type group[T any] struct {
 	inflight int
 	urgentIn int  // statements in flight that carry urgent items
 	growing  bool // a grow is under way: one at a time
-	stats    BatchStats
+	// dialFailed is set when a grow could not open a connection, until one is open for the urgent again.
+	dialFailed bool
+	stats      BatchStats
 }
 
 // add queues an item and starts a batch when a slot is free: at once, when nothing else is in flight.
@@ -195,6 +197,13 @@ func (g *group[T]) connectionFreeLocked() bool {
 		return true
 	}
 	if g.urgentIn < g.open() {
+		g.dialFailed = false
+		return true
+	}
+	if g.dialFailed {
+		// The database refused the last dial: the urgent go out as before, each statement dialling for itself
+		// and failing fast, so that their callers try again (record) rather than wait in the queue for a
+		// connection that may not come while their leases run.
 		return true
 	}
 	if g.grow != nil && !g.growing {
@@ -203,11 +212,8 @@ func (g *group[T]) connectionFreeLocked() bool {
 			g.mu.Lock()
 			defer g.mu.Unlock()
 			g.growing = false
-			// A dial that failed (the database away, the pool closed) is tried again by the next item
-			// that arrives or statement that ends, not at once and forever by itself.
-			if opened {
-				g.startLocked()
-			}
+			g.dialFailed = !opened
+			g.startLocked()
 		})
 	}
 	return false

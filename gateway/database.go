@@ -273,6 +273,13 @@ func newOutcomePool(main *pgxpool.Pool, n, warm int32, log *slog.Logger) (*pgxpo
 	cfg := main.Config()
 	cfg.MaxConns, cfg.MinConns = n, min(n, warm)
 	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
+	// Taken without a check: pgxpool's ping of a connection idle over a second, and the recheck against
+	// target_session_attrs (dropReadOnly's PrepareConn), are each a round trip before the outcome's statement
+	// is written, inside the crash window, and outcome connections idle between bursts. A connection that
+	// died, or a server now read-only, fails the statement itself, which record tries again on another
+	// connection (a read-only one is dropped as it comes back: AfterRelease).
+	cfg.ShouldPing = func(context.Context, pgxpool.ShouldPingParams) bool { return false }
+	cfg.PrepareConn = nil
 	afterConnect := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
 		if afterConnect != nil {

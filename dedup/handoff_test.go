@@ -146,20 +146,6 @@ func (c killingConn) Write(b []byte) (int, error) {
 	return n, err
 }
 
-// countingConn counts its writes once armed.
-type countingConn struct {
-	net.Conn
-	armed  *atomic.Bool
-	writes *atomic.Int32
-}
-
-func (c countingConn) Write(b []byte) (int, error) {
-	if c.armed.Load() {
-		c.writes.Add(1)
-	}
-	return c.Conn.Write(b)
-}
-
 // An outcome goes out in one write from its handoff, on a connection just opened: PrepareOutcomes, run as
 // the connection opens, has prepared its statement, whose first use would otherwise be a round trip of its
 // own inside the crash window. Both the one-row statement and the batch's are checked, in pgx's default mode
@@ -181,34 +167,23 @@ func TestAnOutcomeGoesOutInOneWrite(t *testing.T) {
 			cfg := pool.Config()
 			cfg.ConnConfig.DefaultQueryExecMode = map[string]pgx.QueryExecMode{"cache_statement": pgx.QueryExecModeCacheStatement,
 				"exec": pgx.QueryExecModeExec}[mode]
-			var armed atomic.Bool
-			var writes atomic.Int32
-			dial := cfg.ConnConfig.DialFunc
-			cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-				c, err := dial(ctx, network, addr)
-				if err != nil {
-					return nil, err
-				}
-				return countingConn{Conn: c, armed: &armed, writes: &writes}, nil
-			}
+			writes := pgtest.CountWrites(&cfg.ConnConfig.Config)
 			outcomes := outcomePool(t, cfg, PrepareOutcomes, 1, 1)
-			arm := func() { armed.Store(true) }
 			// One Finish alone is recorded in a statement of its own (finish.sql).
-			f := Finish{Status: effect.StatusDelivered, Attempted: true, External: true, OnHandoff: arm}
+			f := Finish{Status: effect.StatusDelivered, Attempted: true, External: true, OnHandoff: writes.Arm}
 			if err := finishOne(context.Background(), outcomes, rows[0].Lease, f); err != nil {
 				t.Fatal(err)
 			}
-			if n := writes.Load(); n != 1 {
+			if n := writes.Count(); n != 1 {
 				t.Errorf("finish.sql went out in %d writes from its handoff, want 1", n)
 			}
 			// Several are recorded in one statement behind pin.sql (finish_batch.sql).
-			armed.Store(false)
-			writes.Store(0)
+			writes.Disarm()
 			recorded, err := finishAll(context.Background(), outcomes, []Lease{rows[1].Lease, rows[2].Lease}, []Finish{f, f})
 			if err != nil || len(recorded) != 2 {
 				t.Fatalf("finishAll: %v recorded, err %v", recorded, err)
 			}
-			if n := writes.Load(); n != 1 {
+			if n := writes.Count(); n != 1 {
 				t.Errorf("finish_batch.sql went out in %d writes from its handoff, want 1", n)
 			}
 		})

@@ -4,9 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"net"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,22 +23,14 @@ import (
 // statement, which is then recorded again on another connection (and the read-only one dropped).
 func TestAnIdleOutcomeConnectionIsNotCheckedWhenTaken(t *testing.T) {
 	t.Parallel()
-	var armed atomic.Bool
-	var writes atomic.Int32
+	var writes *pgtest.Writes
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := &Config{DatabaseURL: pgtest.Database(t) + "&target_session_attrs=read-write"}
 	if !strings.Contains(cfg.DatabaseURL, "?") {
 		cfg.DatabaseURL = strings.Replace(cfg.DatabaseURL, "&", "?", 1)
 	}
 	main, _, err := newPool(context.Background(), cfg, log, func(pcfg *pgxpool.Config) {
-		dial := pcfg.ConnConfig.DialFunc
-		pcfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			return writeCounter{Conn: c, armed: &armed, writes: &writes}, nil
-		}
+		writes = pgtest.CountWrites(&pcfg.ConnConfig.Config)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -55,27 +45,13 @@ func TestAnIdleOutcomeConnectionIsNotCheckedWhenTaken(t *testing.T) {
 		t.Fatalf("%d outcome connections open, want 1", n)
 	}
 	time.Sleep(1200 * time.Millisecond) // idle longer than pgxpool's ping threshold and recheckEvery
-	armed.Store(true)
+	writes.Arm()
 	c, err := outcomes.Acquire(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.Release()
-	if n := writes.Load(); n != 0 {
+	if n := writes.Count(); n != 0 {
 		t.Errorf("taking an outcome connection idle 1.2 s wrote %d times to Postgres, want 0", n)
 	}
-}
-
-// writeCounter counts its writes once armed.
-type writeCounter struct {
-	net.Conn
-	armed  *atomic.Bool
-	writes *atomic.Int32
-}
-
-func (c writeCounter) Write(b []byte) (int, error) {
-	if c.armed.Load() {
-		c.writes.Add(1)
-	}
-	return c.Conn.Write(b)
 }

@@ -132,10 +132,13 @@ func unavailable(err error) bool {
 		// 08: connection exception; 57P01-03: admin shutdown, crash shutdown, cannot connect now (starting or
 		// in recovery); 53300: too many connections; 25006: read-only transaction, which is what a write meets
 		// on a primary that was demoted to a standby (or set read-only by a failover tool) under a pooled
-		// connection: another server is, or is about to be, the primary.
+		// connection: another server is, or is about to be, the primary. 57P05 and 25P03: Postgres closed the
+		// connection for idling (idle_session_timeout, idle_in_transaction_session_timeout), which a
+		// statement meets on a pooled connection taken without a ping (the outcome connections): the
+		// statement never ran, and runs on another connection.
 		c := pgErr.Code
-		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "53300" ||
-			c == ReadOnlySQLState
+		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "57P05" ||
+			c == "25P03" || c == "53300" || c == ReadOnlySQLState
 	}
 	var netErr net.Error
 	var connErr *pgconn.ConnectError

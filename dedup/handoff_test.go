@@ -331,3 +331,31 @@ func outcomePool(t *testing.T, cfg *pgxpool.Config, afterConnect func(context.Co
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+// An outcome that meets a connection Postgres closed for idling (idle_session_timeout, 57P05) is unavailable,
+// to be recorded again on another connection, not failed: outcome connections are taken without a ping, and
+// an adversary's gateway on a database with idle_session_timeout 3s sent 5 webhooks 16 times, each outcome
+// failing on a dead connection and its row rescued and resent after its lease.
+func TestAnOutcomeOnAConnectionClosedForIdlingIsRecordedAgain(t *testing.T) {
+	t.Parallel()
+	s0, pool := newStore(t)
+	create(t, s0, "idle")
+	row := claimOne(t, s0)
+	cfg := pool.Config()
+	cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "200ms"
+	outcomes := outcomePool(t, cfg, PrepareOutcomes, 1, 1)
+	opens := time.Now().Add(10 * time.Second)
+	for outcomes.Stat().IdleConns() < 1 && time.Now().Before(opens) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(700 * time.Millisecond) // Postgres closes the idle connection
+	s := NewStore(pool).WithGroupCommit(GroupCommit{MaxBatch: 8, Parallel: 1, Timeout: time.Minute, Outcomes: outcomes})
+	f := Finish{Status: effect.StatusDelivered, Attempted: true, External: true}
+	err := s.Finish(context.Background(), row.Lease, f)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("an outcome on a connection closed for idling: %v, want ErrUnavailable (recorded again)", err)
+	}
+	if err := s.Finish(context.Background(), row.Lease, f); err != nil {
+		t.Fatalf("the outcome's next try: %v", err)
+	}
+}

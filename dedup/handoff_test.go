@@ -266,10 +266,9 @@ func TestAnOutcomeWaitsForTheNextStatementNotForADial(t *testing.T) {
 		}
 		return PrepareOutcomes(ctx, c)
 	}, 1, 2)
-	opens := time.Now().Add(10 * time.Second)
-	for outcomes.Stat().IdleConns() < 1 && time.Now().Before(opens) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the outcome connection opens", func() bool {
+		return outcomes.Stat().IdleConns() >= 1
+	})
 	var closeGate sync.Once
 	release := func() { closeGate.Do(func() { close(gate) }) }
 	t.Cleanup(release) // before the pool closes: cleanups run last first
@@ -344,10 +343,9 @@ func TestAnOutcomeOnAConnectionClosedForIdlingIsRecordedAgain(t *testing.T) {
 	cfg := pool.Config()
 	cfg.ConnConfig.RuntimeParams["idle_session_timeout"] = "200ms"
 	outcomes := outcomePool(t, cfg, PrepareOutcomes, 1, 1)
-	opens := time.Now().Add(10 * time.Second)
-	for outcomes.Stat().IdleConns() < 1 && time.Now().Before(opens) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testenv.Eventually(t, 10*time.Second, "the outcome connection opens", func() bool {
+		return outcomes.Stat().IdleConns() >= 1
+	})
 	time.Sleep(700 * time.Millisecond) // Postgres closes the idle connection
 	s := NewStore(pool).WithGroupCommit(GroupCommit{MaxBatch: 8, Parallel: 1, Timeout: time.Minute, Outcomes: outcomes})
 	f := Finish{Status: effect.StatusDelivered, Attempted: true, External: true}

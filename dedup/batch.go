@@ -321,6 +321,28 @@ func newBatcher(db DBTX, gc GroupCommit) *batcher {
 	return b
 }
 
+// onLiveConnection runs a write on a pool and runs it again at once, on another connection, when the one it
+// met had been closed by the server before the write could run on it: the outcome connections are taken
+// without a ping (the gateway's outcome pool), so after a restart of Postgres or an idle_session_timeout every
+// idle one is dead, and each try of record used to meet the next of them only after its back-off, 35 to 360
+// ms in all inside the crash window (an adversary's finding). Each dead connection leaves the pool as it
+// fails, so the pool's size in tries reaches a connection dialled anew; a dial that fails is not a closed
+// connection, and ends the tries. The write is fenced by its lease token, so a try that did run after all
+// makes the next one answer ErrLeaseLost, never a second record.
+func onLiveConnection(db DBTX, write func() error) error {
+	tries := 1
+	if p, ok := db.(*pgxpool.Pool); ok {
+		tries = int(p.Config().MaxConns) + 1
+	}
+	var err error
+	for range tries {
+		if err = write(); err == nil || !closedBeforeUse(err) {
+			return err
+		}
+	}
+	return err
+}
+
 // growFor bounds a dial of one more outcome connection in the background.
 const growFor = 10 * time.Second
 
@@ -335,7 +357,8 @@ type finishing struct {
 func (b *batcher) finish(ctx context.Context, lease Lease, f Finish) error {
 	if b.finishes.claimInline(f.External) {
 		defer b.finishes.releaseInline(f.External)
-		return finishOne(ctx, b.finishDB(f.External), lease, f)
+		db := b.finishDB(f.External)
+		return onLiveConnection(db, func() error { return finishOne(ctx, db, lease, f) })
 	}
 	fin := &finishing{lease: lease, f: f, done: make(chan error, 1)}
 	b.finishes.addItem(fin, f.External)
@@ -363,7 +386,8 @@ func (b *batcher) runFinishes(batch []*finishing) {
 	}
 	var wg sync.WaitGroup
 	for _, fin := range batch {
-		wg.Go(func() { fin.done <- finishOne(ctx, b.finishDB(fin.f.External), fin.lease, fin.f) })
+		db := b.finishDB(fin.f.External)
+		wg.Go(func() { fin.done <- onLiveConnection(db, func() error { return finishOne(ctx, db, fin.lease, fin.f) }) })
 	}
 	wg.Wait()
 }
@@ -376,7 +400,12 @@ func (b *batcher) finishMany(ctx context.Context, batch []*finishing) error {
 		leases[i], fs[i] = fin.lease, fin.f
 		external = external || fin.f.External
 	}
-	recorded, err := finishAll(ctx, b.finishDB(external), leases, fs)
+	db := b.finishDB(external)
+	var recorded map[int64]bool
+	err := onLiveConnection(db, func() (err error) {
+		recorded, err = finishAll(ctx, db, leases, fs)
+		return err
+	})
 	if err != nil {
 		return err
 	}

@@ -149,3 +149,18 @@ func unavailable(err error) bool {
 		// pgxpool returns puddle's ErrClosedPool, which is not worth a direct dependency to name.
 		strings.Contains(err.Error(), "closed pool")
 }
+
+// closedBeforeUse reports whether err says the statement met a connection the server had closed or was
+// closing (shut down, or closed for idling: it sends the reason and hangs up), or that nothing of the
+// statement was sent: another connection can take it at once.
+func closedBeforeUse(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P05", "25P03":
+			return true
+		}
+		return false
+	}
+	return pgconn.SafeToRetry(err)
+}

@@ -50,6 +50,7 @@ func query(name string) string {
 var (
 	effectsListSQL      = query("effects_list")
 	effectsCountSQL     = query("effects_count")
+	effectsSinceSQL     = query("effects_since")
 	effectGetSQL        = query("effect_get")
 	effectTenantsSQL    = query("effect_tenants")
 	attemptsListSQL     = query("attempts_list")

@@ -13,13 +13,14 @@ import (
 	"github.com/oncegate/oncegate/queue"
 )
 
-// BenchmarkOperatorListings seeds 1,000,000 effects (20 tenants, 4 types, statuses as a busy production
+// BenchmarkOperatorListings seeds 1,000,000 effects (ONCEGATE_BENCH_EFFECTS=10000000 for ten million) (20 tenants, 4 types, statuses as a busy production
 // table has them: mostly delivered, a few percent failed, dead, unknown or pending) and 1,000,000 jobs in
 // Redis (one queue of a million ready jobs beside nine small ones), then times what an operator runs: pages
 // of `effect ls` under each filter, a page deep into the table (by cursor), and `queue ls`. Each op is one
 // call of the service, as the CLI and the console make it. The target is under 200 ms an op.
 //
 //	go test ./admin -run '^$' -bench OperatorListings -benchtime 20x
+//	ONCEGATE_BENCH_EFFECTS=10000000 go test ./admin -run '^$' -bench OperatorListings -benchtime 20x -timeout 2h
 func BenchmarkOperatorListings(b *testing.B) {
 	ctx := context.Background()
 	url := pgtest.Database(b)
@@ -35,14 +36,16 @@ func BenchmarkOperatorListings(b *testing.B) {
 	viewer := admin.Actor{Name: "bench", Role: admin.RoleViewer}
 
 	start := time.Now()
-	const effects = 1_000_000
+	effects := testenv.BenchEffects(b, 1_000_000)
 	// Tenant by i % 20, type by i / 20 % 4 (so every tenant has every type), status by a hash of i into 100:
 	// 0 unknown, 1-2 dead, 3-5 failed, 6 pending, the rest delivered. Created one a second back from now, so
 	// --since 1h is the newest 3,600.
 	// Seeded through a pool of its own: the admin pool's statement timeout is for an operator's query, and a
 	// million rows with their indexes take longer.
+	// In slices of a million rows: one statement of ten million holds its snapshot and its WAL for as long.
 	seed := pgtest.Pool(b, url)
-	if _, err := seed.Exec(ctx, `
+	for from := 1; from <= effects; from += 1_000_000 {
+		if _, err := seed.Exec(ctx, `
 		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, created_at,
 			updated_at, finished_at, stable_id, job_id, job_epoch, last_error, tags, search_terms)
 		SELECT 'tenant' || (i % 20), 'order:' || i, (ARRAY['welcome-email', 'order-webhook', 'clicks', 'payments'])[1 + i / 20 % 4],
@@ -55,11 +58,13 @@ func BenchmarkOperatorListings(b *testing.B) {
 			-- half the effects carry a tag naming their order, two effects an order.
 			NULLIF(CASE WHEN i / 20 % 4 = 0 THEN ARRAY['customer' || (i % 50000) || '@example.com', 'customer' || (i % 50000)]
 			     ELSE ARRAY[]::text[] END || CASE WHEN i % 2 = 0 THEN ARRAY['order-' || (i / 4)] ELSE ARRAY[]::text[] END, '{}')
-		FROM generate_series(1, $1) AS i,
+		FROM generate_series($2::int, $3::int) AS i,
 		LATERAL (SELECT abs(hashint8(i::bigint)::bigint) % 100 AS h) x,
 		LATERAL (SELECT CASE WHEN h = 0 THEN 'unknown' WHEN h <= 2 THEN 'dead' WHEN h <= 5 THEN 'failed'
-		                     WHEN h = 6 THEN 'pending' ELSE 'delivered' END AS status) s`, effects); err != nil {
-		b.Fatal(err)
+		                     WHEN h = 6 THEN 'pending' ELSE 'delivered' END AS status) s`, effects, from,
+			min(from+1_000_000-1, effects)); err != nil {
+			b.Fatal(err)
+		}
 	}
 	pgtest.KeyEffects(b, seed)
 	if _, err := seed.Exec(ctx, "VACUUM ANALYZE oncegate_effects"); err != nil {

@@ -1,5 +1,5 @@
 -- How many effects match a filter: the dry run of a bulk action, asked for once, never on a listing.
--- Parameters as effects_list.sql, without the cursor and the page size: $7 and $8 are its $9 and $10.
+-- Parameters as effects_list.sql, without the cursor and the page size: $7, $8 and $9 are its $9, $10 and $11.
 SELECT count(*)
 FROM oncegate_effects
 WHERE ($1::text IS NULL OR tenant = $1)
@@ -7,5 +7,6 @@ WHERE ($1::text IS NULL OR tenant = $1)
   AND {{status_is $3}}
   AND ($4::text IS NULL OR key LIKE $4)
   AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($9::bigint IS NULL OR id >= $9)
   AND ($6::text IS NULL OR job_id = $6)
   AND ($7::text IS NULL OR search_terms @> ARRAY[$7::text] OR key = $8)

@@ -6,7 +6,8 @@
 -- search the GIN index on search_terms or'd with the key's index (a bitmap of both).
 -- $1 tenant, $2 type, $3 status, $4 key LIKE pattern (an escaped prefix and %), $5 created at or after,
 -- $6 id below (the cursor), $7 job id, $8 page size, $9 a search term (lowercased): a tag, a recipient, or
--- the key itself, $10 the search as typed (keys are case-sensitive)
+-- the key itself, $10 the search as typed (keys are case-sensitive), $11 the lowest id an effect created at or
+-- after $5 can have (effects_since.sql), so that the index serving the other filters stops there
 SELECT {{columns}}
 FROM oncegate_effects
 WHERE ($1::text IS NULL OR tenant = $1)
@@ -15,6 +16,7 @@ WHERE ($1::text IS NULL OR tenant = $1)
   AND ($4::text IS NULL OR key LIKE $4)
   AND ($5::timestamptz IS NULL OR created_at >= $5)
   AND ($6::bigint IS NULL OR id < $6)
+  AND ($11::bigint IS NULL OR id >= $11)
   AND ($7::text IS NULL OR job_id = $7)
   AND ($9::text IS NULL OR search_terms @> ARRAY[$9::text] OR key = $10)
 ORDER BY id DESC

@@ -89,3 +89,18 @@ func Eventually(t testing.TB, d time.Duration, msg string, cond func() bool) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// BenchEffects is how many effects a benchmark that seeds a table of them seeds: ONCEGATE_BENCH_EFFECTS when
+// it is set (10000000 for the 10M-effect table of issue 30's proof), else def. A value that is not a positive
+// whole number fails the benchmark rather than run it at a size nobody asked for.
+func BenchEffects(b testing.TB, def int) int {
+	v := os.Getenv("ONCEGATE_BENCH_EFFECTS")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(strings.ReplaceAll(v, "_", ""))
+	if err != nil || n <= 0 {
+		b.Fatalf("ONCEGATE_BENCH_EFFECTS=%q: want a positive whole number of effects", v)
+	}
+	return n
+}

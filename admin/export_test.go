@@ -9,4 +9,6 @@ import (
 var EffectsListSQL = effectsListSQL
 
 // SinceID is sinceID, for tests that run the listing's statement themselves.
-func (s *Service) SinceID(ctx context.Context, since time.Time) (*int64, error) { return s.sinceID(ctx, since) }
+func (s *Service) SinceID(ctx context.Context, since time.Time) (*int64, error) {
+	return s.sinceID(ctx, since)
+}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // A worker tells "dead" from "slow" by its connections. A process that exits, however it exits, has its
@@ -61,9 +62,16 @@ func nodeOptions(ctx context.Context, rdb redis.UniversalClient, key string) (*r
 // copyOptions returns a copy of c's options for a client of the worker's own. go-redis stores each client's
 // push-notification processor in its options, so a plain copy would share c's: the new client would register
 // its handlers on it a second time and both clients' connections would run them at once.
+//
+// The maintenance-notification settings are the worker's own too: go-redis rewrites c's (under a lock of its
+// own) when a connection's handshake turns them off, and a new client reads what it copies, so a worker that
+// redialled its liveness connection while a cluster node's client connected raced with it (caught by -race in
+// TestWorkersFollowAClusterFailover). Off: the worker's clients ride out a node's maintenance as any lost
+// connection, by dialling again.
 func copyOptions(c *redis.Client) *redis.Options {
 	o := *c.Options()
 	o.PushNotificationProcessor = nil
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	return &o
 }
 

@@ -279,12 +279,20 @@ type batcher struct {
 	db       DBTX
 	outcomes DBTX // nil: Finishes share db
 	timeout  time.Duration
+	// tries is how many times a Finish may meet a connection closed under it (onLiveConnection), per pool:
+	// taken once, since pgxpool's Config copies the whole configuration at every call.
+	tries    map[DBTX]int
 	creates  *group[*insertion]
 	finishes *group[*finishing]
 }
 
 func newBatcher(db DBTX, gc GroupCommit) *batcher {
-	b := &batcher{db: db, outcomes: gc.Outcomes, timeout: gc.Timeout}
+	b := &batcher{db: db, outcomes: gc.Outcomes, timeout: gc.Timeout, tries: map[DBTX]int{}}
+	for _, p := range []DBTX{db, gc.Outcomes} {
+		if pool, ok := p.(*pgxpool.Pool); ok {
+			b.tries[p] = int(pool.Config().MaxConns) + 1
+		}
+	}
 	b.creates = &group[*insertion]{cfg: gc, run: b.run}
 	// Urgent Finishes may have three times Parallel statements more in flight: their crash window ends when
 	// their statement is written (Finish.OnHandoff), so one that waits for a slot keeps it open. With one
@@ -329,11 +337,8 @@ func newBatcher(db DBTX, gc GroupCommit) *batcher {
 // fails, so the pool's size in tries reaches a connection dialled anew; a dial that fails is not a closed
 // connection, and ends the tries. The write is fenced by its lease token, so a try that did run after all
 // makes the next one answer ErrLeaseLost, never a second record.
-func onLiveConnection(db DBTX, write func() error) error {
-	tries := 1
-	if p, ok := db.(*pgxpool.Pool); ok {
-		tries = int(p.Config().MaxConns) + 1
-	}
+func (b *batcher) onLiveConnection(db DBTX, write func() error) error {
+	tries := max(1, b.tries[db])
 	var err error
 	for range tries {
 		if err = write(); err == nil || !closedBeforeUse(err) {
@@ -358,7 +363,7 @@ func (b *batcher) finish(ctx context.Context, lease Lease, f Finish) error {
 	if b.finishes.claimInline(f.External) {
 		defer b.finishes.releaseInline(f.External)
 		db := b.finishDB(f.External)
-		return onLiveConnection(db, func() error { return finishOne(ctx, db, lease, f) })
+		return b.onLiveConnection(db, func() error { return finishOne(ctx, db, lease, f) })
 	}
 	fin := &finishing{lease: lease, f: f, done: make(chan error, 1)}
 	b.finishes.addItem(fin, f.External)
@@ -387,7 +392,9 @@ func (b *batcher) runFinishes(batch []*finishing) {
 	var wg sync.WaitGroup
 	for _, fin := range batch {
 		db := b.finishDB(fin.f.External)
-		wg.Go(func() { fin.done <- onLiveConnection(db, func() error { return finishOne(ctx, db, fin.lease, fin.f) }) })
+		wg.Go(func() {
+			fin.done <- b.onLiveConnection(db, func() error { return finishOne(ctx, db, fin.lease, fin.f) })
+		})
 	}
 	wg.Wait()
 }
@@ -402,7 +409,7 @@ func (b *batcher) finishMany(ctx context.Context, batch []*finishing) error {
 	}
 	db := b.finishDB(external)
 	var recorded map[int64]bool
-	err := onLiveConnection(db, func() (err error) {
+	err := b.onLiveConnection(db, func() (err error) {
 		recorded, err = finishAll(ctx, db, leases, fs)
 		return err
 	})

@@ -33,7 +33,42 @@ func StartReplica(t testing.TB, primary string, opts ...Option) *Server {
 	}
 	r := Start(t, append(opts, WithArgs("--replicaof", host, port))...)
 	r.WaitLinkUp(30 * time.Second)
+	waitOnline(t, primary, r.Addr(), 30*time.Second)
 	return r
+}
+
+// waitOnline waits until the primary counts the replica at addr as online and a WAIT for every online
+// replica returns in time. The replica's link is up before that: after a diskless sync the primary puts it
+// online at its first REPLCONF ACK, sent once a second, and until then a WAIT counts it out (a CI run's first
+// enqueue after StartReplica waited its 300 ms for 0 of 1 replicas).
+func waitOnline(t testing.TB, primary, addr string, d time.Duration) {
+	t.Helper()
+	_, port, _ := strings.Cut(addr, ":")
+	c := redis.NewClient(&redis.Options{Addr: primary, MaxRetries: -1})
+	defer c.Close()
+	ctx := context.Background()
+	deadline := time.Now().Add(d)
+	for {
+		info, _ := c.Info(ctx, "replication").Result()
+		online, ours := 0, false
+		for _, line := range strings.Split(info, "\n") {
+			if strings.HasPrefix(line, "slave") && strings.Contains(line, "state=online") {
+				online++
+				ours = ours || strings.Contains(line, ",port="+port+",")
+			}
+		}
+		if ours {
+			n, err := c.Do(ctx, "WAIT", online, 1000).Int()
+			if err == nil && n >= online {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: primary %s does not count replica %s online and acknowledging after %v:\n%s",
+				primary, addr, d, info)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // WaitLinkUp waits until the server is a replica whose link to its primary is up.

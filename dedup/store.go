@@ -79,6 +79,7 @@ var (
 	deferSQL        = query("defer")
 	extendLeaseSQL  = query("extend_lease")
 	purgeSQL        = query("purge")
+	freeKeysSQL     = sqlFile("free_keys")
 	backlogSQL      = query("backlog")
 	terminalSQL     = query("terminal")
 	pinSQL          = query("pin")

@@ -27,6 +27,10 @@ type Config struct {
 	// directly; when DatabaseURL goes through a pooler and ListenURL is unset, notifications are off and the
 	// gateway polls every Dispatcher.FallbackPollInterval.
 	ListenURL string `yaml:"listen_url"`
+	// DDLURL is where the partition manager (package partitions) holds its lock and runs its DDL: a direct or
+	// session-mode connection, never a transaction-pooling one. Defaults to ListenURL, then to DatabaseURL
+	// when that reaches Postgres directly.
+	DDLURL string `yaml:"ddl_url"`
 	// Tenants by name. Required: a configuration without tenants is refused, unless Dev is set, which brings
 	// DefaultTenant with DefaultAPIKey.
 	Tenants map[string]Tenant `yaml:"tenants"`

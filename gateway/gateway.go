@@ -147,17 +147,20 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 	w := newWaiters()
 	attempts := dedup.NewAttemptLog(pool, 0, log)
 	d, err := outbox.New(pool, outbox.Config{
-		Attempts:     attempts,
-		Types:        types,
-		Owner:        opts.DispatcherOwner,
-		Retention:    time.Duration(cfg.Retention.Keys),
-		PollInterval: time.Duration(cfg.Dispatcher.PollInterval),
-		LeaseMargin:  time.Duration(cfg.Dispatcher.LeaseMargin),
-		DrainTimeout: time.Duration(cfg.Dispatcher.DrainTimeout),
-		GroupCommit:  groupCommit,
-		OnFinished:   w.wake,
-		Metrics:      m.dispatcher,
-		Logger:       log,
+		Attempts:  attempts,
+		Types:     types,
+		Owner:     opts.DispatcherOwner,
+		Retention: time.Duration(cfg.Retention.Keys),
+		// The partition manager retires effects by dropping their partitions; the row-by-row purge is for a
+		// gateway whose partitions something else keeps (partitions.disabled).
+		PurgeInterval: cfg.purgeInterval(),
+		PollInterval:  time.Duration(cfg.Dispatcher.PollInterval),
+		LeaseMargin:   time.Duration(cfg.Dispatcher.LeaseMargin),
+		DrainTimeout:  time.Duration(cfg.Dispatcher.DrainTimeout),
+		GroupCommit:   groupCommit,
+		OnFinished:    w.wake,
+		Metrics:       m.dispatcher,
+		Logger:        log,
 	})
 	if err != nil {
 		pool.Close()

@@ -25,6 +25,11 @@ func (c *Config) validate() error {
 			return fmt.Errorf("listen_url: %w", err)
 		}
 	}
+	if c.DDLURL != "" {
+		if _, err := pgxpool.ParseConfig(c.DDLURL); err != nil {
+			return fmt.Errorf("ddl_url: %w", err)
+		}
+	}
 	if c.Limits.MaxBody <= 0 {
 		return errors.New("limits.max_body must be positive")
 	}

@@ -128,7 +128,8 @@ type Config struct {
 	DrainTimeout time.Duration
 	// Retention is how long terminal effects (and so their keys) are kept. Defaults to DefaultRetention.
 	Retention time.Duration
-	// PurgeInterval is how often expired effects are purged. Defaults to DefaultPurgeInterval.
+	// PurgeInterval is how often expired effects are purged, row by row. Defaults to DefaultPurgeInterval;
+	// negative: never (retention drops partitions instead: package partitions).
 	PurgeInterval time.Duration
 	// PurgeBatchSize bounds the effects one purge statement deletes, so that no purge holds many locks or
 	// runs long. Defaults to DefaultPurgeBatchSize.
@@ -379,7 +380,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	notifyCtx, stopNotify := context.WithCancel(context.WithoutCancel(ctx))
 	var duties sync.WaitGroup
 	duties.Go(func() { d.done.Run(notifyCtx) })
-	duties.Go(func() { d.purgeLoop(ctx) })
+	if d.cfg.PurgeInterval > 0 {
+		duties.Go(func() { d.purgeLoop(ctx) })
+	}
 	duties.Go(func() { d.statsLoop(ctx) })
 	defer func() { stopNotify(); duties.Wait() }()
 

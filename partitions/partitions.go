@@ -1,7 +1,7 @@
-// Package partitions keeps tables partitioned by time (PARTITION BY RANGE on a timestamptz column, plain
-// Postgres declarative partitioning) in shape: it creates their partitions ahead of time and retires those
-// whose whole range is past retention, by DETACH PARTITION ... CONCURRENTLY and DROP TABLE, instead of a
-// batched DELETE (issue 30).
+// Package partitions keeps tables partitioned by time (PARTITION BY RANGE on a timestamptz column, or on an
+// effect id, which tells its time; plain Postgres declarative partitioning) in shape: it creates their
+// partitions ahead of time and retires those whose whole range is past retention, by DETACH PARTITION ...
+// CONCURRENTLY and DROP TABLE, instead of a batched DELETE (issue 30).
 //
 // What it guarantees:
 //   - One manager works at a time in a database: a pass runs only while its manager holds a session
@@ -16,7 +16,10 @@
 //     the next pass finishes it (FINALIZE) and drops it, and drops a detached partition whose DROP did not
 //     run.
 //   - A partition is retired only when its whole range ends before now - retention and its table's Keep
-//     query says nothing in it must stay (for attempts: none is of an effect still stored).
+//     query says nothing in it must stay: for effects, none is still on its way (an outbox row) and none
+//     finished less than retention ago; for replays and attempts, none is of an effect still stored. The
+//     keys pointing at a partition of effects are freed first (FreeKeys), and a partition of effects that
+//     gained an outbox row while it was being detached is attached again, not dropped.
 //
 // There is no DEFAULT partition: DETACH ... CONCURRENTLY refuses a table that has one. An insert needs its
 // partition to exist, so partitions are created Config.Ahead intervals ahead, and a pass that finds the
@@ -29,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"time"
 
@@ -52,24 +56,75 @@ var (
 	listSQL      = sqlFile("list")
 	leftoversSQL = sqlFile("leftovers")
 	createSQL    = sqlFile("create")
+	attachSQL    = sqlFile("attach")
 	detachSQL    = sqlFile("detach")
 	finalizeSQL  = sqlFile("finalize")
 	dropSQL      = sqlFile("drop")
 )
 
-// Table is a table partitioned by RANGE on a timestamptz column.
+// Table is a table partitioned by RANGE on a timestamptz column or on an effect id.
 type Table struct {
 	// Name is the partitioned table. Its partitions are named Name_pYYYYMMDDtHHMMSS after their lower bound
 	// (UTC).
 	Name string
+	// ByEffectID: the partition key is an effect id (migration 00023), and a partition for [t1, t2) is
+	// [EffectID(t1), EffectID(t2)).
+	ByEffectID bool
 	// Keep, if not empty, is a query answering one boolean: whether a partition past retention must be kept
-	// still. {{partition}} in it is replaced by the partition's name.
+	// still. In it, {{partition}} is replaced by the partition's name, {{lower}} and {{upper}} by its bounds
+	// (as the partition key's literals), and {{retention_ms}} by the retention in milliseconds.
 	Keep string
+	// Stray, if not empty, is asked again once the partition is detached (with Keep's placeholders): true
+	// attaches it again instead of dropping it.
+	Stray string
+	// FreeKeys, when set, runs before a partition is detached: it frees the keys pointing at the partition's
+	// rows (oncegate_effects: dedup.FreePartitionKeys, which alone may write keys). held keeps the partition.
+	FreeKeys FreeKeysFunc
+	// With is the storage parameters of its partitions ("fillfactor = 70"), if any.
+	With string
 }
+
+// FreeKeysFunc frees the keys pointing at a partition's rows, on the manager's connection.
+type FreeKeysFunc func(ctx context.Context, conn *pgx.Conn, partition string) (freed int64, held bool, err error)
+
+// Effects is oncegate_effects (migration 00023): a partition is kept while an effect in it is not terminal
+// or finished less than retention ago. A manager retiring its partitions must free their keys first: New
+// refuses it without FreeKeys (Tables sets it).
+var Effects = Table{Name: "oncegate_effects", ByEffectID: true, Keep: sqlFile("keep_effects"),
+	Stray: sqlFile("stray_effects")}
+
+// Replays is oncegate_effect_replays (migration 00023), partitioned as the effects are: a partition is kept
+// while an effect of its range is stored.
+var Replays = Table{Name: "oncegate_effect_replays", ByEffectID: true, Keep: sqlFile("keep_replays"),
+	With: "fillfactor = 70"}
 
 // Attempts is oncegate_effect_attempts (migration 00019): a partition is kept while an attempt in it is of
 // an effect that is still stored.
 var Attempts = Table{Name: "oncegate_effect_attempts", Keep: sqlFile("keep_attempts")}
+
+// All is every table the gateway partitions, in the order a pass takes them: a partition of replays or
+// attempts goes in the pass that dropped its effects. For Ensure; a manager takes Tables(...).
+var All = []Table{Effects, Replays, Attempts}
+
+// Tables is All, with the effects' keys freed by freeKeys (dedup.FreePartitionKeys).
+func Tables(freeKeys FreeKeysFunc) []Table {
+	e := Effects
+	e.FreeKeys = freeKeys
+	return []Table{e, Replays, Attempts}
+}
+
+// effectIDEpoch is the instant effect ids count their seconds from (2025-01-01 UTC), and effectIDShift the
+// bits below the seconds (migration 00023, oncegate_next_effect_id).
+const (
+	effectIDEpoch = 1735689600
+	effectIDShift = 22
+)
+
+// EffectID is the lowest id an effect made at t can have: a partition bound of oncegate_effects.
+func EffectID(t time.Time) int64 { return (t.Unix() - effectIDEpoch) << effectIDShift }
+
+// EffectTime is the second an effect id was made in (for ids of migration 00023 and later).
+func EffectTime(id int64) time.Time { return time.Unix(effectIDEpoch+id>>effectIDShift, 0).UTC() }
 
 // Defaults.
 const (
@@ -90,7 +145,7 @@ type Config struct {
 	// ConnString reaches the database directly, or through a session-mode pooler: the manager's advisory lock
 	// is a session's. Required.
 	ConnString string
-	// Tables to manage. Defaults to Attempts.
+	// Tables to manage, in order: Tables(dedup.FreePartitionKeys) for the gateway's. Required.
 	Tables []Table
 	// Interval is the range of one partition; partitions start on multiples of it counted as time.Truncate
 	// counts (UTC midnights for a day, whole minutes for a minute). Defaults to DefaultInterval.
@@ -114,9 +169,6 @@ type Config struct {
 
 // WithDefaults returns the config with its unset fields defaulted.
 func (c Config) WithDefaults() Config {
-	if len(c.Tables) == 0 {
-		c.Tables = []Table{Attempts}
-	}
 	if c.Interval <= 0 {
 		c.Interval = DefaultInterval
 	}
@@ -148,6 +200,14 @@ func (c Config) validate() error {
 	if c.Retention <= 0 {
 		return errors.New("partitions: retention must be positive")
 	}
+	if len(c.Tables) == 0 {
+		return errors.New("partitions: no table to manage")
+	}
+	for _, t := range c.Tables {
+		if t.Name == Effects.Name && t.FreeKeys == nil {
+			return errors.New("partitions: oncegate_effects needs its keys freed (Tables(dedup.FreePartitionKeys))")
+		}
+	}
 	if c.Interval < time.Second {
 		return errors.New("partitions: the interval must be at least a second")
 	}
@@ -162,7 +222,8 @@ type Report struct {
 	Created   []string // partitions created
 	Finalized []string // pending detaches finished
 	Dropped   []string // partitions (and leftovers of earlier detaches) dropped
-	Kept      []string // partitions past retention kept, because of their Keep query
+	Kept      []string // partitions past retention kept, because of their Keep query (or a key still held)
+	Freed     int64    // keys freed with the partitions of effects retired
 	// Short names the tables whose newest partition ends less than one interval ahead: inserts past it fail
 	// if the manager does not run again before then.
 	Short []string
@@ -284,8 +345,9 @@ type partition struct {
 	lower, upper *time.Time // nil: MINVALUE, MAXVALUE
 }
 
-func list(ctx context.Context, conn *pgx.Conn, table string) ([]partition, error) {
-	rows, err := conn.Query(ctx, listSQL, table)
+func list(ctx context.Context, conn *pgx.Conn, t Table) ([]partition, error) {
+	table := t.Name
+	rows, err := conn.Query(ctx, listSQL, table, t.ByEffectID)
 	if err != nil {
 		return nil, fmt.Errorf("partitions: list %s: %w", table, err)
 	}
@@ -301,7 +363,7 @@ func list(ctx context.Context, conn *pgx.Conn, table string) ([]partition, error
 }
 
 func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
-	ps, err := list(ctx, m.conn, t.Name)
+	ps, err := list(ctx, m.conn, t)
 	if err != nil {
 		return err
 	}
@@ -309,11 +371,16 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 	// Interrupted detaches first: a table with a pending detach refuses another detach.
 	for _, p := range ps {
 		if p.pending {
-			if err := m.retire(ctx, t, p.name, true); err != nil {
+			rep.Finalized = append(rep.Finalized, p.name)
+			dropped, err := m.retire(ctx, t, p, true)
+			if err != nil {
 				return err
 			}
-			rep.Finalized = append(rep.Finalized, p.name)
-			rep.Dropped = append(rep.Dropped, p.name)
+			if dropped {
+				rep.Dropped = append(rep.Dropped, p.name)
+			} else {
+				rep.Kept = append(rep.Kept, p.name)
+			}
 		}
 	}
 	rows, err := m.conn.Query(ctx, leftoversSQL, t.Name, likePrefix(t.Name)+"p%", t.Name+"_legacy")
@@ -343,8 +410,8 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 			continue
 		}
 		if t.Keep != "" {
-			var keep bool
-			if err := m.conn.QueryRow(ctx, expand(t.Keep, t.Name, p.name)).Scan(&keep); err != nil {
+			keep, err := m.ask(ctx, t.Keep, t, p)
+			if err != nil {
 				return fmt.Errorf("partitions: whether to keep %s: %w", p.name, err)
 			}
 			if keep {
@@ -352,13 +419,31 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 				continue
 			}
 		}
-		if err := m.retire(ctx, t, p.name, false); err != nil {
+		if t.FreeKeys != nil {
+			freed, held, err := t.FreeKeys(ctx, m.conn, p.name)
+			rep.Freed += freed
+			if err != nil {
+				return fmt.Errorf("partitions: %w", err)
+			}
+			if held {
+				m.cfg.Logger.Info("partitions: a key of an effect past retention has not expired; its partition "+
+					"stays", "partition", p.name)
+				rep.Kept = append(rep.Kept, p.name)
+				continue
+			}
+		}
+		dropped, err := m.retire(ctx, t, p, false)
+		if err != nil {
 			return err
 		}
-		rep.Dropped = append(rep.Dropped, p.name)
+		if dropped {
+			rep.Dropped = append(rep.Dropped, p.name)
+		} else {
+			rep.Kept = append(rep.Kept, p.name)
+		}
 	}
 
-	if ps, err = list(ctx, m.conn, t.Name); err != nil {
+	if ps, err = list(ctx, m.conn, t); err != nil {
 		return err
 	}
 	if len(ps) == 0 || ps[len(ps)-1].upper != nil && ps[len(ps)-1].upper.Before(now.Add(m.cfg.Interval)) {
@@ -373,7 +458,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 // migrated long ago; a gateway's Manager does it under its lock.
 func Ensure(ctx context.Context, conn *pgx.Conn, t Table, interval time.Duration, ahead int, now time.Time) ([]string, error) {
 	m := &Manager{cfg: Config{Interval: interval, Ahead: ahead, Retries: DefaultRetries}, conn: conn}
-	ps, err := list(ctx, conn, t.Name)
+	ps, err := list(ctx, conn, t)
 	if err != nil {
 		return nil, err
 	}
@@ -400,8 +485,13 @@ func (m *Manager) ensure(ctx context.Context, t Table, ps []partition, now time.
 			to = floor // the gap since the manager last ran, in one partition
 		}
 		name := partitionName(t.Name, from)
-		if err := m.ddl(ctx, expand(strings.NewReplacer("{{lower}}", literal(from), "{{upper}}", literal(to)).
-			Replace(createSQL), t.Name, name)); err != nil {
+		with := ""
+		if t.With != "" {
+			with = "WITH (" + t.With + ")"
+		}
+		q := strings.NewReplacer("{{lower}}", t.literal(&from), "{{upper}}", t.literal(&to), "{{with}}", with).
+			Replace(createSQL)
+		if err := m.ddl(ctx, expand(q, t.Name, name)); err != nil {
 			return created, err
 		}
 		created = append(created, name)
@@ -410,17 +500,41 @@ func (m *Manager) ensure(ctx context.Context, t Table, ps []partition, now time.
 	return created, nil
 }
 
-// retire detaches a partition (or finishes its pending detach) and drops it.
-func (m *Manager) retire(ctx context.Context, t Table, name string, pending bool) error {
+// retire detaches a partition (or finishes its pending detach) and drops it, or, when its table's Stray
+// query says a row in it came into use meanwhile, attaches it again; dropped says which.
+func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool) (dropped bool, err error) {
 	q := detachSQL
 	if pending {
 		q = finalizeSQL
 	}
-	if err := m.ddl(ctx, expand(q, t.Name, name)); err != nil {
+	if err := m.ddl(ctx, expand(q, t.Name, p.name)); err != nil {
 		// A detach whose wait timed out is pending now: the next pass finishes it.
-		return err
+		return false, err
 	}
-	return m.ddl(ctx, expand(dropSQL, t.Name, name))
+	if t.Stray != "" {
+		stray, err := m.ask(ctx, t.Stray, t, p)
+		if err != nil {
+			// Detached and not dropped: the next pass's leftovers. Not dropped blind.
+			return false, fmt.Errorf("partitions: whether %s is still in use: %w", p.name, err)
+		}
+		if stray {
+			m.cfg.Logger.Warn("partitions: a row came into use while its partition was detached; attached again",
+				"partition", p.name)
+			q := strings.NewReplacer("{{lower}}", t.bound(p.lower), "{{upper}}", t.bound(p.upper)).
+				Replace(attachSQL)
+			return false, m.ddl(ctx, expand(q, t.Name, p.name))
+		}
+	}
+	return true, m.ddl(ctx, expand(dropSQL, t.Name, p.name))
+}
+
+// ask runs one of a table's boolean queries (Keep, Stray) about a partition.
+func (m *Manager) ask(ctx context.Context, q string, t Table, p partition) (bool, error) {
+	q = strings.NewReplacer("{{lower}}", t.literal(p.lower), "{{upper}}", t.literal(p.upper),
+		"{{retention_ms}}", fmt.Sprint(m.cfg.Retention.Milliseconds())).Replace(q)
+	var yes bool
+	err := m.conn.QueryRow(ctx, expand(q, t.Name, p.name)).Scan(&yes)
+	return yes, err
 }
 
 // ddl runs a statement, again with backoff while it cannot have its lock within lock_timeout.
@@ -452,6 +566,28 @@ func expand(q, parent, part string) string {
 }
 
 func literal(t time.Time) string { return "'" + t.UTC().Format(time.RFC3339Nano) + "'" }
+
+// literal is a bound of the table's partition key, for a query; nil (MINVALUE's) is the lowest value there is.
+// A retired partition's upper bound is never nil (MAXVALUE): it is past.
+func (t Table) literal(at *time.Time) string {
+	switch {
+	case at != nil && t.ByEffectID:
+		return fmt.Sprint(EffectID(*at))
+	case at != nil:
+		return literal(*at)
+	case t.ByEffectID:
+		return fmt.Sprint(int64(math.MinInt64))
+	}
+	return "'-infinity'"
+}
+
+// bound is a bound of the table's partition key, for FOR VALUES; nil is MINVALUE.
+func (t Table) bound(at *time.Time) string {
+	if at == nil {
+		return "MINVALUE"
+	}
+	return t.literal(at)
+}
 
 func partitionName(table string, lower time.Time) string {
 	return table + "_p" + lower.UTC().Format("20060102t150405")

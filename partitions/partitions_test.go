@@ -23,8 +23,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if proctest.Role() == "detach" {
+	switch proctest.Role() {
+	case "detach":
 		os.Exit(detachProcess())
+	case "detach-effects":
+		os.Exit(detachEffectsProcess())
 	}
 	leaktest.Main(m)
 }

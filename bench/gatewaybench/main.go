@@ -411,7 +411,7 @@ WITH held AS (
     FROM oncegate_keys k WHERE k.tenant = 'pgbench' AND k.key = 'k' || :k
 ), claimed AS (
     INSERT INTO oncegate_keys AS k (tenant, key, effect_id, fingerprint, expires_at)
-    SELECT 'pgbench', 'k' || :k, nextval('oncegate_effects_id_seq'), '\x00'::bytea, now() + interval '1 day'
+    SELECT 'pgbench', 'k' || :k, oncegate_next_effect_id(), '\x00'::bytea, now() + interval '1 day'
     WHERE NOT EXISTS (SELECT FROM held WHERE held.held)
     ON CONFLICT (tenant, key) DO UPDATE
     SET effect_id = EXCLUDED.effect_id, fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at
@@ -420,7 +420,6 @@ WITH held AS (
     RETURNING k.effect_id
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id)
-    OVERRIDING SYSTEM VALUE
     SELECT claimed.effect_id, 'pgbench', 'k' || :k, 'analytics', '\x00'::bytea, '{"name":"signup","properties":{"plan":"pro"}}', 'eff_' || :k
     FROM claimed
     RETURNING id, tenant, key, type, fingerprint, status, attempts, result, last_error, created_at, updated_at, delivered_at, next_attempt_at, stable_id

@@ -8,8 +8,8 @@
 -- row lock (issue 14): `held` reads the key as this statement's snapshot has it, and the insert into
 -- oncegate_keys then has no row to try. A free key (none, or expired with a terminal effect) is claimed by the
 -- insert, which re-claims an expired key with ON CONFLICT ... DO UPDATE: the key then points at the new
--- effect, under a new id (drawn here, from oncegate_effects' own sequence) and a new stable id, and the old
--- effect stays readable by its id until the purge deletes it.
+-- effect, under a new id (drawn here: oncegate_next_effect_id(), which tells the time, migration 00023) and
+-- a new stable id, and the old effect stays readable by its id until its partition is retired.
 --
 -- Of concurrent creates of one key, the primary key of oncegate_keys lets exactly one through: a second
 -- waits for the first's row, and its DO UPDATE then finds the key pointing at another effect than the one
@@ -32,7 +32,7 @@ WITH held AS (
     WHERE k.tenant = $1 AND k.key = $2
 ), claimed AS (
     INSERT INTO oncegate_keys AS k (tenant, key, effect_id, fingerprint, expires_at)
-    SELECT $1, $2, nextval('oncegate_effects_id_seq'), $4,
+    SELECT $1, $2, oncegate_next_effect_id(), $4,
         now() + make_interval(secs => $14::double precision / 1000)
     WHERE NOT EXISTS (SELECT FROM held WHERE held.held)
     ON CONFLICT (tenant, key) DO UPDATE
@@ -43,7 +43,6 @@ WITH held AS (
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch,
         trace_id, tags, search_terms, job_queue)
-    OVERRIDING SYSTEM VALUE
     SELECT claimed.effect_id, $1, $2, $3, $4, $5, $7, $8::text, $9::bigint,
         NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''), $10::text[], $11::text[], $12::text
     FROM claimed

@@ -41,7 +41,7 @@ WITH input AS (
     ) k ON true
 ), claimed AS (
     INSERT INTO oncegate_keys AS k (tenant, key, effect_id, fingerprint, expires_at)
-    SELECT tenant, key, nextval('oncegate_effects_id_seq'), fingerprint,
+    SELECT tenant, key, oncegate_next_effect_id(), fingerprint,
         now() + make_interval(secs => retention::double precision / 1000)
     FROM (
         SELECT DISTINCT ON (input.tenant, input.key) input.tenant, input.key, input.fingerprint, input.retention
@@ -59,7 +59,6 @@ WITH input AS (
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, trace_id, tags,
         search_terms)
-    OVERRIDING SYSTEM VALUE
     SELECT claimed.effect_id, first.tenant, first.key, first.type, first.fingerprint, first.payload::json,
         first.stable_id, NULLIF(split_part(first.trace::jsonb ->> 'traceparent', '-', 2), ''),
         (SELECT array_agg(t) FROM json_array_elements_text(first.tags::json) t),

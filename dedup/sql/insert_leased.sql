@@ -19,7 +19,7 @@ WITH held AS (
     WHERE k.tenant = $1 AND k.key = $2
 ), claimed AS (
     INSERT INTO oncegate_keys AS k (tenant, key, effect_id, fingerprint, expires_at)
-    SELECT $1, $2, nextval('oncegate_effects_id_seq'), $4,
+    SELECT $1, $2, oncegate_next_effect_id(), $4,
         now() + make_interval(secs => $13::double precision / 1000)
     WHERE NOT EXISTS (SELECT FROM held WHERE held.held)
         AND NOT EXISTS (SELECT FROM oncegate_paused_types WHERE type = $3)
@@ -31,7 +31,6 @@ WITH held AS (
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, status, trace_id, tags,
         search_terms)
-    OVERRIDING SYSTEM VALUE
     SELECT claimed.effect_id, $1, $2, $3, $4, $5, $7, $10, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''),
         $11::text[], $12::text[]
     FROM claimed

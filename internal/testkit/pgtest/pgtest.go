@@ -84,9 +84,11 @@ func DatabaseAt(t testing.TB, adminURL string) string {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if _, err := partitions.Ensure(ctx, conn, partitions.Attempts, partitions.DefaultInterval,
-		partitions.DefaultAhead, time.Now()); err != nil {
-		t.Fatalf("partitions of %s: %v", name, err)
+	for _, tbl := range partitions.All {
+		if _, err := partitions.Ensure(ctx, conn, tbl, partitions.DefaultInterval, partitions.DefaultAhead,
+			time.Now()); err != nil {
+			t.Fatalf("partitions of %s: %v", name, err)
+		}
 	}
 	return u
 }
@@ -292,5 +294,52 @@ func KeyEffects(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(), KeyEffectsSQL); err != nil {
 		t.Fatalf("key the effects inserted in SQL: %v", err)
+	}
+}
+
+// Repartition gives the test's database (empty: fresh from Database) partitions of effects and their
+// replays interval long, from the one covering start to DefaultAhead intervals past now, in place of the
+// template's daily ones, so that a partition manager run with that interval retires them within the test.
+// The legacy partition, empty, ends where the first of them starts.
+func Repartition(t testing.TB, url string, interval time.Duration, start time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	for _, tbl := range []partitions.Table{partitions.Effects, partitions.Replays} {
+		rows, err := conn.Query(ctx, `SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+			WHERE i.inhparent = $1::regclass AND c.relname <> $2`, tbl.Name, tbl.Name+"_legacy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			if _, err := conn.Exec(ctx, "DROP TABLE "+pgx.Identifier{n}.Sanitize()); err != nil {
+				t.Fatalf("repartition %s: %v", tbl.Name, err)
+			}
+		}
+		// The legacy partition ends where the template's migration ran, minutes ago in a fresh run: it ends
+		// at start instead, empty as it is.
+		parent, legacy := pgx.Identifier{tbl.Name}.Sanitize(), pgx.Identifier{tbl.Name + "_legacy"}.Sanitize()
+		if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s; ALTER TABLE %[1]s ATTACH "+
+			"PARTITION %[2]s FOR VALUES FROM (MINVALUE) TO (%d)", parent, legacy,
+			partitions.EffectID(start.UTC().Truncate(interval)))); err != nil {
+			t.Fatalf("repartition %s: %v", tbl.Name, err)
+		}
+		for at := start; ; at = at.Add(interval) {
+			if _, err := partitions.Ensure(ctx, conn, tbl, interval, partitions.DefaultAhead, at); err != nil {
+				t.Fatalf("repartition %s: %v", tbl.Name, err)
+			}
+			if at.After(time.Now()) {
+				break
+			}
+		}
 	}
 }

@@ -1,0 +1,27 @@
+-- Frees the keys that point at effects of a partition of oncegate_effects about to be retired, a batch of the
+-- partition's effects at a time ($1: the last id done, $2: the batch's size): each key still pointing at its
+-- effect is deleted, and can be claimed anew as a new key. A key claimed again since points at its new
+-- effect and stays. A key whose expiry has not passed (a retention made shorter since it was claimed) stays,
+-- and says so: the partition is kept. NULL is the expiry of keys backfilled by migration 00018: they were
+-- held until their effect went, and now it does.
+--
+-- Each key is found by its primary key, row by row (a lateral subquery with FOR UPDATE is never flattened
+-- into a join that might hash the whole keys table), locked, and deleted by its row's address. A create
+-- re-claiming the key meanwhile waits for the lock, then finds the key gone and inserts it anew; a key it
+-- re-claimed first no longer points here and is left alone. Returns the batch's last id (NULL: the partition
+-- is done), whether a key still held was found, and how many keys were freed.
+WITH batch AS (
+    SELECT id, tenant, key FROM {{partition}} WHERE id > $1 ORDER BY id LIMIT $2
+), found AS (
+    SELECT k.row, k.expires_at >= now() AS held
+    FROM batch b
+    CROSS JOIN LATERAL (
+        SELECT ctid AS row, expires_at FROM oncegate_keys
+        WHERE tenant = b.tenant AND key = b.key AND effect_id = b.id
+        FOR UPDATE
+    ) k
+), freed AS (
+    DELETE FROM oncegate_keys WHERE ctid = ANY (ARRAY(SELECT row FROM found WHERE held IS NOT TRUE))
+)
+SELECT (SELECT max(id) FROM batch), EXISTS (SELECT FROM found WHERE held),
+    (SELECT count(*) FROM found WHERE held IS NOT TRUE)

@@ -1,0 +1,251 @@
+package partitions_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
+	"github.com/oncegate/oncegate/partitions"
+)
+
+// effects writes effects made at a past moment straight into the tables, as the gateway would have: the
+// effect (its id telling that moment), its key, and a replay counter.
+type effects struct {
+	t    *testing.T
+	pool *pgxpool.Pool
+	seq  atomic.Int64
+}
+
+type seeded struct {
+	at       time.Time
+	finished *time.Time // nil: not terminal, with an outbox row
+	expires  time.Time  // the key's
+}
+
+func (e *effects) add(key string, s seeded) int64 {
+	e.t.Helper()
+	id := partitions.EffectID(s.at) + e.seq.Add(1)
+	status := "delivered"
+	if s.finished == nil {
+		status = "pending"
+	}
+	if _, err := e.pool.Exec(context.Background(), `
+		WITH e AS (
+			INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, status, created_at, finished_at)
+			VALUES ($1, 't', $2, 'typ', '\x00', '{}', $3, $4, $5) RETURNING id
+		), k AS (
+			INSERT INTO oncegate_keys (tenant, key, effect_id, fingerprint, expires_at) VALUES ('t', $2, $1, '\x00', $6)
+			ON CONFLICT (tenant, key) DO UPDATE SET effect_id = EXCLUDED.effect_id, expires_at = EXCLUDED.expires_at
+		), r AS (
+			INSERT INTO oncegate_effect_replays (effect_id, replays, last_replay_at) VALUES ($1, 1, $4)
+		)
+		INSERT INTO oncegate_outbox (effect_id, type, tenant) SELECT id, 'typ', 't' FROM e WHERE $5::timestamptz IS NULL`,
+		id, key, status, s.at, s.finished, s.expires); err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
+func partitionOf(t *testing.T, pool *pgxpool.Pool, table string, id int64) string {
+	t.Helper()
+	var name string
+	col := map[bool]string{true: "id", false: "effect_id"}[table == "oncegate_effects"]
+	if err := pool.QueryRow(context.Background(), fmt.Sprintf("SELECT tableoid::regclass::text FROM %s WHERE %s = $1",
+		table, col), id).Scan(&name); err != nil {
+		t.Fatalf("the partition of %s %d: %v", table, id, err)
+	}
+	return name
+}
+
+func exists(t *testing.T, pool *pgxpool.Pool, table string) bool {
+	return pgtest.Count(t, pool, "SELECT count(*) FROM pg_class WHERE relname = $1", table) == 1
+}
+
+// A partition of effects past retention goes, with its replays' partition, once every effect in it is
+// terminal and finished retention ago, and with it the keys that still point at its effects: those keys are
+// free. A key claimed again since (pointing at a newer effect) stays. A partition holding an effect still on
+// its way (an outbox row), one finished less than retention ago, or one whose key has not expired (a retention
+// made shorter since) is kept; it goes at a later pass, once that has changed. Nothing outside the retired
+// partitions is touched.
+func TestEffectPartitionsGoWithTheirKeysOnceEveryEffectIsPast(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	now := time.Now()
+	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
+	e := &effects{t: t, pool: pool}
+	ago := func(d time.Duration) *time.Time { at := now.Add(-d); return &at }
+
+	var gone []int64
+	for i := range 20 {
+		gone = append(gone, e.add(fmt.Sprintf("gone-%d", i), seeded{at: *ago(9 * time.Minute),
+			finished: ago(9 * time.Minute), expires: *ago(6 * time.Minute)}))
+	}
+	reclaimedOld := e.add("reclaimed", seeded{at: *ago(9 * time.Minute), finished: ago(9 * time.Minute),
+		expires: *ago(6 * time.Minute)})
+	reclaimedNew := e.add("reclaimed", seeded{at: now, finished: &now, expires: now.Add(3 * time.Minute)})
+	straggler := e.add("straggler", seeded{at: *ago(8 * time.Minute), expires: *ago(5 * time.Minute)})
+	recent := e.add("recent", seeded{at: *ago(7 * time.Minute), finished: ago(time.Minute), expires: *ago(4 * time.Minute)})
+	held := e.add("held", seeded{at: *ago(6 * time.Minute), finished: ago(6 * time.Minute), expires: now.Add(time.Hour)})
+	live := e.add("live", seeded{at: now, finished: &now, expires: now.Add(3 * time.Minute)})
+
+	gonePart := partitionOf(t, pool, "oncegate_effects", gone[0])
+	goneReplays := partitionOf(t, pool, "oncegate_effect_replays", gone[0])
+	if partitionOf(t, pool, "oncegate_effects", reclaimedOld) != gonePart {
+		t.Fatal("the seed is wrong: the re-claimed key's old effect is not beside the others")
+	}
+	kept := map[string]int64{}
+	for _, id := range []int64{straggler, recent, held} {
+		p := partitionOf(t, pool, "oncegate_effects", id)
+		if p == gonePart {
+			t.Fatal("the seed is wrong: a kept effect shares the retired partition")
+		}
+		kept[p] = id
+	}
+	livePart := partitionOf(t, pool, "oncegate_effects", live)
+	effectsBefore := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects")
+
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys), Interval: time.Minute,
+		Retention: 3 * time.Minute})
+	rep, err := m.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Dropped, gonePart) || !slices.Contains(rep.Dropped, goneReplays) {
+		t.Fatalf("dropped %v: want %s and %s", rep.Dropped, gonePart, goneReplays)
+	}
+	if exists(t, pool, gonePart) || exists(t, pool, goneReplays) {
+		t.Fatalf("%s or %s is still there", gonePart, goneReplays)
+	}
+	for p := range kept {
+		if !slices.Contains(rep.Kept, p) || !exists(t, pool, p) {
+			t.Errorf("%s (effect %d) was not kept: kept %v, dropped %v", p, kept[p], rep.Kept, rep.Dropped)
+		}
+	}
+	if exists(t, pool, livePart) == false || slices.Contains(rep.Dropped, livePart) {
+		t.Fatalf("the live partition %s went", livePart)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_keys WHERE key LIKE 'gone-%'"); n != 0 {
+		t.Fatalf("%d keys of retired effects left", n)
+	}
+	if rep.Freed != 20 {
+		t.Fatalf("freed %d keys, want 20", rep.Freed)
+	}
+	var points int64
+	if err := pool.QueryRow(ctx, "SELECT effect_id FROM oncegate_keys WHERE key = 'reclaimed'").Scan(&points); err != nil ||
+		points != reclaimedNew {
+		t.Fatalf("the re-claimed key points at %d (%v), want its new effect %d", points, err, reclaimedNew)
+	}
+	if got := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects"); got != effectsBefore-21 {
+		t.Fatalf("%d effects left of %d: want the 21 of the retired partition gone, no other", got, effectsBefore)
+	}
+	for _, k := range []string{"straggler", "recent", "held", "live"} {
+		if pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_keys k JOIN oncegate_effects e ON e.id = k.effect_id WHERE k.key = $1", k) != 1 {
+			t.Fatalf("the key %s lost its effect", k)
+		}
+	}
+
+	// The straggler ends, and the held key is re-claimed: their partitions go at the next pass.
+	if _, err := pool.Exec(ctx, `WITH o AS (DELETE FROM oncegate_outbox WHERE effect_id = $1)
+		UPDATE oncegate_effects SET status = 'delivered', finished_at = now() - interval '4 minutes' WHERE id = $1`,
+		straggler); err != nil {
+		t.Fatal(err)
+	}
+	e.add("held", seeded{at: now, finished: &now, expires: now.Add(3 * time.Minute)})
+	if rep, err = m.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for p, id := range kept {
+		if want := id != recent; slices.Contains(rep.Dropped, p) != want {
+			t.Errorf("second pass: %s (effect %d) dropped %v, want %v: dropped %v, kept %v", p, id, !want, want,
+				rep.Dropped, rep.Kept)
+		}
+	}
+}
+
+// A manager SIGKILLed while its DETACH ... CONCURRENTLY of a partition of effects waits for a reader leaves
+// the partition pending detach, its keys already freed; the next pass finishes the detach, finds no effect
+// of it taken up again, and drops it. Every other effect is still there.
+func TestAnEffectsDetachKilledMidwayIsFinishedByTheNextPass(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	now := time.Now()
+	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
+	e := &effects{t: t, pool: pool}
+	at := now.Add(-11 * time.Minute) // the oldest partition's: the first the pass retires
+	old := e.add("old", seeded{at: at, finished: &at, expires: at.Add(3 * time.Minute)})
+	live := e.add("live", seeded{at: now, finished: &now, expires: now.Add(3 * time.Minute)})
+	target := partitionOf(t, pool, "oncegate_effects", old)
+
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck
+	var n int
+	if err := reader.QueryRow(ctx, "SELECT count(*) FROM oncegate_effects").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	child := proctest.ReExec(t, "detach-effects", "DETACH_DB="+url+"&options=-c%20client_connection_check_interval%3D50&application_name=detach")
+	child.WaitLine("ready", 30*time.Second)
+	testenv.Eventually(t, 30*time.Second, "the detach is pending", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhrelid = $1::regclass AND inhdetachpending`,
+			target) == 1
+	})
+	child.Kill()
+	_ = child.Wait(30 * time.Second)
+	testenv.Eventually(t, 10*time.Second, "the killed process's backend ends", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+			AND application_name = 'detach'`) == 0
+	})
+	if pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_keys WHERE key = 'old'") != 0 {
+		t.Fatal("the keys were not freed before the detach")
+	}
+	if err := reader.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys),
+		Interval: time.Minute, Retention: 3 * time.Minute}).Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(rep.Finalized, target) || !slices.Contains(rep.Dropped, target) || exists(t, pool, target) {
+		t.Fatalf("next pass: finalized %v, dropped %v; want %s in both, and gone", rep.Finalized, rep.Dropped, target)
+	}
+	if pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE id = $1", live) != 1 {
+		t.Fatal("the live effect went")
+	}
+}
+
+// detachEffectsProcess is a manager of the effects in a process of its own, which waits as long as it takes
+// for its locks.
+func detachEffectsProcess() int {
+	url := os.Getenv("DETACH_DB")
+	if !strings.Contains(url, "?") {
+		url = strings.Replace(url, "&", "?", 1)
+	}
+	m, err := partitions.New(partitions.Config{ConnString: url, Tables: partitions.Tables(dedup.FreePartitionKeys),
+		Interval: time.Minute, Retention: 3 * time.Minute, LockTimeout: 10 * time.Minute})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("ready")
+	_, err = m.Pass(context.Background())
+	fmt.Fprintln(os.Stderr, "pass ended:", err)
+	return 0
+}

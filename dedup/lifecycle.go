@@ -503,21 +503,23 @@ func nullString(s string) any {
 	return s
 }
 
-// freeKeyBatch is how many of a partition's effects one statement of free_keys.sql takes: a statement of
-// milliseconds, whose row locks on keys a create waits for no longer than that.
-const freeKeyBatch = 5000
+// freeKeyBatch is how many of a partition's effects one statement of free_keys.sql takes: a statement of a
+// few milliseconds, whose row locks on keys a create waits for no longer than that.
+const freeKeyBatch = 1000
 
 // FreePartitionKeys frees the keys that point at the effects of partition, a partition of oncegate_effects
 // about to be retired (package partitions calls it, on its own connection, before the detach): each key still
 // pointing at its effect is deleted and can be claimed again as a new key. held: a key was found whose expiry
 // has not passed (a retention made shorter since it was claimed), and the partition must stay; the keys freed
-// before it stay freed, having expired. Batch by batch, each its own transaction.
+// before it stay freed, having expired. Batch by batch, each its own transaction, and after each a pause as
+// long as it took: the work is spread so that Postgres gives accepts at least half its time meanwhile.
 func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string) (freed int64, held bool, err error) {
 	q := strings.ReplaceAll(freeKeysSQL, "{{partition}}", pgx.Identifier{partition}.Sanitize())
 	var last int64 = math.MinInt64
 	for {
 		var next *int64
 		var n int64
+		began := time.Now()
 		if err := conn.QueryRow(ctx, q, last, freeKeyBatch).Scan(&next, &held, &n); err != nil {
 			return freed, false, translate("free the keys of "+partition, err)
 		}
@@ -526,5 +528,12 @@ func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string) (f
 			return freed, held, nil
 		}
 		last = *next
+		pause := time.NewTimer(time.Since(began))
+		select {
+		case <-ctx.Done():
+			pause.Stop()
+			return freed, false, ctx.Err()
+		case <-pause.C:
+		}
 	}
 }

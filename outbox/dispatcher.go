@@ -177,7 +177,9 @@ func (c *Config) withDefaults() (Config, error) {
 	def(&o.DBTimeout, DefaultDBTimeout)
 	def(&o.DrainTimeout, DefaultDrainTimeout)
 	def(&o.Retention, DefaultRetention)
-	def(&o.PurgeInterval, DefaultPurgeInterval)
+	if o.PurgeInterval == 0 { // negative is off
+		o.PurgeInterval = DefaultPurgeInterval
+	}
 	defInt(&o.BatchSize, DefaultBatchSize)
 	defInt(&o.PurgeBatchSize, DefaultPurgeBatchSize)
 	defInt(&o.MaxBreakers, DefaultMaxBreakers)

@@ -26,6 +26,7 @@ func (d *Dispatcher) purgeLoop(ctx context.Context) {
 func (d *Dispatcher) Purge(ctx context.Context) (int64, error) {
 	var total int64
 	var err error
+	began := time.Now()
 	for ctx.Err() == nil {
 		if d.signals.purgeHold != nil {
 			d.signals.purgeHeld.signal(struct{}{})
@@ -50,7 +51,8 @@ func (d *Dispatcher) Purge(ctx context.Context) (int64, error) {
 		}
 	}
 	if total > 0 {
-		d.log.Info("purged effects past retention", "effects", total, "retention", d.cfg.Retention.String())
+		d.log.Info("purged effects past retention", "effects", total, "retention", d.cfg.Retention.String(),
+			"took_ms", time.Since(began).Milliseconds())
 	}
 	return total, err
 }

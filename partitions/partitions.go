@@ -219,11 +219,15 @@ var ErrNotHeld = errors.New("partitions: another manager holds the lock")
 
 // Report says what a pass did.
 type Report struct {
-	Created   []string // partitions created
-	Finalized []string // pending detaches finished
-	Dropped   []string // partitions (and leftovers of earlier detaches) dropped
-	Kept      []string // partitions past retention kept, because of their Keep query (or a key still held)
-	Freed     int64    // keys freed with the partitions of effects retired
+	Created   []string      // partitions created
+	Finalized []string      // pending detaches finished
+	Dropped   []string      // partitions (and leftovers of earlier detaches) dropped
+	Kept      []string      // partitions past retention kept, because of their Keep query (or a key still held)
+	Freed     int64         // keys freed with the partitions of effects retired
+	Took      time.Duration // the pass's length, as Run measured it
+	// Spent is the time the pass spent in each kind of work: "create", "keep" (the Keep queries), "keys"
+	// (FreeKeys), "detach", "drop".
+	Spent map[string]time.Duration
 	// Short names the tables whose newest partition ends less than one interval ahead: inserts past it fail
 	// if the manager does not run again before then.
 	Short []string
@@ -251,7 +255,9 @@ func New(cfg Config) (*Manager, error) {
 func (m *Manager) Run(ctx context.Context) {
 	defer m.Close()
 	for {
+		began := time.Now()
 		rep, err := m.Pass(ctx)
+		rep.Took = time.Since(began)
 		m.Close()
 		switch {
 		case ctx.Err() != nil:
@@ -276,7 +282,8 @@ func (m *Manager) Run(ctx context.Context) {
 func (m *Manager) logReport(rep Report) {
 	if len(rep.Created)+len(rep.Finalized)+len(rep.Dropped) > 0 {
 		m.cfg.Logger.Info("partitions: pass", "created", rep.Created, "finalized", rep.Finalized,
-			"dropped", rep.Dropped)
+			"dropped", rep.Dropped, "keys_freed", rep.Freed, "took_ms", rep.Took.Milliseconds(),
+			"spent_ms", spentMS(rep.Spent))
 	}
 	if len(rep.Kept) > 0 {
 		m.cfg.Logger.Info("partitions: kept past retention, for rows still in use", "kept", rep.Kept)
@@ -330,7 +337,7 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 		}
 		m.conn = conn
 	}
-	var rep Report
+	rep := Report{Spent: map[string]time.Duration{}}
 	for _, t := range m.cfg.Tables {
 		if err := m.table(ctx, t, &rep); err != nil {
 			return rep, err
@@ -372,7 +379,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 	for _, p := range ps {
 		if p.pending {
 			rep.Finalized = append(rep.Finalized, p.name)
-			dropped, err := m.retire(ctx, t, p, true)
+			dropped, err := m.retire(ctx, t, p, true, rep.Spent)
 			if err != nil {
 				return err
 			}
@@ -398,7 +405,9 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		rep.Dropped = append(rep.Dropped, name)
 	}
 
+	began := time.Now()
 	created, err := m.ensure(ctx, t, ps, now)
+	rep.Spent["create"] += time.Since(began)
 	rep.Created = append(rep.Created, created...)
 	if err != nil {
 		return err
@@ -410,7 +419,9 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 			continue
 		}
 		if t.Keep != "" {
+			began := time.Now()
 			keep, err := m.ask(ctx, t.Keep, t, p)
+			rep.Spent["keep"] += time.Since(began)
 			if err != nil {
 				return fmt.Errorf("partitions: whether to keep %s: %w", p.name, err)
 			}
@@ -420,7 +431,9 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 			}
 		}
 		if t.FreeKeys != nil {
+			began := time.Now()
 			freed, held, err := t.FreeKeys(ctx, m.conn, p.name)
+			rep.Spent["keys"] += time.Since(began)
 			rep.Freed += freed
 			if err != nil {
 				return fmt.Errorf("partitions: %w", err)
@@ -432,7 +445,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 				continue
 			}
 		}
-		dropped, err := m.retire(ctx, t, p, false)
+		dropped, err := m.retire(ctx, t, p, false, rep.Spent)
 		if err != nil {
 			return err
 		}
@@ -502,12 +515,15 @@ func (m *Manager) ensure(ctx context.Context, t Table, ps []partition, now time.
 
 // retire detaches a partition (or finishes its pending detach) and drops it, or, when its table's Stray
 // query says a row in it came into use meanwhile, attaches it again; dropped says which.
-func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool) (dropped bool, err error) {
+func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool, spent map[string]time.Duration) (dropped bool, err error) {
 	q := detachSQL
 	if pending {
 		q = finalizeSQL
 	}
-	if err := m.ddl(ctx, expand(q, t.Name, p.name)); err != nil {
+	began := time.Now()
+	err = m.ddl(ctx, expand(q, t.Name, p.name))
+	spent["detach"] += time.Since(began)
+	if err != nil {
 		// A detach whose wait timed out is pending now: the next pass finishes it.
 		return false, err
 	}
@@ -525,7 +541,17 @@ func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool
 			return false, m.ddl(ctx, expand(q, t.Name, p.name))
 		}
 	}
+	began = time.Now()
+	defer func() { spent["drop"] += time.Since(began) }()
 	return true, m.ddl(ctx, expand(dropSQL, t.Name, p.name))
+}
+
+func spentMS(s map[string]time.Duration) map[string]int64 {
+	out := make(map[string]int64, len(s))
+	for k, d := range s {
+		out[k] = d.Milliseconds()
+	}
+	return out
 }
 
 // ask runs one of a table's boolean queries (Keep, Stray) about a partition.

@@ -3,6 +3,7 @@ package partitions_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -103,5 +104,70 @@ func TestAttemptReadsUseEachPartitionsIndex(t *testing.T) {
 			}
 		}
 		t.Logf("%s over %d partitions: %v, %.3f ms", name, parts, scans, doc[0].ExecutionTime)
+	}
+}
+
+// An effect is read by its id (a key leads to it, as in dedup/sql/get.sql; an outbox row leads to it), and
+// its id tells its partition:
+// with 33 daily partitions of effects, each such read, planned once as a gateway's prepared statement is
+// (the generic plan), runs a scan of one partition alone, pruned when it starts or, for the join, as each
+// row comes.
+func TestEffectReadsByIDTouchOnePartition(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	now := time.Now()
+	pgtest.Repartition(t, url, 24*time.Hour, now.Add(-30*24*time.Hour))
+	parts := pgtest.Count(t, pool, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'oncegate_effects'::regclass")
+	e := &effects{t: t, pool: pool}
+	var ids []int64
+	for d := range 30 {
+		at := now.Add(-time.Duration(d) * 24 * time.Hour)
+		ids = append(ids, e.add(fmt.Sprintf("k%d", d), seeded{at: at, expires: at.Add(time.Hour)}))
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "ANALYZE; SET plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	reads := []struct{ name, sql, arg string }{
+		{"by id", "SELECT * FROM oncegate_effects WHERE id = $1", fmt.Sprint(ids[12])},
+		{"by key", `SELECT * FROM oncegate_effects
+			WHERE id = (SELECT k.effect_id FROM oncegate_keys k WHERE k.tenant = 't' AND k.key = $1) AND tenant = 't'`, "'k12'"},
+		{"from the outbox", `SELECT e.* FROM oncegate_outbox o CROSS JOIN LATERAL (SELECT * FROM oncegate_effects e
+			WHERE e.id = o.effect_id) e WHERE o.effect_id = $1`, fmt.Sprint(ids[12])},
+	}
+	for i, r := range reads {
+		if _, err := conn.Exec(ctx, fmt.Sprintf("PREPARE read%d AS %s", i, r.sql)); err != nil {
+			t.Fatal(err)
+		}
+		var plan []byte
+		if err := conn.QueryRow(ctx, fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE read%d(%s)", i, r.arg)).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		var doc []struct{ Plan map[string]any }
+		if err := json.Unmarshal(plan, &doc); err != nil {
+			t.Fatal(err)
+		}
+		var ran []string
+		var walk func(n map[string]any)
+		walk = func(n map[string]any) {
+			rel, _ := n["Relation Name"].(string)
+			if loops, _ := n["Actual Loops"].(float64); strings.HasPrefix(rel, "oncegate_effects_") && loops > 0 {
+				ran = append(ran, rel)
+			}
+			kids, _ := n["Plans"].([]any)
+			for _, k := range kids {
+				walk(k.(map[string]any))
+			}
+		}
+		walk(doc[0].Plan)
+		if len(ran) != 1 {
+			t.Errorf("%s: scans of %v ran, of %d partitions; want one", r.name, ran, parts)
+		}
 	}
 }

@@ -45,7 +45,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		p := proctest.Start(t, exec.Command(filepath.Join(bin, "gateway"), "serve", "--config", config))
 		return p, "http://" + strings.TrimPrefix(p.WaitLine("listening ", 30*time.Second), "listening ")
 	}
-	_, baseB := start()
+	b, baseB := start()
 	a, baseA := start()
 	var current atomic.Value
 	current.Store(baseA)
@@ -155,6 +155,12 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		HAVING count(*) > 1) d`); dup > 0 || len(missing) > 0 || len(twice) > 0 {
 		t.Fatalf("%d answered keys never delivered (%.5v), %d delivered twice (%.5v); %d keys with two rows in all",
 			len(missing), missing, len(twice), twice, dup)
+	}
+	// Retired by the partition manager alone: the row-by-row purge is off while it runs.
+	for _, p := range []*proctest.Proc{a, b} {
+		if strings.Contains(p.Log(), "purged effects past retention") {
+			t.Fatal("the row-by-row purge ran beside the partition manager")
+		}
 	}
 	if pending := pgtest.Count(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhdetachpending`); pending > 0 {
 		t.Fatalf("%d detaches left pending", pending)

@@ -328,8 +328,10 @@ func Repartition(t testing.TB, url string, interval time.Duration, start time.Ti
 		// The legacy partition ends where the template's migration ran, minutes ago in a fresh run: it ends
 		// at start instead, empty as it is.
 		parent, legacy := pgx.Identifier{tbl.Name}.Sanitize(), pgx.Identifier{tbl.Name + "_legacy"}.Sanitize()
-		if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s; ALTER TABLE %[1]s ATTACH "+
-			"PARTITION %[2]s FOR VALUES FROM (MINVALUE) TO (%d)", parent, legacy,
+		// Its CHECK, which proved the old bound to the migration's ATTACH, goes too.
+		if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s; ALTER TABLE %[2]s DROP "+
+			"CONSTRAINT IF EXISTS %[3]s; ALTER TABLE %[1]s ATTACH PARTITION %[2]s FOR VALUES FROM (MINVALUE) TO (%[4]d)",
+			parent, legacy, pgx.Identifier{tbl.Name + "_legacy_bound"}.Sanitize(),
 			partitions.EffectID(start.UTC().Truncate(interval)))); err != nil {
 			t.Fatalf("repartition %s: %v", tbl.Name, err)
 		}

@@ -168,6 +168,12 @@ func Connect(ctx context.Context, databaseURL string) (*pgxpool.Pool, error) {
 	params := pc.ConnConfig.RuntimeParams
 	params["plan_cache_mode"] = "force_custom_plan"
 	params["application_name"] = "oncegate-admin"
+	// A listing's plan over partitioned effects is costed as if every partition were read (each row's
+	// replays and attempts, one probe per partition), which crosses jit_above_cost: a 1,000-row page then
+	// spent 4.5 s compiling itself and 10 ms running. These are lookups; compiling never pays.
+	if _, ok := params["jit"]; !ok {
+		params["jit"] = "off"
+	}
 	if _, ok := params["statement_timeout"]; !ok {
 		params["statement_timeout"] = fmt.Sprint(StatementTimeout.Milliseconds())
 	}

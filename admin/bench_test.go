@@ -38,19 +38,22 @@ func BenchmarkOperatorListings(b *testing.B) {
 	start := time.Now()
 	effects := testenv.BenchEffects(b, 1_000_000)
 	// Tenant by i % 20, type by i / 20 % 4 (so every tenant has every type), status by a hash of i into 100:
-	// 0 unknown, 1-2 dead, 3-5 failed, 6 pending, the rest delivered. Created one a second back from now, so
-	// --since 1h is the newest 3,600.
+	// 0 unknown, 1-2 dead, 3-5 failed, 6 pending, the rest delivered. Created evenly over the 30 days back from
+	// now, each with an id telling its second (as oncegate_next_effect_id draws it), in daily partitions, as 30
+	// days of retention leave them: --since 1h is the newest 1/720th.
 	// Seeded through a pool of its own: the admin pool's statement timeout is for an operator's query, and a
 	// million rows with their indexes take longer.
 	// In slices of a million rows: one statement of ten million holds its snapshot and its WAL for as long.
 	seed := pgtest.Pool(b, url)
+	pgtest.Repartition(b, url, 24*time.Hour, start.Add(-31*24*time.Hour))
+	spacing := (30 * 24 * time.Hour).Seconds() / float64(effects)
 	for from := 1; from <= effects; from += 1_000_000 {
 		if _, err := seed.Exec(ctx, `
-		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, created_at,
+		INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, status, attempts, created_at,
 			updated_at, finished_at, stable_id, job_id, job_epoch, last_error, tags, search_terms)
-		SELECT 'tenant' || (i % 20), 'order:' || i, (ARRAY['welcome-email', 'order-webhook', 'clicks', 'payments'])[1 + i / 20 % 4],
+		SELECT oncegate_effect_id_at(c) + i % 4194304, 'tenant' || (i % 20), 'order:' || i, (ARRAY['welcome-email', 'order-webhook', 'clicks', 'payments'])[1 + i / 20 % 4],
 			'\x00', '{}'::json, s.status, CASE WHEN s.status IN ('dead', 'failed') THEN 3 ELSE 0 END,
-			now() - make_interval(secs => $1 - i), now() - make_interval(secs => $1 - i),
+			c, c,
 			CASE WHEN s.status <> 'pending' THEN now() END, 'eff_' || i, 'job-' || (i / 2), 1,
 			CASE WHEN s.status IN ('dead', 'failed', 'unknown') THEN 'destination said no' END,
 			CASE WHEN i % 2 = 0 THEN ARRAY['order-' || (i / 4)] END,
@@ -59,10 +62,11 @@ func BenchmarkOperatorListings(b *testing.B) {
 			NULLIF(CASE WHEN i / 20 % 4 = 0 THEN ARRAY['customer' || (i % 50000) || '@example.com', 'customer' || (i % 50000)]
 			     ELSE ARRAY[]::text[] END || CASE WHEN i % 2 = 0 THEN ARRAY['order-' || (i / 4)] ELSE ARRAY[]::text[] END, '{}')
 		FROM generate_series($2::int, $3::int) AS i,
+		LATERAL (SELECT now() - make_interval(secs => ($1 - i) * $4::float8) AS c) t,
 		LATERAL (SELECT abs(hashint8(i::bigint)::bigint) % 100 AS h) x,
 		LATERAL (SELECT CASE WHEN h = 0 THEN 'unknown' WHEN h <= 2 THEN 'dead' WHEN h <= 5 THEN 'failed'
 		                     WHEN h = 6 THEN 'pending' ELSE 'delivered' END AS status) s`, effects, from,
-			min(from+1_000_000-1, effects)); err != nil {
+			min(from+1_000_000-1, effects), spacing); err != nil {
 			b.Fatal(err)
 		}
 	}

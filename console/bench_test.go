@@ -49,6 +49,8 @@ func BenchmarkPages(b *testing.B) {
 	// Seeded through a pool of its own: the admin pool's statement timeout is for an operator's query, and
 	// the rollup of ten million effects' attempts takes longer.
 	seed := pgtest.Pool(b, dbURL)
+	// In daily partitions, as 30 days of retention leave them.
+	pgtest.Repartition(b, dbURL, 24*time.Hour, start.Add(-31*24*time.Hour))
 	if err := consoletest.Effects(ctx, seed, effects, 30*24*time.Hour, "order-"); err != nil {
 		b.Fatal(err)
 	}

@@ -229,3 +229,30 @@ func steps(t *testing.T, file string, want int) []string {
 	}
 	return out
 }
+
+// Migration 00024 turns JIT off for the database's new sessions: a listing over partitioned effects is costed
+// past jit_above_cost and spent seconds compiling itself.
+func TestJITIsOffForTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.EmptyDatabase(t)
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	if _, err := migrations.Up(ctx, db, nil); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	pool.Close()
+	fresh, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	var jit string
+	if err := fresh.QueryRow(ctx, "SHOW jit").Scan(&jit); err != nil || jit != "off" {
+		t.Fatalf("jit in a new session: %q, %v", jit, err)
+	}
+}

@@ -4,10 +4,13 @@
 -- trace id, some replays, and its delivery attempts; an email is searchable by its recipient, as the gateway
 -- records it. Each has its key. $1 count, $2 span in seconds, $3 key prefix, $4 end in seconds
 WITH e AS (
-    INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, attempts, result, last_error,
+    INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, status, attempts, result, last_error,
         created_at, updated_at, delivered_at, finished_at, next_attempt_at, job_id, job_epoch, trace_id, stable_id,
         search_terms)
-    SELECT CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END,
+    -- An id telling its created_at's second, as oncegate_next_effect_id() draws it (migration 00023), so that
+    -- each effect is in the partition of the time it was made.
+    SELECT oncegate_effect_id_at(c) + i % 4194304,
+           CASE WHEN i % 2 = 0 THEN 'acme' ELSE 'globex' END,
            $3 || i,
            (ARRAY['email', 'webhook', 'analytics'])[1 + i % 3],
            sha256(convert_to($3 || i, 'UTF8')),

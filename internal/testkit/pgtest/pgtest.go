@@ -76,6 +76,10 @@ func DatabaseAt(t testing.TB, adminURL string) string {
 		t.Fatalf("create database from %s: %v", tmpl, err)
 	}
 	t.Cleanup(func() { dropDatabase(t, adminURL, name) })
+	// A database's settings are not copied from its template: migration 00024's, as a gateway leaves it.
+	if _, err := admin.Exec(ctx, "ALTER DATABASE "+pgx.Identifier{name}.Sanitize()+" SET jit = off"); err != nil {
+		t.Fatalf("database %s: %v", name, err)
+	}
 	u := WithDatabase(adminURL, name)
 	// The template may have been migrated days ago, and the time-partitioned tables' partitions then end
 	// before today: the copy gets today's and the next days', as a gateway's partition manager makes them.

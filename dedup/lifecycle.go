@@ -510,17 +510,19 @@ const freeKeyBatch = 1000
 // FreePartitionKeys frees the keys that point at the effects of partition, a partition of oncegate_effects
 // about to be retired (package partitions calls it, on its own connection, before the detach): each key still
 // pointing at its effect is deleted and can be claimed again as a new key. held: a key was found whose expiry
-// has not passed (a retention made shorter since it was claimed), and the partition must stay; the keys freed
-// before it stay freed, having expired. Batch by batch, each its own transaction, and after each a pause as
+// has not passed (a retention made shorter since it was claimed), or whose effect is on its way again or
+// finished less than retention ago (an operator retried it since the partition was found past retention),
+// and the partition must stay; the keys freed before it stay freed, having expired with their effects done. Batch by batch, each its own transaction, and after each a pause as
 // long as it took: the work is spread so that Postgres gives accepts at least half its time meanwhile.
-func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string) (freed int64, held bool, err error) {
+func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string, retention time.Duration) (freed int64,
+	held bool, err error) {
 	q := strings.ReplaceAll(freeKeysSQL, "{{partition}}", pgx.Identifier{partition}.Sanitize())
 	var last int64 = math.MinInt64
 	for {
 		var next *int64
 		var n int64
 		began := time.Now()
-		if err := conn.QueryRow(ctx, q, last, freeKeyBatch).Scan(&next, &held, &n); err != nil {
+		if err := conn.QueryRow(ctx, q, last, freeKeyBatch, retention.Milliseconds()).Scan(&next, &held, &n); err != nil {
 			return freed, false, translate("free the keys of "+partition, err)
 		}
 		freed += n

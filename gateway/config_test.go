@@ -162,6 +162,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"limits: { tenant_rate: { requests_per_second: 1e-300 } }", "limits.tenant_rate.requests_per_second: 1e-300: want at least 0.001"},
 		{"limits: { tenant_rate: { bytes_per_second: lots } }", `"lots" is not a positive size like 8MiB or "unlimited"`},
 		{"limits: { max_connections: -5 }", "limits.max_connections must be at least 1"},
+		{"partitions: { interval: 1500ms }", "partitions.interval must be a whole number of seconds, at least 1s, and partitions.ahead not negative (0 is the default, 3)"},
 		{"timeouts: { read: 21s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m1s"},
 		{"timeouts: { database: 10s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m5s"},
 		{"effect_types:\n  w:\n    provider: webhook\n    webhook: { url: 'https://h/x', secrets: [" + testSecret + ", whsec_MDEyMzQ1Njc4OWFiY2RlZg==] }", "effect_types.w: webhook: webhook: secrets[1]: want whsec_"},

@@ -55,8 +55,11 @@ func (c *Config) validate() error {
 	if err := c.Limits.TenantRate.validate("limits.tenant_rate", c.Limits.MaxBody); err != nil {
 		return err
 	}
-	if c.Partitions.Interval != 0 && c.Partitions.Interval < Duration(time.Second) || c.Partitions.Ahead < 0 {
-		return errors.New("partitions.interval must be at least 1s, and partitions.ahead not negative")
+	// Whole seconds: an effect's id counts seconds, and the partitions' bounds are ids.
+	if c.Partitions.Interval != 0 && (c.Partitions.Interval < Duration(time.Second) ||
+		time.Duration(c.Partitions.Interval)%time.Second != 0) || c.Partitions.Ahead < 0 {
+		return errors.New("partitions.interval must be a whole number of seconds, at least 1s, and partitions.ahead " +
+			"not negative (0 is the default, 3)")
 	}
 	for field, d := range map[string]Duration{"retention.keys": c.Retention.Keys,
 		"timeouts.database": c.Timeouts.Database, "timeouts.shutdown": c.Timeouts.Shutdown,

@@ -35,10 +35,40 @@
 -- Step 0: the id's generator.
 -- +goose StatementBegin
 DO $$
+DECLARE
+    acl record;
 BEGIN
     IF to_regclass('oncegate_effect_id_low') IS NULL THEN
         CREATE SEQUENCE oncegate_effect_id_low AS bigint MINVALUE 0 MAXVALUE 4194303 START 0 CYCLE;
+        -- Whoever could draw the old ids can draw the new ones (an application role apart from the owner).
+        FOR acl IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
+                   WHERE c.oid = to_regclass('oncegate_effects_id_seq') AND a.grantee <> c.relowner LOOP
+            EXECUTE format('GRANT %s ON SEQUENCE oncegate_effect_id_low TO %s', acl.privilege_type,
+                CASE WHEN acl.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(acl.grantee)) END);
+        END LOOP;
     END IF;
+END
+$$;
+-- +goose StatementEnd
+
+-- A statement that needs a lock writers would queue behind (ACCESS EXCLUSIVE), tried with a lock_timeout of
+-- 200 ms, again after a pause, for up to 10 minutes: a reader holding the table (a report, pg_dump, a psql
+-- BEGIN left open) then holds writes off for 200 ms at a time, not for as long as it reads. A lock taken
+-- stays held until the calling statement's transaction ends.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION oncegate_patiently(stmt text) RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('lock_timeout', '200ms', true);
+    FOR i IN 1 .. 1200 LOOP
+        BEGIN
+            EXECUTE stmt;
+            RETURN;
+        EXCEPTION WHEN lock_not_available THEN
+            PERFORM pg_sleep(0.3);
+        END;
+    END LOOP;
+    RAISE EXCEPTION 'oncegate: no lock for "%" in 10 minutes: a transaction holds the table; run the migration again', stmt;
 END
 $$;
 -- +goose StatementEnd
@@ -63,14 +93,16 @@ DECLARE
 BEGIN
     -- The foreign key first: dropping it locks both tables, and a replay's upsert holds the replays and then
     -- checks its key against the effects. Taken in this order, neither waits for the other in a circle.
-    IF (SELECT relkind FROM pg_class WHERE oid = 'oncegate_effect_replays'::regclass) = 'r' THEN
-        ALTER TABLE oncegate_effect_replays DROP CONSTRAINT IF EXISTS oncegate_effect_replays_effect_id_fkey;
+    IF (SELECT relkind FROM pg_class WHERE oid = 'oncegate_effect_replays'::regclass) = 'r'
+       AND EXISTS (SELECT FROM pg_constraint WHERE conname = 'oncegate_effect_replays_effect_id_fkey') THEN
+        PERFORM oncegate_patiently('ALTER TABLE oncegate_effect_replays DROP CONSTRAINT IF EXISTS '
+            || 'oncegate_effect_replays_effect_id_fkey');
     END IF;
     IF (SELECT relkind FROM pg_class WHERE oid = 'oncegate_effects'::regclass) = 'r' THEN
         IF NOT EXISTS (SELECT FROM pg_constraint WHERE conname = 'oncegate_effects_legacy_bound'
                        AND conrelid = 'oncegate_effects'::regclass) THEN
-            EXECUTE format('ALTER TABLE oncegate_effects ADD CONSTRAINT oncegate_effects_legacy_bound '
-                || 'CHECK (id < %s) NOT VALID', bound);
+            PERFORM oncegate_patiently(format('ALTER TABLE oncegate_effects ADD CONSTRAINT oncegate_effects_legacy_bound '
+                || 'CHECK (id < %s) NOT VALID', bound));
         END IF;
     END IF;
     IF (SELECT relkind FROM pg_class WHERE oid = 'oncegate_effect_replays'::regclass) = 'r' THEN
@@ -79,8 +111,8 @@ BEGIN
             -- The effects' bound, when a killed upgrade already set it.
             bound := coalesce(substring(pg_get_constraintdef((SELECT oid FROM pg_constraint
                 WHERE conname = 'oncegate_effects_legacy_bound')) FROM '< ''?(\d+)')::bigint, bound);
-            EXECUTE format('ALTER TABLE oncegate_effect_replays ADD CONSTRAINT oncegate_effect_replays_legacy_bound '
-                || 'CHECK (effect_id < %s) NOT VALID', bound);
+            PERFORM oncegate_patiently(format('ALTER TABLE oncegate_effect_replays ADD CONSTRAINT '
+                || 'oncegate_effect_replays_legacy_bound CHECK (effect_id < %s) NOT VALID', bound));
         END IF;
     END IF;
 END
@@ -109,7 +141,7 @@ $$;
 -- +goose StatementEnd
 
 -- Step 3, for each table in a transaction of its own (a statement here is one), so that it holds one table's
--- lock alone and no reader of both waits in a circle with it: the old table is renamed with its indexes, the
+-- lock alone and no reader of both waits in a circle with it, taken patiently: the old table is renamed with its indexes, the
 -- partitioned one created under the old name with the same columns, constraints and indexes, and the old
 -- one attached as its first partition. Writers name the table, so they go on writing, now into the
 -- partitioned one.
@@ -119,14 +151,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     bound text;
     idx record;
+    acl record;
     defs text[];
     first text;
 BEGIN
     IF (SELECT relkind FROM pg_class WHERE oid = t::regclass) <> 'r' THEN
         RETURN;
     END IF;
-    SET LOCAL lock_timeout = '10s';
-    EXECUTE format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', t);
+    PERFORM oncegate_patiently(format('LOCK TABLE %I IN ACCESS EXCLUSIVE MODE', t));
     bound := substring(pg_get_constraintdef((SELECT oid FROM pg_constraint
         WHERE conname = t || '_legacy_bound' AND conrelid = t::regclass)) FROM '< ''?(\d+)');
 
@@ -145,6 +177,14 @@ BEGIN
         || 'INCLUDING COMMENTS) PARTITION BY RANGE (%I)', t, t || '_legacy', key);
     EXECUTE format('ALTER TABLE %I DROP CONSTRAINT %I', t, t || '_legacy_bound');
     EXECUTE format('ALTER TABLE %I ADD CONSTRAINT %I PRIMARY KEY (%I)', t, t || '_pkey', key);
+    -- The old table's grants (a read-only role for the operator's CLI, an application role apart from the
+    -- owner): the partitioned table is what they name now.
+    FOR acl IN SELECT a.grantee, a.privilege_type, a.is_grantable FROM pg_class c, aclexplode(c.relacl) a
+               WHERE c.oid = (t || '_legacy')::regclass AND a.grantee <> c.relowner LOOP
+        EXECUTE format('GRANT %s ON %I TO %s%s', acl.privilege_type, t,
+            CASE WHEN acl.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(acl.grantee)) END,
+            CASE WHEN acl.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
     FOR i IN 1 .. coalesce(array_length(defs, 1), 0) LOOP
         EXECUTE defs[i];
     END LOOP;
@@ -168,3 +208,4 @@ $$;
 SELECT oncegate_partition_by_effect_id('oncegate_effects', 'id');
 SELECT oncegate_partition_by_effect_id('oncegate_effect_replays', 'effect_id');
 DROP FUNCTION oncegate_partition_by_effect_id(text, text);
+DROP FUNCTION oncegate_patiently(text);

@@ -72,6 +72,15 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 		t.Fatal(err)
 	}
 	legacyIndexes := pgtest.Count(t, pool, "SELECT count(*) FROM pg_index WHERE indrelid = 'oncegate_effects'::regclass")
+	// A read-only role, as docs/cli.md has an operator make: it can still read the effects after.
+	role := "ro_" + strings.ReplaceAll(strings.TrimPrefix(pool.Config().ConnConfig.Database, "og_"), "-", "_")
+	if _, err := pool.Exec(ctx, fmt.Sprintf(`DROP ROLE IF EXISTS %[1]s; CREATE ROLE %[1]s;
+		GRANT SELECT ON ALL TABLES IN SCHEMA public TO %[1]s`, role)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_, _ = pool.Exec(context.Background(), fmt.Sprintf("DROP OWNED BY %[1]s; DROP ROLE IF EXISTS %[1]s", role))
+	})
 
 	// The previous version's gateways at work: records, replays (the counter's upsert) and reads by key.
 	var written, failed atomic.Int64
@@ -117,9 +126,31 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 	for written.Load() < 100 {
 		time.Sleep(time.Millisecond)
 	}
+	// A reader holds the effects table (a report, pg_dump, a psql BEGIN left open) while the upgrade starts:
+	// the upgrade waits for it, and writes go on meanwhile rather than queueing behind the upgrade's wait.
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck
+	if _, err := reader.Exec(ctx, "SELECT count(*) FROM oncegate_effects"); err != nil {
+		t.Fatal(err)
+	}
 	began := time.Now()
-	_, upErr := migrations.Up(ctx, db, nil)
+	upDone := make(chan error, 1)
+	go func() { _, err := migrations.Up(ctx, db, nil); upDone <- err }()
+	time.Sleep(time.Second) // the upgrade is waiting for the reader's lock by then; not a timing assertion
+	base := written.Load()
+	time.Sleep(time.Second)
+	duringReader := written.Load() - base
+	if err := reader.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	upErr := <-upDone
 	took := time.Since(began)
+	if duringReader == 0 {
+		t.Fatal("no write went through while the upgrade waited for a reader: writes queued behind it")
+	}
 	at := written.Load()
 	for written.Load() < at+100 && failed.Load() == 0 {
 		time.Sleep(time.Millisecond)
@@ -165,6 +196,13 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 		t.Fatalf("%d effects in the legacy partition, want all %d", got, seeded+during)
 	}
 
+	for _, tbl := range []string{"oncegate_effects", "oncegate_effect_replays"} {
+		var can bool
+		if err := pool.QueryRow(ctx, "SELECT has_table_privilege($1, $2, 'SELECT')", role, tbl).Scan(&can); err != nil || !can {
+			t.Fatalf("the read-only role lost SELECT on %s (%v)", tbl, err)
+		}
+	}
+
 	// This version: an id that tells its time, in the partition of new ids; a replay finds it.
 	s := dedup.NewStore(pool).WithRetention(24 * time.Hour)
 	before := time.Now().Truncate(time.Second)
@@ -198,7 +236,7 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 
 	// Resumable: each step looks at the catalogue before it acts. Goose runs the whole file again after a
 	// kill, which makes the function of step 3 again and calls it.
-	for _, stmt := range steps(t, "00023_effects_partitioned.sql", 4) {
+	for _, stmt := range steps(t, "00023_effects_partitioned.sql", 5) {
 		if _, err := pool.Exec(ctx, stmt); err != nil {
 			t.Fatalf("run again: %v", err)
 		}
@@ -208,7 +246,7 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 			t.Fatalf("run again: %v", err)
 		}
 	}
-	if _, err := pool.Exec(ctx, "DROP FUNCTION oncegate_partition_by_effect_id(text, text)"); err != nil {
+	if _, err := pool.Exec(ctx, "DROP FUNCTION oncegate_partition_by_effect_id(text, text); DROP FUNCTION oncegate_patiently(text)"); err != nil {
 		t.Fatal(err)
 	}
 	if got := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects"); got != seeded+during+2 {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/dedup"
@@ -248,4 +249,110 @@ func detachEffectsProcess() int {
 	_, err = m.Pass(context.Background())
 	fmt.Fprintln(os.Stderr, "pass ended:", err)
 	return 0
+}
+
+// A reader that holds the effects table for longer than a pass makes the pass's detach time out (and a
+// later pass's FINALIZE of it), yet the pass still makes the partitions ahead, of every table: inserts need
+// them, and retiring can wait for the reader.
+func TestAReaderHoldingTheEffectsDoesNotStopPartitionsAhead(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	now := time.Now()
+	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
+	e := &effects{t: t, pool: pool}
+	at := now.Add(-9 * time.Minute)
+	e.add("old", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
+
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck
+	if _, err := reader.Exec(ctx, "SELECT count(*) FROM oncegate_effects"); err != nil {
+		t.Fatal(err)
+	}
+	// Ten minutes on: every table needs new partitions, and old ones are past retention.
+	later := now.Add(10 * time.Minute)
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys), Interval: time.Minute,
+		Retention: 3 * time.Minute, Retries: 1, Now: func() time.Time { return later }})
+	for pass := range 2 { // the second, five minutes on, meets the first's pending detach
+		rep, err := m.Pass(ctx)
+		later = later.Add(5 * time.Minute)
+		if err == nil {
+			t.Fatalf("pass %d: the detach did not wait for the reader", pass)
+		}
+		{
+			for _, tbl := range []partitions.Table{partitions.Effects, partitions.Replays} { // repartitioned by the minute
+				if !slices.ContainsFunc(rep.Created, func(n string) bool { return strings.HasPrefix(n, tbl.Name+"_p") }) {
+					t.Fatalf("pass %d made no partition ahead of %s: created %v (%v)", pass, tbl.Name, rep.Created, err)
+				}
+			}
+		}
+		if len(rep.Short) > 0 {
+			t.Fatalf("pass %d left %v short of partitions", pass, rep.Short)
+		}
+	}
+}
+
+// The keys of a partition being retired stay, and keep the partition, when their effect is in use again: an
+// operator retried it (an outbox row), or it was retried and delivered less than retention ago. A request
+// under such a key must find its effect, not make a new one.
+func TestKeysOfEffectsInUseAgainAreNotFreed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	now := time.Now()
+	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
+	e := &effects{t: t, pool: pool}
+	at := now.Add(-9 * time.Minute)
+	retried := e.add("retried", seeded{at: at, expires: at.Add(time.Minute)}) // an outbox row
+	delivered := e.add("delivered-again", seeded{at: at, finished: &now, expires: at.Add(time.Minute)})
+	part := partitionOf(t, pool, "oncegate_effects", retried)
+	if partitionOf(t, pool, "oncegate_effects", delivered) != part {
+		t.Fatal("the seed is wrong")
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	_, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute)
+	if err != nil || !held {
+		t.Fatalf("freeing the keys: held %v, %v; want held", held, err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_keys WHERE key IN ('retried', 'delivered-again')"); n != 2 {
+		t.Fatalf("%d of the 2 keys in use left", n)
+	}
+}
+
+// A partition of effects detached and not dropped (the manager killed between the two) in which an effect is
+// on its way again is attached back into the gap it left by the next pass, not dropped.
+func TestADetachedPartitionWithAnEffectInUseIsAttachedAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	now := time.Now()
+	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
+	e := &effects{t: t, pool: pool}
+	at := now.Add(-9 * time.Minute)
+	id := e.add("retried", seeded{at: at, expires: at.Add(time.Minute)}) // an outbox row
+	part := partitionOf(t, pool, "oncegate_effects", id)
+	if _, err := pool.Exec(ctx, "ALTER TABLE oncegate_effects DETACH PARTITION "+part); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys),
+		Interval: time.Minute, Retention: 3 * time.Minute}).Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(rep.Dropped, part) || !slices.Contains(rep.Kept, part) {
+		t.Fatalf("dropped %v, kept %v: want %s kept", rep.Dropped, rep.Kept, part)
+	}
+	if pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE id = $1", id) != 1 {
+		t.Fatal("the effect on its way is not readable through its table")
+	}
 }

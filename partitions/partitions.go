@@ -85,7 +85,8 @@ type Table struct {
 }
 
 // FreeKeysFunc frees the keys pointing at a partition's rows, on the manager's connection.
-type FreeKeysFunc func(ctx context.Context, conn *pgx.Conn, partition string) (freed int64, held bool, err error)
+type FreeKeysFunc func(ctx context.Context, conn *pgx.Conn, partition string, retention time.Duration) (freed int64,
+	held bool, err error)
 
 // Effects is oncegate_effects (migration 00023): a partition is kept while an effect in it is not terminal
 // or finished less than retention ago. A manager retiring its partitions must free their keys first: New
@@ -208,8 +209,8 @@ func (c Config) validate() error {
 			return errors.New("partitions: oncegate_effects needs its keys freed (Tables(dedup.FreePartitionKeys))")
 		}
 	}
-	if c.Interval < time.Second {
-		return errors.New("partitions: the interval must be at least a second")
+	if c.Interval < time.Second || c.Interval%time.Second != 0 {
+		return errors.New("partitions: the interval must be a whole number of seconds (effect ids count seconds)")
 	}
 	return nil
 }
@@ -338,12 +339,43 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 		m.conn = conn
 	}
 	rep := Report{Spent: map[string]time.Duration{}}
+	// Partitions ahead first, for every table, whatever happens to retirement after: an insert needs its
+	// partition, while retiring one can wait. A reader holding a table makes a detach (or its FINALIZE) time
+	// out, and a pass that stopped there made no partition ahead: inserts failed once the newest ended.
 	for _, t := range m.cfg.Tables {
-		if err := m.table(ctx, t, &rep); err != nil {
+		if err := m.ahead(ctx, t, &rep); err != nil {
 			return rep, err
 		}
 	}
-	return rep, nil
+	var errs []error
+	for _, t := range m.cfg.Tables {
+		if err := m.table(ctx, t, &rep); err != nil {
+			errs = append(errs, err) // the next table's retirement is its own
+		}
+	}
+	for _, t := range m.cfg.Tables {
+		ps, err := list(ctx, m.conn, t)
+		if err != nil {
+			return rep, err
+		}
+		if len(ps) == 0 || ps[len(ps)-1].upper != nil && ps[len(ps)-1].upper.Before(m.cfg.Now().Add(m.cfg.Interval)) {
+			rep.Short = append(rep.Short, t.Name)
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+// ahead creates t's partitions up to Ahead intervals past now.
+func (m *Manager) ahead(ctx context.Context, t Table, rep *Report) error {
+	ps, err := list(ctx, m.conn, t)
+	if err != nil {
+		return err
+	}
+	began := time.Now()
+	created, err := m.ensure(ctx, t, ps, m.cfg.Now())
+	rep.Spent["create"] += time.Since(began)
+	rep.Created = append(rep.Created, created...)
+	return err
 }
 
 type partition struct {
@@ -399,18 +431,23 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		return fmt.Errorf("partitions: leftovers of %s: %w", t.Name, err)
 	}
 	for _, name := range leftovers {
+		if t.Stray != "" {
+			// Detached, and not dropped: the manager was killed between the two, or the question below failed.
+			// Asked again whether a row in it came into use, over the ids it holds; if so it goes back, into
+			// the gap it left (from the time its name tells to the next partition's lower bound).
+			back, err := m.reattachLeftover(ctx, t, name, ps)
+			if err != nil {
+				return err
+			}
+			if back {
+				rep.Kept = append(rep.Kept, name)
+				continue
+			}
+		}
 		if err := m.ddl(ctx, expand(dropSQL, t.Name, name)); err != nil {
 			return err
 		}
 		rep.Dropped = append(rep.Dropped, name)
-	}
-
-	began := time.Now()
-	created, err := m.ensure(ctx, t, ps, now)
-	rep.Spent["create"] += time.Since(began)
-	rep.Created = append(rep.Created, created...)
-	if err != nil {
-		return err
 	}
 
 	horizon := now.Add(-m.cfg.Retention)
@@ -432,15 +469,27 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		}
 		if t.FreeKeys != nil {
 			began := time.Now()
-			freed, held, err := t.FreeKeys(ctx, m.conn, p.name)
+			freed, held, err := t.FreeKeys(ctx, m.conn, p.name, m.cfg.Retention)
 			rep.Spent["keys"] += time.Since(began)
 			rep.Freed += freed
 			if err != nil {
 				return fmt.Errorf("partitions: %w", err)
 			}
 			if held {
-				m.cfg.Logger.Info("partitions: a key of an effect past retention has not expired; its partition "+
-					"stays", "partition", p.name)
+				m.cfg.Logger.Info("partitions: an effect of a partition past retention is in use again (retried), "+
+					"or its key has not expired; the partition stays", "partition", p.name)
+				rep.Kept = append(rep.Kept, p.name)
+				continue
+			}
+		}
+		// Asked again after the keys: an effect retried and finished while they were being freed (which
+		// takes minutes for a day of them) is kept its retention.
+		if t.Keep != "" && t.FreeKeys != nil {
+			keep, err := m.ask(ctx, t.Keep, t, p)
+			if err != nil {
+				return fmt.Errorf("partitions: whether to keep %s: %w", p.name, err)
+			}
+			if keep {
 				rep.Kept = append(rep.Kept, p.name)
 				continue
 			}
@@ -455,14 +504,46 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 			rep.Kept = append(rep.Kept, p.name)
 		}
 	}
-
-	if ps, err = list(ctx, m.conn, t); err != nil {
-		return err
-	}
-	if len(ps) == 0 || ps[len(ps)-1].upper != nil && ps[len(ps)-1].upper.Before(now.Add(m.cfg.Interval)) {
-		rep.Short = append(rep.Short, t.Name)
-	}
 	return nil
+}
+
+// reattachLeftover asks t's Stray question of a detached partition, over the ids it holds, and attaches it
+// again when a row in it is in use. back: it was attached again.
+func (m *Manager) reattachLeftover(ctx context.Context, t Table, name string, ps []partition) (back bool, err error) {
+	var lower *time.Time // MINVALUE: the legacy partition
+	if name != t.Name+"_legacy" {
+		at, ok := nameTime(t.Name, name)
+		if !ok {
+			return false, nil
+		}
+		lower = &at
+	}
+	var upper *time.Time
+	for _, p := range ps {
+		if p.lower != nil && (lower == nil || p.lower.After(*lower)) && (upper == nil || p.lower.Before(*upper)) {
+			upper = p.lower
+		}
+	}
+	if upper == nil {
+		return false, nil
+	}
+	stray, err := m.ask(ctx, t.Stray, t, partition{name: name, lower: lower, upper: upper})
+	if err != nil || !stray {
+		return false, err
+	}
+	m.cfg.Logger.Warn("partitions: a detached partition holds a row still in use; attached again", "partition", name)
+	q := strings.NewReplacer("{{lower}}", t.bound(lower), "{{upper}}", t.bound(upper)).Replace(attachSQL)
+	return true, m.ddl(ctx, expand(q, t.Name, name))
+}
+
+// nameTime is the lower bound a partition's name tells (partitionName).
+func nameTime(table, name string) (time.Time, bool) {
+	suffix, ok := strings.CutPrefix(name, table+"_p")
+	if !ok {
+		return time.Time{}, false
+	}
+	at, err := time.Parse("20060102t150405", suffix)
+	return at, err == nil
 }
 
 // Ensure creates, without the lock, the partitions of t from its newest one's end (or from the start of the

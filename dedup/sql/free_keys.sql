@@ -1,9 +1,11 @@
 -- Frees the keys that point at effects of a partition of oncegate_effects about to be retired, a batch of the
 -- partition's effects at a time ($1: the last id done, $2: the batch's size): each key still pointing at its
 -- effect is deleted, and can be claimed anew as a new key. A key claimed again since points at its new
--- effect and stays. A key whose expiry has not passed (a retention made shorter since it was claimed) stays,
--- and says so: the partition is kept. NULL is the expiry of keys backfilled by migration 00018: they were
--- held until their effect went, and now it does.
+-- effect and stays. A key stays, and says so (the partition is kept), when its expiry has not passed (a
+-- retention made shorter since it was claimed), or when its effect is on its way again (an outbox row: an
+-- operator retried it) or finished less than $3 ms ago (retried and delivered since the partition was found
+-- past retention): a request under it must still find its effect. NULL is the expiry of keys backfilled by
+-- migration 00018: they were held until their effect went, and now it does.
 --
 -- Each key is found by its primary key, row by row (a lateral subquery with FOR UPDATE is never flattened
 -- into a join that might hash the whole keys table), locked, and deleted by its row's address. A create
@@ -11,9 +13,12 @@
 -- re-claimed first no longer points here and is left alone. Returns the batch's last id (NULL: the partition
 -- is done), whether a key still held was found, and how many keys were freed.
 WITH batch AS (
-    SELECT id, tenant, key FROM {{partition}} WHERE id > $1 ORDER BY id LIMIT $2
+    SELECT id, tenant, key,
+        finished_at >= now() - make_interval(secs => $3::double precision / 1000)
+            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = {{partition}}.id) AS in_use
+    FROM {{partition}} WHERE id > $1 ORDER BY id LIMIT $2
 ), found AS (
-    SELECT k.row, k.expires_at >= now() AS held
+    SELECT k.row, k.expires_at >= now() OR b.in_use AS held
     FROM batch b
     CROSS JOIN LATERAL (
         SELECT ctid AS row, expires_at FROM oncegate_keys

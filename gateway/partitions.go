@@ -2,7 +2,10 @@ package gateway
 
 import (
 	"context"
+	"log/slog"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/partitions"
@@ -21,6 +24,22 @@ func (g *Gateway) managePartitions(ctx context.Context) {
 	url := g.cfg.DDLURL
 	if url == "" {
 		url = g.cfg.ListenURL
+	}
+	if url != "" {
+		// Named for the purpose, and still checked: a session lock and SET through a transaction pooler land
+		// on a pooled server connection, where the lock outlives this gateway and the settings leak into
+		// other clients' transactions.
+		pooled, err := pooledURL(ctx, url, g.log)
+		if err != nil {
+			g.log.Error("partitions: the manager cannot reach ddl_url (or listen_url)", "err", err)
+			return
+		}
+		if pooled {
+			g.log.Error("partitions: ddl_url (or listen_url) goes through a connection pooler; the partition " +
+				"manager needs a direct or session-mode connection and does not run here. Effects cannot be " +
+				"created past the newest partition (docs/storage.md)")
+			return
+		}
 	}
 	if url == "" {
 		for {
@@ -59,4 +78,15 @@ func (c *Config) purgeInterval() time.Duration {
 		return 0
 	}
 	return -1
+}
+
+// pooledURL reports whether url goes through a pooler (poolerProbe, once).
+func pooledURL(ctx context.Context, url string, log *slog.Logger) (bool, error) {
+	pc, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return (&poolerProbe{cfg: pc.ConnConfig, log: log}).Pooled(ctx)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/oncegate/oncegate/migrations"
+	"github.com/oncegate/oncegate/partitions"
 )
 
 //go:embed openapi.yaml
@@ -119,6 +120,15 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 	if err != nil || pending {
 		w.Header().Set("Retry-After", "1")
 		writeProblem(w, probUnavailable, "", "the database schema is not current: run `gateway migrate`")
+		return
+	}
+	// A gateway with no partition for the present cannot create an effect: no partition manager ran ahead
+	// (behind a transaction pooler with neither ddl_url nor listen_url, or partitions.disabled and nothing
+	// else making them).
+	if ok, err := partitions.Covers(ctx, g.pool, partitions.Effects, time.Now()); err != nil || !ok {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, probUnavailable, "", "no partition of oncegate_effects covers the present: effects cannot "+
+			"be created. Is a partition manager running (ddl_url, docs/storage.md)?")
 		return
 	}
 	body := struct {

@@ -384,7 +384,27 @@ type partition struct {
 	lower, upper *time.Time // nil: MINVALUE, MAXVALUE
 }
 
-func list(ctx context.Context, conn *pgx.Conn, t Table) ([]partition, error) {
+// querier is a connection or a pool.
+type querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// Covers reports whether a partition of t (attached, not pending detach) takes rows made at at: whether an
+// effect (or attempt) could be written then. A gateway's /readyz asks it of the present.
+func Covers(ctx context.Context, q querier, t Table, at time.Time) (bool, error) {
+	ps, err := list(ctx, q, t)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range ps {
+		if !p.pending && (p.lower == nil || !p.lower.After(at)) && (p.upper == nil || p.upper.After(at)) {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+func list(ctx context.Context, conn querier, t Table) ([]partition, error) {
 	table := t.Name
 	rows, err := conn.Query(ctx, listSQL, table, t.ByEffectID)
 	if err != nil {

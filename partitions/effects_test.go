@@ -3,7 +3,6 @@ package partitions_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -58,6 +57,17 @@ func (e *effects) add(key string, s seeded) int64 {
 	return id
 }
 
+// minuteEffects is a database of the test's own whose effects and replays are in minute partitions from ten
+// minutes ago, and the moment that was counted from.
+func minuteEffects(t *testing.T) (string, *pgxpool.Pool, *effects, time.Time) {
+	t.Helper()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	now := time.Now()
+	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
+	return url, pool, &effects{t: t, pool: pool}, now
+}
+
 func partitionOf(t *testing.T, pool *pgxpool.Pool, table string, id int64) string {
 	t.Helper()
 	var name string
@@ -82,11 +92,7 @@ func exists(t *testing.T, pool *pgxpool.Pool, table string) bool {
 func TestEffectPartitionsGoWithTheirKeysOnceEveryEffectIsPast(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.Database(t)
-	pool := pgtest.Pool(t, url)
-	now := time.Now()
-	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
-	e := &effects{t: t, pool: pool}
+	url, pool, e, now := minuteEffects(t)
 	ago := func(d time.Duration) *time.Time { at := now.Add(-d); return &at }
 
 	var gone []int64
@@ -182,11 +188,7 @@ func TestEffectPartitionsGoWithTheirKeysOnceEveryEffectIsPast(t *testing.T) {
 func TestAnEffectsDetachKilledMidwayIsFinishedByTheNextPass(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.Database(t)
-	pool := pgtest.Pool(t, url)
-	now := time.Now()
-	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
-	e := &effects{t: t, pool: pool}
+	url, pool, e, now := minuteEffects(t)
 	at := now.Add(-11 * time.Minute) // the oldest partition's: the first the pass retires
 	old := e.add("old", seeded{at: at, finished: &at, expires: at.Add(3 * time.Minute)})
 	live := e.add("live", seeded{at: now, finished: &now, expires: now.Add(3 * time.Minute)})
@@ -201,7 +203,8 @@ func TestAnEffectsDetachKilledMidwayIsFinishedByTheNextPass(t *testing.T) {
 	if err := reader.QueryRow(ctx, "SELECT count(*) FROM oncegate_effects").Scan(&n); err != nil {
 		t.Fatal(err)
 	}
-	child := proctest.ReExec(t, "detach-effects", "DETACH_DB="+url+"&options=-c%20client_connection_check_interval%3D50&application_name=detach")
+	child := proctest.ReExec(t, "detach", "DETACH_TABLES=effects",
+		"DETACH_DB="+url+"&options=-c%20client_connection_check_interval%3D50&application_name=detach")
 	child.WaitLine("ready", 30*time.Second)
 	testenv.Eventually(t, 30*time.Second, "the detach is pending", func() bool {
 		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_inherits WHERE inhrelid = $1::regclass AND inhdetachpending`,
@@ -232,36 +235,13 @@ func TestAnEffectsDetachKilledMidwayIsFinishedByTheNextPass(t *testing.T) {
 	}
 }
 
-// detachEffectsProcess is a manager of the effects in a process of its own, which waits as long as it takes
-// for its locks.
-func detachEffectsProcess() int {
-	url := os.Getenv("DETACH_DB")
-	if !strings.Contains(url, "?") {
-		url = strings.Replace(url, "&", "?", 1)
-	}
-	m, err := partitions.New(partitions.Config{ConnString: url, Tables: partitions.Tables(dedup.FreePartitionKeys),
-		Interval: time.Minute, Retention: 3 * time.Minute, LockTimeout: 10 * time.Minute})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	fmt.Println("ready")
-	_, err = m.Pass(context.Background())
-	fmt.Fprintln(os.Stderr, "pass ended:", err)
-	return 0
-}
-
 // A reader that holds the effects table for longer than a pass makes the pass's detach time out (and a
 // later pass's FINALIZE of it), yet the pass still makes the partitions ahead, of every table: inserts need
 // them, and retiring can wait for the reader.
 func TestAReaderHoldingTheEffectsDoesNotStopPartitionsAhead(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.Database(t)
-	pool := pgtest.Pool(t, url)
-	now := time.Now()
-	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
-	e := &effects{t: t, pool: pool}
+	url, pool, e, now := minuteEffects(t)
 	at := now.Add(-9 * time.Minute)
 	e.add("old", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
 
@@ -302,11 +282,7 @@ func TestAReaderHoldingTheEffectsDoesNotStopPartitionsAhead(t *testing.T) {
 func TestKeysOfEffectsInUseAgainAreNotFreed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.Database(t)
-	pool := pgtest.Pool(t, url)
-	now := time.Now()
-	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
-	e := &effects{t: t, pool: pool}
+	url, pool, e, now := minuteEffects(t)
 	at := now.Add(-9 * time.Minute)
 	retried := e.add("retried", seeded{at: at, expires: at.Add(time.Minute)}) // an outbox row
 	delivered := e.add("delivered-again", seeded{at: at, finished: &now, expires: at.Add(time.Minute)})
@@ -333,11 +309,7 @@ func TestKeysOfEffectsInUseAgainAreNotFreed(t *testing.T) {
 func TestADetachedPartitionWithAnEffectInUseIsAttachedAgain(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := pgtest.Database(t)
-	pool := pgtest.Pool(t, url)
-	now := time.Now()
-	pgtest.Repartition(t, url, time.Minute, now.Add(-10*time.Minute))
-	e := &effects{t: t, pool: pool}
+	url, pool, e, now := minuteEffects(t)
 	at := now.Add(-9 * time.Minute)
 	id := e.add("retried", seeded{at: at, expires: at.Add(time.Minute)}) // an outbox row
 	part := partitionOf(t, pool, "oncegate_effects", id)

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/testkit/leaktest"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/internal/testkit/proctest"
@@ -23,11 +24,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	switch proctest.Role() {
-	case "detach":
+	if proctest.Role() == "detach" {
 		os.Exit(detachProcess())
-	case "detach-effects":
-		os.Exit(detachEffectsProcess())
 	}
 	leaktest.Main(m)
 }
@@ -300,13 +298,18 @@ func TestADetachKilledMidwayIsFinishedByTheNextPass(t *testing.T) {
 	}
 }
 
-// detachProcess is a manager in a process of its own, which waits as long as it takes for its locks.
+// detachProcess is a manager in a process of its own, which waits as long as it takes for its locks: of the
+// events table, or of the gateway's tables when DETACH_TABLES is "effects".
 func detachProcess() int {
 	url := os.Getenv("DETACH_DB")
 	if !strings.Contains(url, "?") {
 		url = strings.Replace(url, "&", "?", 1)
 	}
-	m, err := partitions.New(partitions.Config{ConnString: url, Tables: []partitions.Table{events},
+	tables := []partitions.Table{events}
+	if os.Getenv("DETACH_TABLES") == "effects" {
+		tables = partitions.Tables(dedup.FreePartitionKeys)
+	}
+	m, err := partitions.New(partitions.Config{ConnString: url, Tables: tables,
 		Interval: time.Minute, Retention: 3 * time.Minute, LockTimeout: 10 * time.Minute})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

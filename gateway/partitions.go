@@ -2,9 +2,9 @@ package gateway
 
 import (
 	"context"
-	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/dedup"
@@ -25,19 +25,23 @@ func (g *Gateway) managePartitions(ctx context.Context) {
 	if url == "" {
 		url = g.cfg.ListenURL
 	}
-	if url != "" {
+	for url != "" {
 		// Named for the purpose, and still checked: a session lock and SET through a transaction pooler land
 		// on a pooled server connection, where the lock outlives this gateway and the settings leak into
-		// other clients' transactions.
-		pooled, err := pooledURL(ctx, url, g.log)
-		if err != nil {
-			g.log.Error("partitions: the manager cannot reach ddl_url (or listen_url)", "err", err)
+		// other clients' transactions. Asked again every second until it answers: a database unreachable
+		// while this gateway starts (a failover, a rolling deploy) must not leave it without a manager.
+		shared, err := sharesServerConnections(ctx, url)
+		if err == nil && shared {
+			g.log.Error("partitions: ddl_url (or listen_url) goes through a transaction-pooling connection pooler; " +
+				"the partition manager needs a direct or session-mode connection and does not run here. Effects " +
+				"cannot be created past the newest partition (docs/storage.md)")
 			return
 		}
-		if pooled {
-			g.log.Error("partitions: ddl_url (or listen_url) goes through a connection pooler; the partition " +
-				"manager needs a direct or session-mode connection and does not run here. Effects cannot be " +
-				"created past the newest partition (docs/storage.md)")
+		if err == nil {
+			break
+		}
+		g.log.Warn("partitions: the manager cannot reach ddl_url (or listen_url); trying again", "err", err)
+		if sleep(ctx, time.Second); ctx.Err() != nil {
 			return
 		}
 	}
@@ -80,13 +84,46 @@ func (c *Config) purgeInterval() time.Duration {
 	return -1
 }
 
-// pooledURL reports whether url goes through a pooler (poolerProbe, once).
-func pooledURL(ctx context.Context, url string, log *slog.Logger) (bool, error) {
+// sharesServerConnections reports whether url goes through a pooler that hands one server connection to
+// several clients in turn (transaction or statement pooling), where a session's lock and settings are not its
+// own. A session-mode pooler keeps a server connection for each client while it is connected, so a second
+// client never gets the first one's while the first stays connected: the second is asked a few times, and a
+// transaction pooler, which hands out the connection just released, gives it the first's. A direct connection
+// or a session-mode pooler answers false.
+func sharesServerConnections(ctx context.Context, url string) (bool, error) {
 	pc, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return false, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	return (&poolerProbe{cfg: pc.ConnConfig, log: log}).Pooled(ctx)
+	pid := func(c *pgx.Conn) (int64, error) {
+		var p int64
+		err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&p)
+		return p, err
+	}
+	first, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = first.Close(context.WithoutCancel(ctx)) }()
+	held, err := pid(first)
+	if err != nil {
+		return false, err
+	}
+	for range 3 {
+		second, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+		if err != nil {
+			return false, err
+		}
+		p, err := pid(second)
+		_ = second.Close(context.WithoutCancel(ctx))
+		if err != nil {
+			return false, err
+		}
+		if p == held {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -47,17 +46,17 @@ func TestNotReadyWithoutAPartitionOfEffectsForThePresent(t *testing.T) {
 	}
 }
 
-// ddl_url (or listen_url) is checked for a pooler as database_url is: the partition manager's session lock
-// and settings through a transaction pooler would land on a pooled server connection, outliving the gateway
-// and leaking into other clients' transactions, so the manager does not run there.
-func TestTheManagersURLIsCheckedForAPooler(t *testing.T) {
+// ddl_url (or listen_url) is checked for a transaction pooler: the partition manager's session lock and
+// settings through one would land on a pooled server connection, outliving the gateway and leaking into other
+// clients' transactions, so the manager does not run there. A direct connection passes.
+func TestTheManagersURLIsCheckedForATransactionPooler(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := pgtest.Database(t)
 	for url, want := range map[string]bool{db: false, pgtest.ThroughPgBouncer(t, db): true} {
-		pooled, err := pooledURL(ctx, url, slog.New(slog.DiscardHandler))
-		if err != nil || pooled != want {
-			t.Fatalf("%s: pooled %v, %v; want %v", url, pooled, err, want)
+		shared, err := sharesServerConnections(ctx, url)
+		if err != nil || shared != want {
+			t.Fatalf("%s: shares server connections %v, %v; want %v", url, shared, err, want)
 		}
 	}
 }

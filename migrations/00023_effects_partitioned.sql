@@ -185,6 +185,13 @@ BEGIN
             CASE WHEN acl.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(acl.grantee)) END,
             CASE WHEN acl.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
+    FOR acl IN SELECT a.attname, x.grantee, x.privilege_type, x.is_grantable
+               FROM pg_attribute a, aclexplode(a.attacl) x
+               WHERE a.attrelid = (t || '_legacy')::regclass AND a.attacl IS NOT NULL AND NOT a.attisdropped LOOP
+        EXECUTE format('GRANT %s (%I) ON %I TO %s%s', acl.privilege_type, acl.attname, t,
+            CASE WHEN acl.grantee = 0 THEN 'PUBLIC' ELSE quote_ident(pg_get_userbyid(acl.grantee)) END,
+            CASE WHEN acl.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
     FOR i IN 1 .. coalesce(array_length(defs, 1), 0) LOOP
         EXECUTE defs[i];
     END LOOP;

@@ -75,7 +75,7 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 	// A read-only role, as docs/cli.md has an operator make: it can still read the effects after.
 	role := "ro_" + strings.ReplaceAll(strings.TrimPrefix(pool.Config().ConnConfig.Database, "og_"), "-", "_")
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`DROP ROLE IF EXISTS %[1]s; CREATE ROLE %[1]s;
-		GRANT SELECT ON ALL TABLES IN SCHEMA public TO %[1]s`, role)); err != nil {
+		GRANT SELECT ON ALL TABLES IN SCHEMA public TO %[1]s; GRANT UPDATE (status) ON oncegate_effects TO %[1]s`, role)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -201,6 +201,10 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 		if err := pool.QueryRow(ctx, "SELECT has_table_privilege($1, $2, 'SELECT')", role, tbl).Scan(&can); err != nil || !can {
 			t.Fatalf("the read-only role lost SELECT on %s (%v)", tbl, err)
 		}
+	}
+	var col bool
+	if err := pool.QueryRow(ctx, "SELECT has_column_privilege($1, 'oncegate_effects', 'status', 'UPDATE')", role).Scan(&col); err != nil || !col {
+		t.Fatalf("the role lost its grant on a column (%v)", err)
 	}
 
 	// This version: an id that tells its time, in the partition of new ids; a replay finds it.

@@ -419,11 +419,19 @@ func TestWorkerWaitsForReplicas(t *testing.T) {
 	r := redistest.StartReplica(t, p.Addr())
 	rdb := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1})
 	defer rdb.Close()
-	q, err := New(rdb, testenv.Name(t, "q"), &Options{ReplicaTimeout: 300 * time.Millisecond, Logger: quietLogger()})
+	name := testenv.Name(t, "q")
+	q, err := New(rdb, name, &Options{ReplicaTimeout: 300 * time.Millisecond, Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	mustEnqueue(t, q, NewJob{ID: "leased-while-frozen"})
+	// Enqueued before the freeze through a handle that waits longer for the replica: on a loaded machine a
+	// replica just synced can take more than 300 ms to acknowledge its first write (a CI run saw 0 of 1), and
+	// this job's point is what happens to it once the replica is frozen.
+	seed, err := New(rdb, name, &Options{ReplicaTimeout: 3 * time.Second, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, seed, NewJob{ID: "leased-while-frozen"})
 	r.Freeze()
 	frozen := true
 	defer func() {

@@ -470,7 +470,6 @@ partitions: %s
 	}
 	warm := *retention + 2**interval
 	r.growth = growth(r.sizes, warm)
-	_, _ = admin.Exec(ctx, "SELECT 1")
 	return r, nil
 }
 

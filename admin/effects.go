@@ -253,6 +253,9 @@ type EffectDetail struct {
 	TraceURL string `json:"trace_url,omitempty"`
 	// Revealed: Payload and Result are as stored (RevealEffect), not redacted to their shape (Effect).
 	Revealed bool `json:"revealed"`
+	// BodyExpired: the payload and the result were kept apart (retention.payloads) and are gone; the effect
+	// still says what happened, with whom and when.
+	BodyExpired bool `json:"body_expired"`
 	// LeaseOwner and LeaseExpiresAt are the lease of the effect's outbox row, while a gateway holds one:
 	// the gateway delivering it (as gateway ls names it) and when another may rescue it. Null otherwise.
 	LeaseOwner     *string    `json:"lease_owner"`
@@ -330,7 +333,7 @@ func (s *Service) effect(ctx context.Context, tenant, key string) (*EffectDetail
 	var d EffectDetail
 	var stable, payload, result *string
 	e, err := scanEffect(s.db.QueryRow(ctx, effectGetSQL, tenant, key), &stable, &payload, &result,
-		&d.LeaseOwner, &d.LeaseExpiresAt)
+		&d.LeaseOwner, &d.LeaseExpiresAt, &d.BodyExpired)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
 	}
@@ -480,6 +483,9 @@ func changeError(verb, key, tenant string, err error) error {
 	switch {
 	case errors.Is(err, dedup.ErrNotFound):
 		return &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
+	case errors.Is(err, dedup.ErrBodyExpired):
+		return &StateError{Msg: fmt.Sprintf("cannot %s effect %q: its payload expired (retention.payloads), so "+
+			"there is nothing to send again", verb, key)}
 	case errors.As(err, &wrong):
 		return &StateError{Msg: fmt.Sprintf("cannot %s effect %q: it is %s, and only %s can be", verb, key,
 			wrong.Status, joinStatuses(wrong.Allowed))}

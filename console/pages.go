@@ -354,7 +354,7 @@ func (s *Server) effectDetail(r *http.Request, a admin.Actor, tenant, key string
 	if err != nil {
 		return effectData{}, err
 	}
-	return effectData{EffectDetail: det, Payload: prettyJSON(det.Payload), CanRetry: det.Status.Retryable(),
+	return effectData{EffectDetail: det, Payload: prettyJSON(det.Payload), CanRetry: det.Status.Retryable() && !det.BodyExpired,
 		IsUnknown: det.Status == effect.StatusUnknown}, nil
 }
 

@@ -65,13 +65,13 @@ var DefaultGroupCommit = GroupCommit{MaxBatch: DefaultMaxBatch, Parallel: Defaul
 // batch: each batch runs in a transaction of its own.
 func (s *Store) WithGroupCommit(gc GroupCommit) *Store {
 	if gc.MaxBatch <= 1 {
-		return &Store{db: s.db, retention: s.retention}
+		return &Store{db: s.db, retention: s.retention, apart: s.apart}
 	}
 	gc.Parallel = max(gc.Parallel, 1)
 	if gc.Timeout <= 0 {
 		gc.Timeout = DefaultBatchTimeout
 	}
-	return &Store{db: s.db, retention: s.retention, batcher: newBatcher(s.db, gc)}
+	return &Store{db: s.db, retention: s.retention, apart: s.apart, batcher: newBatcher(s.db, gc)}
 }
 
 // finishDB is where Finishes are recorded: the Outcomes connections for a batch that holds an External
@@ -493,6 +493,7 @@ type insertion struct {
 	// retention is the key's, in milliseconds (Store.keyRetention): each request's own, as a batch may hold
 	// the requests of stores that share a batcher (WithRetention).
 	retention int64
+	apart     bool // its body goes to oncegate_effect_bodies (Store.WithBodiesApart)
 	span      trace.SpanContext
 	done      chan insertResult // buffered: the batch never waits for a request that gave up
 }
@@ -598,9 +599,9 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 	tenants, keys, types := make([]string, n), make([]string, n), make([]string, n)
 	fps, payloads, traces, ids := make([][]byte, n), make([]string, n), make([]*string, n), make([]string, n)
 	tags, terms, dests := make([]*string, n), make([]*string, n), make([]*string, n)
-	retentions := make([]int64, n)
+	retentions, apart := make([]int64, n), make([]bool, n)
 	for i, in := range batch {
-		retentions[i] = in.retention
+		retentions[i], apart[i] = in.retention, in.apart
 		dests[i] = orNil(in.ne.Destination)
 		tenants[i], keys[i], types[i], fps[i], payloads[i], ids[i] = in.ne.Tenant, in.ne.Key, in.ne.Type, in.fp,
 			string(in.ne.Payload), in.stableID
@@ -611,7 +612,7 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 		tags[i], terms[i] = jsonList(in.ne.Tags), jsonList(in.ne.Terms)
 	}
 	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids, tags, terms, dests,
-		retentions)
+		retentions, apart)
 	if err != nil {
 		return nil, nil, err
 	}

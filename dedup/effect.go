@@ -51,4 +51,7 @@ type Effect struct {
 	NextAttemptAt *time.Time      `json:"next_attempt_at"`
 	LastError     *string         `json:"last_error"`
 	Result        json.RawMessage `json:"result"`
+	// BodyExpired: the effect's payload and stored answer were kept apart (retention.payloads) and are gone;
+	// Result is then nil whatever the effect's status.
+	BodyExpired bool `json:"body_expired,omitempty"`
 }

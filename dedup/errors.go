@@ -17,6 +17,9 @@ var (
 	ErrNotFound = errors.New("dedup: no effect under that key")
 	// ErrNotRetryable: only effects in one of effect.RetryableStatuses can be sent back to pending.
 	ErrNotRetryable = errors.New("dedup: effect is not dead, failed or unknown")
+	// ErrBodyExpired: the effect's payload was kept apart (retention.payloads) and is gone, so it cannot be
+	// sent again. The effect itself is still there to read.
+	ErrBodyExpired = errors.New("dedup: the effect's payload expired (retention.payloads): it cannot be sent again")
 	// ErrBadCursor is returned for a cursor that no page handed out.
 	ErrBadCursor = errors.New("dedup: invalid cursor")
 	// ErrLeaseLost: the lease named in a write is no longer the row's (it expired and another dispatcher

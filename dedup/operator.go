@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -108,6 +109,9 @@ func (s *Store) whyNot(ctx context.Context, tenant, key string, allowed []effect
 	cur, err := s.Get(ctx, tenant, key)
 	if err != nil {
 		return err
+	}
+	if cur.BodyExpired && slices.Contains(allowed, cur.Status) {
+		return ErrBodyExpired
 	}
 	return &WrongStatusError{Status: cur.Status, Allowed: allowed}
 }

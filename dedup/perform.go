@@ -60,9 +60,9 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 		var created bool
 		var token pgtype.UUID
 		err := s.db.QueryRow(ctx, insertLeasedSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering, orNull(ne.Tags), orNull(ne.Terms), s.keyRetention()).Scan(&created, &e.ID, &e.Tenant, &e.Key, &e.Type,
+			h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering, orNull(ne.Tags), orNull(ne.Terms), s.keyRetention(), s.apart).Scan(&created, &e.ID, &e.Tenant, &e.Key, &e.Type,
 			&e.Fingerprint, &e.Status, &e.Attempts, &e.Result, &e.LastError, &e.CreatedAt, &e.UpdatedAt,
-			&e.DeliveredAt, &e.NextAttemptAt, &stored, &token)
+			&e.DeliveredAt, &e.NextAttemptAt, &stored, &e.BodyExpired, &token)
 		existing := &e
 		switch {
 		case err == nil && created:

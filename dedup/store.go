@@ -30,12 +30,29 @@ var sqlFiles embed.FS
 
 // query returns sql/name.sql with its placeholders filled in: {{columns}}, an effect's columns as they are
 // reported (columns.sql, its status by ExpandStatus); {{written}}, the same with the status as stored, for the
-// RETURNING of a statement that has just written it; {{status_is $N}} (ExpandStatus); {{payload}}
-// (payload.sql: how a stored payload is read).
+// RETURNING of a statement that has just written it (its result as stored in its row, its body not
+// expired); {{status_is $N}} (ExpandStatus); {{payload}} (payload.sql: how a stored payload is read).
 func query(name string) string {
-	cols := sqlFile("columns")
-	return ExpandStatus(strings.NewReplacer("{{columns}}", cols, "{{written}}", strings.Replace(cols, "{{status}}",
-		"status", 1), "{{payload}}", sqlFile("payload")).Replace(sqlFile(name)))
+	result, expired, _ := strings.Cut(withoutComments(sqlFile("result")), "--")
+	cols := strings.NewReplacer("{{result}}", strings.TrimSpace(result), "{{body_expired}}",
+		strings.TrimSpace(expired)).Replace(sqlFile("columns"))
+	written := strings.NewReplacer("{{status}}", "status", "{{result}}", "result", "{{body_expired}}",
+		"false AS body_expired").Replace(sqlFile("columns"))
+	return ExpandStatus(strings.NewReplacer("{{columns}}", cols, "{{written}}", written,
+		"{{payload}}", sqlFile("payload")).Replace(sqlFile(name)))
+}
+
+// withoutComments drops the lines of a SQL fragment that are whole comments but for a bare "--", which
+// result.sql uses to separate its two expressions.
+func withoutComments(sql string) string {
+	var b strings.Builder
+	for line := range strings.Lines(sql) {
+		if t := strings.TrimSpace(line); strings.HasPrefix(t, "--") && t != "--" {
+			continue
+		}
+		b.WriteString(line)
+	}
+	return b.String()
 }
 
 var statusIsPlaceholder = regexp.MustCompile(`\{\{status_is (\$[0-9]+)\}\}`)
@@ -200,6 +217,7 @@ const DefaultRetention = 24 * time.Hour
 type Store struct {
 	db        DBTX
 	retention time.Duration // of the keys it claims; 0 is DefaultRetention
+	apart     bool          // bodies are written to oncegate_effect_bodies (WithBodiesApart)
 	batcher   *batcher      // nil: every Create is a statement of its own
 }
 
@@ -207,7 +225,18 @@ type Store struct {
 func NewStore(db DBTX) *Store { return &Store{db: db} }
 
 // WithTx returns the store's operations inside tx: they commit or roll back with it.
-func (s *Store) WithTx(tx pgx.Tx) *Store { return &Store{db: tx, retention: s.retention} }
+func (s *Store) WithTx(tx pgx.Tx) *Store {
+	return &Store{db: tx, retention: s.retention, apart: s.apart}
+}
+
+// WithBodiesApart returns the store writing the payloads (and later the stored answers) of the effects it
+// creates to oncegate_effect_bodies instead of their rows (retention.payloads, migration 00025): their
+// partitions can then be dropped before the effects'. Readers find a body either way.
+func (s *Store) WithBodiesApart() *Store {
+	c := *s
+	c.apart = true
+	return &c
+}
 
 // WithRetention returns the store with keys kept for d, counted from the creation of their effects: a key
 // Create claims expires then, and the next Create under it after that, its effect terminal, makes a new
@@ -307,10 +336,10 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 			defer s.batcher.creates.releaseInline(false)
 		}
 		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination), s.keyRetention())))
+			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination), s.keyRetention(), s.apart)))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID,
-		retention: s.keyRetention()})
+		retention: s.keyRetention(), apart: s.apart})
 	switch {
 	case err != nil:
 		return nil, err
@@ -433,7 +462,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 		}
 		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
 			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms), orNil(ne.JobQueue), orNil(ne.Destination),
-			s.keyRetention())))
+			s.keyRetention(), s.apart)))
 		var taken *takenError
 		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
 			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)
@@ -452,7 +481,7 @@ func scanCreated(row pgx.Row) (*Effect, bool, error) {
 	var stableID *string
 	var created bool
 	err := row.Scan(&created, &e.ID, &e.Tenant, &e.Key, &e.Type, &e.Fingerprint, &e.Status, &e.Attempts, &e.Result,
-		&e.LastError, &e.CreatedAt, &e.UpdatedAt, &e.DeliveredAt, &e.NextAttemptAt, &stableID)
+		&e.LastError, &e.CreatedAt, &e.UpdatedAt, &e.DeliveredAt, &e.NextAttemptAt, &stableID, &e.BodyExpired)
 	if err != nil {
 		return nil, false, err
 	}
@@ -477,7 +506,7 @@ func scan(row pgx.Row) (*Effect, error) {
 	var e Effect
 	var stableID *string
 	err := row.Scan(&e.ID, &e.Tenant, &e.Key, &e.Type, &e.Fingerprint, &e.Status, &e.Attempts, &e.Result,
-		&e.LastError, &e.CreatedAt, &e.UpdatedAt, &e.DeliveredAt, &e.NextAttemptAt, &stableID)
+		&e.LastError, &e.CreatedAt, &e.UpdatedAt, &e.DeliveredAt, &e.NextAttemptAt, &stableID, &e.BodyExpired)
 	if err != nil {
 		return nil, err
 	}

@@ -190,6 +190,12 @@ type Breaker struct {
 type Retention struct {
 	// Keys defaults to DefaultRetention.
 	Keys Duration `yaml:"keys"`
+	// Payloads, when set (at most Keys), keeps payloads and stored answers apart from their effects, in
+	// oncegate_effect_bodies, whose partitions go this long after their effects finished: the effect stays
+	// (who, what, when, its status and attempts) until Keys, its body does not. A replay after it answers
+	// with the effect's status and no stored answer (docs/storage.md). Needs the partition manager (not
+	// partitions.disabled), and every gateway of the fleet at a version that reads bodies. Off by default.
+	Payloads Duration `yaml:"payloads"`
 }
 
 // Partitions tunes the partition manager (package partitions): one gateway at a time creates the attempt

@@ -142,15 +142,20 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		groupCommit.Outcomes = outcomes
 	}
 	types := cfg.outboxTypes(reg)
-	store := dedup.NewStore(pool).WithRetention(time.Duration(cfg.Retention.Keys)).WithGroupCommit(groupCommit)
+	store := dedup.NewStore(pool).WithRetention(time.Duration(cfg.Retention.Keys))
+	if cfg.Retention.Payloads > 0 {
+		store = store.WithBodiesApart()
+	}
+	store = store.WithGroupCommit(groupCommit)
 	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
 	w := newWaiters()
 	attempts := dedup.NewAttemptLog(pool, 0, log)
 	d, err := outbox.New(pool, outbox.Config{
-		Attempts:  attempts,
-		Types:     types,
-		Owner:     opts.DispatcherOwner,
-		Retention: time.Duration(cfg.Retention.Keys),
+		Attempts:    attempts,
+		Types:       types,
+		Owner:       opts.DispatcherOwner,
+		Retention:   time.Duration(cfg.Retention.Keys),
+		BodiesApart: cfg.Retention.Payloads > 0,
 		// The partition manager retires effects by dropping their partitions; the row-by-row purge is for a
 		// gateway whose partitions something else keeps (partitions.disabled).
 		PurgeInterval: cfg.purgeInterval(),

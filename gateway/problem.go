@@ -131,6 +131,11 @@ var (
 			"effect type's on_crash is at_most_once: the request may or may not have reached the upstream, and " +
 			"was not resent. The effect is unknown until an operator resolves it.",
 		Do: "Check the upstream; an operator retries the effect (POST /v1/effects/{key}/retry) or leaves it."}
+	probAnswerExpired = &ProblemKind{Slug: "answer-expired", Status: 410, Title: "Stored answer expired",
+		Means: "The upstream performed this request, but longer ago than the gateway keeps answers " +
+			"(retention.payloads): its stored answer is gone, while the key still holds the request as done " +
+			"(until retention.keys), so it is not performed again. The detail says what became of it.",
+		Do: "Do not retry under a new key: the upstream acted. Read the resource from the upstream."}
 	probGaveUp = &ProblemKind{Slug: "upstream-gave-up", Status: 502, Title: "Upstream failed; retries used up",
 		Means: "The proxied request failed transiently on every attempt up to the effect type's max_attempts, " +
 			"and the effect is dead. The detail has the last error.",
@@ -141,7 +146,7 @@ var (
 var problemKinds = []*ProblemKind{probInvalid, probUnauthorized, probTypeNotAllowed, probNotFound,
 	probMethodNotAllowed, probFenced, probNotRetryable, probBodyTooLarge, probUnsupportedMedia, probKeyReused,
 	probRateLimited, probInternal, probUnavailable, probInFlight, probUpstreamUnreachable, probUpstreamTimeout,
-	probBreakerOpen, probTypePaused, probAnswerTooLarge, probOutcomeUnknown, probGaveUp}
+	probBreakerOpen, probTypePaused, probAnswerTooLarge, probOutcomeUnknown, probGaveUp, probAnswerExpired}
 
 // ProblemKinds returns every problem type the gateway can answer with.
 func ProblemKinds() []ProblemKind {

@@ -83,6 +83,9 @@ func problemFor(err error) *problemError {
 			unstorable.Reason}
 	case errors.Is(err, dedup.ErrNotFound):
 		return &problemError{kind: probNotFound, detail: fmt.Sprintf("no effect under the key %q", subject.key)}
+	case errors.Is(err, dedup.ErrBodyExpired):
+		return &problemError{kind: probNotRetryable, detail: "the effect's payload expired (retention.payloads): " +
+			"it cannot be sent again; send it as a new request under a new Idempotency-Key"}
 	case errors.Is(err, dedup.ErrNotRetryable):
 		return &problemError{kind: probNotRetryable, detail: "only dead, failed and unknown effects can be retried"}
 	case errors.Is(err, dedup.ErrTypePaused):

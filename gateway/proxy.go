@@ -192,7 +192,7 @@ func (g *Gateway) answerProxied(w http.ResponseWriter, r *http.Request, m *prome
 		e := out.Effect
 		m.WithLabelValues("replayed").Inc()
 		g.metrics.replays.WithLabelValues(e.Type).Inc()
-		g.render(w, e.Status, e.Result, deref(e.LastError), true)
+		g.renderStored(w, e)
 	case sharedTransient:
 		m.WithLabelValues("replayed").Inc()
 		p := out.Performed
@@ -238,7 +238,7 @@ func (g *Gateway) unrecorded(w http.ResponseWriter, r *http.Request, m *promethe
 	switch {
 	case err == nil && e.Status.Terminal():
 		m.WithLabelValues("replayed").Inc()
-		g.render(w, e.Status, e.Result, deref(e.LastError), true)
+		g.renderStored(w, e)
 		return nil
 	case err != nil && !errors.Is(err, dedup.ErrNotFound):
 		return about(err, key, typ)
@@ -365,6 +365,19 @@ func (g *Gateway) inFlight(w http.ResponseWriter, m *prometheus.CounterVec, key 
 // status names. replayed adds Idempotent-Replayed. A dead effect is the gateway's answer, not the upstream's:
 // its result holds the last transient answer (a 5xx, a 429) for GET /v1/effects, but that answer said "try
 // again", and no request under the key will.
+// renderStored answers a replay with the stored effect: as render does, or, when its answer expired
+// (retention.payloads), with a problem saying so and what became of the request.
+func (g *Gateway) renderStored(w http.ResponseWriter, e *dedup.Effect) {
+	if e.BodyExpired {
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeProblem(w, probAnswerExpired, "", fmt.Sprintf("the request was performed (its effect is %s, "+
+			"created %s); its stored answer expired under retention.payloads", e.Status,
+			e.CreatedAt.UTC().Format(time.RFC3339)))
+		return
+	}
+	g.render(w, e.Status, e.Result, deref(e.LastError), true)
+}
+
 func (g *Gateway) render(w http.ResponseWriter, status effect.Status, result json.RawMessage, lastErr string, replayed bool) {
 	if replayed {
 		w.Header().Set("Idempotent-Replayed", "true")

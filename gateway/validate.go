@@ -61,6 +61,14 @@ func (c *Config) validate() error {
 		return errors.New("partitions.interval must be a whole number of seconds, at least 1s, and partitions.ahead " +
 			"not negative (0 is the default, 3)")
 	}
+	if c.Retention.Payloads < 0 || c.Retention.Payloads > c.Retention.Keys {
+		return fmt.Errorf("retention.payloads (%v) must be at most retention.keys (%v): a body goes before its "+
+			"effect, not after", time.Duration(c.Retention.Payloads), time.Duration(c.Retention.Keys))
+	}
+	if c.Retention.Payloads > 0 && c.Partitions.Disabled {
+		return errors.New("retention.payloads needs the partition manager: bodies are retired by dropping their " +
+			"partitions, which partitions.disabled leaves to something else")
+	}
 	for field, d := range map[string]Duration{"retention.keys": c.Retention.Keys,
 		"timeouts.database": c.Timeouts.Database, "timeouts.shutdown": c.Timeouts.Shutdown,
 		"timeouts.read_header": c.Timeouts.ReadHeader, "timeouts.read": c.Timeouts.Read,

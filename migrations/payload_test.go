@@ -55,8 +55,10 @@ func TestPayloadMigrationKeepsPendingRowsReadable(t *testing.T) {
 	if got["old"] != `{"a": 100, "b": 1}` || got["new"] != sent {
 		t.Fatalf("payloads read back: %v", got)
 	}
-	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effects (tenant, key, type, fingerprint) VALUES ('t', 'none', 'typ', '\x00')`); err == nil {
-		t.Fatal("a row without a payload was stored")
+	// Since migration 00025 a row may hold neither payload column: its body is in oncegate_effect_bodies
+	// (retention.payloads), and the check that asked for exactly one is gone.
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effects (tenant, key, type, fingerprint) VALUES ('t', 'none', 'typ', '\x00')`); err != nil {
+		t.Fatalf("a row without a payload column (its body kept apart): %v", err)
 	}
 }
 

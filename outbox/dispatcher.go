@@ -128,6 +128,9 @@ type Config struct {
 	DrainTimeout time.Duration
 	// Retention is how long terminal effects (and so their keys) are kept. Defaults to DefaultRetention.
 	Retention time.Duration
+	// BodiesApart: the effects the dispatcher creates (the dedup proxy's) keep their payloads and answers in
+	// oncegate_effect_bodies (dedup.Store.WithBodiesApart; the gateway's retention.payloads).
+	BodiesApart bool
 	// PurgeInterval is how often expired effects are purged, row by row. Defaults to DefaultPurgeInterval;
 	// negative: never (retention drops partitions instead: package partitions).
 	PurgeInterval time.Duration
@@ -330,7 +333,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := &Dispatcher{pool: pool, store: dedup.NewStore(pool).WithRetention(c.Retention).WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
+	store := dedup.NewStore(pool).WithRetention(c.Retention)
+	if c.BodiesApart {
+		store = store.WithBodiesApart()
+	}
+	d := &Dispatcher{pool: pool, store: store.WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
 		log:  c.Logger.With("component", "dispatcher", "owner", c.Owner),
 		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
 		backlogSeen: make(chan struct{}, 1)}

@@ -124,7 +124,7 @@ func TestEffectPartitionsGoWithTheirKeysOnceEveryEffectIsPast(t *testing.T) {
 	livePart := partitionOf(t, pool, "oncegate_effects", live)
 	effectsBefore := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects")
 
-	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys), Interval: time.Minute,
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 0), Interval: time.Minute,
 		Retention: 3 * time.Minute})
 	rep, err := m.Pass(ctx)
 	if err != nil {
@@ -222,7 +222,7 @@ func TestAnEffectsDetachKilledMidwayIsFinishedByTheNextPass(t *testing.T) {
 	if err := reader.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys),
+	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 0),
 		Interval: time.Minute, Retention: 3 * time.Minute}).Pass(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -255,7 +255,7 @@ func TestAReaderHoldingTheEffectsDoesNotStopPartitionsAhead(t *testing.T) {
 	}
 	// Ten minutes on: every table needs new partitions, and old ones are past retention.
 	later := now.Add(10 * time.Minute)
-	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys), Interval: time.Minute,
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 0), Interval: time.Minute,
 		Retention: 3 * time.Minute, Retries: 1, Now: func() time.Time { return later }})
 	for pass := range 2 { // the second, five minutes on, meets the first's pending detach
 		rep, err := m.Pass(ctx)
@@ -316,7 +316,7 @@ func TestADetachedPartitionWithAnEffectInUseIsAttachedAgain(t *testing.T) {
 	if _, err := pool.Exec(ctx, "ALTER TABLE oncegate_effects DETACH PARTITION "+part); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys),
+	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 0),
 		Interval: time.Minute, Retention: 3 * time.Minute}).Pass(ctx)
 	if err != nil {
 		t.Fatal(err)

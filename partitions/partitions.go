@@ -82,6 +82,17 @@ type Table struct {
 	FreeKeys FreeKeysFunc
 	// With is the storage parameters of its partitions ("fillfactor = 70"), if any.
 	With string
+	// Retention, if positive, is this table's own, shorter than Config.Retention (bodies: retention.payloads);
+	// otherwise the table's partitions are retired after Config.Retention.
+	Retention time.Duration
+}
+
+// retention is how long t's partitions are kept past their range.
+func (t Table) retention(c Config) time.Duration {
+	if t.Retention > 0 {
+		return t.Retention
+	}
+	return c.Retention
 }
 
 // FreeKeysFunc frees the keys pointing at a partition's rows, on the manager's connection.
@@ -99,19 +110,31 @@ var Effects = Table{Name: "oncegate_effects", ByEffectID: true, Keep: sqlFile("k
 var Replays = Table{Name: "oncegate_effect_replays", ByEffectID: true, Keep: sqlFile("keep_replays"),
 	With: "fillfactor = 70"}
 
+// Bodies is oncegate_effect_bodies (migration 00025): the payloads and stored answers written apart when
+// retention.payloads is set, partitioned as the effects are. A partition past its retention (WithBodies) is
+// kept while an effect of its range is on its way (an outbox row: its payload is still to be sent) or
+// finished less than that retention ago, and attached again if an outbox row appears while it is detached
+// (an operator's retry). Its effects stay: they say that an effect happened, with whom and when, and that
+// its body expired.
+var Bodies = Table{Name: "oncegate_effect_bodies", ByEffectID: true, Keep: sqlFile("keep_bodies"),
+	Stray: sqlFile("stray_effects")}
+
 // Attempts is oncegate_effect_attempts (migration 00019): a partition is kept while an attempt in it is of
 // an effect that is still stored.
 var Attempts = Table{Name: "oncegate_effect_attempts", Keep: sqlFile("keep_attempts")}
 
 // All is every table the gateway partitions, in the order a pass takes them: a partition of replays or
 // attempts goes in the pass that dropped its effects. For Ensure; a manager takes Tables(...).
-var All = []Table{Effects, Replays, Attempts}
+var All = []Table{Effects, Replays, Bodies, Attempts}
 
-// Tables is All, with the effects' keys freed by freeKeys (dedup.FreePartitionKeys).
-func Tables(freeKeys FreeKeysFunc) []Table {
+// Tables is All, with the effects' keys freed by freeKeys (dedup.FreePartitionKeys), and bodies retired after
+// bodies (retention.payloads; 0: with their effects).
+func Tables(freeKeys FreeKeysFunc, bodies time.Duration) []Table {
 	e := Effects
 	e.FreeKeys = freeKeys
-	return []Table{e, Replays, Attempts}
+	b := Bodies
+	b.Retention = bodies
+	return []Table{e, Replays, b, Attempts}
 }
 
 // effectIDEpoch is the instant effect ids count their seconds from (2025-01-01 UTC), and effectIDShift the
@@ -470,7 +493,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		rep.Dropped = append(rep.Dropped, name)
 	}
 
-	horizon := now.Add(-m.cfg.Retention)
+	horizon := now.Add(-t.retention(m.cfg))
 	for _, p := range ps {
 		if p.pending || p.upper == nil || p.upper.After(horizon) {
 			continue
@@ -489,7 +512,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		}
 		if t.FreeKeys != nil {
 			began := time.Now()
-			freed, held, err := t.FreeKeys(ctx, m.conn, p.name, m.cfg.Retention)
+			freed, held, err := t.FreeKeys(ctx, m.conn, p.name, t.retention(m.cfg))
 			rep.Spent["keys"] += time.Since(began)
 			rep.Freed += freed
 			if err != nil {
@@ -658,7 +681,7 @@ func spentMS(s map[string]time.Duration) map[string]int64 {
 // ask runs one of a table's boolean queries (Keep, Stray) about a partition.
 func (m *Manager) ask(ctx context.Context, q string, t Table, p partition) (bool, error) {
 	q = strings.NewReplacer("{{lower}}", t.literal(p.lower), "{{upper}}", t.literal(p.upper),
-		"{{retention_ms}}", fmt.Sprint(m.cfg.Retention.Milliseconds())).Replace(q)
+		"{{retention_ms}}", fmt.Sprint(t.retention(m.cfg).Milliseconds())).Replace(q)
 	var yes bool
 	err := m.conn.QueryRow(ctx, expand(q, t.Name, p.name)).Scan(&yes)
 	return yes, err

@@ -323,7 +323,11 @@ func effectShow(c *command, args []string) error {
 		if r := d.Resolution; r != nil {
 			row(w, "resolution", fmt.Sprintf("%s by %s at %s: %s", r.As, r.By, cell(r.At), r.Reason))
 		}
-		row(w, "payload", truncate(string(d.Payload), 200))
+		if d.BodyExpired {
+			row(w, "payload", "(expired: retention.payloads; the effect stays until retention.keys)")
+		} else {
+			row(w, "payload", truncate(string(d.Payload), 200))
+		}
 		if d.Result != nil {
 			row(w, "result", truncate(string(d.Result), 200))
 		}

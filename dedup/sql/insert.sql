@@ -22,7 +22,8 @@
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id (effect.NewStableID), $8 the asking job's id or NULL, $9 its lease epoch or NULL,
 -- $10 its tags or NULL, $11 its search terms (tags and recipients, lowercased) or NULL, $12 the job's queue
--- or NULL, $13 its destination (providers.Destination) or NULL, $14 the key's retention in milliseconds.
+-- or NULL, $13 its destination (providers.Destination) or NULL, $14 the key's retention in milliseconds, $15
+-- whether its payload goes to oncegate_effect_bodies (retention.payloads) rather than into its row.
 -- The trace id, for the operator, is the one of the traceparent in $6.
 WITH held AS (
     SELECT k.effect_id,
@@ -43,13 +44,16 @@ WITH held AS (
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch,
         trace_id, tags, search_terms, job_queue)
-    SELECT claimed.effect_id, $1, $2, $3, $4, $5, $7, $8::text, $9::bigint,
+    SELECT claimed.effect_id, $1, $2, $3, $4, CASE WHEN $15::boolean THEN NULL ELSE $5::json END, $7, $8::text, $9::bigint,
         NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''), $10::text[], $11::text[], $12::text
     FROM claimed
     RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace, destination, tenant)
     SELECT id, type, $6::jsonb, $13::text, tenant FROM effect
+), bodied AS (
+    INSERT INTO oncegate_effect_bodies (effect_id, tenant, payload)
+    SELECT claimed.effect_id, $1, $5::json FROM claimed WHERE $15::boolean
 )
 SELECT true AS created, {{written}} FROM effect
 UNION ALL

@@ -4,7 +4,8 @@
 -- $7 stable ids (unique per request: they tie each inserted row back to its request), $8 tags and $9 search
 -- terms, each a JSON array of strings or NULL (Postgres arrays are rectangular: an array of arrays of
 -- different lengths cannot be passed), $10 destinations (providers.Destination, or NULL), $11 the keys'
--- retentions in milliseconds. The trace id, for the operator, is the one of each traceparent; batched requests
+-- retentions in milliseconds, $12 whether each payload goes to oncegate_effect_bodies (retention.payloads)
+-- rather than into its effect's row. The trace id, for the operator, is the one of each traceparent; batched requests
 -- have no job (a fenced request is not batched). No NOTIFY, as in insert.sql: the gateway announces new
 -- effects after the commit.
 -- Each key is claimed as insert.sql claims one: a key held (as this statement's snapshot has it) inserts
@@ -26,10 +27,11 @@
 WITH input AS (
     SELECT i.*
     FROM (SELECT $1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[],
-            $9::text[], $10::text[], $11::bigint[] OFFSET 0) a (a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
-    CROSS JOIN LATERAL unnest(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11)
+            $9::text[], $10::text[], $11::bigint[], $12::boolean[] OFFSET 0)
+        a (a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12)
+    CROSS JOIN LATERAL unnest(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12)
         WITH ORDINALITY AS i (tenant, key, type, fingerprint, payload, trace, stable_id, tags, terms, destination,
-            retention, ord)
+            retention, apart, ord)
 ), seen AS (
     SELECT input.ord, k.effect_id, coalesce(k.held, false) AS held
     FROM input LEFT JOIN LATERAL (
@@ -59,7 +61,8 @@ WITH input AS (
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, trace_id, tags,
         search_terms)
-    SELECT claimed.effect_id, first.tenant, first.key, first.type, first.fingerprint, first.payload::json,
+    SELECT claimed.effect_id, first.tenant, first.key, first.type, first.fingerprint,
+        CASE WHEN first.apart THEN NULL ELSE first.payload::json END,
         first.stable_id, NULLIF(split_part(first.trace::jsonb ->> 'traceparent', '-', 2), ''),
         (SELECT array_agg(t) FROM json_array_elements_text(first.tags::json) t),
         (SELECT array_agg(t) FROM json_array_elements_text(first.terms::json) t)
@@ -72,6 +75,11 @@ WITH input AS (
     INSERT INTO oncegate_outbox (effect_id, type, trace, destination, tenant)
     SELECT effect.id, effect.type, input.trace::jsonb, input.destination, effect.tenant
     FROM effect JOIN input USING (stable_id)
+), bodied AS (
+    INSERT INTO oncegate_effect_bodies (effect_id, tenant, payload)
+    SELECT effect.id, effect.tenant, input.payload::json
+    FROM effect JOIN input USING (stable_id)
+    WHERE input.apart
 )
 SELECT true AS created, {{written}} FROM effect
 UNION ALL

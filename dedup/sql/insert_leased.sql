@@ -9,7 +9,7 @@
 -- is not delivered, and this request would deliver it at once, so nothing is recorded, not even the key.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status, $11 tags or
--- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds. The trace id,
+-- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds, $14 whether the payload goes to oncegate_effect_bodies. The trace id,
 -- for the operator, is the one of the traceparent in $6, as in insert.sql.
 WITH held AS (
     SELECT k.effect_id,
@@ -31,7 +31,7 @@ WITH held AS (
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, status, trace_id, tags,
         search_terms)
-    SELECT claimed.effect_id, $1, $2, $3, $4, $5, $7, $10, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''),
+    SELECT claimed.effect_id, $1, $2, $3, $4, CASE WHEN $14::boolean THEN NULL ELSE $5::json END, $7, $10, NULLIF(split_part($6::jsonb ->> 'traceparent', '-', 2), ''),
         $11::text[], $12::text[]
     FROM claimed
     RETURNING {{written}}
@@ -41,6 +41,9 @@ WITH held AS (
         tenant
     FROM effect
     RETURNING effect_id, lease_token
+), bodied AS (
+    INSERT INTO oncegate_effect_bodies (effect_id, tenant, payload)
+    SELECT claimed.effect_id, $1, $5::json FROM claimed WHERE $14::boolean
 )
 SELECT true AS created, {{written}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id
 UNION ALL

@@ -15,6 +15,8 @@ WITH doomed AS (
 ), strays AS (
     -- = ANY: by the primary key whatever the join order (finish_batch.sql says why).
     DELETE FROM oncegate_outbox WHERE effect_id = ANY (ARRAY(SELECT id FROM doomed))
+), bodies AS (
+    DELETE FROM oncegate_effect_bodies WHERE effect_id = ANY (ARRAY(SELECT id FROM doomed))
 ), freed AS (
     DELETE FROM oncegate_keys k USING doomed
     WHERE k.tenant = doomed.tenant AND k.key = doomed.key AND k.effect_id = doomed.id

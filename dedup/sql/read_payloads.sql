@@ -2,7 +2,9 @@
 -- tokens, paired by index. A plain read, which locks nothing, so a read that Postgres takes long to finish or
 -- fail holds up no other claim. Rows whose lease was lost do not come back. The rows are found by their
 -- primary key: lease_token has no index, and a backlog of many rows made a search by token a scan of the
--- whole outbox on every claim (issue 14).
+-- whole outbox on every claim (issue 14). A row whose body is not there (kept apart, retention.payloads, in
+-- a partition detached while an operator retried it; the partition manager attaches it again) does not come
+-- back either: it is claimed again once its lease ends.
 SELECT r.id, r.payload
 FROM unnest($1::bigint[], $2::uuid[]) AS l (effect_id, token)
 CROSS JOIN LATERAL (
@@ -11,3 +13,4 @@ CROSS JOIN LATERAL (
     WHERE o.effect_id = l.effect_id AND o.lease_token = l.token
     LIMIT 1
 ) r
+WHERE r.payload IS NOT NULL

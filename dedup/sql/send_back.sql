@@ -18,6 +18,9 @@ WITH effect AS (
         resolution_reason = CASE WHEN $4::text IS NULL THEN NULL ELSE $6::text END
     WHERE id = (SELECT k.effect_id FROM oncegate_keys k WHERE k.tenant = $1 AND k.key = $2) AND tenant = $1
         AND status = ANY ($3::text[])
+        -- Its payload is still there to send: an effect whose body expired (retention.payloads) stays as it is.
+        AND (payload IS NOT NULL OR legacy_payload IS NOT NULL
+            OR EXISTS (SELECT FROM oncegate_effect_bodies b WHERE b.effect_id = oncegate_effects.id))
     RETURNING {{written}}
 ), queued AS (
     INSERT INTO oncegate_outbox (effect_id, type, tenant)

@@ -17,6 +17,9 @@ WITH picked AS (
       AND ($7::bigint IS NULL OR id < $7)
       AND ($11::text IS NULL OR search_terms @> ARRAY[$11::text] OR key = $12)
       AND status = ANY ($9::text[])
+      -- Its payload is still there to send (send_back.sql).
+      AND (payload IS NOT NULL OR legacy_payload IS NOT NULL
+          OR EXISTS (SELECT FROM oncegate_effect_bodies b WHERE b.effect_id = oncegate_effects.id))
     ORDER BY id DESC
     LIMIT $8
     FOR UPDATE SKIP LOCKED

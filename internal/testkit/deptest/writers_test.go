@@ -14,7 +14,7 @@ import (
 // a lease is cleared only with its row handed back,
 // a retry means one thing whoever asks). When admin wrote them with SQL of its own, a tenant's retry and an
 // operator's disagreed about an operator's resolution.
-var ownedTables = regexp.MustCompile(`(?is)\b(insert\s+into|update|delete\s+from|truncate(\s+table)?|copy|merge\s+into)\s+(only\s+)?oncegate_(effects|keys|outbox|paused_types)\b`)
+var ownedTables = regexp.MustCompile(`(?is)\b(insert\s+into|update|delete\s+from|truncate(\s+table)?|copy|merge\s+into)\s+(only\s+)?oncegate_(effects|effect_bodies|keys|outbox|paused_types)\b`)
 
 // writersAllowed are the paths that may write them besides dedup: the schema's migrations, and the seeders of
 // tests and benchmarks, which make a million rows faster than the API would.

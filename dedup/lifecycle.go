@@ -504,16 +504,22 @@ func nullString(s string) any {
 }
 
 // freeKeyBatch is how many of a partition's effects one statement of free_keys.sql takes: a statement of a
-// few milliseconds, whose row locks on keys a create waits for no longer than that.
-const freeKeyBatch = 1000
+// few milliseconds (2.5 on a quiet machine), whose row locks on keys a create waits for no longer than that.
+const freeKeyBatch = 500
+
+// freeKeyPause is the pause after each batch, in multiples of the time the batch took: freeing keys is the
+// one row-by-row work of retirement, and Postgres gives accepts at least three quarters of its time while it
+// runs (a pause as long as the batch gave them half: accept p99 1.46x during a retirement in `scripts/bench
+// retention`).
+const freeKeyPause = 3
 
 // FreePartitionKeys frees the keys that point at the effects of partition, a partition of oncegate_effects
 // about to be retired (package partitions calls it, on its own connection, before the detach): each key still
 // pointing at its effect is deleted and can be claimed again as a new key. held: a key was found whose expiry
 // has not passed (a retention made shorter since it was claimed), or whose effect is on its way again or
 // finished less than retention ago (an operator retried it since the partition was found past retention),
-// and the partition must stay; the keys freed before it stay freed, having expired with their effects done. Batch by batch, each its own transaction, and after each a pause as
-// long as it took: the work is spread so that Postgres gives accepts at least half its time meanwhile.
+// and the partition must stay; the keys freed before it stay freed, having expired with their effects done. Batch by batch, each its own transaction, and after each a pause
+// (freeKeyPause) that spreads the work.
 func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string, retention time.Duration) (freed int64,
 	held bool, err error) {
 	q := strings.ReplaceAll(freeKeysSQL, "{{partition}}", pgx.Identifier{partition}.Sanitize())
@@ -530,7 +536,7 @@ func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string, re
 			return freed, held, nil
 		}
 		last = *next
-		pause := time.NewTimer(time.Since(began))
+		pause := time.NewTimer(freeKeyPause * time.Since(began))
 		select {
 		case <-ctx.Done():
 			pause.Stop()

@@ -328,3 +328,60 @@ func TestADetachedPartitionWithAnEffectInUseIsAttachedAgain(t *testing.T) {
 		t.Fatal("the effect on its way is not readable through its table")
 	}
 }
+
+// Keys are freed without a lock taken first (a lock was half the WAL of a freed key): a key re-claimed by a
+// create while its partition's keys are being freed, its transaction open when the delete comes, stays,
+// pointing at its new effect. The delete waits for the create, finds the key's newer version, whose expiry
+// is ahead, and leaves it. The other keys of the partition are freed.
+func TestAKeyReclaimedWhileItsPartitionsKeysAreFreedStays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, e, now := minuteEffects(t)
+	at := now.Add(-9 * time.Minute)
+	for i := range 20 {
+		e.add(fmt.Sprint("old-", i), seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
+	}
+	old := e.add("reclaimed", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
+	part := partitionOf(t, pool, "oncegate_effects", old)
+
+	create, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer create.Rollback(ctx) //nolint:errcheck
+	newID := partitions.EffectID(now) + 1_000_000
+	if _, err := create.Exec(ctx, `UPDATE oncegate_keys SET effect_id = $1, expires_at = now() + interval '3 minutes'
+		WHERE tenant = 't' AND key = 'reclaimed'`, newID); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	type freed struct {
+		n    int64
+		held bool
+		err  error
+	}
+	done := make(chan freed, 1)
+	go func() {
+		n, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute)
+		done <- freed{n, held, err}
+	}()
+	testenv.Eventually(t, 10*time.Second, "the delete waits for the create", func() bool {
+		return pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'
+			AND datname = current_database()`) > 0
+	})
+	if err := create.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.n != 20 {
+		t.Fatalf("freed %d (held %v, %v); want the 20 others", r.n, r.held, r.err)
+	}
+	var points int64
+	if err := pool.QueryRow(ctx, "SELECT effect_id FROM oncegate_keys WHERE tenant = 't' AND key = 'reclaimed'").Scan(&points); err != nil || points != newID {
+		t.Fatalf("the re-claimed key: %d, %v; want it kept, pointing at %d", points, err, newID)
+	}
+}

@@ -53,6 +53,7 @@ var (
 	duration  = flag.Duration("duration", 10*time.Minute, "how long each mode accepts effects")
 	interval  = flag.Duration("interval", time.Minute, "the partitions' interval")
 	retention = flag.Duration("retention", 3*time.Minute, "retention.keys")
+	payloads  = flag.Duration("payloads", 0, "retention.payloads in the partitions mode (0: off, bodies in the effects' rows)")
 	clients   = flag.Int("clients", 16, "concurrent clients posting new effects")
 	gwBin     = flag.String("gateway", "bin/gateway", "the gateway binary")
 	modes     = flag.String("modes", "partitions,purge", "the modes to run, in order")
@@ -235,6 +236,10 @@ func measure(ctx context.Context, cl *cluster, mode string) (*run, error) {
 	if mode == "purge" {
 		parts = "{ disabled: true }"
 	}
+	bodies := ""
+	if *payloads > 0 && mode == "partitions" {
+		bodies = fmt.Sprintf(", payloads: %s", *payloads)
+	}
 	cfgPath := filepath.Join(os.TempDir(), name+".yaml")
 	cfg := fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s
@@ -243,9 +248,9 @@ effect_types:
   signup-webhook:
     provider: webhook
     webhook: { url: "%s", secret: "whsec_cmV0ZW50aW9uYmVuY2gtc2VjcmV0LTMyLWJ5dGVzISE=", allow_private_networks: true }
-retention: { keys: %s }
+retention: { keys: %s%s }
 partitions: %s
-`, url, apiKey, receiver.URL, *retention, parts)
+`, url, apiKey, receiver.URL, *retention, bodies, parts)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o600); err != nil {
 		return nil, err
 	}
@@ -455,7 +460,8 @@ partitions: %s
 	}
 	rows, err := pool.Query(ctx, `SELECT CASE WHEN relname LIKE 'oncegate\_effects\_%' THEN 'oncegate_effects'
 			WHEN relname LIKE 'oncegate\_effect\_replays\_%' THEN 'oncegate_effect_replays'
-			WHEN relname LIKE 'oncegate\_effect\_attempts\_%' THEN 'oncegate_effect_attempts' ELSE relname END,
+			WHEN relname LIKE 'oncegate\_effect\_attempts\_%' THEN 'oncegate_effect_attempts'
+			WHEN relname LIKE 'oncegate\_effect\_bodies\_%' THEN 'oncegate_effect_bodies' ELSE relname END,
 		sum(pg_total_relation_size(oid))::bigint FROM pg_class WHERE relkind = 'r' AND relname LIKE 'oncegate\_%' GROUP BY 1`)
 	if err != nil {
 		return nil, err

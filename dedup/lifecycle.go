@@ -503,6 +503,18 @@ func nullString(s string) any {
 	return s
 }
 
+// RestorePartitionKeys puts back the keys of a partition's effects that are on their way again (an outbox
+// row) after FreePartitionKeys freed them and the partition's retirement stopped (package partitions calls
+// it when it keeps the partition, or attaches it again): a retried effect holds its key until it is done. A
+// key taken by a new effect since stays that effect's. lower and upper are the partition's id range. Returns
+// how many were put back.
+func RestorePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string, lower, upper int64) (int64, error) {
+	var n int64
+	err := conn.QueryRow(ctx, strings.ReplaceAll(restoreKeysSQL, "{{partition}}", pgx.Identifier{partition}.Sanitize()),
+		lower, upper).Scan(&n)
+	return n, translate("restore the keys of "+partition, err)
+}
+
 // freeKeyBatch is how many of a partition's effects one statement of free_keys.sql takes: a statement of a
 // few milliseconds (2.5 on a quiet machine), whose row locks on keys a create waits for no longer than that.
 const freeKeyBatch = 500

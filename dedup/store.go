@@ -97,6 +97,7 @@ var (
 	extendLeaseSQL  = query("extend_lease")
 	purgeSQL        = query("purge")
 	freeKeysSQL     = sqlFile("free_keys")
+	restoreKeysSQL  = sqlFile("restore_keys")
 	backlogSQL      = query("backlog")
 	terminalSQL     = query("terminal")
 	pinSQL          = query("pin")

@@ -65,7 +65,7 @@ func (g *Gateway) managePartitions(ctx context.Context) {
 		}
 		url = g.cfg.DatabaseURL
 	}
-	m, err := partitions.New(partitions.Config{ConnString: url, Tables: partitions.Tables(dedup.FreePartitionKeys, time.Duration(g.cfg.Retention.Payloads)),
+	m, err := partitions.New(partitions.Config{ConnString: url, Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, time.Duration(g.cfg.Retention.Payloads)),
 		Interval: time.Duration(p.Interval), Ahead: p.Ahead,
 		Retention: time.Duration(g.cfg.Retention.Keys), Logger: g.log})
 	if err != nil {

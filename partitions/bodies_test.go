@@ -46,7 +46,7 @@ func TestBodiesGoBeforeTheirEffectsAndWaitForStragglers(t *testing.T) {
 	}
 
 	clock := now
-	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 3*time.Minute),
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 3*time.Minute),
 		Interval: time.Minute, Retention: time.Hour, Now: func() time.Time { return clock }})
 	rep, err := m.Pass(ctx)
 	if err != nil {

@@ -124,7 +124,7 @@ func TestEffectPartitionsGoWithTheirKeysOnceEveryEffectIsPast(t *testing.T) {
 	livePart := partitionOf(t, pool, "oncegate_effects", live)
 	effectsBefore := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects")
 
-	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 0), Interval: time.Minute,
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 0), Interval: time.Minute,
 		Retention: 3 * time.Minute})
 	rep, err := m.Pass(ctx)
 	if err != nil {
@@ -222,7 +222,7 @@ func TestAnEffectsDetachKilledMidwayIsFinishedByTheNextPass(t *testing.T) {
 	if err := reader.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 0),
+	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 0),
 		Interval: time.Minute, Retention: 3 * time.Minute}).Pass(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -255,7 +255,7 @@ func TestAReaderHoldingTheEffectsDoesNotStopPartitionsAhead(t *testing.T) {
 	}
 	// Ten minutes on: every table needs new partitions, and old ones are past retention.
 	later := now.Add(10 * time.Minute)
-	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 0), Interval: time.Minute,
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 0), Interval: time.Minute,
 		Retention: 3 * time.Minute, Retries: 1, Now: func() time.Time { return later }})
 	for pass := range 2 { // the second, five minutes on, meets the first's pending detach
 		rep, err := m.Pass(ctx)
@@ -316,7 +316,7 @@ func TestADetachedPartitionWithAnEffectInUseIsAttachedAgain(t *testing.T) {
 	if _, err := pool.Exec(ctx, "ALTER TABLE oncegate_effects DETACH PARTITION "+part); err != nil {
 		t.Fatal(err)
 	}
-	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, 0),
+	rep, err := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 0),
 		Interval: time.Minute, Retention: 3 * time.Minute}).Pass(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -383,5 +383,55 @@ func TestAKeyReclaimedWhileItsPartitionsKeysAreFreedStays(t *testing.T) {
 	var points int64
 	if err := pool.QueryRow(ctx, "SELECT effect_id FROM oncegate_keys WHERE tenant = 't' AND key = 'reclaimed'").Scan(&points); err != nil || points != newID {
 		t.Fatalf("the re-claimed key: %d, %v; want it kept, pointing at %d", points, err, newID)
+	}
+}
+
+// An effect retried after its partition's keys were freed (an operator's bulk retry picks effects, not keys,
+// and can land while a day of keys is being freed) gets its key back when the partition is kept for it: a
+// request under the key then finds the effect on its way, not a free key that would make a second one. A key
+// taken by a new effect meanwhile stays the new one's.
+func TestKeysOfEffectsRetriedAfterTheirKeysWereFreedArePutBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, e, now := minuteEffects(t)
+	at := now.Add(-9 * time.Minute)
+	retried := e.add("retried", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
+	e.add("taken", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
+	takenOld := partitions.EffectID(at) + e.seq.Load()
+	part := partitionOf(t, pool, "oncegate_effects", retried)
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if n, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute); err != nil || held || n != 2 {
+		t.Fatalf("freeing the keys: %d, held %v, %v", n, held, err)
+	}
+	// Both effects retried by an operator (by id); one key taken by a new request meanwhile.
+	if _, err := pool.Exec(ctx, `WITH o AS (INSERT INTO oncegate_outbox (effect_id, type, tenant) VALUES ($1, 'typ', 't'), ($2, 'typ', 't'))
+		UPDATE oncegate_effects SET status = 'pending', finished_at = NULL WHERE id IN ($1, $2)`, retried, takenOld); err != nil {
+		t.Fatal(err)
+	}
+	newer := e.add("taken", seeded{at: now, finished: &now, expires: now.Add(3 * time.Minute)})
+
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 0),
+		Interval: time.Minute, Retention: 3 * time.Minute})
+	rep, err := m.Pass(ctx)
+	if err != nil || !slices.Contains(rep.Kept, part) {
+		t.Fatalf("kept %v (%v): want %s", rep.Kept, err, part)
+	}
+	for key, want := range map[string]int64{"retried": retried, "taken": newer} {
+		var got int64
+		if err := pool.QueryRow(ctx, "SELECT effect_id FROM oncegate_keys WHERE tenant = 't' AND key = $1", key).Scan(&got); err != nil || got != want {
+			t.Fatalf("key %s points at %d (%v), want %d", key, got, err, want)
+		}
+	}
+	store := dedup.NewStore(pool)
+	got, replayed, err := store.Create(ctx, dedup.NewEffect{Tenant: "t", Key: "retried", Type: "typ", Payload: []byte(`{}`)})
+	if err == nil && !replayed {
+		t.Fatalf("a request under the retried effect's key made a new effect %d", got.ID)
+	}
+	if err == nil && got.ID != retried {
+		t.Fatalf("a request under the retried effect's key found %d, want %d", got.ID, retried)
 	}
 }

@@ -80,6 +80,9 @@ type Table struct {
 	// FreeKeys, when set, runs before a partition is detached: it frees the keys pointing at the partition's
 	// rows (oncegate_effects: dedup.FreePartitionKeys, which alone may write keys). held keeps the partition.
 	FreeKeys FreeKeysFunc
+	// RestoreKeys, when set, runs when a partition whose keys FreeKeys freed is kept after all, or attached
+	// again: it puts back the keys of its rows that are in use again (dedup.RestorePartitionKeys).
+	RestoreKeys RestoreKeysFunc
 	// With is the storage parameters of its partitions ("fillfactor = 70"), if any.
 	With string
 	// Retention, if positive, is this table's own, shorter than Config.Retention (bodies: retention.payloads);
@@ -98,6 +101,11 @@ func (t Table) retention(c Config) time.Duration {
 // FreeKeysFunc frees the keys pointing at a partition's rows, on the manager's connection.
 type FreeKeysFunc func(ctx context.Context, conn *pgx.Conn, partition string, retention time.Duration) (freed int64,
 	held bool, err error)
+
+// RestoreKeysFunc puts back the keys of a partition's rows in use again, on the manager's connection.
+// The rows in use are found by the partition's id range, [lower, upper).
+type RestoreKeysFunc func(ctx context.Context, conn *pgx.Conn, partition string, lower, upper int64) (restored int64,
+	err error)
 
 // Effects is oncegate_effects (migration 00023): a partition is kept while an effect in it is not terminal
 // or finished less than retention ago. A manager retiring its partitions must free their keys first: New
@@ -127,11 +135,12 @@ var Attempts = Table{Name: "oncegate_effect_attempts", Keep: sqlFile("keep_attem
 // attempts goes in the pass that dropped its effects. For Ensure; a manager takes Tables(...).
 var All = []Table{Effects, Replays, Bodies, Attempts}
 
-// Tables is All, with the effects' keys freed by freeKeys (dedup.FreePartitionKeys), and bodies retired after
-// bodies (retention.payloads; 0: with their effects).
-func Tables(freeKeys FreeKeysFunc, bodies time.Duration) []Table {
+// Tables is All, with the effects' keys freed by freeKeys (dedup.FreePartitionKeys) and put back by
+// restoreKeys (dedup.RestorePartitionKeys), and bodies retired after bodies (retention.payloads; 0: with their
+// effects).
+func Tables(freeKeys FreeKeysFunc, restoreKeys RestoreKeysFunc, bodies time.Duration) []Table {
 	e := Effects
-	e.FreeKeys = freeKeys
+	e.FreeKeys, e.RestoreKeys = freeKeys, restoreKeys
 	b := Bodies
 	b.Retention = bodies
 	return []Table{e, Replays, b, Attempts}
@@ -228,8 +237,9 @@ func (c Config) validate() error {
 		return errors.New("partitions: no table to manage")
 	}
 	for _, t := range c.Tables {
-		if t.Name == Effects.Name && t.FreeKeys == nil {
-			return errors.New("partitions: oncegate_effects needs its keys freed (Tables(dedup.FreePartitionKeys))")
+		if t.Name == Effects.Name && (t.FreeKeys == nil || t.RestoreKeys == nil) {
+			return errors.New("partitions: oncegate_effects needs its keys freed and put back " +
+				"(Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, ...))")
 		}
 	}
 	if c.Interval < time.Second || c.Interval%time.Second != 0 {
@@ -507,6 +517,11 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 			}
 			if keep {
 				rep.Kept = append(rep.Kept, p.name)
+				// Its keys may have been freed by an earlier pass (kept after all, or killed) before an
+				// effect in it was retried.
+				if err := m.restoreKeys(ctx, t, p.name, p.lower, p.upper); err != nil {
+					return err
+				}
 				continue
 			}
 		}
@@ -522,6 +537,9 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 				m.cfg.Logger.Info("partitions: an effect of a partition past retention is in use again (retried), "+
 					"or its key has not expired; the partition stays", "partition", p.name)
 				rep.Kept = append(rep.Kept, p.name)
+				if err := m.restoreKeys(ctx, t, p.name, p.lower, p.upper); err != nil {
+					return err
+				}
 				continue
 			}
 		}
@@ -534,6 +552,9 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 			}
 			if keep {
 				rep.Kept = append(rep.Kept, p.name)
+				if err := m.restoreKeys(ctx, t, p.name, p.lower, p.upper); err != nil {
+					return err
+				}
 				continue
 			}
 		}
@@ -575,8 +596,35 @@ func (m *Manager) reattachLeftover(ctx context.Context, t Table, name string, ps
 		return false, err
 	}
 	m.cfg.Logger.Warn("partitions: a detached partition holds a row still in use; attached again", "partition", name)
+	if err := m.restoreKeys(ctx, t, name, lower, upper); err != nil {
+		return false, err
+	}
 	q := strings.NewReplacer("{{lower}}", t.bound(lower), "{{upper}}", t.bound(upper)).Replace(attachSQL)
 	return true, m.ddl(ctx, expand(q, t.Name, name))
+}
+
+// restoreKeys puts back the keys of a partition's rows in use again, once its retirement stopped after its
+// keys were freed (or may have been: a leftover of a killed pass).
+func (m *Manager) restoreKeys(ctx context.Context, t Table, name string, lower, upper *time.Time) error {
+	if t.RestoreKeys == nil {
+		return nil
+	}
+	lo, hi := int64(math.MinInt64), int64(math.MaxInt64)
+	if lower != nil {
+		lo = EffectID(*lower)
+	}
+	if upper != nil {
+		hi = EffectID(*upper)
+	}
+	n, err := t.RestoreKeys(ctx, m.conn, name, lo, hi)
+	if err != nil {
+		return fmt.Errorf("partitions: %w", err)
+	}
+	if n > 0 {
+		m.cfg.Logger.Warn("partitions: keys of effects retried while their partition was being retired put back",
+			"partition", name, "keys", n)
+	}
+	return nil
 }
 
 // nameTime is the lower bound a partition's name tells (partitionName).
@@ -660,6 +708,9 @@ func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool
 		if stray {
 			m.cfg.Logger.Warn("partitions: a row came into use while its partition was detached; attached again",
 				"partition", p.name)
+			if err := m.restoreKeys(ctx, t, p.name, p.lower, p.upper); err != nil {
+				return false, err
+			}
 			q := strings.NewReplacer("{{lower}}", t.bound(p.lower), "{{upper}}", t.bound(p.upper)).
 				Replace(attachSQL)
 			return false, m.ddl(ctx, expand(q, t.Name, p.name))

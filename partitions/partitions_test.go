@@ -307,7 +307,7 @@ func detachProcess() int {
 	}
 	tables := []partitions.Table{events}
 	if os.Getenv("DETACH_TABLES") == "effects" {
-		tables = partitions.Tables(dedup.FreePartitionKeys, 0)
+		tables = partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 0)
 	}
 	m, err := partitions.New(partitions.Config{ConnString: url, Tables: tables,
 		Interval: time.Minute, Retention: 3 * time.Minute, LockTimeout: 10 * time.Minute})

@@ -1,7 +1,9 @@
 package console_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"html"
 	"net/url"
 	"regexp"
@@ -80,5 +82,35 @@ func TestPayloadsAreRedactedByOneRule(t *testing.T) {
 	}
 	if n, m := reveals("job.reveal"), reveals("effect.reveal"); n != 2 || m != 1 {
 		t.Fatalf("audited: %d job reveals (want 2), %d effect reveals (want 1)", n, m)
+	}
+}
+
+// An effect whose body expired (retention.payloads) says so on its page and in the API, shows no payload,
+// result or retry form, and a retry posted anyway is refused with the reason, the effect left as it was.
+func TestAnEffectWhoseBodyExpiredSaysSo(t *testing.T) {
+	t.Parallel()
+	e := setup(t, options{effects: 200})
+	tenant, key := e.effectWith("dead")
+	// Its body kept apart, then its partition of bodies dropped: neither payload column, no body row.
+	if _, err := e.db.Exec(context.Background(), `UPDATE oncegate_effects SET payload = NULL, legacy_payload = NULL,
+		result = NULL WHERE tenant = $1 AND key = $2`, tenant, key); err != nil {
+		t.Fatal(err)
+	}
+	op := e.client(admin.RoleOperator)
+	code, _, body := e.get(op, "/effect?tenant="+url.QueryEscape(tenant)+"&key="+url.QueryEscape(key))
+	if code != 200 || !strings.Contains(body, `id="body-expired"`) || strings.Contains(body, `id="payload"`) ||
+		strings.Contains(body, `action="/effect/retry"`) || !strings.Contains(body, "dead") {
+		t.Fatalf("the effect page: %d, expired shown %v, retry form %v", code, strings.Contains(body, `id="body-expired"`),
+			strings.Contains(body, `action="/effect/retry"`))
+	}
+	code, _, body = e.apiGet(e.tokens[admin.RoleOperator], "/api/v1/effect?tenant="+url.QueryEscape(tenant)+"&key="+url.QueryEscape(key))
+	var d admin.EffectDetail
+	if code != 200 || json.Unmarshal([]byte(body), &d) != nil || !d.BodyExpired || string(d.Payload) != "null" {
+		t.Fatalf("GET /api/v1/effect: %d %s", code, body)
+	}
+	code, _, body = e.post(op, "/effect/retry", url.Values{"tenant": {tenant}, "key": {key}, "reason": {"again"}},
+		"Sec-Fetch-Site", "same-origin", "Origin", e.url)
+	if s := e.status(tenant, key); s != "dead" || !strings.Contains(body+fmt.Sprint(code), "retention.payloads") {
+		t.Fatalf("a retry posted anyway: %d %.300s; the effect is %s", code, body, s)
 	}
 }

@@ -435,3 +435,28 @@ func TestAttemptHistoryAcrossPartitions(t *testing.T) {
 		t.Fatalf("interrupted %d, want 2", d.Interrupted)
 	}
 }
+
+// Effects whose body expired (retention.payloads) cannot be sent again: a bulk retry leaves them out of its
+// count as well as its changes, so a run that changed everything it counted is complete (not a partial
+// result that automation would run again forever). An adversary's finding: "matched 5, applied 4", exit 5.
+func TestBulkRetryLeavesOutEffectsWhoseBodyExpired(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "dead", 5, effect.StatusDead)
+	if _, err := pool.Exec(ctx, `UPDATE oncegate_effects SET payload = NULL, legacy_payload = NULL
+		WHERE id IN (SELECT id FROM oncegate_effects ORDER BY id LIMIT 2)`); err != nil {
+		t.Fatal(err)
+	}
+	f := admin.EffectFilter{Type: "hook"}
+	if n, err := svc.CountRetryable(ctx, viv, f); err != nil || n != 3 {
+		t.Fatalf("dry run: %d %v, want the 3 with their payload", n, err)
+	}
+	res, err := svc.RetryEffects(ctx, alice, f, "receiver fixed", nil)
+	if err != nil || res.Matched != 3 || res.Applied != 3 {
+		t.Fatalf("bulk retry: %+v %v", res, err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE status = 'dead'"); n != 2 {
+		t.Fatalf("%d effects left dead, want the 2 whose body expired", n)
+	}
+}

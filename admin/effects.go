@@ -496,6 +496,11 @@ func changeError(verb, key, tenant string, err error) error {
 // CountEffects counts the effects that match f: the dry run of a bulk action. It is one COUNT, asked for on
 // purpose, never part of a listing.
 func (s *Service) CountEffects(ctx context.Context, a Actor, f EffectFilter) (int64, error) {
+	return s.countEffects(ctx, a, f, false)
+}
+
+// countEffects is CountEffects; sendable counts only effects whose payload is still there to send.
+func (s *Service) countEffects(ctx context.Context, a Actor, f EffectFilter, sendable bool) (int64, error) {
 	if err := s.allow(ctx, a, "effect.count", RoleViewer, ""); err != nil {
 		return 0, err
 	}
@@ -511,26 +516,26 @@ func (s *Service) CountEffects(ctx context.Context, a Actor, f EffectFilter) (in
 	}
 	var n int64
 	err = s.db.QueryRow(ctx, effectsCountSQL, nullString(f.Tenant), nullString(f.Type), f.status(),
-		f.likePattern(), nullTime(f.Since), nullString(f.JobID), f.searchTerm(), f.searchKey(), from).Scan(&n)
+		f.likePattern(), nullTime(f.Since), nullString(f.JobID), f.searchTerm(), f.searchKey(), from, sendable).Scan(&n)
 	if err != nil {
 		return 0, dbError("count effects", err)
 	}
 	return n, nil
 }
 
-// CountRetryable counts the effects matching f that a retry applies to (failed, dead, unknown): the dry run
-// of RetryEffects.
+// CountRetryable counts the effects matching f that a retry applies to (failed, dead, unknown, and with their
+// payload still there: not one whose body expired under retention.payloads): the dry run of RetryEffects.
 func (s *Service) CountRetryable(ctx context.Context, a Actor, f EffectFilter) (int64, error) {
 	if err := checkBulkFilter(f); err != nil {
 		return 0, err
 	}
 	if f.Status != "" {
-		return s.CountEffects(ctx, a, f)
+		return s.countEffects(ctx, a, f, true)
 	}
 	var total int64
 	for _, st := range effect.RetryableStatuses() {
 		f.Status = st
-		n, err := s.CountEffects(ctx, a, f)
+		n, err := s.countEffects(ctx, a, f, true)
 		if err != nil {
 			return 0, err
 		}

@@ -10,3 +10,7 @@ WHERE ($1::text IS NULL OR tenant = $1)
   AND ($9::bigint IS NULL OR id >= $9)
   AND ($6::text IS NULL OR job_id = $6)
   AND ($7::text IS NULL OR search_terms @> ARRAY[$7::text] OR key = $8)
+  -- $10: only effects whose payload is still there to send (a bulk retry's count): not one whose body
+  -- expired (retention.payloads), which a retry leaves as it is.
+  AND (NOT $10::boolean OR payload IS NOT NULL OR legacy_payload IS NOT NULL
+       OR EXISTS (SELECT FROM oncegate_effect_bodies b WHERE b.effect_id = oncegate_effects.id))

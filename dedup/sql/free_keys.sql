@@ -7,6 +7,9 @@
 -- past retention): a request under it must still find its effect. NULL is the expiry of keys backfilled by
 -- migration 00018: they were held until their effect went, and now it does.
 --
+-- The outbox is probed by its primary key, effect by effect (OFFSET 0 keeps Postgres from planning the EXISTS
+-- as a hashed read of the whole outbox: 40-70 ms a batch beside 100,000 outbox rows, most of what freeing
+-- keys cost in `scripts/bench retention`).
 -- Each key is found by its primary key, row by row (OFFSET 0 keeps the lateral subquery from being flattened
 -- into a join that might hash the whole keys table), and deleted by its row's address, without a lock taken
 -- first: a lock is a WAL record of its own, and took half of the 112 bytes each freed key cost. A create
@@ -18,7 +21,7 @@
 WITH batch AS (
     SELECT id, tenant, key,
         finished_at >= now() - make_interval(secs => $3::double precision / 1000)
-            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = {{partition}}.id) AS in_use
+            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = {{partition}}.id OFFSET 0) AS in_use
     FROM {{partition}} WHERE id > $1 ORDER BY id LIMIT $2
 ), found AS (
     SELECT k.row, k.expires_at >= now() OR b.in_use AS held

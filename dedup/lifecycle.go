@@ -530,38 +530,25 @@ const freeKeyPause = 3
 // pointing at its effect is deleted and can be claimed again as a new key. held: a key was found whose expiry
 // has not passed (a retention made shorter since it was claimed), or whose effect is on its way again or
 // finished less than retention ago (an operator retried it since the partition was found past retention),
-// and the partition must stay; the keys freed before it stay freed, having expired with their effects done. Batch by batch, each its own transaction, and after each a pause that
-// spreads the work over spread (the partition manager's time between passes), and at least freeKeyPause
-// times the batch's own: freeing a day of keys is a steady trickle over an hour, not a burst that accepts
-// queue behind.
-func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string, retention, spread time.Duration) (freed int64,
+// and the partition must stay; the keys freed before it stay freed, having expired with their effects done. Batch by batch, each its own transaction, and after each a pause
+// (freeKeyPause) that spreads the work.
+func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string, retention time.Duration) (freed int64,
 	held bool, err error) {
 	q := strings.ReplaceAll(freeKeysSQL, "{{partition}}", pgx.Identifier{partition}.Sanitize())
-	// The batches the partition holds, from its statistics (-1 before its first ANALYZE: paced by
-	// freeKeyPause alone).
-	var rows float64
-	if err := conn.QueryRow(ctx, "SELECT reltuples FROM pg_class WHERE oid = $1::regclass", partition).Scan(&rows); err != nil {
-		return 0, false, translate("free the keys of "+partition, err)
-	}
-	var each time.Duration // a batch's share of spread
-	if batches := math.Ceil(rows / freeKeyBatch); batches >= 1 && spread > 0 {
-		each = time.Duration(float64(spread) / batches)
-	}
 	var last int64 = math.MinInt64
 	for {
 		var next *int64
-		var size, n int64
+		var n int64
 		began := time.Now()
-		if err := conn.QueryRow(ctx, q, last, freeKeyBatch, retention.Milliseconds()).Scan(&next, &size, &held, &n); err != nil {
+		if err := conn.QueryRow(ctx, q, last, freeKeyBatch, retention.Milliseconds()).Scan(&next, &held, &n); err != nil {
 			return freed, false, translate("free the keys of "+partition, err)
 		}
 		freed += n
-		if held || next == nil || size < freeKeyBatch {
+		if held || next == nil {
 			return freed, held, nil
 		}
 		last = *next
-		took := time.Since(began)
-		pause := time.NewTimer(max(freeKeyPause*took, each-took))
+		pause := time.NewTimer(freeKeyPause * time.Since(began))
 		select {
 		case <-ctx.Done():
 			pause.Stop()

@@ -295,7 +295,7 @@ func TestKeysOfEffectsInUseAgainAreNotFreed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	_, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute, 0)
+	_, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute)
 	if err != nil || !held {
 		t.Fatalf("freeing the keys: held %v, %v; want held", held, err)
 	}
@@ -366,7 +366,7 @@ func TestAKeyReclaimedWhileItsPartitionsKeysAreFreedStays(t *testing.T) {
 	}
 	done := make(chan freed, 1)
 	go func() {
-		n, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute, 0)
+		n, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute)
 		done <- freed{n, held, err}
 	}()
 	testenv.Eventually(t, 10*time.Second, "the delete waits for the create", func() bool {
@@ -404,7 +404,7 @@ func TestKeysOfEffectsRetriedAfterTheirKeysWereFreedArePutBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	if n, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute, 0); err != nil || held || n != 2 {
+	if n, held, err := dedup.FreePartitionKeys(ctx, conn, part, 3*time.Minute); err != nil || held || n != 2 {
 		t.Fatalf("freeing the keys: %d, held %v, %v", n, held, err)
 	}
 	// Both effects retried by an operator (by id); one key taken by a new request meanwhile.

@@ -99,8 +99,7 @@ func (t Table) retention(c Config) time.Duration {
 }
 
 // FreeKeysFunc frees the keys pointing at a partition's rows, on the manager's connection.
-// spread is the time the work may be spread over (the time between passes).
-type FreeKeysFunc func(ctx context.Context, conn *pgx.Conn, partition string, retention, spread time.Duration) (freed int64,
+type FreeKeysFunc func(ctx context.Context, conn *pgx.Conn, partition string, retention time.Duration) (freed int64,
 	held bool, err error)
 
 // RestoreKeysFunc puts back the keys of a partition's rows in use again, on the manager's connection.
@@ -528,7 +527,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		}
 		if t.FreeKeys != nil {
 			began := time.Now()
-			freed, held, err := t.FreeKeys(ctx, m.conn, p.name, t.retention(m.cfg), m.cfg.Every)
+			freed, held, err := t.FreeKeys(ctx, m.conn, p.name, t.retention(m.cfg))
 			rep.Spent["keys"] += time.Since(began)
 			rep.Freed += freed
 			if err != nil {

@@ -16,9 +16,8 @@
 -- re-claiming the key before the delete moves it to a new effect with an expiry ahead; the delete then finds
 -- the row's newer version and checks it again (READ COMMITTED), and `expires_at < now()` no longer holds, so
 -- the re-claimed key stays. A create re-claiming it after the delete waits for the delete's transaction,
--- then finds the key gone and inserts it anew. Returns the batch's last id (NULL: the partition is done), how
--- many effects it held (fewer than $2: it was the last), whether a key still held was found, and how many keys
--- were freed.
+-- then finds the key gone and inserts it anew. Returns the batch's last id (NULL: the partition is done),
+-- whether a key still held was found, and how many keys were freed.
 WITH batch AS (
     SELECT id, tenant, key,
         finished_at >= now() - make_interval(secs => $3::double precision / 1000)
@@ -37,5 +36,4 @@ WITH batch AS (
         AND (expires_at IS NULL OR expires_at < now())
     RETURNING 1
 )
-SELECT (SELECT max(id) FROM batch), (SELECT count(*) FROM batch), EXISTS (SELECT FROM found WHERE held),
-    (SELECT count(*) FROM freed)
+SELECT (SELECT max(id) FROM batch), EXISTS (SELECT FROM found WHERE held), (SELECT count(*) FROM freed)

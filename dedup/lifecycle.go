@@ -530,8 +530,8 @@ const freeKeyPause = 3
 // pointing at its effect is deleted and can be claimed again as a new key. held: a key was found whose expiry
 // has not passed (a retention made shorter since it was claimed), or whose effect is on its way again or
 // finished less than retention ago (an operator retried it since the partition was found past retention),
-// and the partition must stay; the keys freed before it stay freed, having expired with their effects done. Batch by batch, each its own transaction, and after each a pause
-// (freeKeyPause) that spreads the work.
+// and the partition must stay; the keys freed before it stay freed, having expired with their effects done.
+// Batch by batch, each its own transaction, and after each a pause (freeKeyPause) that spreads the work.
 func FreePartitionKeys(ctx context.Context, conn *pgx.Conn, partition string, retention time.Duration) (freed int64,
 	held bool, err error) {
 	q := strings.ReplaceAll(freeKeysSQL, "{{partition}}", pgx.Identifier{partition}.Sanitize())

@@ -33,26 +33,12 @@ var sqlFiles embed.FS
 // RETURNING of a statement that has just written it (its result as stored in its row, its body not
 // expired); {{status_is $N}} (ExpandStatus); {{payload}} (payload.sql: how a stored payload is read).
 func query(name string) string {
-	result, expired, _ := strings.Cut(withoutComments(sqlFile("result")), "--")
-	cols := strings.NewReplacer("{{result}}", strings.TrimSpace(result), "{{body_expired}}",
-		strings.TrimSpace(expired)).Replace(sqlFile("columns"))
+	cols := strings.NewReplacer("{{result}}", sqlFile("result"), "{{body_expired}}", sqlFile("body_expired")).
+		Replace(sqlFile("columns"))
 	written := strings.NewReplacer("{{status}}", "status", "{{result}}", "result", "{{body_expired}}",
 		"false AS body_expired").Replace(sqlFile("columns"))
 	return ExpandStatus(strings.NewReplacer("{{columns}}", cols, "{{written}}", written,
 		"{{payload}}", sqlFile("payload")).Replace(sqlFile(name)))
-}
-
-// withoutComments drops the lines of a SQL fragment that are whole comments but for a bare "--", which
-// result.sql uses to separate its two expressions.
-func withoutComments(sql string) string {
-	var b strings.Builder
-	for line := range strings.Lines(sql) {
-		if t := strings.TrimSpace(line); strings.HasPrefix(t, "--") && t != "--" {
-			continue
-		}
-		b.WriteString(line)
-	}
-	return b.String()
 }
 
 var statusIsPlaceholder = regexp.MustCompile(`\{\{status_is (\$[0-9]+)\}\}`)

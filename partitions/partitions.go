@@ -119,7 +119,7 @@ var Replays = Table{Name: "oncegate_effect_replays", ByEffectID: true, Keep: sql
 	With: "fillfactor = 70"}
 
 // Bodies is oncegate_effect_bodies (migration 00025): the payloads and stored answers written apart when
-// retention.payloads is set, partitioned as the effects are. A partition past its retention (WithBodies) is
+// retention.payloads is set, partitioned as the effects are. A partition past its retention (Tables' bodies) is
 // kept while an effect of its range is on its way (an outbox row: its payload is still to be sent) or
 // finished less than that retention ago, and attached again if an outbox row appears while it is detached
 // (an operator's retry). Its effects stay: they say that an effect happened, with whom and when, and that

@@ -134,7 +134,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		Timeout: time.Duration(cfg.Timeouts.Database)}
 	var outcomes *pgxpool.Pool
 	if outcomeConns > 0 {
-		if outcomes, err = newOutcomePool(pool, outcomeConns, int32(2*max(cfg.GroupCommit.Parallel, 1)), log); err != nil {
+		if outcomes, err = newOutcomePool(pool, probe, outcomeConns, int32(2*max(cfg.GroupCommit.Parallel, 1)), log); err != nil {
 			pool.Close()
 			_ = reg.Close()
 			return nil, fmt.Errorf("gateway: %w", err)

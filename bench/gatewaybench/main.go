@@ -16,6 +16,12 @@
 // Then the dedup proxy (/v1/proxy/{type}) at -proxy-clients clients, against a local upstream that answers
 // at once: calls to the upstream directly (the yardstick), proxied calls under new keys (recorded, performed
 // in the request, recorded again), and replays of them; the overhead is the proxied p50/p99 less the direct.
+// The load's CPU there includes the upstream's, which runs in this process.
+//
+// It ends with issue 32's goals, each beside this run's figure, and one line that scripts read:
+// `lone: accepts 1 client A.AAx pgbench, 8 clients B.BBx, 32 clients C.CCx; proxy new-call overhead D.DD ms
+// p50 (one commit E.EE ms)`, where E is the p50 of one client's one-row inserts, each its own transaction,
+// timed in the same run: one commit and one loopback round trip, which no accept can go below.
 //
 // Run it with scripts/bench or `make bench`; it creates and drops a database of its own. GATEWAYBENCH_CONFIG
 // is added to the gateways' configuration as YAML (`group_commit: { parallel: 1 }`), to compare settings.
@@ -179,6 +185,7 @@ effect_types:
 	var next atomic.Int64
 	var lastAccepts float64
 	var lastCreated int64
+	acceptRatio, replayRatio := map[int]float64{}, map[int]float64{}
 	for _, c := range counts {
 		// An API-only gateway takes the load; pgbench runs after it has stopped, so neither shares the cores.
 		api := startGateway(cfg, "--no-dispatch")
@@ -197,7 +204,12 @@ effect_types:
 		fmt.Printf("| pgbench: the insert statement raw | %d | %.0f | | | | | 1 | | – / %s |\n", c, pgb,
 			strings.TrimPrefix(pgbCPU, "0 / "))
 		lastAccepts, lastCreated = accepts.rate, created
+		acceptRatio[c], replayRatio[c] = accepts.rate/pgb, replays.rate/pgb
 	}
+	// The floor of a lone accept: one commit and one loopback round trip, a one-row insert from one client.
+	commit := commitTime(ctx, dbconn)
+	fmt.Printf("| one commit: a one-row insert, the floor of a lone accept | 1 | %.0f | %v | %v | | | 1 | | – / %s |\n",
+		commit.rate, commit.p50, commit.p99, strings.TrimPrefix(commit.cpu, "0 / "))
 
 	// Deliveries: a dispatching gateway drains the backlog the accept phases left, with the postgres provider.
 	var backlog int64
@@ -243,18 +255,21 @@ effect_types:
 	disp.stop()
 	fmt.Printf("| deliveries, webhooks of a type with a rate limit of 10,000/s (one gateway) | | %.0f | | | | %.2f× unlimited | | %.0f MiB | %s |\n",
 		limitedRate, limitedRate/hookRate, disp.maxRSS(), cpu)
+	overhead := time.Duration(-1)
 	if *proxyConc > 0 {
-		proxyPhases(cfg, upstream.URL, *proxyConc)
+		overhead = proxyPhases(cfg, upstream.URL, *proxyConc)
 	}
 	fmt.Printf("\n%d effects accepted in all; the receiver got %d webhooks for %d effects\n", lastCreated, received.Load(), 2**hooks)
 	if *windowConc > 0 {
 		fmt.Println()
 		windowPhase(ctx, cfg, dbconn, *windowConc)
 	}
+	goals(acceptRatio, replayRatio, overhead, commit.p50, deliveredRate/lastAccepts, hookRate)
 }
 
-// proxyPhases measures the dedup proxy against calling the upstream directly, with c clients.
-func proxyPhases(cfg, upstream string, c int) {
+// proxyPhases measures the dedup proxy against calling the upstream directly, with c clients, and returns
+// the proxied new calls' p50 less the direct calls'.
+func proxyPhases(cfg, upstream string, c int) time.Duration {
 	g := startGateway(cfg)
 	defer g.stop()
 	pool := http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}
@@ -283,12 +298,13 @@ func proxyPhases(cfg, upstream string, c int) {
 		call(g.url+"/v1/proxy/up/v1/charges", fmt.Sprintf("p%d", 1+time.Now().UnixNano()%made))
 	})
 	row := func(name string, r result) {
-		fmt.Printf("| %s | %d | %.0f | %v | %v | +%v p50, +%v p99 over direct | | | %.0f MiB |\n", name, c, r.rate, r.p50, r.p99,
-			(r.p50 - direct.p50).Round(10*time.Microsecond), (r.p99 - direct.p99).Round(10*time.Microsecond), r.rss)
+		fmt.Printf("| %s | %d | %.0f | %v | %v | +%v p50, +%v p99 over direct | | | %.0f MiB | %s |\n", name, c, r.rate, r.p50, r.p99,
+			(r.p50 - direct.p50).Round(10*time.Microsecond), (r.p99 - direct.p99).Round(10*time.Microsecond), r.rss, r.cpu)
 	}
-	fmt.Printf("| upstream called directly | %d | %.0f | %v | %v | | | | |\n", c, direct.rate, direct.p50, direct.p99)
+	fmt.Printf("| upstream called directly | %d | %.0f | %v | %v | | | | | %s |\n", c, direct.rate, direct.p50, direct.p99, direct.cpu)
 	row("proxied calls (new keys, performed in the request)", proxied)
 	row("proxied replays (same key and request)", replays)
+	return proxied.p50 - direct.p50
 }
 
 // timed runs fn from c goroutines for *duration and returns its rate and latencies.
@@ -298,6 +314,7 @@ func timed(g *gateway, c int, fn func()) result {
 	var wg sync.WaitGroup
 	stop := time.Now().Add(*duration)
 	start := time.Now()
+	cpu0 := sampleCPU(g.pid)
 	for range c {
 		wg.Go(func() {
 			var mine []time.Duration
@@ -312,9 +329,58 @@ func timed(g *gateway, c int, fn func()) result {
 		})
 	}
 	wg.Wait()
+	cpu := perRequest(cpu0, sampleCPU(g.pid), float64(len(lat)))
 	slices.Sort(lat)
-	return result{rate: float64(len(lat)) / time.Since(start).Seconds(), rss: g.maxRSS(),
+	return result{rate: float64(len(lat)) / time.Since(start).Seconds(), rss: g.maxRSS(), cpu: cpu,
 		p50: lat[len(lat)/2].Round(10 * time.Microsecond), p99: lat[len(lat)*99/100].Round(10 * time.Microsecond)}
+}
+
+// commitTime times one client's one-row inserts, each its own transaction, for *duration: one commit (a WAL
+// flush) and one loopback round trip, which no accept can go below.
+func commitTime(ctx context.Context, conn *pgx.Conn) result {
+	_, err := conn.Exec(ctx, "CREATE TABLE IF NOT EXISTS gatewaybench_commit (n bigint)")
+	must(err)
+	var lat []time.Duration
+	start := time.Now()
+	cpu0 := sampleCPU(0)
+	for n := 0; time.Since(start) < *duration; n++ {
+		t0 := time.Now()
+		_, err := conn.Exec(ctx, "INSERT INTO gatewaybench_commit VALUES ($1)", n)
+		must(err)
+		lat = append(lat, time.Since(t0))
+	}
+	cpu := perRequest(cpu0, sampleCPU(0), float64(len(lat)))
+	slices.Sort(lat)
+	return result{rate: float64(len(lat)) / time.Since(start).Seconds(), cpu: cpu,
+		p50: lat[len(lat)/2].Round(10 * time.Microsecond), p99: lat[len(lat)*99/100].Round(10 * time.Microsecond)}
+}
+
+// goals prints issue 32's table, each measure of this run beside its goal, and the line scripts read.
+func goals(accept, replay map[int]float64, overhead, commit time.Duration, deliveries, webhooks float64) {
+	ratio := func(m map[int]float64, c int) string {
+		if r, ok := m[c]; ok {
+			return fmt.Sprintf("%.2fx", r)
+		}
+		return "n/a"
+	}
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d.Microseconds())/1000) }
+	proxied := "n/a"
+	if overhead >= 0 {
+		proxied = ms(overhead)
+	}
+	fmt.Println()
+	fmt.Println("| measure | this run | goal |")
+	fmt.Println("|---|---|---|")
+	fmt.Printf("| accepts, 1 client / pgbench's statement, 1 client | %s | ≥ 0.7x |\n", ratio(accept, 1))
+	fmt.Printf("| accepts, 8 clients / pgbench, 8 clients | %s | ≥ 1.0x |\n", ratio(accept, 8))
+	fmt.Printf("| accepts and replays, 32 clients / pgbench, 32 clients | %s, %s | ≥ 1.5x, ≥ 2x |\n", ratio(accept, 32), ratio(replay, 32))
+	fmt.Printf("| proxied new call, %d clients: p50 over calling the upstream directly | %s ms | ≤ one commit (%s ms) + 0.5 ms |\n",
+		*proxyConc, proxied, ms(commit))
+	fmt.Printf("| postgres-provider deliveries / the last accepts | %.2fx | ≥ 1.0x |\n", deliveries)
+	fmt.Printf("| signed webhooks from one gateway / s | %.0f | ≥ 5,000 |\n", webhooks)
+	fmt.Println("| queue lease+run+complete / asynq | scripts/bench queue | ≥ 4x |")
+	fmt.Printf("lone: accepts 1 client %s pgbench, 8 clients %s, 32 clients %s; proxy new-call overhead %s ms p50 (one commit %s ms)\n",
+		ratio(accept, 1), ratio(accept, 8), ratio(accept, 32), proxied, ms(commit))
 }
 
 // backlogSQL counts the gateway's outbox rows: pgbench's rows are due tomorrow, and stay.

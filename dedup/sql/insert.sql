@@ -15,6 +15,10 @@
 -- waits for the first's row, and its DO UPDATE then finds the key pointing at another effect than the one
 -- its snapshot saw (effect_id = held's) and leaves it alone. A key taken or re-claimed by a transaction that
 -- committed after this statement's snapshot was taken returns no row at all: the caller reads it then (Get).
+-- The stored effect of a held key is found by oncegate_key_effect($1, $2) (migration 00026), which reads the
+-- key with this statement's snapshot, as `held` does: a stable function of the parameters, which Postgres
+-- evaluates as the statement starts, so it opens the one partition of the effects that holds the effect (none
+-- for a new key). `held.effect_id` is known only once the statement runs, and opened every partition.
 -- The outbox is probed by its primary key, row by row (OFFSET 0 keeps Postgres from planning the EXISTS as a
 -- hashed read of the whole outbox, which a plan made on empty tables would keep as the outbox grows).
 -- No NOTIFY here: it would take Postgres's cluster-wide notification lock at every commit; the gateway
@@ -58,4 +62,4 @@ WITH held AS (
 SELECT true AS created, {{written}} FROM effect
 UNION ALL
 SELECT false, {{columns}} FROM oncegate_effects
-WHERE id = (SELECT held.effect_id FROM held WHERE held.held) AND tenant = $1
+WHERE id = oncegate_key_effect($1, $2) AND tenant = $1 AND EXISTS (SELECT FROM held WHERE held.held)

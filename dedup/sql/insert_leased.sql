@@ -48,4 +48,4 @@ WITH held AS (
 SELECT true AS created, {{written}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id
 UNION ALL
 SELECT false, {{columns}}, NULL::uuid FROM oncegate_effects
-WHERE id = (SELECT held.effect_id FROM held WHERE held.held) AND tenant = $1
+WHERE id = oncegate_key_effect($1, $2) AND tenant = $1 AND EXISTS (SELECT FROM held WHERE held.held)

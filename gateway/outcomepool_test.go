@@ -33,18 +33,9 @@ func TestAnIdleOutcomeConnectionIsNotCheckedWhenTaken(t *testing.T) {
 	if !strings.Contains(cfg.DatabaseURL, "?") {
 		cfg.DatabaseURL = strings.Replace(cfg.DatabaseURL, "&", "?", 1)
 	}
-	main, probe, err := newPool(context.Background(), cfg, log, func(pcfg *pgxpool.Config) {
+	_, outcomes := openOutcomes(t, cfg, log, func(pcfg *pgxpool.Config) {
 		writes = pgtest.CountWrites(&pcfg.ConnConfig.Config)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(main.Close)
-	outcomes, err := newOutcomePool(main, probe, 1, 1, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(outcomes.Close)
 	if n := outcomes.Stat().IdleConns(); n != 1 {
 		t.Fatalf("%d outcome connections open, want 1", n)
 	}
@@ -69,16 +60,7 @@ func TestOutcomesAreNotPlannedOneByOne(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	main, probe, err := newPool(ctx, &Config{DatabaseURL: pgtest.Database(t)}, log, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(main.Close)
-	outcomes, err := newOutcomePool(main, probe, 1, 1, log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(outcomes.Close)
+	main, outcomes := openOutcomes(t, &Config{DatabaseURL: pgtest.Database(t)}, log, nil)
 	store := dedup.NewStore(main).WithGroupCommit(dedup.GroupCommit{MaxBatch: 8, Parallel: 1, Timeout: 10 * time.Second,
 		Outcomes: outcomes})
 	const n = 12
@@ -107,4 +89,20 @@ func TestOutcomesAreNotPlannedOneByOne(t *testing.T) {
 		t.Fatalf("%d outcomes were recorded with %d custom plans and %d runs of a generic plan: want every run generic",
 			n, custom, generic)
 	}
+}
+
+// openOutcomes opens a gateway's main pool on cfg's database_url (tune, when set, adjusts it) and one outcome
+// connection beside it, both closed when the test ends.
+func openOutcomes(t *testing.T, cfg *Config, log *slog.Logger, tune func(*pgxpool.Config)) (main, outcomes *pgxpool.Pool) {
+	t.Helper()
+	main, probe, err := newPool(context.Background(), cfg, log, tune)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(main.Close)
+	if outcomes, err = newOutcomePool(main, probe, 1, 1, log); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(outcomes.Close)
+	return main, outcomes
 }

@@ -44,6 +44,31 @@ END
 $$;
 -- +goose StatementEnd
 
+-- A role that reads the effects can call them. EXECUTE goes to PUBLIC by default, but not where the owner's
+-- default privileges revoke it (ALTER DEFAULT PRIVILEGES ... REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC): a
+-- read-only role would then lose reads by key that it had. Granted as migration 00025 copies the effects'
+-- grants to the bodies.
+-- +goose StatementBegin
+DO $$
+DECLARE
+    g record;
+BEGIN
+    FOR g IN SELECT DISTINCT grantee FROM information_schema.role_table_grants
+             WHERE table_schema = current_schema() AND table_name = 'oncegate_effects' AND privilege_type = 'SELECT'
+                 AND grantee <> (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'oncegate_effects'::regclass)
+    LOOP
+        IF g.grantee = 'PUBLIC' THEN
+            GRANT EXECUTE ON FUNCTION oncegate_key_effect(text, text), oncegate_body_result(bigint),
+                oncegate_body_kept(bigint) TO PUBLIC;
+        ELSE
+            EXECUTE format('GRANT EXECUTE ON FUNCTION oncegate_key_effect(text, text), oncegate_body_result(bigint), '
+                || 'oncegate_body_kept(bigint) TO %I', g.grantee);
+        END IF;
+    END LOOP;
+END
+$$;
+-- +goose StatementEnd
+
 -- +goose Down
 DROP FUNCTION IF EXISTS oncegate_body_kept(bigint);
 DROP FUNCTION IF EXISTS oncegate_body_result(bigint);

@@ -75,7 +75,8 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 	// A read-only role, as docs/cli.md has an operator make: it can still read the effects after.
 	role := "ro_" + strings.ReplaceAll(strings.TrimPrefix(pool.Config().ConnConfig.Database, "og_"), "-", "_")
 	if _, err := pool.Exec(ctx, fmt.Sprintf(`DROP ROLE IF EXISTS %[1]s; CREATE ROLE %[1]s;
-		GRANT SELECT ON ALL TABLES IN SCHEMA public TO %[1]s; GRANT UPDATE (status) ON oncegate_effects TO %[1]s`, role)); err != nil {
+		GRANT SELECT ON ALL TABLES IN SCHEMA public TO %[1]s; GRANT UPDATE (status) ON oncegate_effects TO %[1]s;
+		ALTER DEFAULT PRIVILEGES REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC`, role)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -201,6 +202,14 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 		var can bool
 		if err := pool.QueryRow(ctx, "SELECT has_table_privilege($1, $2, 'SELECT')", role, tbl).Scan(&can); err != nil || !can {
 			t.Fatalf("the read-only role lost SELECT on %s (%v)", tbl, err)
+		}
+	}
+	// The functions of migration 00026 read effects by key: a role that could, still can, even where the
+	// owner's default privileges keep EXECUTE from PUBLIC (an outside tester's read-only role lost it).
+	for _, fn := range []string{"oncegate_key_effect(text, text)", "oncegate_body_result(bigint)", "oncegate_body_kept(bigint)"} {
+		var can bool
+		if err := pool.QueryRow(ctx, "SELECT has_function_privilege($1, $2, 'EXECUTE')", role, fn).Scan(&can); err != nil || !can {
+			t.Fatalf("the read-only role cannot call %s (%v)", fn, err)
 		}
 	}
 	var col bool

@@ -254,6 +254,10 @@ func outcomeShare(total int32, parallel int) int32 {
 	return n
 }
 
+// genericPlansSQL makes the session keep generic plans, unless its plan_cache_mode was chosen already.
+const genericPlansSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', false)
+WHERE current_setting('plan_cache_mode') = 'auto'`
+
 // newOutcomePool opens the outcome connections: the main pool's configuration (its hooks, exec mode and
 // failover checks), at most n connections, each with the statements that record outcomes prepared as it
 // opens, and run once (dedup.PrepareOutcomes). Until the statement recording an outcome is written, a gateway
@@ -271,33 +275,15 @@ func outcomeShare(total int32, parallel int) int32 {
 // Postgres's 100 connections with all 8 of the default share opened at start.
 //
 // Nor does an outcome wait for its statement to be planned: on a connection straight to Postgres (probe), the
-// outcome connections run with plan_cache_mode = force_generic_plan, unless database_url sets it. Left to
-// Postgres, finish.sql was planned again for each outcome, its generic plan being costed as an update of
-// every partition of the effects: 200 µs of Postgres's CPU an outcome on a new database, beside 100 µs to
-// run it, and more with each partition kept. The generic plan finds the effect's partition as it starts
-// (the id is a parameter), and the three statements these connections run have their generic plans held to
-// index scans by dedup's plan tests. Not through a pooler: it would refuse the start-up parameter, and a
-// connection there prepares nothing anyway.
+// outcome connections run with plan_cache_mode = force_generic_plan, unless something chose otherwise
+// (database_url, its options, the role's or the database's settings). Left to Postgres, finish.sql was
+// planned again for each outcome, its generic plan being costed as an update of every partition of the
+// effects: 200 µs of Postgres's CPU an outcome on a new database, beside 100 µs to run it, and more with each
+// partition kept. The generic plan finds the effect's partition as it starts (the id is a parameter), and
+// the three statements these connections run have their generic plans held to index scans by dedup's plan
+// tests. Not through a pooler: the setting would stay on a server connection other clients share.
 func newOutcomePool(main *pgxpool.Pool, probe *poolerProbe, n, warm int32, log *slog.Logger) (*pgxpool.Pool, error) {
 	cfg := main.Config()
-	if _, set := cfg.ConnConfig.RuntimeParams["plan_cache_mode"]; !set {
-		beforeConnect := cfg.BeforeConnect
-		cfg.BeforeConnect = func(ctx context.Context, conn *pgx.ConnConfig) error {
-			if beforeConnect != nil {
-				if err := beforeConnect(ctx, conn); err != nil {
-					return err
-				}
-			}
-			pooled, err := probe.Pooled(ctx)
-			if err != nil {
-				return err
-			}
-			if !pooled {
-				conn.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-			}
-			return nil
-		}
-	}
 	cfg.MaxConns, cfg.MinConns = n, min(n, warm)
 	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
 	// Taken without a check: pgxpool's ping of a connection idle over a second, and the recheck against
@@ -312,6 +298,15 @@ func newOutcomePool(main *pgxpool.Pool, probe *poolerProbe, n, warm int32, log *
 		if afterConnect != nil {
 			if err := afterConnect(ctx, c); err != nil {
 				return err
+			}
+		}
+		pooled, err := probe.Pooled(ctx)
+		if err != nil {
+			return err
+		}
+		if !pooled {
+			if _, err := c.Exec(ctx, genericPlansSQL); err != nil {
+				return fmt.Errorf("outcome connections: plan_cache_mode: %w", err)
 			}
 		}
 		return dedup.PrepareOutcomes(ctx, c)

@@ -106,3 +106,24 @@ func openOutcomes(t *testing.T, cfg *Config, log *slog.Logger, tune func(*pgxpoo
 	t.Cleanup(outcomes.Close)
 	return main, outcomes
 }
+
+// A plan_cache_mode chosen by the operator stays: in database_url's options here, and the same holds for the
+// role's or the database's setting. The startup parameter the outcome connections first sent beat all of
+// them (an outside tester's options=-c plan_cache_mode=force_custom_plan came back force_generic_plan).
+func TestOutcomeConnectionsKeepAPlanCacheModeChosenElsewhere(t *testing.T) {
+	t.Parallel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	url := pgtest.Database(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	_, outcomes := openOutcomes(t, &Config{DatabaseURL: url + sep + "options=-c%20plan_cache_mode%3Dforce_custom_plan"}, log, nil)
+	var mode string
+	if err := outcomes.QueryRow(context.Background(), "SELECT current_setting('plan_cache_mode')").Scan(&mode); err != nil {
+		t.Fatal(err)
+	}
+	if mode != "force_custom_plan" {
+		t.Fatalf("an outcome connection runs with plan_cache_mode %s, want the force_custom_plan database_url chose", mode)
+	}
+}

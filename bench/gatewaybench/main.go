@@ -53,6 +53,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncegate/oncegate/internal/testkit/smtptest"
+	"github.com/oncegate/oncegate/partitions"
 )
 
 var (
@@ -64,6 +65,8 @@ var (
 	windowConc = flag.Int("window-clients", 32, "concurrent clients of the crash-window phase; 0 skips it")
 	windowOnly = flag.Bool("window-only", false, "run the crash-window phase alone")
 	proxyOnly  = flag.Bool("proxy-only", false, "run the dedup proxy phases alone")
+	parts      = flag.Int("partitions", 0, "daily partitions of the effects, their replays and bodies made ahead before the phases, "+
+		"as a database that keeps a month has (0: the new database's own)")
 )
 
 const apiKey = "bench-api-key-4a7c1e9f3b5d8a2c6e0f"
@@ -169,6 +172,23 @@ effect_types:
 	dbconn, err := pgx.Connect(ctx, dbURL)
 	must(err)
 	defer dbconn.Close(ctx)
+	if *parts > 0 {
+		// Made ahead, not behind: the count is what every statement over the effects pays for, and partitions
+		// ahead are neither retired by the gateway's manager nor in the way of the new database's first one.
+		migrate := exec.Command(*gwBin, "migrate")
+		migrate.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+		if out, err := migrate.CombinedOutput(); err != nil {
+			log.Fatalf("gateway migrate: %v\n%s", err, out)
+		}
+		for _, t := range []partitions.Table{partitions.Effects, partitions.Replays, partitions.Bodies} {
+			if _, err := partitions.Ensure(ctx, dbconn, t, 24*time.Hour, *parts, time.Now()); err != nil {
+				log.Fatalf("-partitions: %s: %v", t.Name, err)
+			}
+		}
+		var n int
+		must(dbconn.QueryRow(ctx, "SELECT count(*) FROM pg_inherits WHERE inhparent = 'oncegate_effects'::regclass").Scan(&n))
+		fmt.Printf("%d partitions of the effects, and as many of their replays and bodies\n", n)
+	}
 
 	fmt.Printf("Postgres %s (synchronous_commit=%s), %v a phase, GOMAXPROCS of the machine: %d cores\n\n", version,
 		sync_, *duration, runtime.NumCPU())

@@ -57,13 +57,9 @@ BEGIN
              WHERE table_schema = current_schema() AND table_name = 'oncegate_effects' AND privilege_type = 'SELECT'
                  AND grantee <> (SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = 'oncegate_effects'::regclass)
     LOOP
-        IF g.grantee = 'PUBLIC' THEN
-            GRANT EXECUTE ON FUNCTION oncegate_key_effect(text, text), oncegate_body_result(bigint),
-                oncegate_body_kept(bigint) TO PUBLIC;
-        ELSE
-            EXECUTE format('GRANT EXECUTE ON FUNCTION oncegate_key_effect(text, text), oncegate_body_result(bigint), '
-                || 'oncegate_body_kept(bigint) TO %I', g.grantee);
-        END IF;
+        EXECUTE format('GRANT EXECUTE ON FUNCTION oncegate_key_effect(text, text), oncegate_body_result(bigint), '
+            || 'oncegate_body_kept(bigint) TO %s',
+            CASE WHEN g.grantee = 'PUBLIC' THEN 'PUBLIC' ELSE quote_ident(g.grantee) END);
     END LOOP;
 END
 $$;

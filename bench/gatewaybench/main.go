@@ -349,10 +349,9 @@ func timed(g *gateway, c int, fn func()) result {
 		})
 	}
 	wg.Wait()
-	cpu := perRequest(cpu0, sampleCPU(g.pid), float64(len(lat)))
-	slices.Sort(lat)
-	return result{rate: float64(len(lat)) / time.Since(start).Seconds(), rss: g.maxRSS(), cpu: cpu,
-		p50: lat[len(lat)/2].Round(10 * time.Microsecond), p99: lat[len(lat)*99/100].Round(10 * time.Microsecond)}
+	r := summarize(lat, time.Since(start), perRequest(cpu0, sampleCPU(g.pid), float64(len(lat))))
+	r.rss = g.maxRSS()
+	return r
 }
 
 // commitTime times one client's one-row inserts, each its own transaction, for *duration: one commit (a WAL
@@ -369,10 +368,7 @@ func commitTime(ctx context.Context, conn *pgx.Conn) result {
 		must(err)
 		lat = append(lat, time.Since(t0))
 	}
-	cpu := perRequest(cpu0, sampleCPU(0), float64(len(lat)))
-	slices.Sort(lat)
-	return result{rate: float64(len(lat)) / time.Since(start).Seconds(), cpu: cpu,
-		p50: lat[len(lat)/2].Round(10 * time.Microsecond), p99: lat[len(lat)*99/100].Round(10 * time.Microsecond)}
+	return summarize(lat, time.Since(start), perRequest(cpu0, sampleCPU(0), float64(len(lat))))
 }
 
 // goals prints issue 32's table, each measure of this run beside its goal, and the line scripts read.
@@ -481,10 +477,15 @@ func load(g *gateway, c int, key func() string, want int) result {
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	cpu := perRequest(cpu0, sampleCPU(g.pid), float64(len(lat)))
+	r := summarize(lat, time.Since(start), perRequest(cpu0, sampleCPU(g.pid), float64(len(lat))))
+	r.rss = g.maxRSS()
+	return r
+}
+
+// summarize is a phase's rate and latencies from the latencies of its requests, taken over elapsed.
+func summarize(lat []time.Duration, elapsed time.Duration, cpu string) result {
 	slices.Sort(lat)
-	return result{rate: float64(len(lat)) / elapsed.Seconds(), rss: g.maxRSS(), cpu: cpu,
+	return result{rate: float64(len(lat)) / elapsed.Seconds(), cpu: cpu,
 		p50: lat[len(lat)/2].Round(10 * time.Microsecond), p99: lat[len(lat)*99/100].Round(10 * time.Microsecond)}
 }
 

@@ -262,9 +262,27 @@ type Report struct {
 	// Spent is the time the pass spent in each kind of work: "create", "keep" (the Keep queries), "keys"
 	// (FreeKeys), "detach", "drop".
 	Spent map[string]time.Duration
+	// Steps is the same work one step at a time, in order, with when each began: what a request slowed
+	// during a pass was slowed by (scripts/bench retention sorts its latencies by them).
+	Steps []Step
 	// Short names the tables whose newest partition ends less than one interval ahead: inserts past it fail
 	// if the manager does not run again before then.
 	Short []string
+}
+
+// Step is one piece of a pass's work on one table.
+type Step struct {
+	Kind  string        `json:"kind"` // as in Report.Spent
+	Table string        `json:"table"`
+	At    time.Time     `json:"at"`
+	Took  time.Duration `json:"took_ns"`
+}
+
+// spend records a step of kind on table that began at began and ends now.
+func (r *Report) spend(kind, table string, began time.Time) {
+	took := time.Since(began)
+	r.Spent[kind] += took
+	r.Steps = append(r.Steps, Step{Kind: kind, Table: table, At: began, Took: took})
 }
 
 // Manager keeps the tables' partitions.
@@ -317,7 +335,7 @@ func (m *Manager) logReport(rep Report) {
 	if len(rep.Created)+len(rep.Finalized)+len(rep.Dropped) > 0 {
 		m.cfg.Logger.Info("partitions: pass", "created", rep.Created, "finalized", rep.Finalized,
 			"dropped", rep.Dropped, "keys_freed", rep.Freed, "took_ms", rep.Took.Milliseconds(),
-			"spent_ms", spentMS(rep.Spent))
+			"spent_ms", spentMS(rep.Spent), "steps", rep.Steps)
 	}
 	if len(rep.Kept) > 0 {
 		m.cfg.Logger.Info("partitions: kept past retention, for rows still in use", "kept", rep.Kept)
@@ -406,7 +424,7 @@ func (m *Manager) ahead(ctx context.Context, t Table, rep *Report) error {
 	}
 	began := time.Now()
 	created, err := m.ensure(ctx, t, ps, m.cfg.Now())
-	rep.Spent["create"] += time.Since(began)
+	rep.spend("create", t.Name, began)
 	rep.Created = append(rep.Created, created...)
 	return err
 }
@@ -464,7 +482,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 	for _, p := range ps {
 		if p.pending {
 			rep.Finalized = append(rep.Finalized, p.name)
-			dropped, err := m.retire(ctx, t, p, true, rep.Spent)
+			dropped, err := m.retire(ctx, t, p, true, rep)
 			if err != nil {
 				return err
 			}
@@ -511,7 +529,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		if t.Keep != "" {
 			began := time.Now()
 			keep, err := m.ask(ctx, t.Keep, t, p)
-			rep.Spent["keep"] += time.Since(began)
+			rep.spend("keep", t.Name, began)
 			if err != nil {
 				return fmt.Errorf("partitions: whether to keep %s: %w", p.name, err)
 			}
@@ -528,7 +546,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		if t.FreeKeys != nil {
 			began := time.Now()
 			freed, held, err := t.FreeKeys(ctx, m.conn, p.name, t.retention(m.cfg))
-			rep.Spent["keys"] += time.Since(began)
+			rep.spend("keys", t.Name, began)
 			rep.Freed += freed
 			if err != nil {
 				return fmt.Errorf("partitions: %w", err)
@@ -558,7 +576,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 				continue
 			}
 		}
-		dropped, err := m.retire(ctx, t, p, false, rep.Spent)
+		dropped, err := m.retire(ctx, t, p, false, rep)
 		if err != nil {
 			return err
 		}
@@ -687,14 +705,14 @@ func (m *Manager) ensure(ctx context.Context, t Table, ps []partition, now time.
 
 // retire detaches a partition (or finishes its pending detach) and drops it, or, when its table's Stray
 // query says a row in it came into use meanwhile, attaches it again; dropped says which.
-func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool, spent map[string]time.Duration) (dropped bool, err error) {
+func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool, rep *Report) (dropped bool, err error) {
 	q := detachSQL
 	if pending {
 		q = finalizeSQL
 	}
 	began := time.Now()
 	err = m.ddl(ctx, expand(q, t.Name, p.name))
-	spent["detach"] += time.Since(began)
+	rep.spend("detach", t.Name, began)
 	if err != nil {
 		// A detach whose wait timed out is pending now: the next pass finishes it.
 		return false, err
@@ -717,7 +735,7 @@ func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool
 		}
 	}
 	began = time.Now()
-	defer func() { spent["drop"] += time.Since(began) }()
+	defer rep.spend("drop", t.Name, began)
 	return true, m.ddl(ctx, expand(dropSQL, t.Name, p.name))
 }
 

@@ -197,12 +197,15 @@ type sample struct {
 }
 
 type run struct {
-	mode                string
-	accepted            int64
-	refused             int64
-	duration            time.Duration
-	during, outside     []time.Duration
-	windows             int
+	mode            string
+	accepted        int64
+	refused         int64
+	duration        time.Duration
+	during, outside []time.Duration
+	windows         int
+	// byStep: the latencies of requests during a pass, by the step of the pass they overlapped ("between":
+	// none, the pauses between batches of keys and the pass's own reads).
+	byStep              map[string][]time.Duration
 	retired             int64
 	retireWAL, retireMS float64
 	pgCPU               float64
@@ -278,7 +281,15 @@ partitions: %s
 		return nil, err
 	}
 	defer func() { _ = gw.Process.Kill(); _ = gw.Wait() }()
-	type window struct{ from, to time.Time }
+	type step struct {
+		Kind string    `json:"kind"`
+		At   time.Time `json:"at"`
+		Took int64     `json:"took_ns"`
+	}
+	type window struct {
+		from, to time.Time
+		steps    []step
+	}
 	var mu sync.Mutex
 	var windows []window
 	listening := make(chan string, 1)
@@ -300,6 +311,7 @@ partitions: %s
 				Dropped []string  `json:"dropped"`
 				Effects int64     `json:"effects"`
 				TookMS  int64     `json:"took_ms"`
+				Steps   []step    `json:"steps"`
 			}
 			if json.Unmarshal(sc.Bytes(), &l) != nil {
 				continue
@@ -309,7 +321,7 @@ partitions: %s
 			if retiring {
 				fmt.Fprintf(os.Stderr, "%s %s\n", mode, sc.Text())
 				mu.Lock()
-				windows = append(windows, window{l.Time.Add(-time.Duration(l.TookMS) * time.Millisecond), l.Time})
+				windows = append(windows, window{l.Time.Add(-time.Duration(l.TookMS) * time.Millisecond), l.Time, l.Steps})
 				mu.Unlock()
 			}
 		}
@@ -325,7 +337,7 @@ partitions: %s
 		return nil, err
 	}
 
-	r := &run{mode: mode, duration: *duration, tables: map[string]int64{}}
+	r := &run{mode: mode, duration: *duration, tables: map[string]int64{}, byStep: map[string][]time.Duration{}}
 	cpu0 := cl.cpu()
 	began := time.Now()
 	stop := make(chan struct{})
@@ -418,6 +430,13 @@ partitions: %s
 			for _, w := range ws {
 				if q.start.Before(w.to) && q.end.After(w.from) {
 					overlaps = true
+					kind := "between"
+					for _, st := range w.steps {
+						if q.start.Before(st.At.Add(time.Duration(st.Took))) && q.end.After(st.At) {
+							kind = st.Kind
+						}
+					}
+					r.byStep[kind] = append(r.byStep[kind], q.end.Sub(q.start))
 					break
 				}
 			}
@@ -574,6 +593,14 @@ func report(rs []*run) {
 		return fmt.Sprintf("%.1f ms (%d)", p99(r.outside).Seconds()*1000, len(r.outside))
 	})
 	row("ratio", func(r *run) string { return fmt.Sprintf("%.2fx", ratio(p99(r.during), p99(r.outside))) })
+	for _, kind := range []string{"keys", "detach", "drop", "create", "keep", "between"} {
+		row("  p99 of those overlapping "+kind+" (requests)", func(r *run) string {
+			if len(r.byStep[kind]) == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f ms (%d)", p99(r.byStep[kind]).Seconds()*1000, len(r.byStep[kind]))
+		})
+	}
 	row("effects retired", func(r *run) string { return fmt.Sprint(r.retired) })
 	row("WAL of the retiring statements per effect", func(r *run) string {
 		return fmt.Sprintf("%.0f B", r.retireWAL/float64(max(r.retired, 1)))

@@ -449,6 +449,20 @@ func TestBulkRetryLeavesOutEffectsWhoseBodyExpired(t *testing.T) {
 		t.Fatal(err)
 	}
 	f := admin.EffectFilter{Type: "hook"}
+	// A listing says which bodies expired, as effect show does.
+	page, err := svc.Effects(ctx, viv, f, admin.Page{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired := 0
+	for _, e := range page.Effects {
+		if e.BodyExpired {
+			expired++
+		}
+	}
+	if len(page.Effects) != 5 || expired != 2 {
+		t.Fatalf("listed %d effects, %d with their body expired; want 5 and 2", len(page.Effects), expired)
+	}
 	if n, err := svc.CountRetryable(ctx, viv, f); err != nil || n != 3 {
 		t.Fatalf("dry run: %d %v, want the 3 with their payload", n, err)
 	}

@@ -104,6 +104,9 @@ type Effect struct {
 	// each may have reached the destination, so an effect delivered with one may have been received twice
 	// (under one stable id). The attempts column does not count them.
 	Interrupted int64 `json:"interrupted"`
+	// BodyExpired: the payload and the result were kept apart (retention.payloads) and are gone; the effect
+	// still says what happened, with whom and when.
+	BodyExpired bool `json:"body_expired"`
 }
 
 // Resolution is how an operator resolved an `unknown` effect.
@@ -128,7 +131,7 @@ func scanEffect(r pgx.Row, extra ...any) (*Effect, error) {
 	var at *time.Time
 	dest := []any{&e.ID, &e.Tenant, &e.Key, &e.Type, &status, &e.Attempts, &e.CreatedAt, &e.UpdatedAt,
 		&e.DeliveredAt, &e.NextAttemptAt, &e.LastError, &e.JobID, &e.JobEpoch, &e.TraceID, &e.Replays,
-		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason, &e.Tags, &e.JobQueue, &e.Interrupted}
+		&e.LastReplayAt, &e.LastReplayEpoch, &as, &by, &at, &reason, &e.Tags, &e.JobQueue, &e.Interrupted, &e.BodyExpired}
 	if err := r.Scan(append(dest, extra...)...); err != nil {
 		return nil, err
 	}
@@ -253,9 +256,6 @@ type EffectDetail struct {
 	TraceURL string `json:"trace_url,omitempty"`
 	// Revealed: Payload and Result are as stored (RevealEffect), not redacted to their shape (Effect).
 	Revealed bool `json:"revealed"`
-	// BodyExpired: the payload and the result were kept apart (retention.payloads) and are gone; the effect
-	// still says what happened, with whom and when.
-	BodyExpired bool `json:"body_expired"`
 	// LeaseOwner and LeaseExpiresAt are the lease of the effect's outbox row, while a gateway holds one:
 	// the gateway delivering it (as gateway ls names it) and when another may rescue it. Null otherwise.
 	LeaseOwner     *string    `json:"lease_owner"`
@@ -333,7 +333,7 @@ func (s *Service) effect(ctx context.Context, tenant, key string) (*EffectDetail
 	var d EffectDetail
 	var stable, payload, result *string
 	e, err := scanEffect(s.db.QueryRow(ctx, effectGetSQL, tenant, key), &stable, &payload, &result,
-		&d.LeaseOwner, &d.LeaseExpiresAt, &d.BodyExpired)
+		&d.LeaseOwner, &d.LeaseExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
 	}

@@ -108,6 +108,21 @@ func TestAnEffectWhoseBodyExpiredSaysSo(t *testing.T) {
 	if code != 200 || json.Unmarshal([]byte(body), &d) != nil || !d.BodyExpired || string(d.Payload) != "null" {
 		t.Fatalf("GET /api/v1/effect: %d %s", code, body)
 	}
+	// The listings say so too: the page's row and the API's.
+	if code, _, body := e.get(op, "/effects?tenant="+url.QueryEscape(tenant)+"&status=dead&key_prefix="+url.QueryEscape(key)); code != 200 ||
+		strings.Count(body, "body expired</span>") != 1 {
+		t.Fatalf("the effects page: %d, %d rows say body expired, want 1", code, strings.Count(body, "body expired</span>"))
+	}
+	code, _, body = e.apiGet(e.tokens[admin.RoleOperator], "/api/v1/effects?tenant="+url.QueryEscape(tenant)+"&status=dead&key_prefix="+url.QueryEscape(key))
+	var page admin.EffectPage
+	if code != 200 || json.Unmarshal([]byte(body), &page) != nil {
+		t.Fatalf("GET /api/v1/effects: %d %.300s", code, body)
+	}
+	for _, l := range page.Effects {
+		if l.BodyExpired != (l.Key == key) {
+			t.Fatalf("GET /api/v1/effects: %s body_expired %v", l.Key, l.BodyExpired)
+		}
+	}
 	code, _, body = e.post(op, "/effect/retry", url.Values{"tenant": {tenant}, "key": {key}, "reason": {"again"}},
 		"Sec-Fetch-Site", "same-origin", "Origin", e.url)
 	if s := e.status(tenant, key); s != "dead" || !strings.Contains(body+fmt.Sprint(code), "retention.payloads") {

@@ -259,6 +259,9 @@ func effectLs(c *command, args []string) error {
 				// An interrupted attempt may have reached the destination: say so where on-call looks first.
 				status += fmt.Sprintf(" (%d interrupted)", e.Interrupted)
 			}
+			if e.BodyExpired {
+				status += " (body expired)"
+			}
 			row(w, e.Tenant, e.Key, e.Type, status, e.Attempts, e.Replays, job, e.CreatedAt, last)
 		}
 		nextCursor(w, p.NextCursor)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
@@ -248,6 +249,10 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, lockWait
 	// past timeouts.migration_lock (an outside tester's gateway never started on an empty database).
 	cfg := pool.Config()
 	cfg.MaxConns, cfg.MinConns, cfg.MinIdleConns = 2, 0, 0
+	// A long migration says how far it is (00018's copy of the keys) with a notice; the operator reads it here.
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		log.Info("migration: "+n.Message, "severity", n.Severity)
+	}
 	own, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("database_url: migration connections: %w", err)

@@ -4,9 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/oncegate/oncegate/dedup"
@@ -99,4 +103,159 @@ func TestKeysMigrationKeepsEveryStoredKey(t *testing.T) {
 	if err != nil || replayed || e.ID == ids[[2]string{"a", "old"}] {
 		t.Fatalf("create under the freed key: %v %v %+v", err, replayed, e)
 	}
+}
+
+// Migration 00018 copies the keys of a populated database while gateways of the previous version go on
+// creating and purging effects: their writes are not held off for the copy (they were, for all of it, under
+// the SHARE lock of its first version), the copy carries on from where it stopped when its connection is
+// killed halfway, and at the end every effect, stored before or created during the copy, has its key, and no
+// key points at an effect a purge deleted meanwhile.
+func TestKeysMigrationCopiesOnlineAndCarriesOnAfterAKill(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.EmptyDatabase(t))
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if err := migrations.UpTo(ctx, db, 17); err != nil {
+		t.Fatal(err)
+	}
+	const seeded = 200000
+	fp, err := dedup.Fingerprint("typ", json.RawMessage(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effects (tenant, key, type, payload, fingerprint, status, finished_at)
+		SELECT 't' || (i % 3), 'seed-' || i, 'typ', '{}', '\x00', 'delivered', now() - interval '2 days'
+		FROM generate_series(1, `+fmt.Sprint(seeded)+`) i`); err != nil {
+		t.Fatal(err)
+	}
+
+	// The previous version's writes: creates (its insert.sql named the old constraint by its columns) and its
+	// purge, deleting finished effects oldest first.
+	const previousInsert = `INSERT INTO oncegate_effects (tenant, key, type, payload, fingerprint, status)
+		VALUES ('t1', $1, 'typ', '{}', $2, 'pending') ON CONFLICT (tenant, key) DO NOTHING RETURNING id`
+	const previousPurge = `DELETE FROM oncegate_effects WHERE id IN (SELECT id FROM oncegate_effects
+		WHERE status = 'delivered' ORDER BY id LIMIT 50)`
+	var (
+		stop                     = make(chan struct{})
+		wg                       sync.WaitGroup
+		created, purged, longest atomic.Int64
+		refused                  atomic.Int64 // once the old constraint is dropped: expected
+		firstErr                 atomic.Value
+	)
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			start := time.Now()
+			var id int64
+			err := pool.QueryRow(ctx, previousInsert, fmt.Sprintf("during-%d", i), fp).Scan(&id)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "42P10" {
+				// No constraint for its ON CONFLICT: expected once the copy is done (the progress table goes in
+				// the same transaction as the constraint), a failure before.
+				var copying bool
+				if pool.QueryRow(ctx, `SELECT to_regclass('oncegate_keys_' || 'backfill') IS NOT NULL`).Scan(&copying) == nil && !copying {
+					refused.Add(1)
+					time.Sleep(time.Millisecond)
+					continue
+				}
+			}
+			switch {
+			case err != nil:
+				firstErr.CompareAndSwap(nil, err.Error())
+				return
+			}
+			created.Add(1)
+			if d := time.Since(start).Milliseconds(); d > longest.Load() {
+				longest.Store(d)
+			}
+		}
+	})
+	wg.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			tag, err := pool.Exec(ctx, previousPurge)
+			if err != nil {
+				firstErr.CompareAndSwap(nil, err.Error())
+				return
+			}
+			purged.Add(tag.RowsAffected())
+		}
+	})
+
+	// The first run's connection is killed once the copy is under way, as a killed `gateway migrate` leaves it.
+	killed := make(chan int64, 1)
+	go func() {
+		for {
+			var copied int64
+			err := pool.QueryRow(ctx, `SELECT copied FROM oncegate_keys_backfill`).Scan(&copied)
+			if err == nil && copied >= 20000 {
+				if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+					WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%oncegate_keys_backfill%'
+					AND query NOT LIKE '%pg_terminate_backend%'`); err == nil {
+					killed <- copied
+					return
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	if err := migrations.UpTo(ctx, db, 18); err == nil {
+		t.Fatal("the migration's connection was to be killed during the copy")
+	}
+	atKill := <-killed
+	var resumedFrom int64
+	if err := pool.QueryRow(ctx, `SELECT last_id FROM oncegate_keys_backfill`).Scan(&resumedFrom); err != nil || resumedFrom == 0 {
+		t.Fatalf("the copy's progress after the kill: %d %v", resumedFrom, err)
+	}
+	began := time.Now()
+	if err := migrations.UpTo(ctx, db, 18); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(began)
+	time.Sleep(100 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if e := firstErr.Load(); e != nil {
+		t.Fatalf("a write of the previous version failed during the copy: %v", e)
+	}
+	if longest.Load() > 1000 {
+		t.Fatalf("a create of the previous version waited %d ms during the copy (the second run took %v)",
+			longest.Load(), took)
+	}
+	if created.Load() < 50 || purged.Load() == 0 {
+		t.Fatalf("%d creates and %d purged during the copy", created.Load(), purged.Load())
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_effects e WHERE NOT EXISTS (SELECT FROM oncegate_keys k
+		WHERE k.tenant = e.tenant AND k.key = e.key AND k.effect_id = e.id)`); n != 0 {
+		t.Fatalf("%d effects without their key", n)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_keys k WHERE NOT EXISTS (SELECT FROM oncegate_effects e
+		WHERE e.id = k.effect_id)`); n != 0 {
+		t.Fatalf("%d keys point at an effect the purge deleted", n)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_constraint WHERE conname = 'oncegate_effects_tenant_key'`); n != 0 ||
+		pgtest.Count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = 'oncegate_keys_backfill'`) != 0 {
+		t.Fatal("the old constraint, or the copy's progress, is still there")
+	}
+	// The rest of the migrations, and a gateway of this version, over what the copy left.
+	if _, err := migrations.Up(ctx, db, nil); err != nil {
+		t.Fatal(err)
+	}
+	s := dedup.NewStore(pool).WithRetention(24 * time.Hour)
+	e, replayed, err := s.Create(ctx, dedup.NewEffect{Tenant: "t1", Key: "during-0", Type: "typ", Payload: json.RawMessage(`{}`)})
+	if err != nil || !replayed {
+		t.Fatalf("a key created during the copy, after the upgrade: %v %v %+v", err, replayed, e)
+	}
+	t.Logf("%d effects: killed at %d copied, carried on from id %d; second run %v; meanwhile %d creates (longest %d ms) "+
+		"and %d purged; %d creates refused after the constraint went", seeded, atKill, resumedFrom, took,
+		created.Load(), longest.Load(), purged.Load(), refused.Load())
 }

@@ -33,7 +33,8 @@
 --      patiently. From then on a create of the previous version fails (its ON CONFLICT names the constraint):
 --      an error, nothing recorded, which its worker retries against a gateway of this version. The delete
 --      trigger stays on this table (after 00023, the partition of effects made before it), so that a purge by
---      a gateway of the previous version not yet stopped still takes the effect's key with it.
+--      a gateway of the previous version not yet stopped still takes the effect's key with it; on a database
+--      with no effect (a new one) it goes too.
 -- An effect created before step 2 cannot be missed (step 2's lock waits for its transaction, and the copy
 -- reads it), one created after cannot either (its trigger), and both writing its key is one row (ON
 -- CONFLICT DO NOTHING: the old constraint still holds one effect per key).
@@ -163,8 +164,14 @@ BEGIN
                AND conrelid = 'oncegate_effects'::regclass) THEN
         PERFORM oncegate_patiently('ALTER TABLE oncegate_effects DROP CONSTRAINT oncegate_effects_tenant_key');
     END IF;
-    PERFORM oncegate_patiently('CREATE OR REPLACE TRIGGER oncegate_effects_keys AFTER DELETE '
-        || 'ON oncegate_effects FOR EACH ROW EXECUTE FUNCTION oncegate_keys_follow_effects()');
+    IF EXISTS (SELECT FROM oncegate_effects) THEN
+        PERFORM oncegate_patiently('CREATE OR REPLACE TRIGGER oncegate_effects_keys AFTER DELETE '
+            || 'ON oncegate_effects FOR EACH ROW EXECUTE FUNCTION oncegate_keys_follow_effects()');
+    ELSE
+        -- A new database: no effect of an older gateway for it to follow.
+        DROP TRIGGER IF EXISTS oncegate_effects_keys ON oncegate_effects;
+        DROP FUNCTION IF EXISTS oncegate_keys_follow_effects();
+    END IF;
     DROP TABLE IF EXISTS oncegate_keys_backfill;
 END
 $$;

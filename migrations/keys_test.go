@@ -246,6 +246,9 @@ func TestKeysMigrationCopiesOnlineAndCarriesOnAfterAKill(t *testing.T) {
 		pgtest.Count(t, pool, `SELECT count(*) FROM pg_class WHERE relname = 'oncegate_keys_backfill'`) != 0 {
 		t.Fatal("the old constraint, or the copy's progress, is still there")
 	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_trigger WHERE tgname = 'oncegate_effects_keys'`); n != 1 {
+		t.Fatalf("%d delete triggers left on the effects, want 1 (an old gateway's purge may run still)", n)
+	}
 	// The rest of the migrations, and a gateway of this version, over what the copy left.
 	if _, err := migrations.Up(ctx, db, nil); err != nil {
 		t.Fatal(err)
@@ -258,4 +261,15 @@ func TestKeysMigrationCopiesOnlineAndCarriesOnAfterAKill(t *testing.T) {
 	t.Logf("%d effects: killed at %d copied, carried on from id %d; second run %v; meanwhile %d creates (longest %d ms) "+
 		"and %d purged; %d creates refused after the constraint went", seeded, atKill, resumedFrom, took,
 		created.Load(), longest.Load(), purged.Load(), refused.Load())
+}
+
+// On a new database migration 00018 has no effect of an older gateway to follow: no trigger is left on the
+// effects, whose inserts and deletes would otherwise pay for it.
+func TestANewDatabaseHasNoKeysTrigger(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.EmptyDatabase(t))
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+		WHERE c.relname LIKE 'oncegate_effects%' AND NOT t.tgisinternal`); n != 0 {
+		t.Fatalf("%d triggers on the effects of a new database", n)
+	}
 }

@@ -102,15 +102,18 @@ $$;
 -- +goose StatementBegin
 DO $$
 BEGIN
+    PERFORM set_config('client_connection_check_interval', '1s', false); -- see the copy's
     IF NOT EXISTS (SELECT FROM oncegate_keys_backfill)
         AND EXISTS (SELECT FROM pg_constraint WHERE conname = 'oncegate_effects_tenant_key'
                     AND conrelid = 'oncegate_effects'::regclass) THEN
         PERFORM oncegate_patiently('CREATE OR REPLACE TRIGGER oncegate_effects_keys AFTER INSERT OR DELETE '
             || 'ON oncegate_effects FOR EACH ROW EXECUTE FUNCTION oncegate_keys_follow_effects()');
-        -- total: the planner's estimate, as a count would hold writes off for as long as it reads.
+        -- total: the planner's estimate, as a count would hold writes off for as long as it reads; the span of
+        -- the ids where the table was never analyzed.
         INSERT INTO oncegate_keys_backfill (last_id, until_id, copied, total)
         SELECT 0, coalesce(max(id), 0), 0,
-            (SELECT greatest(reltuples, 0)::bigint FROM pg_class WHERE oid = 'oncegate_effects'::regclass)
+            coalesce((SELECT reltuples::bigint FROM pg_class WHERE oid = 'oncegate_effects'::regclass AND reltuples > 0),
+                max(id) - min(id) + 1, 0)
         FROM oncegate_effects;
     END IF;
 END
@@ -126,6 +129,11 @@ DECLARE
     n bigint;
     told timestamptz := clock_timestamp();
 BEGIN
+    -- A migrate killed stops its copy within a second: Postgres notices a client gone only when it next
+    -- writes to it, and this statement, or a patient wait for a lock, would go on alone on the server, and
+    -- could finish the migration with no process to record it, beside the next migrate's. For this session
+    -- (the setting outlives the batches' commits).
+    PERFORM set_config('client_connection_check_interval', '1s', false);
     LOOP
         SELECT * INTO b FROM oncegate_keys_backfill;
         EXIT WHEN NOT FOUND OR b.last_id >= b.until_id;
@@ -157,22 +165,25 @@ $$;
 -- +goose StatementBegin
 DO $$
 BEGIN
+    PERFORM set_config('client_connection_check_interval', '1s', false); -- see the copy's
     IF EXISTS (SELECT FROM oncegate_keys_backfill WHERE last_id < until_id) THEN
         RAISE EXCEPTION 'oncegate migration 00018: the copy of the keys is not done; run the migration again';
     END IF;
-    IF EXISTS (SELECT FROM pg_constraint WHERE conname = 'oncegate_effects_tenant_key'
-               AND conrelid = 'oncegate_effects'::regclass) THEN
-        PERFORM oncegate_patiently('ALTER TABLE oncegate_effects DROP CONSTRAINT oncegate_effects_tenant_key');
-    END IF;
+    -- Every lock this step needs, each taken patiently, before any DDL: oncegate_patiently leaves lock_timeout
+    -- at 200 ms for the rest of the transaction, so a statement after it that waited (an operator's open
+    -- transaction reading the progress table) would fail the step instead of waiting its turn.
+    PERFORM oncegate_patiently('LOCK TABLE oncegate_keys_backfill IN ACCESS EXCLUSIVE MODE');
+    PERFORM oncegate_patiently('LOCK TABLE oncegate_effects IN ACCESS EXCLUSIVE MODE');
+    ALTER TABLE oncegate_effects DROP CONSTRAINT IF EXISTS oncegate_effects_tenant_key;
     IF EXISTS (SELECT FROM oncegate_effects) THEN
-        PERFORM oncegate_patiently('CREATE OR REPLACE TRIGGER oncegate_effects_keys AFTER DELETE '
-            || 'ON oncegate_effects FOR EACH ROW EXECUTE FUNCTION oncegate_keys_follow_effects()');
+        CREATE OR REPLACE TRIGGER oncegate_effects_keys AFTER DELETE ON oncegate_effects
+            FOR EACH ROW EXECUTE FUNCTION oncegate_keys_follow_effects();
     ELSE
         -- A new database: no effect of an older gateway for it to follow.
         DROP TRIGGER IF EXISTS oncegate_effects_keys ON oncegate_effects;
         DROP FUNCTION IF EXISTS oncegate_keys_follow_effects();
     END IF;
-    DROP TABLE IF EXISTS oncegate_keys_backfill;
+    DROP TABLE oncegate_keys_backfill;
 END
 $$;
 -- +goose StatementEnd

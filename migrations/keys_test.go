@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -113,7 +116,8 @@ func TestKeysMigrationKeepsEveryStoredKey(t *testing.T) {
 func TestKeysMigrationCopiesOnlineAndCarriesOnAfterAKill(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool := pgtest.Pool(t, pgtest.EmptyDatabase(t))
+	url := pgtest.EmptyDatabase(t)
+	pool := pgtest.Pool(t, url)
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
 	if err := migrations.UpTo(ctx, db, 17); err != nil {
@@ -191,27 +195,52 @@ func TestKeysMigrationCopiesOnlineAndCarriesOnAfterAKill(t *testing.T) {
 		}
 	})
 
-	// The first run's connection is killed once the copy is under way, as a killed `gateway migrate` leaves it.
-	killed := make(chan int64, 1)
-	go func() {
-		for {
-			var copied int64
-			err := pool.QueryRow(ctx, `SELECT copied FROM oncegate_keys_backfill`).Scan(&copied)
-			if err == nil && copied >= 20000 {
-				if _, err := pool.Exec(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-					WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%oncegate_keys_backfill%'
-					AND query NOT LIKE '%pg_terminate_backend%'`); err == nil {
-					killed <- copied
-					return
-				}
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}()
-	if err := migrations.UpTo(ctx, db, 18); err == nil {
-		t.Fatal("the migration's connection was to be killed during the copy")
+	// The first run is a client process (psql running the migration's file) SIGKILLed once the copy is under
+	// way, as a killed `gateway migrate` leaves it: the server must stop copying within a second or two, not
+	// carry on alone and finish the migration with nobody to record it.
+	file := filepath.Join(t.TempDir(), "00018.sql")
+	if err := os.WriteFile(file, []byte(migrations.Source("00018_keys.sql")), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	atKill := <-killed
+	client := exec.Command("psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", url, "-f", file)
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	progress := func() (copied int64) {
+		_ = pool.QueryRow(ctx, `SELECT copied FROM oncegate_keys_backfill`).Scan(&copied)
+		return copied
+	}
+	deadline := time.Now().Add(time.Minute)
+	for progress() < 20000 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	_ = client.Process.Kill()
+	_ = client.Wait()
+	atKill := progress()
+	time.Sleep(2 * time.Second) // Postgres checks for its client every second
+	stopped := progress()
+	time.Sleep(1500 * time.Millisecond)
+	if after := progress(); atKill < 20000 || after != stopped {
+		t.Fatalf("copied %d when its client was killed, %d two seconds later, %d after 1.5 s more: the copy went "+
+			"on alone", atKill, stopped, after)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
+		AND pid <> pg_backend_pid() AND state <> 'idle' AND query LIKE '%oncegate_keys_backfill%'`); n != 0 {
+		t.Fatalf("%d backends still run the migration after its client was killed", n)
+	}
+	// An operator's open transaction reading the progress, as the docs suggest, while the second run ends:
+	// its last step waits for it rather than failing.
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := reader.Exec(ctx, `SELECT copied, total, updated_at FROM oncegate_keys_backfill`); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(time.Second)
+		_ = reader.Commit(ctx)
+	}()
 	var resumedFrom int64
 	if err := pool.QueryRow(ctx, `SELECT last_id FROM oncegate_keys_backfill`).Scan(&resumedFrom); err != nil || resumedFrom == 0 {
 		t.Fatalf("the copy's progress after the kill: %d %v", resumedFrom, err)
@@ -258,7 +287,7 @@ func TestKeysMigrationCopiesOnlineAndCarriesOnAfterAKill(t *testing.T) {
 	if err != nil || !replayed {
 		t.Fatalf("a key created during the copy, after the upgrade: %v %v %+v", err, replayed, e)
 	}
-	t.Logf("%d effects: killed at %d copied, carried on from id %d; second run %v; meanwhile %d creates (longest %d ms) "+
+	t.Logf("%d effects: client killed at %d copied, carried on from id %d; second run %v; meanwhile %d creates (longest %d ms) "+
 		"and %d purged; %d creates refused after the constraint went", seeded, atKill, resumedFrom, took,
 		created.Load(), longest.Load(), purged.Load(), refused.Load())
 }

@@ -53,7 +53,12 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 	defer span.End()
 	tc := traceContext(ctx)
 	stableID := effect.NewStableID(ne.Tenant, ne.Key)
-	for range 2 {
+	for try := range 3 { // as Create's
+		if try == 2 {
+			if freed, err := s.freeDangling(ctx, ne.Tenant, ne.Key); err != nil || !freed {
+				return nil, nil, false, cmp.Or(err, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key))
+			}
+		}
 		sent := time.Now()
 		var e Effect
 		var stored *string

@@ -70,6 +70,7 @@ var (
 	getBatchSQL     = query("get_batch")
 	fenceSQL        = query("fence")
 	getSQL          = query("get")
+	freeDanglingSQL = query("free_dangling_key")
 	listSQL         = query("list")
 	claimSQL        = query("claim")
 	claimLimitedSQL = query("claim_limited")
@@ -275,8 +276,14 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 	tc := traceContext(ctx)
 	// Drawn before the insert: of concurrent creates, the one whose insert wins keeps its id.
 	stableID := effect.NewStableID(ne.Tenant, ne.Key)
-	// Two tries: the stored effect can be purged by retention between the insert that lost and the read.
-	for range 2 {
+	// Two tries: the stored effect can be purged by retention between the insert that lost and the read; a
+	// third after freeing the key, when it points at an effect no longer stored (free_dangling_key.sql).
+	for try := range 3 {
+		if try == 2 {
+			if freed, err := s.freeDangling(ctx, ne.Tenant, ne.Key); err != nil || !freed {
+				return nil, false, cmp.Or(err, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key))
+			}
+		}
 		if ne.JobID != "" {
 			e, err = s.createFenced(ctx, ne, fp, tc, stableID)
 			var fenced *FencedError
@@ -313,6 +320,16 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 		return e, true, nil
 	}
 	return nil, false, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key)
+}
+
+// freeDangling frees the tenant's key if it points at an effect no longer stored (free_dangling_key.sql), and
+// says whether it did.
+func (s *Store) freeDangling(ctx context.Context, tenant, key string) (bool, error) {
+	tag, err := s.db.Exec(ctx, freeDanglingSQL, tenant, key)
+	if err != nil {
+		return false, translate("free a key whose effect is gone", err)
+	}
+	return tag.RowsAffected() > 0, nil
 }
 
 // insert records a new effect: through a batch when the store batches, else in a statement of its own. It

@@ -251,3 +251,33 @@ func TestExtendLeaseIsFencedByTheToken(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A key pointing at an effect no longer stored (a gateway older than migration 00018, left running beside
+// this version, purged it by its own retention) is what a purge would have freed: a request under it makes a
+// new effect, through a statement of its own and through a batch, where it used to fail for good ("vanished
+// twice") until the key expired.
+func TestAKeyWhoseEffectIsGoneIsClaimedAgain(t *testing.T) {
+	t.Parallel()
+	plain, pool := newStore(t)
+	ctx := context.Background()
+	for name, s := range map[string]*Store{"alone": plain.WithRetention(time.Hour),
+		"batched": plain.WithRetention(time.Hour).WithGroupCommit(DefaultGroupCommit)} {
+		key := "gone-" + name
+		old, _, err := s.Create(ctx, NewEffect{Tenant: "t", Key: key, Type: "typ", Payload: json.RawMessage(`{}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `WITH o AS (DELETE FROM oncegate_outbox WHERE effect_id = $1)
+			DELETE FROM oncegate_effects WHERE id = $1`, old.ID); err != nil {
+			t.Fatal(err)
+		}
+		e, replayed, err := s.Create(ctx, NewEffect{Tenant: "t", Key: key, Type: "typ", Payload: json.RawMessage(`{}`)})
+		if err != nil || replayed || e.ID == old.ID {
+			t.Fatalf("%s: a create under a key whose effect is gone: %v, replayed %v, %+v", name, err, replayed, e)
+		}
+		if _, replayed, err := s.Create(ctx, NewEffect{Tenant: "t", Key: key, Type: "typ",
+			Payload: json.RawMessage(`{}`)}); err != nil || !replayed {
+			t.Fatalf("%s: the next request under it: %v, replayed %v", name, err, replayed)
+		}
+	}
+}

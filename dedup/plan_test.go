@@ -301,27 +301,11 @@ func TestLoneReadsOpenOnePartition(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Release()
-	for _, name := range []string{"insert", "insert_leased", "get", "insert_batch", "get_batch"} {
+	for _, name := range []string{"insert", "insert_leased", "get"} {
 		for _, n := range pgtest.GenericPlanNodes(t, conn.Conn(), name, query(name)) {
 			if strings.Contains(n, " on oncegate_effects_p") || strings.Contains(n, " on oncegate_effect_bodies_p") {
 				t.Errorf("%s: the plan opens a partition for no key: %s", name, n)
 			}
-		}
-	}
-	// A batch replaying a stored key opens the partition of its effect, and only it.
-	if _, _, err := NewStore(pool).Create(context.Background(), NewEffect{Tenant: "t", Key: "stored", Type: "typ",
-		Payload: []byte(`{}`)}); err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"insert_batch", "get_batch"} {
-		opened := 0
-		for _, n := range pgtest.GenericPlanNodesFor(t, conn.Conn(), name, query(name), `'{t,t}'`, `'{stored,new}'`) {
-			if strings.Contains(n, " on oncegate_effects_p") {
-				opened++
-			}
-		}
-		if opened != 1 {
-			t.Errorf("%s: a batch replaying one stored key opens %d partitions of the effects, want 1", name, opened)
 		}
 	}
 }

@@ -24,10 +24,6 @@
 -- cheaper than the generic plan that Postgres planned every batch afresh, on every connection, for good
 -- (it decides after five runs): replays in batches of two or three ran at a third of the rate
 -- (BenchmarkReplay, callers=8, 3,700 a second against 11,000 with the generic plan).
--- The replays are read in one scan, by their ids (a key used twice in the batch gives one row: the caller
--- answers by key), bounded by the lowest and highest id the batch's keys point at (migration 00027), which
--- Postgres knows as the statement starts: it opens only the partitions of effects between them, none for a
--- batch of new keys.
 WITH input AS (
     SELECT i.*
     FROM (SELECT $1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[],
@@ -87,7 +83,8 @@ WITH input AS (
 )
 SELECT true AS created, {{written}} FROM effect
 UNION ALL
-SELECT false, {{columns}} FROM oncegate_effects e
-WHERE e.id = ANY (ARRAY(SELECT seen.effect_id FROM seen WHERE seen.held))
-    AND e.tenant = ANY ($1::text[])
-    AND e.id >= oncegate_keys_effect_bound($1, $2, false) AND e.id <= oncegate_keys_effect_bound($1, $2, true)
+SELECT false, stored.*
+FROM input JOIN seen USING (ord) CROSS JOIN LATERAL (
+    SELECT {{columns}} FROM oncegate_effects e WHERE e.id = seen.effect_id AND e.tenant = input.tenant LIMIT 1
+) stored
+WHERE seen.held

@@ -35,14 +35,6 @@ func GenericPlanSeqScans(t testing.TB, conn *pgx.Conn, name, sql string) []strin
 // is "Full Index Scan on relation".
 func GenericPlanNodes(t testing.TB, conn *pgx.Conn, name, sql string) []string {
 	t.Helper()
-	return GenericPlanNodesFor(t, conn, name, sql)
-}
-
-// GenericPlanNodesFor is GenericPlanNodes for parameters given as SQL literals ('{t,t}', 42), the first ones
-// of the statement's (NULL for the rest): the plan as its executor starts with them, after the partitions
-// they rule out are left out.
-func GenericPlanNodesFor(t testing.TB, conn *pgx.Conn, name, sql string, literals ...string) []string {
-	t.Helper()
 	ctx := context.Background()
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
 		t.Fatal(err)
@@ -57,17 +49,9 @@ func GenericPlanNodesFor(t testing.TB, conn *pgx.Conn, name, sql string, literal
 	if _, err := conn.Exec(ctx, "PREPARE "+stmt+" AS "+sql); err != nil {
 		t.Fatalf("prepare %s: %v", name, err)
 	}
-	deallocate := "DEALLOCATE " + stmt // before stmt gets its arguments
-	defer func() { _, _ = conn.Exec(ctx, deallocate) }()
+	defer func() { _, _ = conn.Exec(ctx, "DEALLOCATE "+stmt) }()
 	if n > 0 {
-		args := make([]string, n)
-		for i := range args {
-			args[i] = "NULL"
-			if i < len(literals) {
-				args[i] = literals[i]
-			}
-		}
-		stmt += "(" + strings.Join(args, ", ") + ")"
+		stmt += "(" + strings.TrimSuffix(strings.Repeat("NULL, ", n), ", ") + ")"
 	}
 	var plan []byte
 	if err := conn.QueryRow(ctx, "EXPLAIN (FORMAT JSON) EXECUTE "+stmt).Scan(&plan); err != nil {

@@ -9,15 +9,21 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
 // BenchmarkCreate records a new effect per operation from 1, 8 and 32 concurrent callers through group
 // commit as a gateway configures it: what the store does without HTTP in front of it. It reports the mean
-// batch size. BENCH_PARALLEL=N sets GroupCommit.Parallel, to compare statements in flight.
+// batch size. BENCH_PARALLEL=N sets GroupCommit.Parallel, to compare statements in flight; BENCH_PARTITIONS=N
+// makes the effects N daily partitions, the days before today's, as a month of retention keeps them.
 func BenchmarkCreate(b *testing.B) {
 	for _, callers := range []int{1, 8, 32} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			base, _ := newStore(b)
+			base, _ := benchStore(b)
 			gc := DefaultGroupCommit
 			if p := os.Getenv("BENCH_PARALLEL"); p != "" {
 				gc.Parallel, _ = strconv.Atoi(p)
@@ -46,6 +52,18 @@ func BenchmarkCreate(b *testing.B) {
 	}
 }
 
+// benchStore is newStore, over BENCH_PARTITIONS daily partitions when it is set.
+func benchStore(b *testing.B) (*Store, *pgxpool.Pool) {
+	n, _ := strconv.Atoi(os.Getenv("BENCH_PARTITIONS"))
+	if n == 0 {
+		return newStore(b)
+	}
+	url := pgtest.Database(b)
+	pgtest.Repartition(b, url, 24*time.Hour, time.Now().Add(-time.Duration(n)*24*time.Hour))
+	pool := pgtest.Pool(b, url)
+	return NewStore(pool), pool
+}
+
 // BenchmarkFingerprint: a request's fingerprint, decoded once, against the envelope's round trip it replaced.
 func BenchmarkFingerprint(b *testing.B) {
 	payload := json.RawMessage(`{"to":"user_6@example.com","template":"welcome","vars":{"name":"Ada","plan":"pro","n":42}}`)
@@ -72,7 +90,7 @@ func BenchmarkFingerprint(b *testing.B) {
 func BenchmarkReplay(b *testing.B) {
 	for _, callers := range []int{1, 8} {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
-			base, _ := newStore(b)
+			base, _ := benchStore(b)
 			s := base.WithGroupCommit(DefaultGroupCommit)
 			payload := json.RawMessage(`{"name":"signup","properties":{"plan":"pro"}}`)
 			const keys = 1000

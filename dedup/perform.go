@@ -56,7 +56,7 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 	for try := range 3 { // as Create's
 		if try == 2 {
 			if freed, err := s.freeDangling(ctx, ne.Tenant, ne.Key); err != nil || !freed {
-				return nil, nil, false, cmp.Or(err, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key))
+				return nil, nil, false, cmp.Or(err, vanished(ne.Key))
 			}
 		}
 		sent := time.Now()
@@ -98,7 +98,7 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 		span.SetAttributes(attribute.Bool("idempotency.replayed", true))
 		return existing, nil, true, nil
 	}
-	return nil, nil, false, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key)
+	return nil, nil, false, vanished(ne.Key)
 }
 
 // EffectClaim is what ClaimEffect came to: the row leased to the caller (Found), or else the token of the

@@ -281,7 +281,7 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 	for try := range 3 {
 		if try == 2 {
 			if freed, err := s.freeDangling(ctx, ne.Tenant, ne.Key); err != nil || !freed {
-				return nil, false, cmp.Or(err, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key))
+				return nil, false, cmp.Or(err, vanished(ne.Key))
 			}
 		}
 		if ne.JobID != "" {
@@ -319,7 +319,12 @@ func (s *Store) Create(ctx context.Context, ne NewEffect) (e *Effect, replayed b
 		span.SetAttributes(attribute.Bool("idempotency.replayed", true))
 		return e, true, nil
 	}
-	return nil, false, fmt.Errorf("dedup: effect %q vanished twice while being read", ne.Key)
+	return nil, false, vanished(ne.Key)
+}
+
+// vanished is the error of a create whose key's effect could not be read after the key was found taken.
+func vanished(key string) error {
+	return fmt.Errorf("dedup: effect %q vanished twice while being read", key)
 }
 
 // freeDangling frees the tenant's key if it points at an effect no longer stored (free_dangling_key.sql), and

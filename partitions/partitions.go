@@ -259,11 +259,9 @@ type Report struct {
 	Kept      []string      // partitions past retention kept, because of their Keep query (or a key still held)
 	Freed     int64         // keys freed with the partitions of effects retired
 	Took      time.Duration // the pass's length, as Run measured it
-	// Spent is the time the pass spent in each kind of work: "create", "keep" (the Keep queries), "keys"
-	// (FreeKeys), "detach", "drop".
-	Spent map[string]time.Duration
-	// Steps is the same work one step at a time, in order, with when each began: what a request slowed
-	// during a pass was slowed by (scripts/bench retention sorts its latencies by them).
+	// Steps is the pass's work one step at a time, in order, with when each began: what a request slowed
+	// during a pass was slowed by (scripts/bench retention sorts its latencies by them). The log also sums
+	// them by kind (spent_ms).
 	Steps []Step
 	// Short names the tables whose newest partition ends less than one interval ahead: inserts past it fail
 	// if the manager does not run again before then.
@@ -272,7 +270,8 @@ type Report struct {
 
 // Step is one piece of a pass's work on one table.
 type Step struct {
-	Kind  string        `json:"kind"` // as in Report.Spent
+	// Kind: "create", "keep" (the Keep queries), "keys" (FreeKeys), "detach", "drop".
+	Kind  string        `json:"kind"`
 	Table string        `json:"table"`
 	At    time.Time     `json:"at"`
 	Took  time.Duration `json:"took_ns"`
@@ -280,9 +279,7 @@ type Step struct {
 
 // spend records a step of kind on table that began at began and ends now.
 func (r *Report) spend(kind, table string, began time.Time) {
-	took := time.Since(began)
-	r.Spent[kind] += took
-	r.Steps = append(r.Steps, Step{Kind: kind, Table: table, At: began, Took: took})
+	r.Steps = append(r.Steps, Step{Kind: kind, Table: table, At: began, Took: time.Since(began)})
 }
 
 // Manager keeps the tables' partitions.
@@ -335,7 +332,7 @@ func (m *Manager) logReport(rep Report) {
 	if len(rep.Created)+len(rep.Finalized)+len(rep.Dropped) > 0 {
 		m.cfg.Logger.Info("partitions: pass", "created", rep.Created, "finalized", rep.Finalized,
 			"dropped", rep.Dropped, "keys_freed", rep.Freed, "took_ms", rep.Took.Milliseconds(),
-			"spent_ms", spentMS(rep.Spent), "steps", rep.Steps)
+			"spent_ms", spentMS(rep.Steps), "steps", rep.Steps)
 	}
 	if len(rep.Kept) > 0 {
 		m.cfg.Logger.Info("partitions: kept past retention, for rows still in use", "kept", rep.Kept)
@@ -389,7 +386,7 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 		}
 		m.conn = conn
 	}
-	rep := Report{Spent: map[string]time.Duration{}}
+	var rep Report
 	// Partitions ahead first, for every table, whatever happens to retirement after: an insert needs its
 	// partition, while retiring one can wait. A reader holding a table makes a detach (or its FINALIZE) time
 	// out, and a pass that stopped there made no partition ahead: inserts failed once the newest ended.
@@ -739,9 +736,13 @@ func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool
 	return true, m.ddl(ctx, expand(dropSQL, t.Name, p.name))
 }
 
-func spentMS(s map[string]time.Duration) map[string]int64 {
-	out := make(map[string]int64, len(s))
-	for k, d := range s {
+func spentMS(steps []Step) map[string]int64 {
+	sum := map[string]time.Duration{}
+	for _, st := range steps {
+		sum[st.Kind] += st.Took
+	}
+	out := make(map[string]int64, len(sum))
+	for k, d := range sum {
 		out[k] = d.Milliseconds()
 	}
 	return out

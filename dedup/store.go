@@ -421,7 +421,10 @@ func (s *Store) List(ctx context.Context, tenant string, f Filter) (*Page, error
 		}
 		after = &id
 	}
-	rows, err := s.db.Query(ctx, listSQL, tenant, status, typ, after, f.Limit+1)
+	// Planned for its values (the simple protocol sends them in the text), as status_is.sql is written to be:
+	// a gateway's connections keep generic plans (gateway.newPool), and one plan for every filter would read a
+	// tenant's every effect to find its few failed ones.
+	rows, err := s.db.Query(ctx, listSQL, pgx.QueryExecModeSimpleProtocol, tenant, status, typ, after, f.Limit+1)
 	if err != nil {
 		return nil, translate("list effects", err)
 	}

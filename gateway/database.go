@@ -62,7 +62,17 @@ func (p *poolerProbe) Pooled(ctx context.Context) (bool, error) {
 // every connection runs in pgx's exec mode: no prepared statements, which a transaction-pooling PgBouncer
 // (1.18, or later without max_prepared_statements) loses between transactions. Every statement of the store
 // runs in that mode (dedup's TestEveryStatementRunsInEveryQueryExecMode).
-func newPool(ctx context.Context, c *Config, log *slog.Logger, tune func(*pgxpool.Config)) (*pgxpool.Pool, *poolerProbe, error) {
+//
+// With generic, a connection straight to Postgres keeps generic plans (plan_cache_mode = force_generic_plan,
+// unless something chose otherwise: see newOutcomePool). Left to Postgres ("auto"), a statement over the
+// partitioned effects is planned again at every run whenever its generic plan, costed as if every partition
+// were read, looks dearer than planning it for its parameters: in `scripts/bench retention` Postgres spent
+// 22.4 s planning read_payloads.sql against 1.5 s running it, and planned insert.sql at one run in six (2.1
+// ms a plan, more than its run), about as much of its time planning as running statements. Every statement
+// of a request, a claim and an outcome is written for its generic plan, which dedup's plan tests hold to
+// index scans on empty tables; a listing that wants a plan for its filters asks for one (dedup.Store.List).
+func newPool(ctx context.Context, c *Config, log *slog.Logger, tune func(*pgxpool.Config),
+	generic bool) (*pgxpool.Pool, *poolerProbe, error) {
 	pcfg, err := c.poolConfig()
 	if err != nil {
 		return nil, nil, err
@@ -77,6 +87,24 @@ func newPool(ctx context.Context, c *Config, log *slog.Logger, tune func(*pgxpoo
 	cc, err := pgconn.ParseConfig(c.DatabaseURL)
 	if err != nil {
 		return nil, nil, fmt.Errorf("database_url: %w", err)
+	}
+	if generic {
+		afterConnect := pcfg.AfterConnect
+		pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			if afterConnect != nil {
+				if err := afterConnect(ctx, c); err != nil {
+					return err
+				}
+			}
+			pooled, err := probe.Pooled(ctx)
+			if err != nil || pooled {
+				return err
+			}
+			if _, err := c.Exec(ctx, genericPlansSQL); err != nil {
+				return fmt.Errorf("database_url: plan_cache_mode: %w", err)
+			}
+			return nil
+		}
 	}
 	if _, chosen := cc.RuntimeParams["default_query_exec_mode"]; !chosen {
 		var once sync.Once
@@ -274,15 +302,16 @@ WHERE current_setting('plan_cache_mode') = 'auto'`
 // 0.32. Not more: each is a server process, and the test suite's gateways, starting together, took 93 of a
 // Postgres's 100 connections with all 8 of the default share opened at start.
 //
-// Nor does an outcome wait for its statement to be planned: on a connection straight to Postgres (probe), the
-// outcome connections run with plan_cache_mode = force_generic_plan, unless something chose otherwise
-// (database_url, its options, the role's or the database's settings). Left to Postgres, finish.sql was
+// Nor does an outcome wait for its statement to be planned: on a connection straight to Postgres, the
+// outcome connections run with plan_cache_mode = force_generic_plan as the main pool's do (newPool, whose
+// AfterConnect they share), unless something chose otherwise (database_url, its options, the role's or the
+// database's settings). Left to Postgres, finish.sql was
 // planned again for each outcome, its generic plan being costed as an update of every partition of the
 // effects: 200 µs of Postgres's CPU an outcome on a new database, beside 100 µs to run it, and more with each
 // partition kept. The generic plan finds the effect's partition as it starts (the id is a parameter), and
 // the three statements these connections run have their generic plans held to index scans by dedup's plan
 // tests. Not through a pooler: the setting would stay on a server connection other clients share.
-func newOutcomePool(main *pgxpool.Pool, probe *poolerProbe, n, warm int32, log *slog.Logger) (*pgxpool.Pool, error) {
+func newOutcomePool(main *pgxpool.Pool, n, warm int32, log *slog.Logger) (*pgxpool.Pool, error) {
 	cfg := main.Config()
 	cfg.MaxConns, cfg.MinConns = n, min(n, warm)
 	cfg.MaxConnLifetimeJitter = cfg.MaxConnLifetime / 4 // renewed one at a time, not all at once
@@ -298,15 +327,6 @@ func newOutcomePool(main *pgxpool.Pool, probe *poolerProbe, n, warm int32, log *
 		if afterConnect != nil {
 			if err := afterConnect(ctx, c); err != nil {
 				return err
-			}
-		}
-		pooled, err := probe.Pooled(ctx)
-		if err != nil {
-			return err
-		}
-		if !pooled {
-			if _, err := c.Exec(ctx, genericPlansSQL); err != nil {
-				return fmt.Errorf("outcome connections: plan_cache_mode: %w", err)
 			}
 		}
 		return dedup.PrepareOutcomes(ctx, c)

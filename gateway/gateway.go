@@ -25,6 +25,7 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"github.com/gorilla/mux"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -126,7 +127,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		if !cfg.Partitions.Disabled && cfg.ListenURL == "" && pcfg.MaxConns > 2 {
 			pcfg.MaxConns--
 		}
-	})
+	}, true)
 	if err != nil {
 		_ = reg.Close()
 		return nil, fmt.Errorf("gateway: %w", err)
@@ -135,7 +136,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		Timeout: time.Duration(cfg.Timeouts.Database)}
 	var outcomes *pgxpool.Pool
 	if outcomeConns > 0 {
-		if outcomes, err = newOutcomePool(pool, probe, outcomeConns, int32(2*max(cfg.GroupCommit.Parallel, 1)), log); err != nil {
+		if outcomes, err = newOutcomePool(pool, outcomeConns, int32(2*max(cfg.GroupCommit.Parallel, 1)), log); err != nil {
 			pool.Close()
 			_ = reg.Close()
 			return nil, fmt.Errorf("gateway: %w", err)
@@ -235,7 +236,7 @@ func (g *Gateway) Migrate(ctx context.Context) error {
 // Migrate applies pending migrations to the database at databaseURL, without a gateway: `gateway migrate`
 // with no configuration file, which needs neither tenants nor effect types.
 func Migrate(ctx context.Context, databaseURL string, log *slog.Logger) error {
-	pool, _, err := newPool(ctx, &Config{DatabaseURL: databaseURL}, log, nil)
+	pool, _, err := newPool(ctx, &Config{DatabaseURL: databaseURL}, log, nil, false)
 	if err != nil {
 		return err
 	}
@@ -252,6 +253,18 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, lockWait
 	// A long migration says how far it is (00018's copy of the keys) with a notice; the operator reads it here.
 	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
 		log.Info("migration: "+n.Message, "severity", n.Severity)
+	}
+	// Migrations plan as Postgres chooses, not with the gateway's generic plans (newPool): RESET goes back to
+	// what database_url, the role or the database chose, or to auto.
+	afterConnect := cfg.AfterConnect
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if afterConnect != nil {
+			if err := afterConnect(ctx, c); err != nil {
+				return err
+			}
+		}
+		_, err := c.Exec(ctx, "RESET plan_cache_mode")
+		return err
 	}
 	own, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -139,7 +139,7 @@ func startCluster() (*cluster, error) {
 		return nil, fmt.Errorf("initdb: %v\n%s", err, out)
 	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements "+
-		"-c pg_stat_statements.track=all -c max_connections=200 -c shared_buffers=512MB -c fsync=on "+
+		"-c pg_stat_statements.track=all -c pg_stat_statements.track_planning=on -c max_connections=200 -c shared_buffers=512MB -c fsync=on "+
 		"-c synchronous_commit=on", port, dir)
 	if out, err := c.cmd("pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"),
 		"-w", "start").CombinedOutput(); err != nil {
@@ -214,6 +214,18 @@ type run struct {
 	deadEnd             int64
 	tables              map[string]int64
 	statements          []string
+	// planDuring, planOutside: Postgres's planning time (pg_stat_statements.track_planning) a second, over
+	// the seconds that overlapped a retirement and the others. A DDL on a partitioned table invalidates every
+	// session's cached plans of it, so a replanning wave would show here.
+	planDuring, planOutside   float64
+	plansDuring, plansOutside float64
+}
+
+// planSample is pg_stat_statements' planning totals at one moment.
+type planSample struct {
+	at    time.Time
+	ms    float64
+	plans float64
 }
 
 func measure(ctx context.Context, cl *cluster, mode string) (*run, error) {
@@ -393,9 +405,20 @@ partitions: %s
 		FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 		WHERE c.relkind = 'r' AND c.relname LIKE 'oncegate\_%' AND c.relname NOT LIKE 'oncegate\_effect\_attempts%'`
 	tick := time.NewTicker(10 * time.Second)
+	planTick := time.NewTicker(time.Second)
+	defer planTick.Stop()
+	var plans []planSample
 	deadline := time.After(*duration)
 	for done := false; !done; {
 		select {
+		case <-planTick.C:
+			var p planSample
+			if err := pool.QueryRow(ctx, `SELECT coalesce(sum(total_plan_time), 0)::float8, coalesce(sum(plans), 0)::float8
+				FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).
+				Scan(&p.ms, &p.plans); err == nil {
+				p.at = time.Now()
+				plans = append(plans, p)
+			}
 		case <-tick.C:
 			var s sample
 			s.at = time.Since(began)
@@ -447,6 +470,29 @@ partitions: %s
 			}
 		}
 	}
+	var dSecs, oSecs float64
+	for i := 1; i < len(plans); i++ {
+		a, b := plans[i-1], plans[i]
+		secs := b.at.Sub(a.at).Seconds()
+		in := false
+		for _, w := range ws {
+			if a.at.Before(w.to) && b.at.After(w.from) {
+				in = true
+				break
+			}
+		}
+		if in {
+			r.planDuring, r.plansDuring, dSecs = r.planDuring+b.ms-a.ms, r.plansDuring+b.plans-a.plans, dSecs+secs
+		} else {
+			r.planOutside, r.plansOutside, oSecs = r.planOutside+b.ms-a.ms, r.plansOutside+b.plans-a.plans, oSecs+secs
+		}
+	}
+	if dSecs > 0 {
+		r.planDuring, r.plansDuring = r.planDuring/dSecs, r.plansDuring/dSecs
+	}
+	if oSecs > 0 {
+		r.planOutside, r.plansOutside = r.planOutside/oSecs, r.plansOutside/oSecs
+	}
 	var remaining int64
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM oncegate_effects").Scan(&remaining); err != nil {
 		return nil, err
@@ -462,20 +508,22 @@ partitions: %s
 		"0::bigint", 1)).Scan(new(int64), &r.deadEnd); err != nil {
 		return nil, err
 	}
-	st, err := pool.Query(ctx, `SELECT calls, total_exec_time, wal_bytes::float8, left(regexp_replace(query, '\s+', ' ', 'g'), 70)
+	st, err := pool.Query(ctx, `SELECT calls, total_exec_time, plans, total_plan_time, wal_bytes::float8,
+		left(regexp_replace(query, '\s+', ' ', 'g'), 70)
 		FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-		ORDER BY total_exec_time DESC LIMIT 12`)
+		ORDER BY total_exec_time + total_plan_time DESC LIMIT 14`)
 	if err != nil {
 		return nil, err
 	}
 	for st.Next() {
-		var calls int64
-		var ms, wal float64
+		var calls, plans int64
+		var ms, planMS, wal float64
 		var q string
-		if err := st.Scan(&calls, &ms, &wal, &q); err != nil {
+		if err := st.Scan(&calls, &ms, &plans, &planMS, &wal, &q); err != nil {
 			return nil, err
 		}
-		r.statements = append(r.statements, fmt.Sprintf("%8d calls %9.0f ms %8.1f MB WAL  %s", calls, ms, wal/1e6, q))
+		r.statements = append(r.statements, fmt.Sprintf("%8d calls %9.0f ms, %8d plans %8.0f ms, %8.1f MB WAL  %s",
+			calls, ms, plans, planMS, wal/1e6, q))
 	}
 	rows, err := pool.Query(ctx, `SELECT CASE WHEN relname LIKE 'oncegate\_effects\_%' THEN 'oncegate_effects'
 			WHEN relname LIKE 'oncegate\_effect\_replays\_%' THEN 'oncegate_effect_replays'
@@ -601,6 +649,9 @@ func report(rs []*run) {
 			return fmt.Sprintf("%.1f ms (%d)", p99(r.byStep[kind]).Seconds()*1000, len(r.byStep[kind]))
 		})
 	}
+	row("Postgres planning a second, during / outside (plans a second)", func(r *run) string {
+		return fmt.Sprintf("%.1f ms (%.0f) / %.1f ms (%.0f)", r.planDuring, r.plansDuring, r.planOutside, r.plansOutside)
+	})
 	row("effects retired", func(r *run) string { return fmt.Sprint(r.retired) })
 	row("WAL of the retiring statements per effect", func(r *run) string {
 		return fmt.Sprintf("%.0f B", r.retireWAL/float64(max(r.retired, 1)))

@@ -420,7 +420,10 @@ func (s *Store) ExtendLease(ctx context.Context, lease Lease, d time.Duration) e
 // deleted; their keys can be used again. Rows another purge holds are skipped, not waited for, so a caller
 // loops until a batch comes back short.
 func (s *Store) Purge(ctx context.Context, retention time.Duration, limit int) (int64, error) {
-	tag, err := s.db.Exec(ctx, purgeSQL, retention.Milliseconds(), limit)
+	// Planned for its values and the tables' statistics of the moment (the simple protocol sends the values in
+	// the text): a gateway's connections keep generic plans (gateway.newPool), and this one's, made on empty
+	// tables, read every partition of the effects and the whole keys table to find a batch.
+	tag, err := s.db.Exec(ctx, purgeSQL, pgx.QueryExecModeSimpleProtocol, retention.Milliseconds(), limit)
 	if err != nil {
 		return 0, translate("purge effects", err)
 	}

@@ -17,11 +17,16 @@ import (
 )
 
 // planned are the statements of the store's hot paths (a request, a claim, a delivery's outcome, the logs of
-// replays and attempts): each runs as a prepared statement on long-lived connections, and Postgres keeps a
-// generic plan for it once it has run five times, made from the table sizes of that moment.
+// replays and attempts) and the gateway's other writes: each runs as a prepared statement on long-lived
+// connections, which keep its generic plan (gateway.newPool sets plan_cache_mode = force_generic_plan), made
+// at its first run from the table sizes of that moment: on a new database, empty tables.
 var planned = []string{"insert", "insert_batch", "get", "get_batch", "fence", "read_payloads", "finish",
 	"reschedule", "replays", "attempts", "insert_leased", "claim_effect", "type_paused", "send_back", "resolve",
-	"lock_leases"}
+	"lock_leases", "defer", "extend_lease", "free_dangling_key", "barrier"}
+
+// Not planned generically, and why: list and purge run in the simple protocol, planned for their values at
+// each run (Store.List, Store.Purge); backlog has no parameter, so Postgres plans it once whatever the
+// connection's plan_cache_mode, and it counts the whole outbox by design.
 
 // pinnedStatements are run behind pin.sql (pinned): an UPDATE, DELETE or locking read joined to a batch,
 // whose best plan Postgres finds only from statistics that a queue's tables outrun.

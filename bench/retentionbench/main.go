@@ -11,7 +11,9 @@
 // For each it reports accepts per second, the accept p99 of requests that overlapped a retirement (a
 // manager's pass that dropped a partition, a purge that deleted rows; their span is taken from the gateway's
 // log) against the others, Postgres's CPU over the run, the WAL and execution time of the retiring statements
-// (pg_stat_statements) per effect retired, the tables' sizes every 10 s (growth: the last minute's mean
+// (pg_stat_statements) per effect retired, Postgres's planning time a second during a retirement and outside
+// (track_planning: a DDL on a partitioned table has every session plan its statements again), the tables'
+// sizes every 10 s (growth: the last minute's mean
 // against the mean of the minute after warm-up, retention + 2 intervals), and dead tuples at the end. Its
 // last line is the one scripts read:
 //

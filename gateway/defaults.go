@@ -166,6 +166,7 @@ func (c *Config) WithDefaults() *Config {
 		o.Tenants[name] = t
 	}
 	def(&o.Timeouts.Database, DefaultDatabaseTimeout)
+	shutdownSet := o.Timeouts.Shutdown != 0
 	def(&o.Timeouts.Shutdown, DefaultShutdownTimeout)
 	def(&o.Timeouts.ReadHeader, DefaultReadHeaderTimeout)
 	def(&o.Timeouts.Read, DefaultReadTimeout)
@@ -220,6 +221,17 @@ func (c *Config) WithDefaults() *Config {
 		o.Dispatcher.DrainTimeout = Duration(DefaultDrainTimeout)
 		for _, t := range o.EffectTypes {
 			o.Dispatcher.DrainTimeout = max(o.Dispatcher.DrainTimeout, t.Timeout)
+		}
+	}
+	if !shutdownSet {
+		// Likewise the requests in flight: a proxied call performs its effect in the request, so a stop that
+		// cut it off after timeouts.shutdown left it to be sent again by another gateway, or made it unknown
+		// (an outside tester's upstream took 15 s under the 10 s default). It may take its type's timeout,
+		// then the database's to record its outcome.
+		for _, t := range o.EffectTypes {
+			if t.Provider == "http" {
+				o.Timeouts.Shutdown = max(o.Timeouts.Shutdown, t.Timeout+o.Timeouts.Database)
+			}
 		}
 	}
 	return &o

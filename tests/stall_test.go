@@ -416,3 +416,75 @@ func TestGracefulStopWaitsForASlowDestination(t *testing.T) {
 		t.Fatalf("%d webhooks of %d; the stopped gateway's log:\n%s", len(got), n, p.Log())
 	}
 }
+
+// A proxied call in flight at a SIGTERM is answered, not cut off: the server's shutdown waits as long as the
+// slowest proxied type's timeout allows, as the dispatcher's drain does for deliveries. With the 10 s
+// default of timeouts.shutdown an outside tester's client lost its connection after 10 s while its upstream
+// took 15, and the call was made again by another gateway (at_least_once) or left unknown (at_most_once).
+func TestGracefulStopAnswersASlowProxiedCall(t *testing.T) {
+	t.Parallel()
+	var calls, arrived atomic.Int64
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		calls.Add(1)
+		arrived.Add(1)
+		time.Sleep(12 * time.Second)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(201)
+		_, _ = io.WriteString(w, `{"id":"ch_1"}`)
+	}))
+	t.Cleanup(upstream.Close)
+	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  payments:
+    provider: http
+    http: { base_url: "%s", allow_private_networks: true }
+    timeout: 15s
+    on_crash: at_most_once
+`, pgtest.Database(t), apiKey, upstream.URL))
+	p, base := startServe(t, config)
+	type answer struct {
+		code int
+		body string
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		req, _ := http.NewRequest("POST", base+"/v1/proxy/payments/v1/charges", strings.NewReader(`{"amount":10}`))
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", "slow-charge")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		got <- answer{code: resp.StatusCode, body: string(b)}
+	}()
+	testenv.Eventually(t, 30*time.Second, "the call at the upstream", func() bool { return arrived.Load() == 1 })
+	stopped := time.Now()
+	p.Signal(syscall.SIGTERM)
+	a := <-got
+	if err := p.Wait(60 * time.Second); err != nil {
+		t.Fatalf("graceful stop: %v\n%s", err, p.Log())
+	}
+	t.Logf("the gateway stopped %v after SIGTERM; the client got %d %s %v", time.Since(stopped).Round(time.Millisecond),
+		a.code, a.body, a.err)
+	if a.err != nil || a.code != 201 || a.body != `{"id":"ch_1"}` {
+		t.Fatalf("the proxied call in flight at the SIGTERM got %d %q %v; want the upstream's 201\n%s", a.code, a.body,
+			a.err, p.Log())
+	}
+	// Another gateway, as in a rolling deploy: the call is recorded, so a retry is a replay, not a second call.
+	_, base = startServe(t, config)
+	if c, h, b := proxyExchange(t, "POST", base+"/v1/proxy/payments/v1/charges", "slow-charge", `{"amount":10}`); c != 201 ||
+		h.Get("Idempotent-Replayed") != "true" || b != `{"id":"ch_1"}` {
+		t.Fatalf("the retry after the stop: %d %q %s", c, h.Get("Idempotent-Replayed"), b)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the upstream was called %d times; want once", n)
+	}
+}

@@ -260,7 +260,7 @@ func TestPlansOnAVacuumedEmptyOutboxUseIndexConditions(t *testing.T) {
 	for name := range pinnedStatements {
 		check(name, true)
 	}
-	for _, name := range append(planned, "defer", "purge") {
+	for _, name := range append(planned, "purge") {
 		check(name, false)
 	}
 }

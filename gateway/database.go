@@ -282,9 +282,11 @@ func outcomeShare(total int32, parallel int) int32 {
 	return n
 }
 
-// genericPlansSQL makes the session keep generic plans, unless its plan_cache_mode was chosen already.
+// genericPlansSQL makes the session keep generic plans, unless its plan_cache_mode was chosen already: by
+// database_url's options, PGOPTIONS, the role, the database or the server's configuration, auto included
+// (an explicit auto read as the default was overridden).
 const genericPlansSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', false)
-WHERE current_setting('plan_cache_mode') = 'auto'`
+FROM pg_settings WHERE name = 'plan_cache_mode' AND source = 'default'`
 
 // newOutcomePool opens the outcome connections: the main pool's configuration (its hooks, exec mode and
 // failover checks), at most n connections, each with the statements that record outcomes prepared as it

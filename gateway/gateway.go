@@ -230,7 +230,7 @@ func (g *Gateway) Handler() http.Handler { return g.handler }
 // Migrate applies pending migrations, waiting up to timeouts.migration_lock for a gateway that migrates
 // meanwhile.
 func (g *Gateway) Migrate(ctx context.Context) error {
-	return migrate(ctx, g.pool, g.log, time.Duration(g.cfg.Timeouts.MigrationLock))
+	return migrate(ctx, g.pool, g.probe, g.log, time.Duration(g.cfg.Timeouts.MigrationLock))
 }
 
 // Migrate applies pending migrations to the database at databaseURL, without a gateway: `gateway migrate`
@@ -241,10 +241,12 @@ func Migrate(ctx context.Context, databaseURL string, log *slog.Logger) error {
 		return err
 	}
 	defer pool.Close()
-	return migrate(ctx, pool, log, DefaultMigrationLock)
+	return migrate(ctx, pool, nil, log, DefaultMigrationLock)
 }
 
-func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, lockWait time.Duration) error {
+// migrate applies pending migrations on connections of its own, made as pool's are. probe, when not nil, is
+// the pool's: its connections straight to Postgres keep generic plans (newPool), which the migrations' put back.
+func migrate(ctx context.Context, pool *pgxpool.Pool, probe *poolerProbe, log *slog.Logger, lockWait time.Duration) error {
 	// Connections of their own, two: the migration lock is held on one while the migrations run on the
 	// other, so on a pool of one (pool_max_conns=1) the migrations waited for the lock's connection forever,
 	// past timeouts.migration_lock (an outside tester's gateway never started on an empty database).
@@ -255,16 +257,22 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger, lockWait
 		log.Info("migration: "+n.Message, "severity", n.Severity)
 	}
 	// Migrations plan as Postgres chooses, not with the gateway's generic plans (newPool): RESET goes back to
-	// what database_url, the role or the database chose, or to auto.
-	afterConnect := cfg.AfterConnect
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		if afterConnect != nil {
-			if err := afterConnect(ctx, c); err != nil {
+	// what database_url, the role or the database chose, or to auto. Only where newPool set them: through a
+	// pooler it set nothing, and a RESET there would change a server connection other clients are handed.
+	if afterConnect := cfg.AfterConnect; probe != nil {
+		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+			if afterConnect != nil {
+				if err := afterConnect(ctx, c); err != nil {
+					return err
+				}
+			}
+			pooled, err := probe.Pooled(ctx)
+			if err != nil || pooled {
 				return err
 			}
+			_, err = c.Exec(ctx, "RESET plan_cache_mode")
+			return err
 		}
-		_, err := c.Exec(ctx, "RESET plan_cache_mode")
-		return err
 	}
 	own, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

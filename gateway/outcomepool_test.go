@@ -118,13 +118,18 @@ func TestOutcomeConnectionsKeepAPlanCacheModeChosenElsewhere(t *testing.T) {
 	if strings.Contains(url, "?") {
 		sep = "&"
 	}
-	_, outcomes := openOutcomes(t, &Config{DatabaseURL: url + sep + "options=-c%20plan_cache_mode%3Dforce_custom_plan"}, log, nil)
-	var mode string
-	if err := outcomes.QueryRow(context.Background(), "SELECT current_setting('plan_cache_mode')").Scan(&mode); err != nil {
-		t.Fatal(err)
-	}
-	if mode != "force_custom_plan" {
-		t.Fatalf("an outcome connection runs with plan_cache_mode %s, want the force_custom_plan database_url chose", mode)
+	// auto too, Postgres's default, when chosen: an adversary's explicit auto became force_generic_plan.
+	for _, chosen := range []string{"force_custom_plan", "auto"} {
+		main, outcomes := openOutcomes(t, &Config{DatabaseURL: url + sep + "options=-c%20plan_cache_mode%3D" + chosen}, log, nil)
+		for name, pool := range map[string]*pgxpool.Pool{"main": main, "outcome": outcomes} {
+			var mode string
+			if err := pool.QueryRow(context.Background(), "SELECT current_setting('plan_cache_mode')").Scan(&mode); err != nil {
+				t.Fatal(err)
+			}
+			if mode != chosen {
+				t.Errorf("a %s connection runs with plan_cache_mode %s, want the %s database_url chose", name, mode, chosen)
+			}
+		}
 	}
 }
 

@@ -131,8 +131,10 @@ DECLARE
 BEGIN
     -- A migrate killed stops its copy within a second: Postgres notices a client gone only when it next
     -- writes to it, and this statement, or a patient wait for a lock, would go on alone on the server, and
-    -- could finish the migration with no process to record it, beside the next migrate's. For this session
-    -- (the setting outlives the batches' commits).
+    -- could finish the migration with no process to record it, beside the next migrate's. For the session:
+    -- Postgres arms the check as a statement starts, so each step sets it for the steps after it (step 2's
+    -- arms this one), and step 4 puts it back, so that the session is left as it was found (through a
+    -- transaction-pooling PgBouncer it is a server connection the next client is handed).
     PERFORM set_config('client_connection_check_interval', '1s', false);
     LOOP
         SELECT * INTO b FROM oncegate_keys_backfill;
@@ -184,6 +186,7 @@ BEGIN
         DROP FUNCTION IF EXISTS oncegate_keys_follow_effects();
     END IF;
     DROP TABLE oncegate_keys_backfill;
+    RESET client_connection_check_interval;
 END
 $$;
 -- +goose StatementEnd

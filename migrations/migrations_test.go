@@ -192,3 +192,45 @@ func TestUpWithNothingPendingTakesNoLock(t *testing.T) {
 		t.Fatalf("Up on a current database with the lock held elsewhere: version %d, %v", v, err)
 	}
 }
+
+// The migrations leave no setting on the sessions that ran them. Through a transaction-pooling PgBouncer those
+// are server connections other clients are handed next: an adversary found 00018's
+// client_connection_check_interval, set for the session so that its copy stops when its client is gone, on a
+// server connection after the gateway had migrated through the pooler.
+func TestMigrationsLeaveNoSessionSetting(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.EmptyDatabase(t)+"&pool_max_conns=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if _, err := migrations.Up(ctx, db, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Both connections the migrations may have run on, held together so that each is asked.
+	var conns []*pgxpool.Conn
+	for range 2 {
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Release()
+		conns = append(conns, c)
+	}
+	for _, c := range conns {
+		var set []string
+		rows, err := c.Query(ctx, "SELECT name || '=' || setting FROM pg_settings WHERE source = 'session'")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if set, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			t.Fatal(err)
+		}
+		if len(set) > 0 {
+			t.Errorf("a session the migrations ran on keeps %v", set)
+		}
+	}
+}

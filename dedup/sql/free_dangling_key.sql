@@ -8,4 +8,5 @@
 DELETE FROM oncegate_keys k
 WHERE k.tenant = $1 AND k.key = $2
     AND NOT EXISTS (SELECT FROM oncegate_effects e WHERE e.id = k.effect_id AND e.id = oncegate_key_effect($1, $2))
-    AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id)
+    -- OFFSET 0: a probe by the key's effect, never a join that reads the whole outbox (free_keys.sql's).
+    AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)

@@ -89,22 +89,7 @@ func newPool(ctx context.Context, c *Config, log *slog.Logger, tune func(*pgxpoo
 		return nil, nil, fmt.Errorf("database_url: %w", err)
 	}
 	if generic {
-		afterConnect := pcfg.AfterConnect
-		pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-			if afterConnect != nil {
-				if err := afterConnect(ctx, c); err != nil {
-					return err
-				}
-			}
-			pooled, err := probe.Pooled(ctx)
-			if err != nil || pooled {
-				return err
-			}
-			if _, err := c.Exec(ctx, genericPlansSQL); err != nil {
-				return fmt.Errorf("database_url: plan_cache_mode: %w", err)
-			}
-			return nil
-		}
+		onDirectConnect(pcfg, probe, genericPlansSQL, "database_url: plan_cache_mode")
 	}
 	if _, chosen := cc.RuntimeParams["default_query_exec_mode"]; !chosen {
 		var once sync.Once
@@ -280,6 +265,28 @@ func outcomeShare(total int32, parallel int) int32 {
 		n = total / 4
 	}
 	return n
+}
+
+// onDirectConnect has each connection of pcfg run sql as it opens, after pcfg's own AfterConnect, where it
+// reaches Postgres itself (probe): through a pooler a session setting would stay on a server connection other
+// clients are handed. what names a failure.
+func onDirectConnect(pcfg *pgxpool.Config, probe *poolerProbe, sql, what string) {
+	afterConnect := pcfg.AfterConnect
+	pcfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		if afterConnect != nil {
+			if err := afterConnect(ctx, c); err != nil {
+				return err
+			}
+		}
+		pooled, err := probe.Pooled(ctx)
+		if err != nil || pooled {
+			return err
+		}
+		if _, err := c.Exec(ctx, sql); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		return nil
+	}
 }
 
 // genericPlansSQL makes the session keep generic plans, unless its plan_cache_mode was chosen already: by

@@ -25,7 +25,6 @@ import (
 
 	"github.com/exaring/otelpgx"
 	"github.com/gorilla/mux"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -259,20 +258,8 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, probe *poolerProbe, log *s
 	// Migrations plan as Postgres chooses, not with the gateway's generic plans (newPool): RESET goes back to
 	// what database_url, the role or the database chose, or to auto. Only where newPool set them: through a
 	// pooler it set nothing, and a RESET there would change a server connection other clients are handed.
-	if afterConnect := cfg.AfterConnect; probe != nil {
-		cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-			if afterConnect != nil {
-				if err := afterConnect(ctx, c); err != nil {
-					return err
-				}
-			}
-			pooled, err := probe.Pooled(ctx)
-			if err != nil || pooled {
-				return err
-			}
-			_, err = c.Exec(ctx, "RESET plan_cache_mode")
-			return err
-		}
+	if probe != nil {
+		onDirectConnect(cfg, probe, "RESET plan_cache_mode", "migration connections: plan_cache_mode")
 	}
 	own, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

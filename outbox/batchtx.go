@@ -98,9 +98,18 @@ func (d *Dispatcher) deliverBatch(ctx context.Context, t *effectType, batch []*b
 // A half-open breaker's probe is one row, as a delivery of a provider that does not batch would be: the
 // probe of a whole group charged an attempt to each of its rows against a destination that had just failed
 // (TestBreakerOpensRowsWaitThenDrain saw all 10 rows charged at each probe). The rest go through the
-// breaker after it, delivered if it closed and waiting uncharged if it opened again.
+// breaker after it, delivered if it closed and waiting uncharged if it opened again. The probe is the row
+// charged least so far, so that a destination down for long spreads its probes' attempts over its rows
+// instead of spending one row's (a row probed at every half-open ended dead while the others waited).
 func (d *Dispatcher) attemptGroup(ctx context.Context, t *effectType, br *breaker, rows []*batchRow) {
 	if len(rows) > 1 && br.cb.State() == gobreaker.StateHalfOpen {
+		least := 0
+		for i, b := range rows {
+			if b.r.Attempts < rows[least].r.Attempts {
+				least = i
+			}
+		}
+		rows[0], rows[least] = rows[least], rows[0]
 		d.attemptGroup(ctx, t, br, rows[:1])
 		rows = rows[1:]
 	}

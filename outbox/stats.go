@@ -12,17 +12,17 @@ import (
 var staleStatsSQL string
 
 // statsEvery is how often at most a dispatcher whose claims come back full asks whether Postgres's statistics
-// of the outbox and the effects still say they are empty.
+// of the outbox still say it is empty.
 const statsEvery = 5 * time.Second
 
-// statsLoop keeps the planner's view of the outbox and the effects honest while this dispatcher drains a
-// backlog. A queue's table goes empty and is vacuumed; VACUUM then notes its pages and no row in them, and
+// statsLoop keeps the planner's view of the outbox honest while this dispatcher drains a backlog. A queue's table goes empty and is vacuumed; VACUUM then notes its pages and no row in them, and
 // until autovacuum's next ANALYZE (a minute or more away) the planner believes the table empty and may join
 // to it by reading it whole: a burst into a drained outbox was recorded at 1.85 s a batch of outcomes, its
 // deliveries fell from 1,800 a second to 100, and every outcome waited that long to be recorded. The
 // statements are written to probe by primary key (dedup's plan tests), but the planner may pick any index of
-// a table it believes empty; an ANALYZE of such a table, cheap while it is small, ends that. It needs the
-// tables' owner (the user that ran the migrations); for another, Postgres skips it with a warning in its log.
+// a table it believes empty; an ANALYZE of such a table, cheap while it is small, ends that. It is not done
+// more than that asks: each ANALYZE makes every connection plan again each statement that reads the outbox
+// (stale_stats.sql). It needs the tables' owner (the user that ran the migrations); for another, Postgres skips it with a warning in its log.
 func (d *Dispatcher) statsLoop(ctx context.Context) {
 	var last time.Time
 	for {

@@ -61,6 +61,9 @@ var (
 	modes     = flag.String("modes", "partitions,purge", "the modes to run, in order")
 	rate      = flag.Int("rate", 1500, "accepts a second the clients aim at together (0: as fast as they go); "+
 		"above what the gateway delivers, the outbox and every table grow whatever retention does")
+	pgSettings = flag.String("postgres-settings", "", "more settings for the private Postgres, as -c name=value ... "+
+		"(e.g. \"-c log_lock_waits=on -c deadlock_timeout=5ms\" to see what a retirement's requests wait for)")
+	pgLog = flag.String("postgres-log", "", "a file to copy the private Postgres's log to when it stops")
 )
 
 const apiKey = "og_retentionbench_key_0123456789abcdef"
@@ -142,7 +145,7 @@ func startCluster() (*cluster, error) {
 	}
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c shared_preload_libraries=pg_stat_statements "+
 		"-c pg_stat_statements.track=all -c pg_stat_statements.track_planning=on -c max_connections=200 -c shared_buffers=512MB -c fsync=on "+
-		"-c synchronous_commit=on", port, dir)
+		"-c synchronous_commit=on %s", port, dir, *pgSettings)
 	if out, err := c.cmd("pg_ctl", "-D", data, "-o", opts, "-l", filepath.Join(dir, "log"),
 		"-w", "start").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("pg_ctl start: %v\n%s", err, out)
@@ -156,6 +159,11 @@ func (c *cluster) url(db string) string {
 
 func (c *cluster) stop() {
 	_ = c.cmd("pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "fast", "-w", "stop").Run()
+	if *pgLog != "" {
+		if b, err := os.ReadFile(filepath.Join(c.dir, "log")); err == nil {
+			_ = os.WriteFile(*pgLog, b, 0o644)
+		}
+	}
 	_ = os.RemoveAll(c.dir)
 }
 

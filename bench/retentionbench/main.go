@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -705,7 +706,7 @@ func report(rs []*run) {
 	}
 	if part != nil && purge != nil {
 		fmt.Printf("retention: p99 during drop %.2fx outside; size growth after warm-up %.0f%%; old purge p99 %.2fx outside\n",
-			ratio(p99(part.during), p99(part.outside)), part.growth, ratio(p99(purge.during), p99(purge.outside)))
+			ratio(p99(part.during), p99(part.outside)), math.Round(part.growth)+0 /* -0.4 is 0, not -0 */, ratio(p99(purge.during), p99(purge.outside)))
 	}
 }
 

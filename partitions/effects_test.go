@@ -463,3 +463,29 @@ func TestAPassAttachesEveryTablesPartitionsAheadInOneTransaction(t *testing.T) {
 		t.Fatalf("the %d partitions made ahead (%v) were attached by %d transactions, not one", len(rep.Created), rep.Created, n)
 	}
 }
+
+// One table whose partitions cannot be made must not leave the others without theirs: an insert into them
+// needs them. A table in the way of a name the replays' partitions need fails that table's creates; the
+// effects' and the bodies' are made all the same, and the error names the replays'.
+func TestATableWhosePartitionsCannotBeMadeLeavesTheOthersTheirs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, _, now := minuteEffects(t)
+	later := now.Add(5 * time.Minute)
+	last := later.UTC().Truncate(time.Minute).Add(3 * time.Minute)
+	inTheWay := "oncegate_effect_replays_p" + last.Format("20060102t150405")
+	if _, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{inTheWay}.Sanitize()+" (x int)"); err != nil {
+		t.Fatal(err)
+	}
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, time.Minute),
+		Interval: time.Minute, Retention: time.Hour, Retries: 1, Now: func() time.Time { return later }})
+	rep, err := m.Pass(ctx)
+	if err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("the pass's error: %v; want the replays' partition that could not be made", err)
+	}
+	for _, tbl := range []string{"oncegate_effects", "oncegate_effect_bodies"} {
+		if !slices.Contains(rep.Created, tbl+"_p"+last.Format("20060102t150405")) {
+			t.Errorf("%s has no partition up to three minutes ahead: created %v", tbl, rep.Created)
+		}
+	}
+}

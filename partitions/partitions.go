@@ -415,29 +415,52 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 // makes every connection plan again each statement that reads its table, as its generic plan names every
 // partition (2 to 10 ms of Postgres's CPU a statement, over eight partitions): the tables attached one after
 // the other sent as many waves of plans a pass, a few ms apart, and one commit sends one.
+//
+// One table whose partitions cannot be made (its lock held past the retries, a table in the way of a name)
+// must not leave the others without theirs: then each table's are made in a transaction of its own, and the
+// errors are the failing tables'.
 func (m *Manager) ahead(ctx context.Context, rep *Report) error {
-	var stmts, created, tables []string
+	type todo struct {
+		table        string
+		stmts, names []string
+	}
+	var all []todo
 	for _, t := range m.cfg.Tables {
 		ps, err := list(ctx, m.conn, t)
 		if err != nil {
 			return err
 		}
-		qs, names := m.creates(t, ps, m.cfg.Now())
-		if len(qs) > 0 {
-			stmts, created, tables = append(stmts, qs...), append(created, names...), append(tables, t.Name)
+		if qs, names := m.creates(t, ps, m.cfg.Now()); len(qs) > 0 {
+			all = append(all, todo{t.Name, qs, names})
 		}
 	}
-	if len(stmts) == 0 {
-		return nil
-	}
-	began := time.Now()
-	err := m.ddl(ctx, strings.Join(stmts, "\n"))
-	rep.spend("create", strings.Join(tables, ","), began)
-	if err != nil {
+	run := func(group []todo) error {
+		var stmts, names, tables []string
+		for _, td := range group {
+			stmts, names, tables = append(stmts, td.stmts...), append(names, td.names...), append(tables, td.table)
+		}
+		began := time.Now()
+		err := m.ddl(ctx, strings.Join(stmts, "\n"))
+		rep.spend("create", strings.Join(tables, ","), began)
+		if err == nil {
+			rep.Created = append(rep.Created, names...)
+		}
 		return err
 	}
-	rep.Created = append(rep.Created, created...)
-	return nil
+	if len(all) == 0 {
+		return nil
+	}
+	err := run(all)
+	if err == nil || len(all) == 1 || ctx.Err() != nil {
+		return err
+	}
+	var errs []error
+	for _, td := range all {
+		if err := run([]todo{td}); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 type partition struct {

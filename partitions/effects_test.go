@@ -489,3 +489,36 @@ func TestATableWhosePartitionsCannotBeMadeLeavesTheOthersTheirs(t *testing.T) {
 		}
 	}
 }
+
+// A table is taken for a partition the manager detached and did not drop only by a name it gives its
+// partitions (table_pYYYYMMDDtHHMMSS): an outside tester's backups, `oncegate_effects_pre_upgrade` (a copy
+// of the effects) and `oncegate_effect_replays_pg_backup`, were dropped within seconds by a pass that took
+// every unattached table named like `table_p%` for its own.
+func TestTablesNamedLikePartitionsAreNotDropped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, e, now := minuteEffects(t)
+	at := now.Add(-2 * time.Minute)
+	e.add("copied", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
+	theirs := []string{"oncegate_effects_pre_upgrade", "oncegate_effect_replays_pg_backup", "oncegate_effect_bodies_p",
+		"oncegate_effect_attempts_p2026", "oncegate_effects_p20261206t113400_copy"}
+	for _, n := range theirs {
+		if _, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{n}.Sanitize()+" AS SELECT 1 AS x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "DROP TABLE oncegate_effects_pre_upgrade; CREATE TABLE oncegate_effects_pre_upgrade AS SELECT * FROM oncegate_effects"); err != nil {
+		t.Fatal(err)
+	}
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, time.Minute),
+		Interval: time.Minute, Retention: time.Hour, Now: func() time.Time { return now }})
+	rep, err := m.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range theirs {
+		if !exists(t, pool, n) {
+			t.Errorf("%s, not a name the manager gives, was dropped (dropped: %v)", n, rep.Dropped)
+		}
+	}
+}

@@ -537,6 +537,11 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		return fmt.Errorf("partitions: leftovers of %s: %w", t.Name, err)
 	}
 	for _, name := range leftovers {
+		if _, ours := nameTime(t.Name, name); !ours && name != t.Name+"_legacy" {
+			// Named like a partition but not as the manager names them: someone's table (a backup,
+			// oncegate_effects_pre_upgrade), never the manager's to drop.
+			continue
+		}
 		if t.Stray != "" {
 			// Detached, and not dropped: the manager was killed between the two, or the question below failed.
 			// Asked again whether a row in it came into use, over the ids it holds; if so it goes back, into

@@ -2,7 +2,8 @@
 -- the first partition) that are no partition of it: a
 -- partition detached whose DROP did not run (the gateway was killed between the two). The manager names its
 -- partitions, and creates and attaches each in one transaction, so a table so named and unattached is one
--- it detached.
+-- it detached. The pattern is only a first cut: the caller keeps the names that are exactly the manager's,
+-- table_pYYYYMMDDtHHMMSS (nameTime), and leaves alone an operator's oncegate_effects_pre_upgrade.
 SELECT c.relname::text
 FROM pg_class c
 WHERE c.relkind = 'r' AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass)

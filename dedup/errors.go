@@ -31,6 +31,10 @@ var (
 	// ErrUnavailable wraps an error that means the database cannot be reached right now (down, restarting,
 	// out of connections, a network fault, a timeout): the same call may succeed later.
 	ErrUnavailable = errors.New("dedup: database unavailable")
+	// ErrNoPartition is ErrUnavailable's (both match) for a write that found no partition for its row: none
+	// covers the present yet (every gateway was down longer than the partitions made ahead, and the
+	// partition manager's next pass makes it). Nothing was written.
+	ErrNoPartition = errors.New("dedup: no partition for the present yet")
 	// ErrUnstorable wraps an error that means Postgres refuses the data itself (a \u0000 in JSON, an
 	// untranslatable character, a value over a limit): the same call will fail again. *UnstorableError
 	// carries Postgres's reason.
@@ -78,6 +82,9 @@ func translate(op string, err error) error {
 		return nil
 	case unavailable(err):
 		return &wrapped{msg: "dedup: " + op + ": database unavailable", sentinel: ErrUnavailable, err: err}
+	case noPartition(err):
+		return &wrapped{msg: "dedup: " + op + ": no partition for the present yet",
+			sentinel: ErrUnavailable, err: fmt.Errorf("%w: %w", ErrNoPartition, err)}
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && unstorable(pgErr.Code) {
@@ -151,6 +158,15 @@ func unavailable(err error) bool {
 		pgconn.Timeout(err) || pgconn.SafeToRetry(err) ||
 		// pgxpool returns puddle's ErrClosedPool, which is not worth a direct dependency to name.
 		strings.Contains(err.Error(), "closed pool")
+}
+
+// noPartition reports whether err is Postgres refusing a row that no partition of its table takes: a check
+// violation (23514) with no constraint, which is how Postgres reports "no partition of relation ... found for
+// row" (a CHECK constraint's violation names its constraint).
+func noPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && pgErr.ConstraintName == "" &&
+		strings.HasPrefix(pgErr.Message, "no partition of relation")
 }
 
 // closedBeforeUse reports whether err says the statement met a connection the server had closed or was

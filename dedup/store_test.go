@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -279,5 +280,35 @@ func TestAKeyWhoseEffectIsGoneIsClaimedAgain(t *testing.T) {
 			Payload: json.RawMessage(`{}`)}); err != nil || !replayed {
 			t.Fatalf("%s: the next request under it: %v, replayed %v", name, err, replayed)
 		}
+	}
+}
+
+// A write that finds no partition for its effect (none covers the present: every gateway was down for longer
+// than the partitions made ahead, and none has made its first pass yet) is the database not ready to take
+// it, as the gateway's /readyz says, not a fault of the request: ErrUnavailable, which the gateway answers
+// 503 with Retry-After. It was an internal error, a 500, for the first requests after such a restart.
+func TestAWriteWithNoPartitionForItIsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s, pool := newStore(t)
+	rows, err := pool.Query(ctx, "SELECT inhrelid::regclass::text FROM pg_inherits WHERE inhparent = 'oncegate_effects'::regclass")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		if _, err := pool.Exec(ctx, "ALTER TABLE oncegate_effects DETACH PARTITION "+p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, _, err = s.Create(ctx, NewEffect{Tenant: "t", Key: "k", Type: "typ", Payload: json.RawMessage(`{}`)})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("a create with no partition for it: %v; want ErrUnavailable", err)
+	}
+	if n := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_keys"); n != 0 {
+		t.Fatalf("%d keys were claimed for an effect that was not written", n)
 	}
 }

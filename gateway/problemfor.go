@@ -94,6 +94,10 @@ func problemFor(err error) *problemError {
 			subject.typ)}
 	case errors.Is(err, dedup.ErrBadCursor):
 		return &problemError{kind: probInvalid, field: "cursor", detail: "the cursor is not one this API handed out"}
+	case errors.Is(err, dedup.ErrNoPartition):
+		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database has no partition for " +
+			"the present yet (a gateway's partition manager makes it at its next pass; /readyz says when); retry " +
+			"with the same Idempotency-Key: nothing was recorded"}
 	case errors.Is(err, dedup.ErrUnavailable):
 		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database did not answer in time " +
 			"(it is unreachable, or its commits wait for a synchronous standby that is not there); retry with the " +

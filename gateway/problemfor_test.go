@@ -27,6 +27,7 @@ func TestProblemForEveryStoreError(t *testing.T) {
 		{about(dedup.ErrTypePaused, "k", "t"), probTypePaused, "", typePausedRetry},
 		{dedup.ErrBadCursor, probInvalid, "cursor", 0},
 		{fmt.Errorf("create: %w", dedup.ErrUnavailable), probUnavailable, "", 1},
+		{fmt.Errorf("create: %w: %w", dedup.ErrUnavailable, dedup.ErrNoPartition), probUnavailable, "", 1},
 		{errors.New("anything else"), probInternal, "", 0},
 		{invalid("wait", "too long"), probInvalid, "wait", 0},
 	} {

@@ -315,6 +315,7 @@ func (m *Manager) Run(ctx context.Context) {
 		case err != nil:
 			m.cfg.Logger.Warn("partitions: pass failed; trying again at the next", "err", err,
 				"next_in", m.cfg.Every.String())
+			m.logReport(rep) // what it did before, and a table running out of partitions
 		default:
 			m.logReport(rep)
 		}
@@ -391,7 +392,9 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 	// partition, while retiring one can wait. A reader holding a table makes a detach (or its FINALIZE) time
 	// out, and a pass that stopped there made no partition ahead: inserts failed once the newest ended.
 	if err := m.ahead(ctx, &rep); err != nil {
-		return rep, err
+		// Said whatever stopped the partitions ahead: a table that keeps failing them (a table in the way of
+		// a name) runs out of partitions, and its inserts fail, at the end of the newest.
+		return rep, errors.Join(err, m.short(ctx, &rep))
 	}
 	var errs []error
 	for _, t := range m.cfg.Tables {
@@ -399,16 +402,21 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 			errs = append(errs, err) // the next table's retirement is its own
 		}
 	}
+	return rep, errors.Join(append(errs, m.short(ctx, &rep))...)
+}
+
+// short notes in rep.Short the tables whose newest partition ends less than one interval ahead.
+func (m *Manager) short(ctx context.Context, rep *Report) error {
 	for _, t := range m.cfg.Tables {
 		ps, err := list(ctx, m.conn, t)
 		if err != nil {
-			return rep, err
+			return err
 		}
 		if len(ps) == 0 || ps[len(ps)-1].upper != nil && ps[len(ps)-1].upper.Before(m.cfg.Now().Add(m.cfg.Interval)) {
 			rep.Short = append(rep.Short, t.Name)
 		}
 	}
-	return rep, errors.Join(errs...)
+	return nil
 }
 
 // ahead creates every table's partitions up to Ahead intervals past now, in one transaction. Each ATTACH
@@ -418,8 +426,8 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 // sends one.
 //
 // One table whose partitions cannot be made (its lock held past the retries, a table in the way of a name)
-// must not leave the others without theirs: then each table's are made in a transaction of its own, and the
-// errors are the failing tables'.
+// must not leave the others without theirs: when the one transaction fails, each table's are made in a
+// transaction of its own, and the errors are the failing tables'.
 func (m *Manager) ahead(ctx context.Context, rep *Report) error {
 	type todo struct {
 		table        string
@@ -435,13 +443,13 @@ func (m *Manager) ahead(ctx context.Context, rep *Report) error {
 			all = append(all, todo{t.Name, qs, names})
 		}
 	}
-	run := func(group []todo) error {
+	run := func(group []todo, retries int) error {
 		var stmts, names, tables []string
 		for _, td := range group {
 			stmts, names, tables = append(stmts, td.stmts...), append(names, td.names...), append(tables, td.table)
 		}
 		began := time.Now()
-		err := m.ddl(ctx, strings.Join(stmts, "\n"))
+		err := m.ddlTries(ctx, strings.Join(stmts, "\n"), retries)
 		rep.spend("create", strings.Join(tables, ","), began)
 		if err == nil {
 			rep.Created = append(rep.Created, names...)
@@ -451,13 +459,18 @@ func (m *Manager) ahead(ctx context.Context, rep *Report) error {
 	if len(all) == 0 {
 		return nil
 	}
-	err := run(all)
-	if err == nil || len(all) == 1 || ctx.Err() != nil {
+	if len(all) == 1 {
+		return run(all, m.cfg.Retries)
+	}
+	// Tried once: a lock held on one table is waited for with retries by that table's own transaction, not
+	// by everyone's (an outside tester's lock on the replays held the effects' partition back 9.5 s a pass).
+	err := run(all, 0)
+	if err == nil || ctx.Err() != nil {
 		return err
 	}
 	var errs []error
 	for _, td := range all {
-		if err := run([]todo{td}); err != nil {
+		if err := run([]todo{td}, m.cfg.Retries); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -807,12 +820,15 @@ func (m *Manager) ask(ctx context.Context, q string, t Table, p partition) (bool
 }
 
 // ddl runs a statement, again with backoff while it cannot have its lock within lock_timeout.
-func (m *Manager) ddl(ctx context.Context, q string) error {
+func (m *Manager) ddl(ctx context.Context, q string) error { return m.ddlTries(ctx, q, m.cfg.Retries) }
+
+// ddlTries is ddl with retries tries again at most.
+func (m *Manager) ddlTries(ctx context.Context, q string, retries int) error {
 	delay := 20 * time.Millisecond
 	for i := 0; ; i++ {
 		_, err := m.conn.Exec(ctx, q)
 		var pe *pgconn.PgError
-		if err == nil || !errors.As(err, &pe) || (pe.Code != "55P03" && pe.Code != "40P01") || i >= m.cfg.Retries {
+		if err == nil || !errors.As(err, &pe) || (pe.Code != "55P03" && pe.Code != "40P01") || i >= retries {
 			if err != nil {
 				return fmt.Errorf("partitions: %s: %w", firstLine(q), err)
 			}

@@ -765,12 +765,21 @@ func (m *Manager) creates(t Table, ps []partition, now time.Time) (stmts, names 
 // retire detaches a partition (or finishes its pending detach) and drops it, or, when its table's Stray
 // query says a row in it came into use meanwhile, attaches it again; dropped says which.
 func (m *Manager) retire(ctx context.Context, t Table, p partition, pending bool, rep *Report) (dropped bool, err error) {
-	q := detachSQL
-	if pending {
-		q = finalizeSQL
-	}
 	began := time.Now()
-	err = m.ddl(ctx, expand(q, t.Name, p.name))
+	// A detach whose second transaction timed out waiting for a reader leaves the partition pending, and
+	// DETACH ... CONCURRENTLY again is refused ("already pending detach"): its retry is then FINALIZE.
+	err = m.ddlEach(ctx, func(again bool) (string, error) {
+		if again && !pending {
+			var err error
+			if pending, err = m.pendingDetach(ctx, p.name); err != nil {
+				return "", err
+			}
+		}
+		if pending {
+			return expand(finalizeSQL, t.Name, p.name), nil
+		}
+		return expand(detachSQL, t.Name, p.name), nil
+	}, m.cfg.Retries)
 	rep.spend("detach", t.Name, began)
 	if err != nil {
 		// A detach whose wait timed out is pending now: the next pass finishes it.
@@ -810,6 +819,17 @@ func spentMS(steps []Step) map[string]int64 {
 	return out
 }
 
+// pendingDetach reports whether a partition is pending detach (its DETACH ... CONCURRENTLY interrupted).
+func (m *Manager) pendingDetach(ctx context.Context, name string) (bool, error) {
+	var pending bool
+	err := m.conn.QueryRow(ctx, "SELECT coalesce((SELECT inhdetachpending FROM pg_inherits WHERE inhrelid = "+
+		"to_regclass($1)), false)", pgx.Identifier{name}.Sanitize()).Scan(&pending)
+	if err != nil {
+		return false, fmt.Errorf("partitions: whether %s is pending detach: %w", name, err)
+	}
+	return pending, nil
+}
+
 // ask runs one of a table's boolean queries (Keep, Stray) about a partition.
 func (m *Manager) ask(ctx context.Context, q string, t Table, p partition) (bool, error) {
 	q = strings.NewReplacer("{{lower}}", t.literal(p.lower), "{{upper}}", t.literal(p.upper),
@@ -824,9 +844,18 @@ func (m *Manager) ddl(ctx context.Context, q string) error { return m.ddlTries(c
 
 // ddlTries is ddl with retries tries again at most.
 func (m *Manager) ddlTries(ctx context.Context, q string, retries int) error {
+	return m.ddlEach(ctx, func(bool) (string, error) { return q, nil }, retries)
+}
+
+// ddlEach is ddlTries with the statement asked for at each try (again: not the first).
+func (m *Manager) ddlEach(ctx context.Context, stmt func(again bool) (string, error), retries int) error {
 	delay := 20 * time.Millisecond
 	for i := 0; ; i++ {
-		_, err := m.conn.Exec(ctx, q)
+		q, err := stmt(i > 0)
+		if err != nil {
+			return err
+		}
+		_, err = m.conn.Exec(ctx, q)
 		var pe *pgconn.PgError
 		if err == nil || !errors.As(err, &pe) || (pe.Code != "55P03" && pe.Code != "40P01") || i >= retries {
 			if err != nil {

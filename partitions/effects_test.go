@@ -512,7 +512,8 @@ func TestTablesNamedLikePartitionsAreNotDropped(t *testing.T) {
 	at := now.Add(-2 * time.Minute)
 	e.add("copied", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
 	theirs := []string{"oncegate_effects_pre_upgrade", "oncegate_effect_replays_pg_backup", "oncegate_effect_bodies_p",
-		"oncegate_effect_attempts_p2026", "oncegate_effects_p20261206t113400_copy"}
+		"oncegate_effect_attempts_p2026", "oncegate_effects_p20261206t113400_copy",
+		"oncegate_effects_p20260101t000000.5", "oncegate_effects_p20260101t000000,5"} // a second tester's
 	for _, n := range theirs {
 		if _, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{n}.Sanitize()+" AS SELECT 1 AS x"); err != nil {
 			t.Fatal(err)
@@ -575,5 +576,31 @@ func TestALockOnOneTableHoldsBackOnlyItsPartitions(t *testing.T) {
 		if !slices.Contains(rep.Created, tbl+"_p"+last) {
 			t.Errorf("%s has no partition up to three minutes ahead: created %v", tbl, rep.Created)
 		}
+	}
+}
+
+// A table whose partitions ahead cannot be made does not hold off retirement: a second outside tester's view
+// in the way of a bodies partition's name stopped every table's retirement, and the effects and their keys
+// past retention stayed, while only the error log said why.
+func TestPartitionsThatCannotBeMadeAheadDoNotHoldOffRetirement(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, e, now := minuteEffects(t)
+	at := now.Add(-9 * time.Minute)
+	old := e.add("old", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
+	part := partitionOf(t, pool, "oncegate_effects", old)
+	later := now.Add(5 * time.Minute)
+	last := later.UTC().Truncate(time.Minute).Add(3 * time.Minute).Format("20060102t150405")
+	if _, err := pool.Exec(ctx, "CREATE VIEW "+pgx.Identifier{"oncegate_effect_bodies_p" + last}.Sanitize()+" AS SELECT 1 AS a"); err != nil {
+		t.Fatal(err)
+	}
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, time.Minute),
+		Interval: time.Minute, Retention: 3 * time.Minute, Now: func() time.Time { return later }})
+	rep, err := m.Pass(ctx)
+	if err == nil || !strings.Contains(err.Error(), "already exists") {
+		t.Fatalf("the pass's error: %v; want the bodies' partition that could not be made", err)
+	}
+	if !slices.Contains(rep.Dropped, part) || exists(t, pool, part) {
+		t.Fatalf("%s, past retention, was not retired (dropped %v)", part, rep.Dropped)
 	}
 }

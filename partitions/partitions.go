@@ -391,12 +391,16 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 	// Partitions ahead first, for every table, whatever happens to retirement after: an insert needs its
 	// partition, while retiring one can wait. A reader holding a table makes a detach (or its FINALIZE) time
 	// out, and a pass that stopped there made no partition ahead: inserts failed once the newest ended.
-	if err := m.ahead(ctx, &rep); err != nil {
-		// Said whatever stopped the partitions ahead: a table that keeps failing them (a table in the way of
-		// a name) runs out of partitions, and its inserts fail, at the end of the newest.
-		return rep, errors.Join(err, m.short(ctx, &rep))
-	}
 	var errs []error
+	if err := m.ahead(ctx, &rep); err != nil {
+		// Retiring goes on all the same: a table that keeps failing its partitions ahead (a table in the way
+		// of a name, a lock held) held off every table's retirement, and the effects' and keys' grew while
+		// only the error log said so. The tables running short are said below.
+		if ctx.Err() != nil || m.conn.IsClosed() {
+			return rep, err
+		}
+		errs = append(errs, err)
+	}
 	for _, t := range m.cfg.Tables {
 		if err := m.table(ctx, t, &rep); err != nil {
 			errs = append(errs, err) // the next table's retirement is its own
@@ -701,7 +705,9 @@ func (m *Manager) restoreKeys(ctx context.Context, t Table, name string, lower, 
 // nameTime is the lower bound a partition's name tells (partitionName).
 func nameTime(table, name string) (time.Time, bool) {
 	suffix, ok := strings.CutPrefix(name, table+"_p")
-	if !ok {
+	// Exactly the layout's 15 characters: time.Parse takes a fraction of a second after the seconds that the
+	// layout does not have (…t000000.5), and such a table is someone's, not a partition to drop.
+	if !ok || len(suffix) != len("20060102t150405") {
 		return time.Time{}, false
 	}
 	at, err := time.Parse("20060102t150405", suffix)

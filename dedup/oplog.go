@@ -33,6 +33,7 @@ type ReplayLog struct {
 	db       DBTX
 	interval time.Duration
 	log      *slog.Logger
+	failed   failureLog
 
 	mu      sync.Mutex
 	pending map[int64]*replayCount
@@ -109,10 +110,34 @@ func (l *ReplayLog) Flush(ctx context.Context) error {
 			}
 		}
 		l.mu.Unlock()
-		l.log.Warn("recording replay counts failed; kept for the next try", "effects", len(batch), "err", err)
+		l.failed.warn(l.log, "recording replay counts failed; kept for the next try", "effects", len(batch), "err", err)
 		return translate("record replays", err)
 	}
 	return nil
+}
+
+// failureLog says a flush's failure at most every failureLogEvery, with how many failed since it last said
+// so: a flush is tried every 100 ms, and a table with no partition for its rows for a minute (a lock held on
+// it while the partition manager would make one) filled the log with 273 lines in 27 s.
+type failureLog struct {
+	mu     sync.Mutex
+	last   time.Time
+	hushed int
+}
+
+const failureLogEvery = 10 * time.Second
+
+func (f *failureLog) warn(log *slog.Logger, msg string, args ...any) {
+	f.mu.Lock()
+	if !f.last.IsZero() && time.Since(f.last) < failureLogEvery {
+		f.hushed++
+		f.mu.Unlock()
+		return
+	}
+	hushed := f.hushed
+	f.last, f.hushed = time.Now(), 0
+	f.mu.Unlock()
+	log.Warn(msg, append(args, "failures_not_logged", hushed)...)
 }
 
 // Attempt is one delivery attempt of an effect, as the gateway that made it saw it.
@@ -136,6 +161,7 @@ type AttemptLog struct {
 	db       DBTX
 	interval time.Duration
 	log      *slog.Logger
+	failed   failureLog
 
 	mu      sync.Mutex
 	pending []Attempt
@@ -209,7 +235,7 @@ func (l *AttemptLog) Flush(ctx context.Context) error {
 			l.pending = l.pending[over:]
 		}
 		l.mu.Unlock()
-		l.log.Warn("recording delivery attempts failed; kept for the next try", "attempts", n, "err", err)
+		l.failed.warn(l.log, "recording delivery attempts failed; kept for the next try", "attempts", n, "err", err)
 		return translate("record attempts", err)
 	}
 	return nil

@@ -478,8 +478,7 @@ func TestATableWhosePartitionsCannotBeMadeLeavesTheOthersTheirs(t *testing.T) {
 	ctx := context.Background()
 	url, pool, _, now := minuteEffects(t)
 	later := now.Add(5 * time.Minute)
-	last := later.UTC().Truncate(time.Minute).Add(3 * time.Minute)
-	inTheWay := "oncegate_effect_replays_p" + last.Format("20060102t150405")
+	inTheWay := newestAhead("oncegate_effect_replays", later)
 	if _, err := pool.Exec(ctx, "CREATE TABLE "+pgx.Identifier{inTheWay}.Sanitize()+" (x int)"); err != nil {
 		t.Fatal(err)
 	}
@@ -489,11 +488,7 @@ func TestATableWhosePartitionsCannotBeMadeLeavesTheOthersTheirs(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "already exists") {
 		t.Fatalf("the pass's error: %v; want the replays' partition that could not be made", err)
 	}
-	for _, tbl := range []string{"oncegate_effects", "oncegate_effect_bodies"} {
-		if !slices.Contains(rep.Created, tbl+"_p"+last.Format("20060102t150405")) {
-			t.Errorf("%s has no partition up to three minutes ahead: created %v", tbl, rep.Created)
-		}
-	}
+	madeAhead(t, rep, later, "oncegate_effects", "oncegate_effect_bodies")
 	// The replays' newest partition ends before the present (the clock moved five minutes on): said, so that
 	// the gateway logs it as an error, not only the pass's failure, every pass.
 	if !slices.Equal(rep.Short, []string{"oncegate_effect_replays"}) {
@@ -571,12 +566,7 @@ func TestALockOnOneTableHoldsBackOnlyItsPartitions(t *testing.T) {
 	if creates[0].Took > 2*time.Second {
 		t.Errorf("the one transaction of every table took %v: it waited for the lock with the retries", creates[0].Took)
 	}
-	last := later.UTC().Truncate(time.Minute).Add(3 * time.Minute).Format("20060102t150405")
-	for _, tbl := range []string{"oncegate_effects", "oncegate_effect_bodies"} {
-		if !slices.Contains(rep.Created, tbl+"_p"+last) {
-			t.Errorf("%s has no partition up to three minutes ahead: created %v", tbl, rep.Created)
-		}
-	}
+	madeAhead(t, rep, later, "oncegate_effects", "oncegate_effect_bodies")
 }
 
 // A table whose partitions ahead cannot be made does not hold off retirement: a second outside tester's view
@@ -590,8 +580,7 @@ func TestPartitionsThatCannotBeMadeAheadDoNotHoldOffRetirement(t *testing.T) {
 	old := e.add("old", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
 	part := partitionOf(t, pool, "oncegate_effects", old)
 	later := now.Add(5 * time.Minute)
-	last := later.UTC().Truncate(time.Minute).Add(3 * time.Minute).Format("20060102t150405")
-	if _, err := pool.Exec(ctx, "CREATE VIEW "+pgx.Identifier{"oncegate_effect_bodies_p" + last}.Sanitize()+" AS SELECT 1 AS a"); err != nil {
+	if _, err := pool.Exec(ctx, "CREATE VIEW "+pgx.Identifier{newestAhead("oncegate_effect_bodies", later)}.Sanitize()+" AS SELECT 1 AS a"); err != nil {
 		t.Fatal(err)
 	}
 	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, time.Minute),
@@ -602,5 +591,20 @@ func TestPartitionsThatCannotBeMadeAheadDoNotHoldOffRetirement(t *testing.T) {
 	}
 	if !slices.Contains(rep.Dropped, part) || exists(t, pool, part) {
 		t.Fatalf("%s, past retention, was not retired (dropped %v)", part, rep.Dropped)
+	}
+}
+
+// newestAhead is the name of table's partition that a pass at now makes last, three minutes ahead.
+func newestAhead(table string, now time.Time) string {
+	return table + "_p" + now.UTC().Truncate(time.Minute).Add(3*time.Minute).Format("20060102t150405")
+}
+
+// madeAhead fails the test unless the pass at now made each table's partitions up to three minutes ahead.
+func madeAhead(t *testing.T, rep partitions.Report, now time.Time, tables ...string) {
+	t.Helper()
+	for _, tbl := range tables {
+		if !slices.Contains(rep.Created, newestAhead(tbl, now)) {
+			t.Errorf("%s has no partition up to three minutes ahead: created %v", tbl, rep.Created)
+		}
 	}
 }

@@ -29,14 +29,17 @@ type Claimed struct {
 	Lease
 	// Rescued is set when the row's previous lease expired: its dispatcher died mid-delivery, and that
 	// attempt may have reached the provider.
-	Rescued   bool
-	Tenant    string
-	Key       string
-	Type      string
-	Payload   json.RawMessage
-	Attempts  int // failed attempts so far
-	CreatedAt time.Time
-	Trace     map[string]string // the creating request's W3C trace context
+	Rescued bool
+	// Untenanted is set when the outbox row names no tenant (written by a gateway older than migration 00016):
+	// the claim could not leave it out for its tenant's share in flight (ClaimParams.SkipTenants).
+	Untenanted bool
+	Tenant     string
+	Key        string
+	Type       string
+	Payload    json.RawMessage
+	Attempts   int // failed attempts so far
+	CreatedAt  time.Time
+	Trace      map[string]string // the creating request's W3C trace context
 	// StableID names the effect to its receiver, the same on every attempt (effect.NewStableID).
 	StableID string
 	// Interrupted is, for a rescued row, the lease it was rescued from: which gateway held it, under which
@@ -82,7 +85,7 @@ type ClaimParams struct {
 // When the read fails, Claim hands the rows back, unattempted, and returns the error: ClaimLeases and Payload
 // then find the row at fault one row at a time.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
-	rows, err := s.ClaimLeases(ctx, p)
+	rows, err := s.claimLeases(ctx, p)
 	if err != nil || len(rows) == 0 {
 		return rows, err
 	}
@@ -110,6 +113,62 @@ const releaseTimeout = 10 * time.Second
 
 // ClaimLeases is Claim without the payloads: every Claimed has a nil Payload, for Payload to read.
 func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
+	rows, err := s.claimLeases(ctx, p)
+	if err != nil || len(rows) == 0 {
+		return rows, err
+	}
+	ids := make([]int64, len(rows))
+	at := make(map[int64]int, len(rows))
+	for i, r := range rows {
+		ids[i], at[r.EffectID] = r.EffectID, i
+	}
+	rs, err := s.db.Query(ctx, leasedEffectsSQL, ids)
+	if err != nil {
+		return nil, translate("read leased effects", err)
+	}
+	defer rs.Close()
+	found := make([]bool, len(rows))
+	for rs.Next() {
+		var id int64
+		var e leasedEffect
+		if err := rs.Scan(&id, &e.tenant, &e.key, &e.typ, &e.attempts, &e.createdAt, &e.stableID); err != nil {
+			return nil, translate("read leased effects", err)
+		}
+		if i, ok := at[id]; ok {
+			e.fill(&rows[i])
+			found[i] = true
+		}
+	}
+	if err := rs.Err(); err != nil {
+		return nil, translate("read leased effects", err)
+	}
+	// An effect purged since its row was leased: the lease runs out unused, as the claim's join left it.
+	kept := rows[:0]
+	for i, r := range rows {
+		if found[i] {
+			kept = append(kept, r)
+		}
+	}
+	return kept, nil
+}
+
+// leasedEffect is what delivering a leased row needs of its effect, read apart from the claim (claim.sql
+// says why): with the payloads (read_payloads.sql) or without (leased_effects.sql).
+type leasedEffect struct {
+	tenant, key, typ string
+	attempts         int
+	createdAt        time.Time
+	stableID         *string
+}
+
+func (e leasedEffect) fill(c *Claimed) {
+	c.Tenant, c.Key, c.Type, c.Attempts, c.CreatedAt = e.tenant, e.key, e.typ, e.attempts, e.createdAt
+	c.StableID = stableIDOf(e.tenant, e.key, e.stableID)
+}
+
+// claimLeases leases the rows: the Claimed it returns know their outbox row (lease, tenant, type, trace), not
+// yet their effect (key, attempts, stable id).
+func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	sent := time.Now()
 	var rs pgx.Rows
 	var err error
@@ -126,12 +185,17 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 	var pauses map[string]time.Duration
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
-		var stableID, prevOwner *string
+		var tenant, prevOwner *string
 		var prevToken pgtype.UUID
 		var prevExpires pgtype.Timestamptz
 		var paused map[string]int64
-		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &c.Tenant, &c.Key, &c.Type, &c.Attempts, &c.CreatedAt,
-			&c.Trace, &stableID, &prevOwner, &prevToken, &prevExpires, &paused)
+		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &tenant, &c.Type, &c.Trace, &prevOwner, &prevToken,
+			&prevExpires, &paused)
+		if tenant != nil {
+			c.Tenant = *tenant
+		} else {
+			c.Untenanted = true
+		}
 		if len(paused) > 0 {
 			if pauses == nil {
 				pauses = make(map[string]time.Duration, len(paused))
@@ -141,7 +205,6 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 			}
 			c.DestinationPauses = pauses
 		}
-		c.StableID = stableIDOf(c.Tenant, c.Key, stableID)
 		c.LeasedAt = sent
 		if prevOwner != nil {
 			c.Interrupted.Owner = *prevOwner
@@ -177,7 +240,8 @@ func (s *Store) Payload(ctx context.Context, lease Lease) (json.RawMessage, erro
 	return row[0].Payload, nil
 }
 
-// readPayloads fills in the payloads of leased rows; a row whose lease was lost keeps a nil Payload.
+// readPayloads fills in the payloads of leased rows, and what they need of their effects; a row whose lease
+// was lost keeps a nil Payload.
 func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
 	ids, tokens := make([]int64, len(rows)), make([]pgtype.UUID, len(rows))
 	at := make(map[int64]int, len(rows))
@@ -193,11 +257,13 @@ func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
 	for rs.Next() {
 		var id int64
 		var p json.RawMessage
-		if err := rs.Scan(&id, &p); err != nil {
+		var e leasedEffect
+		if err := rs.Scan(&id, &p, &e.tenant, &e.key, &e.typ, &e.attempts, &e.createdAt, &e.stableID); err != nil {
 			return translate("read payloads", err)
 		}
 		if i, ok := at[id]; ok {
 			rows[i].Payload = p
+			e.fill(&rows[i])
 		}
 	}
 	return translate("read payloads", rs.Err())

@@ -186,8 +186,9 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		var together []dedup.Claimed
 		for _, r := range rows {
 			// A batch may bring one tenant more rows than its share: the rest go back, uncharged, and the
-			// next claims skip that tenant until one of its deliveries ends.
-			if !t.admit(r.Tenant, true) {
+			// next claims skip that tenant until one of its deliveries ends. A row that names no tenant is
+			// counted, not capped: the claims cannot skip it, and handed back it would be claimed again at once.
+			if !t.admit(r.Tenant, !r.Untenanted) {
 				d.apply(d.rowLog(t, r), t, r, action{kind: actReschedule})
 				continue
 			}

@@ -6,6 +6,9 @@
 -- row. A row whose lease expired is due again: its dispatcher died mid-delivery, and `rescued` tells the
 -- caller that the attempt may have reached the provider.
 -- Payloads are read by a statement of their own (read_payloads.sql), after these leases commit: see Claim.
+-- So is what a delivery needs of the effect (its key, attempts, stable id): this statement reads no effect,
+-- so that its plan, the costliest of the hot path, is not made again whenever a partition of the effects is
+-- attached, detached or vacuumed (issue 30: a third of the planning of a retirement, in waves).
 -- Claims go round the tenants with work (issue 31): the tenants with rows of the type are found by a loose
 -- scan of oncegate_outbox_tenant_due (one index probe a tenant, never a read of any tenant's backlog), each
 -- brings its oldest due rows, and the claim takes the first of every tenant, then the second of every tenant,
@@ -139,9 +142,11 @@ WITH RECURSIVE tenants AS (
     UNION ALL
     SELECT h.effect_id, h.run_at, row_number() OVER (ORDER BY h.run_at) AS k, random() AS draw
     FROM (SELECT o.effect_id, o.run_at
-          -- The first $2 × 8 due rows, as a tenant's walk: asking each row's effect for its tenant, a claim
-          -- that skipped the tenant of a backlog of such rows walked all of it to take none. Migration 00021
-          -- named the tenant of the rows written before 00016; these are a still-running older gateway's.
+          -- The first $2 × 8 due rows, as a tenant's walk. Migration 00021 named the tenant of the rows
+          -- written before 00016; these are a gateway's older than 00016, which cannot create effects in a
+          -- database past 00018. Their tenant is not known here, so $5 does not leave them out: the
+          -- dispatcher hands back, uncharged, the rows of a tenant that has its share in flight (asking each
+          -- row's effect for its tenant put the effects, and every partition of them, in this plan).
           FROM (SELECT o.effect_id, o.run_at, o.destination
                 FROM oncegate_outbox o
                 WHERE o.type = $1 AND o.tenant IS NULL
@@ -151,8 +156,6 @@ WITH RECURSIVE tenants AS (
                 LIMIT $2 * 8) o
           WHERE NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                 WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
-            AND (cardinality($5::text[]) = 0 OR NOT EXISTS (
-                SELECT 1 FROM oncegate_effects e WHERE e.id = o.effect_id AND e.tenant = ANY ($5::text[])))
           ORDER BY o.run_at
           LIMIT $2) h
 ), due AS (
@@ -182,11 +185,11 @@ WITH RECURSIVE tenants AS (
         lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
     FROM due
     WHERE o.effect_id = ANY (ARRAY(SELECT due.effect_id FROM due)) AND o.effect_id = due.effect_id
-    RETURNING o.effect_id, o.lease_token, due.rescued, o.trace, due.prev_owner, due.prev_token, due.prev_expires,
-        o.destination
+    RETURNING o.effect_id, o.lease_token, due.rescued, o.tenant, o.type, o.trace, due.prev_owner, due.prev_token,
+        due.prev_expires, o.destination
 )
-SELECT e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
-    claimed.trace, e.stable_id, claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
+SELECT claimed.effect_id, claimed.lease_token, claimed.rescued, claimed.tenant, claimed.type, claimed.trace,
+    claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
     -- Read only when a row names no destination: an outside test's 10,000 paused destinations, aggregated at
     -- every claim, cut the type's deliveries from 300 a second to 13 to 44.
     (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)
@@ -194,4 +197,3 @@ SELECT e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.at
      WHERE p.type = $1 AND p.until > now()
        AND EXISTS (SELECT 1 FROM claimed c WHERE c.destination IS NULL)) AS paused
 FROM claimed
-CROSS JOIN LATERAL (SELECT * FROM oncegate_effects e WHERE e.id = claimed.effect_id LIMIT 1) e

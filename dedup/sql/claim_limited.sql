@@ -147,7 +147,7 @@ WITH RECURSIVE tenants AS (
     UNION ALL
     SELECT h.effect_id, h.destination, h.run_at, row_number() OVER (ORDER BY h.run_at) AS k, random() AS draw
     FROM (SELECT o.effect_id, o.destination, o.run_at
-          -- The first $2 × 8 due rows, as in claim.sql.
+          -- The first $2 × 8 due rows, as in claim.sql, whatever $5 (claim.sql says why).
           FROM (SELECT o.effect_id, o.run_at, o.destination
                 FROM oncegate_outbox o
                 WHERE o.type = $1 AND o.tenant IS NULL
@@ -155,9 +155,7 @@ WITH RECURSIVE tenants AS (
                   AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
                 ORDER BY o.tenant, o.run_at
                 LIMIT $2 * 8) o
-          WHERE (cardinality($5::text[]) = 0 OR NOT EXISTS (
-                SELECT 1 FROM oncegate_effects e WHERE e.id = o.effect_id AND e.tenant = ANY ($5::text[])))
-            AND NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+          WHERE NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                 WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
             AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                 WHERE b.type = $1 AND b.destination = o.destination
@@ -197,11 +195,12 @@ WITH RECURSIVE tenants AS (
         lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
     FROM due
     WHERE o.effect_id = ANY (ARRAY(SELECT due.effect_id FROM due)) AND o.effect_id = due.effect_id
-    RETURNING o.effect_id, o.lease_token, due.rescued, o.trace, due.prev_owner, due.prev_token, due.prev_expires
+    RETURNING o.effect_id, o.lease_token, due.rescued, o.tenant, o.type, o.trace, due.prev_owner, due.prev_token,
+        due.prev_expires
 )
-SELECT e.id, claimed.lease_token, claimed.rescued, e.tenant, e.key, e.type, e.attempts, e.created_at,
-    claimed.trace, e.stable_id, claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
+-- No effect is read here: claim.sql says why.
+SELECT claimed.effect_id, claimed.lease_token, claimed.rescued, claimed.tenant, claimed.type, claimed.trace,
+    claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
     (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)
      FROM oncegate_destination_pauses p WHERE p.type = $1 AND p.until > now()) AS paused
 FROM claimed
-CROSS JOIN LATERAL (SELECT * FROM oncegate_effects e WHERE e.id = claimed.effect_id LIMIT 1) e

@@ -5,10 +5,12 @@
 -- whole outbox on every claim (issue 14). A row whose body is not there (kept apart, retention.payloads, in
 -- a partition detached while an operator retried it; the partition manager attaches it again) does not come
 -- back either: it is claimed again once its lease ends.
-SELECT r.id, r.payload
+-- With each payload comes what delivering it needs of its effect (as leased_effects.sql): the claim reads
+-- no effect (claim.sql says why), and this read costs no round trip of its own.
+SELECT r.id, r.payload, r.tenant, r.key, r.type, r.attempts, r.created_at, r.stable_id
 FROM unnest($1::bigint[], $2::uuid[]) AS l (effect_id, token)
 CROSS JOIN LATERAL (
-    SELECT e.id, {{payload}} AS payload
+    SELECT e.id, {{payload}} AS payload, e.tenant, e.key, e.type, e.attempts, e.created_at, e.stable_id
     FROM oncegate_outbox o JOIN oncegate_effects e ON e.id = o.effect_id
     WHERE o.effect_id = l.effect_id AND o.lease_token = l.token
     LIMIT 1

@@ -93,7 +93,7 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 		// The read may have failed by running out of ctx: the hand-back gets a bound of its own.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
-		if rerr := s.release(rctx, rows); rerr != nil {
+		if rerr := s.handBack(rctx, rows); rerr != nil {
 			return nil, fmt.Errorf("%w; and handing the rows back: %w", err, rerr)
 		}
 		return nil, err
@@ -122,25 +122,20 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 	for i, r := range rows {
 		ids[i], at[r.EffectID] = r.EffectID, i
 	}
-	rs, err := s.db.Query(ctx, leasedEffectsSQL, ids)
-	if err != nil {
-		return nil, translate("read leased effects", err)
-	}
-	defer rs.Close()
 	found := make([]bool, len(rows))
-	for rs.Next() {
-		var id int64
-		var e leasedEffect
-		if err := rs.Scan(&id, &e.tenant, &e.key, &e.typ, &e.attempts, &e.createdAt, &e.stableID); err != nil {
-			return nil, translate("read leased effects", err)
-		}
+	if err := s.readLeasedEffects(ctx, ids, func(id int64, e leasedEffect) {
 		if i, ok := at[id]; ok {
 			e.fill(&rows[i])
 			found[i] = true
 		}
-	}
-	if err := rs.Err(); err != nil {
-		return nil, translate("read leased effects", err)
+	}); err != nil {
+		// As in Claim: the rows go back, unattempted, or their leases would run out as a crash's.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		if rerr := s.handBack(rctx, rows); rerr != nil {
+			return nil, fmt.Errorf("%w; and handing the rows back: %w", err, rerr)
+		}
+		return nil, err
 	}
 	// An effect purged since its row was leased: the lease runs out unused, as the claim's join left it.
 	kept := rows[:0]
@@ -150,6 +145,23 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 		}
 	}
 	return kept, nil
+}
+
+func (s *Store) readLeasedEffects(ctx context.Context, ids []int64, each func(int64, leasedEffect)) error {
+	rs, err := s.db.Query(ctx, leasedEffectsSQL, ids)
+	if err != nil {
+		return translate("read leased effects", err)
+	}
+	defer rs.Close()
+	for rs.Next() {
+		var id int64
+		var e leasedEffect
+		if err := rs.Scan(&id, &e.tenant, &e.key, &e.typ, &e.attempts, &e.createdAt, &e.stableID); err != nil {
+			return translate("read leased effects", err)
+		}
+		each(id, e)
+	}
+	return translate("read leased effects", rs.Err())
 }
 
 // leasedEffect is what delivering a leased row needs of its effect, read apart from the claim (claim.sql
@@ -269,7 +281,17 @@ func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
 	return translate("read payloads", rs.Err())
 }
 
-// release hands leased rows back, unattempted and due at once (release.sql).
+// handBack hands rows leased by claimLeases back, unattempted and due at once, writing no effect
+// (hand_back.sql).
+func (s *Store) handBack(ctx context.Context, rows []Claimed) error {
+	ids, tokens, rescued := make([]int64, len(rows)), make([]pgtype.UUID, len(rows)), make([]bool, len(rows))
+	for i, r := range rows {
+		ids[i], tokens[i], rescued[i] = r.EffectID, uuidArg(r.Token), r.Rescued
+	}
+	return translate("hand back claimed rows", pinnedExec(ctx, s.db, handBackSQL, ids, tokens, rescued))
+}
+
+// release hands rows leased by the dedup proxy back, unattempted and due at once (release.sql).
 func (s *Store) release(ctx context.Context, rows []Claimed) error {
 	ids, tokens, rescued := make([]int64, len(rows)), make([]pgtype.UUID, len(rows)), make([]bool, len(rows))
 	for i, r := range rows {

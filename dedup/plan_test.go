@@ -30,7 +30,7 @@ var planned = []string{"insert", "insert_batch", "get", "get_batch", "fence", "r
 
 // pinnedStatements are run behind pin.sql (pinned): an UPDATE, DELETE or locking read joined to a batch,
 // whose best plan Postgres finds only from statistics that a queue's tables outrun.
-var pinnedStatements = map[string]string{"claim": "claimSQL", "claim_limited": "claimLimitedSQL", "release": "releaseSQL",
+var pinnedStatements = map[string]string{"claim": "claimSQL", "claim_limited": "claimLimitedSQL", "release": "releaseSQL", "hand_back": "handBackSQL",
 	"finish_batch": "finishBatchSQL", "terminal": "terminalSQL"}
 
 // TestPinnedStatementsAreRunPinned holds the call sites to pinnedStatements: each runs its statement through

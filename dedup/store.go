@@ -77,6 +77,7 @@ var (
 	readPayloadsSQL  = query("read_payloads")
 	leasedEffectsSQL = query("leased_effects")
 	releaseSQL       = query("release")
+	handBackSQL      = query("hand_back")
 	finishSQL        = query("finish")
 	finishBatchSQL   = query("finish_batch")
 	lockLeasesSQL    = query("lock_leases")

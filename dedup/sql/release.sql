@@ -1,4 +1,6 @@
--- Hands leased rows back, unattempted and due at once, when their payloads could not be read. A fresh row
+-- Hands leased rows back, unattempted and due at once, when their payloads could not be read: the rows of the
+-- dedup proxy's claims (claim_effect.sql, insert_leased.sql), which mark their effect delivering (the
+-- dispatcher's claims write no effect, and hand back by hand_back.sql). A fresh row
 -- goes back to pending, as it was; a rescued row keeps an expired lease and its effect stays delivering, as
 -- they were, so that the next claim still knows it was rescued (on_crash). Rows are found by primary key and
 -- fenced by their tokens (see read_payloads.sql).

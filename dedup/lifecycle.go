@@ -310,8 +310,11 @@ type Finish struct {
 	// LastError replaces the stored error; empty clears it.
 	LastError string
 	// Attempted counts an attempt: false when no provider was called (a breaker's refusal, an unreadable
-	// payload). An at-most-once rescue counts the attempt that was interrupted.
+	// payload).
 	Attempted bool
+	// Interrupted counts the attempt of the lease the row was rescued from as well (Claimed.Rescued): it may
+	// have reached the provider, and the attempt log numbers it.
+	Interrupted bool
 	// External is set for the outcome of an effect that happened outside the database (an email accepted, a
 	// webhook answered): until it commits, a gateway killed resends the effect. A store that batches
 	// (WithGroupCommit) never queues it behind other writes (batch.go).
@@ -394,7 +397,7 @@ func finishOne(ctx context.Context, db DBTX, lease Lease, f Finish) error {
 	var id int64
 	err := handOff(ctx, db, f.OnHandoff, func(db DBTX) error {
 		return db.QueryRow(ctx, finishSQL, lease.EffectID, uuidArg(lease.Token), f.Status, nullJSON(storableJSON(f.Result)),
-			nullString(storableText(f.LastError)), attempts(f.Attempted), f.Status == effect.StatusDelivered).Scan(&id)
+			nullString(storableText(f.LastError)), attempts(f.Attempted)+attempts(f.Interrupted), f.Status == effect.StatusDelivered).Scan(&id)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
@@ -449,6 +452,8 @@ type Reschedule struct {
 	LastError string
 	// Attempted counts the attempt: false when the row is handed back unattempted (breaker open, shutdown).
 	Attempted bool
+	// Interrupted counts the attempt of the lease the row was rescued from as well, as in Finish.
+	Interrupted bool
 	// WhilePaused says that the row waits for its destination's pause, Delay being the pause's end as the
 	// caller knew it: when the fleet's table holds no pause of the row's destination now (an operator lifted
 	// it meanwhile), the row is due at once instead (reschedule.sql).
@@ -460,7 +465,7 @@ type Reschedule struct {
 func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error {
 	var id int64
 	err := s.db.QueryRow(ctx, rescheduleSQL, lease.EffectID, uuidArg(lease.Token), r.Delay.Milliseconds(),
-		nullString(storableText(r.LastError)), attempts(r.Attempted), effect.StatusPending, r.WhilePaused).Scan(&id)
+		nullString(storableText(r.LastError)), attempts(r.Attempted)+attempts(r.Interrupted), effect.StatusPending, r.WhilePaused).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}

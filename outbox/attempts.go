@@ -31,11 +31,8 @@ func (d *Dispatcher) recordAttempt(t *effectType, r dedup.Claimed, start time.Ti
 			Error: fmt.Sprintf("%s; rescued by %s", interruptedError, d.cfg.Owner)})
 		return
 	}
-	n := r.Attempts + 1
-	if r.Rescued {
-		n++ // the interrupted attempt of the gateway it was rescued from took r.Attempts+1
-	}
-	a := dedup.Attempt{EffectID: r.EffectID, Attempt: n, Start: start, Gateway: d.cfg.Owner,
+	// The interrupted attempt of the gateway a row was rescued from took r.Attempts+1.
+	a := dedup.Attempt{EffectID: r.EffectID, Attempt: nextAttempt(r), Start: start, Gateway: d.cfg.Owner,
 		Token: &r.Token, Outcome: out.Kind.String(), Latency: time.Since(start), Called: true, Type: t.Name,
 		Destination: dest}
 	if out.Err != nil {

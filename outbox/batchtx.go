@@ -68,10 +68,10 @@ func (d *Dispatcher) deliverBatch(ctx context.Context, t *effectType, batch []*b
 		b.ctx, b.span = tracer.Start(otel.GetTextMapPropagator().Extract(ctx, propagation.MapCarrier(r.Trace)),
 			"outbox.dispatch "+t.Name, trace.WithAttributes(
 				attribute.String("effect.type", t.Name), attribute.String("idempotency.key", r.Key),
-				attribute.Int("effect.attempt", r.Attempts+1), attribute.Bool("effect.rescued", r.Rescued),
+				attribute.Int("effect.attempt", nextAttempt(r)), attribute.Bool("effect.rescued", r.Rescued),
 				attribute.String("effect.stable_id", r.StableID), attribute.Int("effect.batch", len(batch))))
 		defer b.span.End()
-		b.log = d.rowLog(t, r).With("attempt", r.Attempts+1)
+		b.log = d.rowLog(t, r).With("attempt", nextAttempt(r))
 		if r.Rescued {
 			d.metrics.Rescued.WithLabelValues(t.Name).Inc()
 			d.recordAttempt(t, r, leaseStart(r, t.lease), providers.Outcome{}, false)
@@ -255,7 +255,7 @@ func (d *Dispatcher) recordBatch(ctx context.Context, t *effectType, p providers
 // delivery is what a provider is told of a claimed row.
 func delivery(r dedup.Claimed) providers.Delivery {
 	return providers.Delivery{Tenant: r.Tenant, Key: r.Key, Type: r.Type, StableID: r.StableID, Payload: r.Payload,
-		Attempt: r.Attempts + 1, Rescued: r.Rescued, CreatedAt: r.CreatedAt}
+		Attempt: nextAttempt(r), Rescued: r.Rescued, CreatedAt: r.CreatedAt}
 }
 
 // recoverBatch is recoverDelivery for a batch: every row not yet settled is set aside as panicked.

@@ -34,7 +34,7 @@ func (p policy) seen(r dedup.Claimed, out providers.Outcome, stopping bool) prov
 	switch {
 	case p.doubted(out):
 		out.Kind = providers.KindInDoubt
-	case out.Kind == providers.KindRetry && !stopping && r.Attempts+1 >= p.maxAttempts:
+	case out.Kind == providers.KindRetry && !stopping && p.attemptsWith(r) >= p.maxAttempts:
 		out.Kind = providers.KindFailed
 	}
 	return out
@@ -114,8 +114,9 @@ const cutAfterSent = "the gateway stopped (dispatcher.drain_timeout ran out) aft
 //     reason: trying again would fail again, and hold a lease and a claim each time.
 //   - A row whose delivery panicked is finished dead, charged: trying again would panic again.
 //   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
-//     finished unknown rather than risk a second delivery, with the interrupted attempt counted: it may have
-//     reached the destination, and attempts: 0 would say that nothing was sent; a TxProvider has no crash window, so
+//     finished unknown rather than risk a second delivery, with the interrupted attempt counted (as every
+//     rescued row's is): it may have reached the destination, and attempts: 0 would say that nothing was
+//     sent; a TxProvider has no crash window, so
 //     its rows are always delivered. Every other row is delivered.
 //   - The breaker refused the call: the row waits, uncharged, until the breaker can let a call through.
 //   - A transient attempt whose request went out unanswered (MaybeSent) of an at-most-once type is finished
@@ -128,11 +129,49 @@ const cutAfterSent = "the gateway stopped (dispatcher.drain_timeout ran out) aft
 //   - A transient failure is retried after the backoff delay (the destination's Retry-After wins), until the
 //     attempts reach the type's maximum: then the effect is dead.
 func decide(ev event, r dedup.Claimed, p policy) action {
+	act := decideAttempts(ev, r, p)
+	// A rescued row's interrupted attempt is counted with whatever comes of the row next (the attempt log has
+	// it, numbered before the rescue's own), so that max_attempts bounds the calls that may have reached the
+	// destination, interrupted ones included. A TxProvider's interrupted attempt rolled back with its
+	// gateway's transaction: it reached nothing, and is logged but not counted.
+	switch {
+	case !p.countsInterrupted(r):
+	case act.kind == actFinish:
+		act.finish.Interrupted = true
+	case act.kind == actReschedule:
+		act.reschedule.Interrupted = true
+	}
+	return act
+}
+
+// nextAttempt is the number of the attempt a claimed row is delivered for, in the attempt log and to its
+// provider: after its failed attempts, and after the interrupted one of a rescued row.
+func nextAttempt(r dedup.Claimed) int {
+	if r.Rescued {
+		return r.Attempts + 2
+	}
+	return r.Attempts + 1
+}
+
+// countsInterrupted says whether r's interrupted attempt counts towards the maximum (decide).
+func (p policy) countsInterrupted(r dedup.Claimed) bool {
+	return r.Rescued && !p.tx
+}
+
+// attemptsWith is how many attempts r will have made once the attempt it is delivered for ends.
+func (p policy) attemptsWith(r dedup.Claimed) int {
+	if p.countsInterrupted(r) {
+		return r.Attempts + 2
+	}
+	return r.Attempts + 1
+}
+
+func decideAttempts(ev event, r dedup.Claimed, p policy) action {
 	switch ev.stage {
 	case stageClaimed:
 		if r.Rescued && p.onCrash == AtMostOnce && !p.tx {
 			return action{kind: actFinish,
-				finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown, Attempted: true},
+				finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown},
 				msg:    "rescued a delivery interrupted by a crash; on_crash is at_most_once, so it is not resent",
 				level:  slog.LevelWarn}
 		}
@@ -184,7 +223,7 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 	if ev.stopping {
 		return action{kind: actReschedule}
 	}
-	attempt := r.Attempts + 1
+	attempt := p.attemptsWith(r)
 	if attempt >= p.maxAttempts {
 		return action{kind: actFinish,
 			finish: finish(effect.StatusDead, fmt.Sprintf("failed %d of %d attempts: %s", attempt, p.maxAttempts, errText)),

@@ -38,15 +38,23 @@ func TestDecide(t *testing.T) {
 		{"a fresh row is delivered", event{stage: stageClaimed}, fresh, most, action{kind: actDeliver}},
 		{"at_least_once resends a rescued row", event{stage: stageClaimed}, rescued, least, action{kind: actDeliver}},
 		{"at_most_once marks a rescued row unknown, uncharged", event{stage: stageClaimed}, rescued, most,
-			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown, Attempted: true}}},
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown, Interrupted: true}}},
 		{"a TxProvider has no crash window: its rescued row is resent", event{stage: stageClaimed}, rescued, mostTx,
 			action{kind: actDeliver}},
 		{"a row refused by its breaker waits until the breaker can let a call through, uncharged",
 			event{stage: stageRefused, wait: 30 * time.Second}, last, least,
 			action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: 30 * time.Second}}},
-		{"an unreadable row is dead, uncharged, with Postgres's reason, even rescued under at_most_once",
+		{"an unreadable row is dead, uncharged but for a rescued row's interrupted attempt, with Postgres's reason, even rescued under at_most_once",
 			event{stage: stageUnreadable, err: &dedup.UnstorableError{Reason: "out of memory", Err: boom}}, rescued, most,
-			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: unreadablePrefix + "out of memory"}}},
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: unreadablePrefix + "out of memory", Interrupted: true}}},
+		{"a rescued row's interrupted attempt counts: after one failed attempt, the rescue's is the last of 3",
+			attempted(providers.Retry(boom)), rescued, least,
+			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: "failed 3 of 3 attempts: 503 busy", Attempted: true, Interrupted: true}}},
+		{"a TxProvider's interrupted attempt rolled back: it does not count", attempted(providers.Retry(boom)), rescued, mostTx,
+			action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: 2 * time.Second, LastError: "503 busy", Attempted: true}}},
+		{"a rescued row refused by its breaker waits, its interrupted attempt counted",
+			event{stage: stageRefused, wait: 30 * time.Second}, rescued, least,
+			action{kind: actReschedule, reschedule: dedup.Reschedule{Delay: 30 * time.Second, Interrupted: true}}},
 		{"a delivery that panicked is dead, charged", event{stage: stagePanicked}, fresh, least,
 			action{kind: actFinish, finish: dedup.Finish{Status: effect.StatusDead, LastError: panicked, Attempted: true}}},
 		{"delivered", attempted(providers.Outcome{Kind: providers.KindDelivered, Result: []byte(`{"id":1}`)}), fresh, least,
@@ -89,6 +97,7 @@ func TestDecide(t *testing.T) {
 			if got.kind != c.want.kind || got.finish.Status != c.want.finish.Status ||
 				string(got.finish.Result) != string(c.want.finish.Result) ||
 				got.finish.LastError != c.want.finish.LastError || got.finish.Attempted != c.want.finish.Attempted ||
+				got.finish.Interrupted != c.want.finish.Interrupted ||
 				got.reschedule != c.want.reschedule {
 				t.Fatalf("decide = %+v\n          want %+v", got, c.want)
 			}

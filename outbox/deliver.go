@@ -34,10 +34,10 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 	stableID := r.StableID
 	ctx, span := tracer.Start(ctx, "outbox.dispatch "+t.Name, trace.WithAttributes(
 		attribute.String("effect.type", t.Name), attribute.String("idempotency.key", r.Key),
-		attribute.Int("effect.attempt", r.Attempts+1), attribute.Bool("effect.rescued", r.Rescued),
+		attribute.Int("effect.attempt", nextAttempt(r)), attribute.Bool("effect.rescued", r.Rescued),
 		attribute.String("effect.stable_id", stableID)))
 	defer span.End()
-	log := d.log.With("type", t.Name, "effect", r.EffectID, "tenant", r.Tenant, "key", r.Key, "attempt", r.Attempts+1)
+	log := d.log.With("type", t.Name, "effect", r.EffectID, "tenant", r.Tenant, "key", r.Key, "attempt", nextAttempt(r))
 
 	if r.Rescued {
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/backoff"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 	"github.com/oncegate/oncegate/providers"
@@ -383,5 +384,50 @@ func TestRescueNumbersItsAttemptAfterTheInterruptedOne(t *testing.T) {
 	}
 	if fmt.Sprint(got) != "[1 interrupted dead 2 delivered rescuer]" {
 		t.Fatalf("attempt log: %q", got)
+	}
+}
+
+// The interrupted attempt of a rescued row counts towards max_attempts, as it is numbered in the attempt log:
+// it may have reached the destination. Counted in the log and not in the effect's attempts, the rescue's own
+// call was numbered 2 and the next 2 again, and an effect of max_attempts 3 was sent 4 times (an outside test:
+// `1:interrupted 2:retry 2:retry 3:failed`).
+func TestARescuedRowsInterruptedAttemptCountsTowardsItsMaximum(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.create("least", "least")
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_token = gen_random_uuid(), lease_owner = 'dead',
+		lease_expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	attempts := dedup.NewAttemptLog(f.pool, 20*time.Millisecond, quietLog())
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go attempts.Run(lctx)
+	boom := errors.New("503 busy")
+	p := &scripted{outcomes: []providers.Outcome{providers.Retry(boom), providers.Retry(boom), providers.Retry(boom)}}
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "least", Provider: p, OnCrash: AtLeastOnce, MaxAttempts: 3,
+		Retry: backoff.Policy{Base: time.Millisecond, Max: time.Millisecond}}}, Attempts: attempts, Owner: "rescuer"})
+	f.start(d)
+	f.waitStatus("least", effect.StatusDead)
+	testenv.Eventually(t, 10*time.Second, "the attempts logged", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effect_attempts`) >= 3
+	})
+	time.Sleep(100 * time.Millisecond) // a fourth, were there one, is flushed too
+	var got []string
+	rows, err := f.pool.Query(ctx, `SELECT attempt || ' ' || outcome FROM oncegate_effect_attempts ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		_ = rows.Scan(&s)
+		got = append(got, s)
+	}
+	if fmt.Sprint(got) != "[1 interrupted 2 retry 3 failed]" {
+		t.Errorf("attempt log: %q", got)
+	}
+	if e := f.get("least"); e.Attempts != 3 || p.calls.Load() != 2 {
+		t.Errorf("the effect has %d attempts and its provider was called %d times; want 3 and 2", e.Attempts, p.calls.Load())
 	}
 }

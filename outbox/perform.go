@@ -117,7 +117,7 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 		return Performed{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
-	log := d.rowLog(t, r).With("attempt", r.Attempts+1, "performed", "in request")
+	log := d.rowLog(t, r).With("attempt", nextAttempt(r), "performed", "in request")
 	if r.Rescued {
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
 	}

@@ -89,7 +89,9 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	if err != nil || len(rows) == 0 {
 		return rows, err
 	}
-	if err := s.readPayloads(ctx, rows); err != nil {
+	rctx, cancel := readBound(ctx, rows, p.Lease)
+	defer cancel()
+	if err := s.readPayloads(rctx, rows); err != nil {
 		// The read may have failed by running out of ctx: the hand-back gets a bound of its own.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
@@ -108,6 +110,18 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	return kept, nil
 }
 
+// readBound bounds the read that follows a claim by half the lease its rows were leased for: a read that took
+// longer (a partition of the effects locked, a stalled database) would let the leases run out before the rows
+// are handed back, and another gateway rescue them as a crash's, though no provider was called. A caller's
+// claim timeout may be longer than a short type's lease. Never less than minReadBound: a lease is a provider's
+// timeout and a margin of seconds, and one shorter (a test's) must not fail reads that a busy Postgres takes
+// tens of milliseconds to answer.
+func readBound(ctx context.Context, rows []Claimed, lease time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithDeadline(ctx, rows[0].LeasedAt.Add(max(lease/2, minReadBound)))
+}
+
+const minReadBound = time.Second
+
 // releaseTimeout bounds handing back the rows of a claim whose payloads could not be read.
 const releaseTimeout = 10 * time.Second
 
@@ -123,7 +137,9 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 		ids[i], at[r.EffectID] = r.EffectID, i
 	}
 	found := make([]bool, len(rows))
-	if err := s.readLeasedEffects(ctx, ids, func(id int64, e leasedEffect) {
+	rctx, cancel := readBound(ctx, rows, p.Lease)
+	defer cancel()
+	if err := s.readLeasedEffects(rctx, ids, func(id int64, e leasedEffect) {
 		if i, ok := at[id]; ok {
 			e.fill(&rows[i])
 			found[i] = true

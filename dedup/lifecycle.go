@@ -89,15 +89,9 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 	if err != nil || len(rows) == 0 {
 		return rows, err
 	}
-	rctx, cancel := readBound(ctx, rows, p.Lease)
-	defer cancel()
-	if err := s.readPayloads(rctx, rows); err != nil {
-		// The read may have failed by running out of ctx: the hand-back gets a bound of its own.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		if rerr := s.handBack(rctx, rows); rerr != nil {
-			return nil, fmt.Errorf("%w; and handing the rows back: %w", err, rerr)
-		}
+	if err := s.readOrHandBack(ctx, rows, p.Lease, func(ctx context.Context) error {
+		return s.readPayloads(ctx, rows)
+	}); err != nil {
 		return nil, err
 	}
 	// A row whose lease was lost in between (an operator's retry) is another dispatcher's now.
@@ -108,6 +102,25 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 		}
 	}
 	return kept, nil
+}
+
+// readOrHandBack runs read, the read that follows a claim of rows, within readBound; when it fails, the rows
+// go back, unattempted, or their leases would run out and the rows be rescued as a crash's.
+func (s *Store) readOrHandBack(ctx context.Context, rows []Claimed, lease time.Duration,
+	read func(context.Context) error) error {
+	rctx, cancel := readBound(ctx, rows, lease)
+	err := read(rctx)
+	cancel()
+	if err == nil {
+		return nil
+	}
+	// The read may have failed by running out of ctx: the hand-back gets a bound of its own.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if herr := s.handBack(hctx, rows); herr != nil {
+		return fmt.Errorf("%w; and handing the rows back: %w", err, herr)
+	}
+	return err
 }
 
 // readBound bounds the read that follows a claim by half the lease its rows were leased for: a read that took
@@ -137,20 +150,14 @@ func (s *Store) ClaimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 		ids[i], at[r.EffectID] = r.EffectID, i
 	}
 	found := make([]bool, len(rows))
-	rctx, cancel := readBound(ctx, rows, p.Lease)
-	defer cancel()
-	if err := s.readLeasedEffects(rctx, ids, func(id int64, e leasedEffect) {
-		if i, ok := at[id]; ok {
-			e.fill(&rows[i])
-			found[i] = true
-		}
+	if err := s.readOrHandBack(ctx, rows, p.Lease, func(ctx context.Context) error {
+		return s.readLeasedEffects(ctx, ids, func(id int64, e leasedEffect) {
+			if i, ok := at[id]; ok {
+				e.fill(&rows[i])
+				found[i] = true
+			}
+		})
 	}); err != nil {
-		// As in Claim: the rows go back, unattempted, or their leases would run out as a crash's.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-		defer cancel()
-		if rerr := s.handBack(rctx, rows); rerr != nil {
-			return nil, fmt.Errorf("%w; and handing the rows back: %w", err, rerr)
-		}
 		return nil, err
 	}
 	// An effect purged since its row was leased: the lease runs out unused, as the claim's join left it.

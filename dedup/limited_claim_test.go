@@ -26,15 +26,8 @@ func outboxRowsRead(t *testing.T, dbURL string, typ string, limit, burst int) (c
 func outboxRowsReadSkipping(t *testing.T, dbURL string, typ string, limit, burst int, skip string) (claimed, read int) {
 	t.Helper()
 	ctx := context.Background()
-	pool := pgtest.Pool(t, dbURL)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := pinnedTx(t, pgtest.Pool(t, dbURL))
 	defer func() { _ = tx.Rollback(ctx) }()
-	if _, err := tx.Exec(ctx, pinSQL); err != nil {
-		t.Fatal(err)
-	}
 	claim, args := claimSQL, ""
 	if burst > 0 {
 		claim, args = claimLimitedSQL, fmt.Sprintf(", %d", burst)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
@@ -57,6 +58,21 @@ func TestPinnedStatementsAreRunPinned(t *testing.T) {
 	}
 }
 
+// pinnedTx begins a transaction behind pin.sql (as pinned runs its statements), rolled back when the test ends.
+func pinnedTx(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, pinSQL); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // TestPinnedStatementsPlanIndexScansOnEmptyTables: behind pin.sql, even the generic plan made while the
 // tables are empty is ordered index scans and nested loops, the plan for any size. Without it the claim's
 // plan read every due row and sorted them to take a batch (14 ms at 4,500 due rows in issue 14's benchmark)
@@ -66,14 +82,8 @@ func TestPinnedStatementsPlanIndexScansOnEmptyTables(t *testing.T) {
 	ctx := context.Background()
 	for name := range pinnedStatements {
 		func() {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := pinnedTx(t, pool)
 			defer func() { _ = tx.Rollback(ctx) }()
-			if _, err := tx.Exec(ctx, pinSQL); err != nil {
-				t.Fatal(err)
-			}
 			for _, n := range pgtest.GenericPlanNodes(t, tx.Conn(), name, query(name)) {
 				for _, bad := range []string{"Seq Scan", "Bitmap", "Sort", "Hash Join", "Merge Join", "Full"} {
 					// A claim ranks the rows each tenant with work brings, a batch at most of each (claim), and a
@@ -325,14 +335,8 @@ func TestClaimsPlanNoEffects(t *testing.T) {
 	ctx := context.Background()
 	for _, name := range []string{"claim", "claim_limited"} {
 		func() {
-			tx, err := pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
+			tx := pinnedTx(t, pool)
 			defer func() { _ = tx.Rollback(ctx) }()
-			if _, err := tx.Exec(ctx, pinSQL); err != nil {
-				t.Fatal(err)
-			}
 			for _, n := range pgtest.GenericPlanNodes(t, tx.Conn(), name, query(name)) {
 				if strings.Contains(n, " on oncegate_effect") {
 					t.Errorf("%s: the plan reads the effects: %s", name, n)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/dedup"
@@ -350,21 +351,42 @@ func TestShutdownHandsUnfinishedRowsBack(t *testing.T) {
 	}
 }
 
+// rescuable creates an effect of type typ whose row a dead gateway leased, its lease run out, and returns an
+// attempt log that runs until the test ends.
+func (f *fixture) rescuable(typ string) *dedup.AttemptLog {
+	f.t.Helper()
+	f.create(typ, typ)
+	ctx, cancel := context.WithCancel(context.Background())
+	f.t.Cleanup(cancel)
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_token = gen_random_uuid(), lease_owner = 'dead',
+		lease_expires_at = now() - interval '1 second'`); err != nil {
+		f.t.Fatal(err)
+	}
+	attempts := dedup.NewAttemptLog(f.pool, 20*time.Millisecond, quietLog())
+	go attempts.Run(ctx)
+	return attempts
+}
+
+// attemptLog is the attempt log, oldest first, each attempt as the SQL expression row makes of it.
+func attemptLog(t *testing.T, pool *pgxpool.Pool, row string) []string {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), "SELECT "+row+" FROM oncegate_effect_attempts ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
 // A rescued row's attempt log numbers the interrupted attempt and the rescue's own apart, 1 and 2 (an on-call
 // engineer saw two attempts numbered 1 for an email sent twice).
 func TestRescueNumbersItsAttemptAfterTheInterruptedOne(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.create("least", "least")
-	ctx := context.Background()
-	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_token = gen_random_uuid(), lease_owner = 'dead',
-		lease_expires_at = now() - interval '1 second'`); err != nil {
-		t.Fatal(err)
-	}
-	attempts := dedup.NewAttemptLog(f.pool, 20*time.Millisecond, quietLog())
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go attempts.Run(lctx)
+	attempts := f.rescuable("least")
 	d := f.dispatcher(Config{Types: []EffectType{{Name: "least", Provider: &scripted{outcomes: []providers.Outcome{
 		providers.Delivered(nil)}}, OnCrash: AtLeastOnce}}, Attempts: attempts, Owner: "rescuer"})
 	f.start(d)
@@ -372,17 +394,7 @@ func TestRescueNumbersItsAttemptAfterTheInterruptedOne(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "both attempts logged", func() bool {
 		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effect_attempts`) == 2
 	})
-	var got []string
-	rows, err := f.pool.Query(ctx, `SELECT attempt || ' ' || outcome || ' ' || gateway FROM oncegate_effect_attempts ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var s string
-		_ = rows.Scan(&s)
-		got = append(got, s)
-	}
-	if fmt.Sprint(got) != "[1 interrupted dead 2 delivered rescuer]" {
+	if got := attemptLog(t, f.pool, "attempt || ' ' || outcome || ' ' || gateway"); fmt.Sprint(got) != "[1 interrupted dead 2 delivered rescuer]" {
 		t.Fatalf("attempt log: %q", got)
 	}
 }
@@ -394,16 +406,7 @@ func TestRescueNumbersItsAttemptAfterTheInterruptedOne(t *testing.T) {
 func TestARescuedRowsInterruptedAttemptCountsTowardsItsMaximum(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.create("least", "least")
-	ctx := context.Background()
-	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_token = gen_random_uuid(), lease_owner = 'dead',
-		lease_expires_at = now() - interval '1 second'`); err != nil {
-		t.Fatal(err)
-	}
-	attempts := dedup.NewAttemptLog(f.pool, 20*time.Millisecond, quietLog())
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go attempts.Run(lctx)
+	attempts := f.rescuable("least")
 	boom := errors.New("503 busy")
 	p := &scripted{outcomes: []providers.Outcome{providers.Retry(boom), providers.Retry(boom), providers.Retry(boom)}}
 	d := f.dispatcher(Config{Types: []EffectType{{Name: "least", Provider: p, OnCrash: AtLeastOnce, MaxAttempts: 3,
@@ -414,17 +417,7 @@ func TestARescuedRowsInterruptedAttemptCountsTowardsItsMaximum(t *testing.T) {
 		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effect_attempts`) >= 3
 	})
 	time.Sleep(100 * time.Millisecond) // a fourth, were there one, is flushed too
-	var got []string
-	rows, err := f.pool.Query(ctx, `SELECT attempt || ' ' || outcome FROM oncegate_effect_attempts ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for rows.Next() {
-		var s string
-		_ = rows.Scan(&s)
-		got = append(got, s)
-	}
-	if fmt.Sprint(got) != "[1 interrupted 2 retry 3 failed]" {
+	if got := attemptLog(t, f.pool, "attempt || ' ' || outcome"); fmt.Sprint(got) != "[1 interrupted 2 retry 3 failed]" {
 		t.Errorf("attempt log: %q", got)
 	}
 	if e := f.get("least"); e.Attempts != 3 || p.calls.Load() != 2 {

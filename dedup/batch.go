@@ -444,7 +444,7 @@ func finishAll(ctx context.Context, db DBTX, leases []Lease, fs []Finish) (map[i
 		if e := storableText(f.LastError); e != "" {
 			lastErrors[i] = &e
 		}
-		tries[i], delivered[i] = int32(attempts(f.Attempted)+attempts(f.Interrupted)), f.Status == effect.StatusDelivered
+		tries[i], delivered[i] = int32(attempts(f.Attempted)+f.Interrupted), f.Status == effect.StatusDelivered
 	}
 	var handoffs []func()
 	for _, f := range fs {

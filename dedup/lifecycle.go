@@ -42,6 +42,10 @@ type Claimed struct {
 	Trace      map[string]string // the creating request's W3C trace context
 	// StableID names the effect to its receiver, the same on every attempt (effect.NewStableID).
 	StableID string
+	// InterruptedAttempts counts the attempts interrupted since the effect's last recorded outcome, this
+	// rescue's included (migration 00027): a gateway that rescued the row may have died in turn before it
+	// recorded anything. The next outcome recorded adds them to the effect's attempts (Finish.Interrupted).
+	InterruptedAttempts int
 	// Interrupted is, for a rescued row, the lease it was rescued from: which gateway held it, under which
 	// token, until when. Zero when that is not known (a row handed back after its rescue).
 	Interrupted InterruptedLease
@@ -225,7 +229,7 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 		var prevExpires pgtype.Timestamptz
 		var paused map[string]int64
 		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &tenant, &c.Type, &c.Trace, &prevOwner, &prevToken,
-			&prevExpires, &paused)
+			&prevExpires, &c.InterruptedAttempts, &paused)
 		if tenant != nil {
 			c.Tenant = *tenant
 		} else {
@@ -335,9 +339,9 @@ type Finish struct {
 	// Attempted counts an attempt: false when no provider was called (a breaker's refusal, an unreadable
 	// payload).
 	Attempted bool
-	// Interrupted counts the attempt of the lease the row was rescued from as well (Claimed.Rescued): it may
-	// have reached the provider, and the attempt log numbers it.
-	Interrupted bool
+	// Interrupted counts that many interrupted attempts as well (Claimed.InterruptedAttempts): they may have
+	// reached the provider, and the attempt log numbers them.
+	Interrupted int
 	// External is set for the outcome of an effect that happened outside the database (an email accepted, a
 	// webhook answered): until it commits, a gateway killed resends the effect. A store that batches
 	// (WithGroupCommit) never queues it behind other writes (batch.go).
@@ -420,7 +424,7 @@ func finishOne(ctx context.Context, db DBTX, lease Lease, f Finish) error {
 	var id int64
 	err := handOff(ctx, db, f.OnHandoff, func(db DBTX) error {
 		return db.QueryRow(ctx, finishSQL, lease.EffectID, uuidArg(lease.Token), f.Status, nullJSON(storableJSON(f.Result)),
-			nullString(storableText(f.LastError)), attempts(f.Attempted)+attempts(f.Interrupted), f.Status == effect.StatusDelivered).Scan(&id)
+			nullString(storableText(f.LastError)), attempts(f.Attempted)+f.Interrupted, f.Status == effect.StatusDelivered).Scan(&id)
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
@@ -475,8 +479,8 @@ type Reschedule struct {
 	LastError string
 	// Attempted counts the attempt: false when the row is handed back unattempted (breaker open, shutdown).
 	Attempted bool
-	// Interrupted counts the attempt of the lease the row was rescued from as well, as in Finish.
-	Interrupted bool
+	// Interrupted counts that many interrupted attempts as well, as in Finish; the row's count starts again.
+	Interrupted int
 	// WhilePaused says that the row waits for its destination's pause, Delay being the pause's end as the
 	// caller knew it: when the fleet's table holds no pause of the row's destination now (an operator lifted
 	// it meanwhile), the row is due at once instead (reschedule.sql).
@@ -488,7 +492,7 @@ type Reschedule struct {
 func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error {
 	var id int64
 	err := s.db.QueryRow(ctx, rescheduleSQL, lease.EffectID, uuidArg(lease.Token), r.Delay.Milliseconds(),
-		nullString(storableText(r.LastError)), attempts(r.Attempted)+attempts(r.Interrupted), effect.StatusPending, r.WhilePaused).Scan(&id)
+		nullString(storableText(r.LastError)), attempts(r.Attempted)+r.Interrupted, effect.StatusPending, r.WhilePaused).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return ErrLeaseLost
 	}

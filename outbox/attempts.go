@@ -26,12 +26,12 @@ func (d *Dispatcher) recordAttempt(t *effectType, r dedup.Claimed, start time.Ti
 		if owner == "" {
 			owner = "(not known)"
 		}
-		d.cfg.Attempts.Record(dedup.Attempt{EffectID: r.EffectID, Attempt: r.Attempts + 1, Start: start,
+		d.cfg.Attempts.Record(dedup.Attempt{EffectID: r.EffectID, Attempt: r.Attempts + interruptions(r), Start: start,
 			Gateway: owner, Token: r.Interrupted.Token, Outcome: "interrupted", Type: t.Name, Destination: dest,
 			Error: fmt.Sprintf("%s; rescued by %s", interruptedError, d.cfg.Owner)})
 		return
 	}
-	// The interrupted attempt of the gateway a row was rescued from took r.Attempts+1.
+	// The interrupted attempts of the gateways a row was rescued from took the numbers before it.
 	a := dedup.Attempt{EffectID: r.EffectID, Attempt: nextAttempt(r), Start: start, Gateway: d.cfg.Owner,
 		Token: &r.Token, Outcome: out.Kind.String(), Latency: time.Since(start), Called: true, Type: t.Name,
 		Destination: dest}

@@ -130,40 +130,52 @@ const cutAfterSent = "the gateway stopped (dispatcher.drain_timeout ran out) aft
 //     attempts reach the type's maximum: then the effect is dead.
 func decide(ev event, r dedup.Claimed, p policy) action {
 	act := decideAttempts(ev, r, p)
-	// A rescued row's interrupted attempt is counted with whatever comes of the row next (the attempt log has
-	// it, numbered before the rescue's own), so that max_attempts bounds the calls that may have reached the
-	// destination, interrupted ones included. A TxProvider's interrupted attempt rolled back with its
-	// gateway's transaction: it reached nothing, and is logged but not counted.
-	switch {
-	case !p.countsInterrupted(r):
-	case act.kind == actFinish:
-		act.finish.Interrupted = true
-	case act.kind == actReschedule:
-		act.reschedule.Interrupted = true
-	}
+	// A rescued row's interrupted attempts are counted with whatever comes of the row next (the attempt log
+	// has them, numbered before the rescue's own), so that max_attempts bounds the calls that may have
+	// reached the destination, interrupted ones included.
+	act.countInterrupted(r, p)
 	return act
 }
 
-// nextAttempt is the number of the attempt a claimed row is delivered for, in the attempt log and to its
-// provider: after its failed attempts, and after the interrupted one of a rescued row.
-func nextAttempt(r dedup.Claimed) int {
-	if r.Rescued {
-		return r.Attempts + 2
+// countInterrupted has the outcome or the hand-back of act count r's interrupted attempts. apply does it for
+// every action, decide's or not: a hand-back starts the row's count again.
+func (a *action) countInterrupted(r dedup.Claimed, p policy) {
+	switch a.kind {
+	case actFinish:
+		a.finish.Interrupted = p.interrupted(r)
+	case actReschedule:
+		a.reschedule.Interrupted = p.interrupted(r)
 	}
-	return r.Attempts + 1
 }
 
-// countsInterrupted says whether r's interrupted attempt counts towards the maximum (decide).
-func (p policy) countsInterrupted(r dedup.Claimed) bool {
-	return r.Rescued && !p.tx
+// interrupted is how many of r's interrupted attempts count towards the maximum. A TxProvider's rolled back
+// with their gateway's transaction: they reached nothing, and are logged but not counted.
+func (p policy) interrupted(r dedup.Claimed) int {
+	if p.tx {
+		return 0
+	}
+	return interruptions(r)
+}
+
+// interruptions is how many attempts of r were interrupted since its last recorded outcome: those its claims
+// counted (migration 00027), and at least one for a rescued row (rescued by a claim that does not count them:
+// the dedup proxy's, or a gateway's before 00027).
+func interruptions(r dedup.Claimed) int {
+	if r.Rescued && r.InterruptedAttempts == 0 {
+		return 1
+	}
+	return r.InterruptedAttempts
+}
+
+// nextAttempt is the number of the attempt a claimed row is delivered for, in the attempt log and to its
+// provider: after its failed attempts, and after the interrupted ones of a rescued row.
+func nextAttempt(r dedup.Claimed) int {
+	return r.Attempts + interruptions(r) + 1
 }
 
 // attemptsWith is how many attempts r will have made once the attempt it is delivered for ends.
 func (p policy) attemptsWith(r dedup.Claimed) int {
-	if p.countsInterrupted(r) {
-		return r.Attempts + 2
-	}
-	return r.Attempts + 1
+	return r.Attempts + p.interrupted(r) + 1
 }
 
 func decideAttempts(ev event, r dedup.Claimed, p policy) action {

@@ -216,6 +216,7 @@ func (d *Dispatcher) applyUnder(log *slog.Logger, t *effectType, r dedup.Claimed
 	if lc == nil {
 		lc = newLeaseClock(r, t.lease)
 	}
+	act.countInterrupted(r, t.policy)
 	if act.msg != "" {
 		args := []any{"err", act.err}
 		if act.kind == actReschedule {

@@ -424,3 +424,38 @@ func TestARescuedRowsInterruptedAttemptCountsTowardsItsMaximum(t *testing.T) {
 		t.Errorf("the effect has %d attempts and its provider was called %d times; want 3 and 2", e.Attempts, p.calls.Load())
 	}
 }
+
+// Each rescue's interrupted attempt counts, also when the gateway that rescued a row dies before it records
+// anything: the claim that rescues a row counts the interruption on the row itself. Counted by the outcome
+// alone, two kills in a row left one interruption uncounted: an effect of max_attempts 3 was called 4 times,
+// its log reading `1 interrupted, 1 interrupted, 2 retry, 3 failed` (an outside test).
+func TestEveryRescueOfARowCountsItsInterruptedAttempt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	attempts := f.rescuable("least")
+	ctx := context.Background()
+	// The first rescuer claims the row and dies with it leased: its lease runs out too.
+	rows, err := f.store.Claim(ctx, dedup.ClaimParams{Type: "least", Limit: 1, Owner: "rescuer-1", Lease: time.Minute})
+	if err != nil || len(rows) != 1 || !rows[0].Rescued {
+		t.Fatalf("the first rescue: %+v, %v", rows, err)
+	}
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("503 busy")
+	p := &scripted{outcomes: []providers.Outcome{providers.Retry(boom), providers.Retry(boom)}}
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "least", Provider: p, OnCrash: AtLeastOnce, MaxAttempts: 3,
+		Retry: backoff.Policy{Base: time.Millisecond, Max: time.Millisecond}}}, Attempts: attempts, Owner: "rescuer-2"})
+	f.start(d)
+	f.waitStatus("least", effect.StatusDead)
+	if e := f.get("least"); e.Attempts != 3 || p.calls.Load() != 1 {
+		t.Errorf("the effect has %d attempts and its provider was called %d times; want 3 and 1", e.Attempts, p.calls.Load())
+	}
+	testenv.Eventually(t, 10*time.Second, "the attempts logged", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effect_attempts`) >= 2
+	})
+	time.Sleep(100 * time.Millisecond)
+	if got := attemptLog(t, f.pool, "attempt || ' ' || outcome"); fmt.Sprint(got) != "[2 interrupted 3 failed]" {
+		t.Errorf("attempt log: %q", got)
+	}
+}

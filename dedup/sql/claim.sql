@@ -182,14 +182,17 @@ WITH RECURSIVE tenants AS (
     UPDATE oncegate_outbox o
     SET lease_token = gen_random_uuid(),
         lease_owner = $3,
-        lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
+        lease_expires_at = now() + make_interval(secs => $4::double precision / 1000),
+        -- A lease that ran out is an interrupted attempt (migration 00027); one handed back after its rescue
+        -- ('-infinity', hand_back.sql) was counted when it was rescued.
+        interrupted = o.interrupted + CASE WHEN due.prev_expires > '-infinity' THEN 1 ELSE 0 END
     FROM due
     WHERE o.effect_id = ANY (ARRAY(SELECT due.effect_id FROM due)) AND o.effect_id = due.effect_id
     RETURNING o.effect_id, o.lease_token, due.rescued, o.tenant, o.type, o.trace, due.prev_owner, due.prev_token,
-        due.prev_expires, o.destination
+        due.prev_expires, o.interrupted, o.destination
 )
 SELECT claimed.effect_id, claimed.lease_token, claimed.rescued, claimed.tenant, claimed.type, claimed.trace,
-    claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
+    claimed.prev_owner, claimed.prev_token, claimed.prev_expires, claimed.interrupted,
     -- Read only when a row names no destination: an outside test's 10,000 paused destinations, aggregated at
     -- every claim, cut the type's deliveries from 300 a second to 13 to 44.
     (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)

@@ -192,15 +192,18 @@ WITH RECURSIVE tenants AS (
     UPDATE oncegate_outbox o
     SET lease_token = gen_random_uuid(),
         lease_owner = $3,
-        lease_expires_at = now() + make_interval(secs => $4::double precision / 1000)
+        lease_expires_at = now() + make_interval(secs => $4::double precision / 1000),
+        -- A lease that ran out is an interrupted attempt (migration 00027); one handed back after its rescue
+        -- ('-infinity', hand_back.sql) was counted when it was rescued.
+        interrupted = o.interrupted + CASE WHEN due.prev_expires > '-infinity' THEN 1 ELSE 0 END
     FROM due
     WHERE o.effect_id = ANY (ARRAY(SELECT due.effect_id FROM due)) AND o.effect_id = due.effect_id
     RETURNING o.effect_id, o.lease_token, due.rescued, o.tenant, o.type, o.trace, due.prev_owner, due.prev_token,
-        due.prev_expires
+        due.prev_expires, o.interrupted
 )
 -- No effect is read here: claim.sql says why.
 SELECT claimed.effect_id, claimed.lease_token, claimed.rescued, claimed.tenant, claimed.type, claimed.trace,
-    claimed.prev_owner, claimed.prev_token, claimed.prev_expires,
+    claimed.prev_owner, claimed.prev_token, claimed.prev_expires, claimed.interrupted,
     (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)
      FROM oncegate_destination_pauses p WHERE p.type = $1 AND p.until > now()) AS paused
 FROM claimed

@@ -15,7 +15,9 @@ WITH back AS (
             THEN now()
             ELSE now() + make_interval(secs => $3::double precision / 1000)
         END,
-        lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+        lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL,
+        -- $5 counts them (migration 00027).
+        interrupted = 0
     WHERE o.effect_id = $1 AND o.lease_token = $2
     RETURNING o.effect_id, o.run_at
 )

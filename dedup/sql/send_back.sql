@@ -26,7 +26,7 @@ WITH effect AS (
     INSERT INTO oncegate_outbox (effect_id, type, tenant)
     SELECT id, type, tenant FROM effect
     ON CONFLICT (effect_id) DO UPDATE
-    SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL
+    SET run_at = now(), lease_token = NULL, lease_owner = NULL, lease_expires_at = NULL, interrupted = 0
 ), marked AS (
     INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway, outcome, error)
     SELECT id, 0, now(), $9, CASE WHEN $4::text IS NULL THEN 'retried' ELSE 'resent' END, NULLIF($6::text, '')

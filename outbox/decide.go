@@ -95,6 +95,13 @@ const panicked = "the delivery panicked, a bug in the gateway or its provider th
 	"was not retried (the log has the details)"
 
 // rescueUnknown is the error an at-most-once rescue leaves on the effect, for the operator.
+// interruptedOut is the last error of an effect whose attempts ran out with the last one interrupted: it may
+// have reached the destination, so the effect is unknown, not dead (a resend by an operator who took dead for
+// "never happened" could be a second effect).
+const interruptedOut = "the lease of the gateway delivering this effect ran out before it recorded an outcome " +
+	"(it died, or lost its database for longer than the lease), so the effect may or may not have happened, and " +
+	"max_attempts is used up: check the destination, then retry it or leave it"
+
 const rescueUnknown = "the lease of the gateway delivering this effect ran out before it recorded an outcome " +
 	"(it died, or lost its database for longer than the lease), so the effect may or may not have happened; " +
 	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
@@ -113,6 +120,8 @@ const cutAfterSent = "the gateway stopped (dispatcher.drain_timeout ran out) aft
 //   - A row whose payload cannot be read back from the database is finished dead, uncharged, with the
 //     reason: trying again would fail again, and hold a lease and a claim each time.
 //   - A row whose delivery panicked is finished dead, charged: trying again would panic again.
+//   - Before the first call: a rescued row whose attempts, the interrupted ones included, reach the maximum
+//     is finished unknown, uncalled: the last may have reached the destination.
 //   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
 //     finished unknown rather than risk a second delivery, with the interrupted attempt counted (as every
 //     rescued row's is): it may have reached the destination, and attempts: 0 would say that nothing was
@@ -186,6 +195,13 @@ func decideAttempts(ev event, r dedup.Claimed, p policy) action {
 				finish: dedup.Finish{Status: effect.StatusUnknown, LastError: rescueUnknown},
 				msg:    "rescued a delivery interrupted by a crash; on_crash is at_most_once, so it is not resent",
 				level:  slog.LevelWarn}
+		}
+		if r.Rescued && r.Attempts+p.interrupted(r) >= p.maxAttempts {
+			return action{kind: actFinish,
+				finish: dedup.Finish{Status: effect.StatusUnknown, LastError: fmt.Sprintf("%s (%d of %d attempts)",
+					interruptedOut, r.Attempts+p.interrupted(r), p.maxAttempts)},
+				msg:   "rescued a delivery interrupted by a crash; its attempts are used up, so it is not resent",
+				level: slog.LevelWarn}
 		}
 		return action{kind: actDeliver}
 	case stageRefused:

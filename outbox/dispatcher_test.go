@@ -459,3 +459,26 @@ func TestEveryRescueOfARowCountsItsInterruptedAttempt(t *testing.T) {
 		t.Errorf("attempt log: %q", got)
 	}
 }
+
+// A row whose interrupted attempts reach max_attempts is not called again: it is unknown, since the last may
+// have reached the destination (an outside test: three kills of max_attempts 3 made a fourth call).
+func TestARowWhoseInterruptionsUseUpItsAttemptsIsNotCalledAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	attempts := f.rescuable("least")
+	ctx := context.Background()
+	if _, err := f.store.Claim(ctx, dedup.ClaimParams{Type: "least", Limit: 1, Owner: "rescuer-1", Lease: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_expires_at = now() - interval '1 second'`); err != nil {
+		t.Fatal(err)
+	}
+	p := &scripted{outcomes: []providers.Outcome{providers.Delivered(nil)}}
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "least", Provider: p, OnCrash: AtLeastOnce, MaxAttempts: 2}},
+		Attempts: attempts, Owner: "rescuer-2"})
+	f.start(d)
+	f.waitStatus("least", effect.StatusUnknown)
+	if e := f.get("least"); e.Attempts != 2 || p.calls.Load() != 0 {
+		t.Errorf("the effect has %d attempts and its provider was called %d times; want 2 and 0", e.Attempts, p.calls.Load())
+	}
+}

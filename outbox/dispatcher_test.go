@@ -367,6 +367,20 @@ func (f *fixture) rescuable(typ string) *dedup.AttemptLog {
 	return attempts
 }
 
+// rescueAndDie has a gateway rescue the row of type typ (rescuable) and die with it leased: its lease runs out
+// too, the interruption counted on the row by the claim.
+func (f *fixture) rescueAndDie(typ string) {
+	f.t.Helper()
+	ctx := context.Background()
+	rows, err := f.store.Claim(ctx, dedup.ClaimParams{Type: typ, Limit: 1, Owner: "rescuer-1", Lease: time.Minute})
+	if err != nil || len(rows) != 1 || !rows[0].Rescued {
+		f.t.Fatalf("the first rescue: %+v, %v", rows, err)
+	}
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_expires_at = now() - interval '1 second'`); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
 // attemptLog is the attempt log, oldest first, each attempt as the SQL expression row makes of it.
 func attemptLog(t *testing.T, pool *pgxpool.Pool, row string) []string {
 	t.Helper()
@@ -433,15 +447,7 @@ func TestEveryRescueOfARowCountsItsInterruptedAttempt(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	attempts := f.rescuable("least")
-	ctx := context.Background()
-	// The first rescuer claims the row and dies with it leased: its lease runs out too.
-	rows, err := f.store.Claim(ctx, dedup.ClaimParams{Type: "least", Limit: 1, Owner: "rescuer-1", Lease: time.Minute})
-	if err != nil || len(rows) != 1 || !rows[0].Rescued {
-		t.Fatalf("the first rescue: %+v, %v", rows, err)
-	}
-	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_expires_at = now() - interval '1 second'`); err != nil {
-		t.Fatal(err)
-	}
+	f.rescueAndDie("least")
 	boom := errors.New("503 busy")
 	p := &scripted{outcomes: []providers.Outcome{providers.Retry(boom), providers.Retry(boom)}}
 	d := f.dispatcher(Config{Types: []EffectType{{Name: "least", Provider: p, OnCrash: AtLeastOnce, MaxAttempts: 3,
@@ -466,13 +472,7 @@ func TestARowWhoseInterruptionsUseUpItsAttemptsIsNotCalledAgain(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	attempts := f.rescuable("least")
-	ctx := context.Background()
-	if _, err := f.store.Claim(ctx, dedup.ClaimParams{Type: "least", Limit: 1, Owner: "rescuer-1", Lease: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_expires_at = now() - interval '1 second'`); err != nil {
-		t.Fatal(err)
-	}
+	f.rescueAndDie("least")
 	p := &scripted{outcomes: []providers.Outcome{providers.Delivered(nil)}}
 	d := f.dispatcher(Config{Types: []EffectType{{Name: "least", Provider: p, OnCrash: AtLeastOnce, MaxAttempts: 2}},
 		Attempts: attempts, Owner: "rescuer-2"})

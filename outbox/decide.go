@@ -94,17 +94,19 @@ const unreadablePrefix = "set aside without an attempt: its stored payload canno
 const panicked = "the delivery panicked, a bug in the gateway or its provider that this effect sets off; it " +
 	"was not retried (the log has the details)"
 
-// rescueUnknown is the error an at-most-once rescue leaves on the effect, for the operator.
+// leaseRanOut begins the error a rescue leaves on an effect it does not deliver, for the operator.
+const leaseRanOut = "the lease of the gateway delivering this effect ran out before it recorded an outcome " +
+	"(it died, or lost its database for longer than the lease), so the effect may or may not have happened"
+
+// rescueUnknown is the error an at-most-once rescue leaves on the effect.
+const rescueUnknown = leaseRanOut + "; on_crash is at_most_once, so it was not resent: check the destination, " +
+	"then retry it or leave it"
+
 // interruptedOut is the last error of an effect whose attempts ran out with the last one interrupted: it may
 // have reached the destination, so the effect is unknown, not dead (a resend by an operator who took dead for
 // "never happened" could be a second effect).
-const interruptedOut = "the lease of the gateway delivering this effect ran out before it recorded an outcome " +
-	"(it died, or lost its database for longer than the lease), so the effect may or may not have happened, and " +
-	"max_attempts is used up: check the destination, then retry it or leave it"
-
-const rescueUnknown = "the lease of the gateway delivering this effect ran out before it recorded an outcome " +
-	"(it died, or lost its database for longer than the lease), so the effect may or may not have happened; " +
-	"on_crash is at_most_once, so it was not resent: check the destination, then retry it or leave it"
+const interruptedOut = leaseRanOut + ", and max_attempts is used up: check the destination, then retry it or " +
+	"leave it"
 
 // sentUnknown is added to the error of an attempt that went out unanswered under at_most_once.
 const sentUnknown = "the request went out and no answer came back, so the destination may have acted on it; " +
@@ -125,8 +127,7 @@ const cutAfterSent = "the gateway stopped (dispatcher.drain_timeout ran out) aft
 //   - Before the first call: a rescued row (its dispatcher died mid-delivery) of an at-most-once type is
 //     finished unknown rather than risk a second delivery, with the interrupted attempt counted (as every
 //     rescued row's is): it may have reached the destination, and attempts: 0 would say that nothing was
-//     sent; a TxProvider has no crash window, so
-//     its rows are always delivered. Every other row is delivered.
+//     sent; a TxProvider has no crash window, so its rows are always delivered. Every other row is delivered.
 //   - The breaker refused the call: the row waits, uncharged, until the breaker can let a call through.
 //   - A transient attempt whose request went out unanswered (MaybeSent) of an at-most-once type is finished
 //     unknown, shutdown or not: a resend could be a second effect, as after a crash.
@@ -146,8 +147,9 @@ func decide(ev event, r dedup.Claimed, p policy) action {
 	return act
 }
 
-// countInterrupted has the outcome or the hand-back of act count r's interrupted attempts. apply does it for
-// every action, decide's or not: a hand-back starts the row's count again.
+// countInterrupted has the outcome or the hand-back of act count r's interrupted attempts. decide does it for
+// the batches, whose outcomes do not go through apply; apply does it again (the same count) for every action,
+// decide's or not: a hand-back starts the row's count again.
 func (a *action) countInterrupted(r dedup.Claimed, p policy) {
 	switch a.kind {
 	case actFinish:
@@ -196,10 +198,10 @@ func decideAttempts(ev event, r dedup.Claimed, p policy) action {
 				msg:    "rescued a delivery interrupted by a crash; on_crash is at_most_once, so it is not resent",
 				level:  slog.LevelWarn}
 		}
-		if r.Rescued && r.Attempts+p.interrupted(r) >= p.maxAttempts {
+		if made := r.Attempts + p.interrupted(r); r.Rescued && made >= p.maxAttempts {
 			return action{kind: actFinish,
 				finish: dedup.Finish{Status: effect.StatusUnknown, LastError: fmt.Sprintf("%s (%d of %d attempts)",
-					interruptedOut, r.Attempts+p.interrupted(r), p.maxAttempts)},
+					interruptedOut, made, p.maxAttempts)},
 				msg:   "rescued a delivery interrupted by a crash; its attempts are used up, so it is not resent",
 				level: slog.LevelWarn}
 		}

@@ -311,19 +311,23 @@ func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
 // handBack hands rows leased by claimLeases back, unattempted and due at once, writing no effect
 // (hand_back.sql).
 func (s *Store) handBack(ctx context.Context, rows []Claimed) error {
-	ids, tokens, rescued := make([]int64, len(rows)), make([]pgtype.UUID, len(rows)), make([]bool, len(rows))
+	ids, tokens, rescued := leaseArgs(rows)
+	return translate("hand back claimed rows", pinnedExec(ctx, s.db, handBackSQL, ids, tokens, rescued))
+}
+
+// leaseArgs are the arrays hand_back.sql and release.sql take: the rows' effect ids, lease tokens and whether
+// each was rescued, paired by index.
+func leaseArgs(rows []Claimed) (ids []int64, tokens []pgtype.UUID, rescued []bool) {
+	ids, tokens, rescued = make([]int64, len(rows)), make([]pgtype.UUID, len(rows)), make([]bool, len(rows))
 	for i, r := range rows {
 		ids[i], tokens[i], rescued[i] = r.EffectID, uuidArg(r.Token), r.Rescued
 	}
-	return translate("hand back claimed rows", pinnedExec(ctx, s.db, handBackSQL, ids, tokens, rescued))
+	return ids, tokens, rescued
 }
 
 // release hands rows leased by the dedup proxy back, unattempted and due at once (release.sql).
 func (s *Store) release(ctx context.Context, rows []Claimed) error {
-	ids, tokens, rescued := make([]int64, len(rows)), make([]pgtype.UUID, len(rows)), make([]bool, len(rows))
-	for i, r := range rows {
-		ids[i], tokens[i], rescued[i] = r.EffectID, uuidArg(r.Token), r.Rescued
-	}
+	ids, tokens, rescued := leaseArgs(rows)
 	err := pinnedExec(ctx, s.db, releaseSQL, ids, tokens, rescued, effect.StatusPending)
 	return translate("hand back claimed rows", err)
 }

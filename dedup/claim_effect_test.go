@@ -81,3 +81,58 @@ func TestClaimEffectIsFencedByTheAwaitedAttempt(t *testing.T) {
 		t.Fatalf("claim of a paused type: %v", err)
 	}
 }
+
+// A rescue by a request counts the interrupted attempt on the row and says whose it was, as a claim's does:
+// each holder that dies adds one, so that the outcome finally recorded counts every attempt that may have
+// reached the provider, and the attempt log names the gateway that made it. Before, the request's rescue
+// counted nothing on the row and brought no lease: two kills in a row counted one, and the interrupted
+// attempt was not logged at all.
+func TestClaimEffectCountsEachRescue(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t)
+	ctx := context.Background()
+	gatewayA := Holder{Owner: "a", Lease: time.Minute}
+	gatewayB := Holder{Owner: "b", Lease: time.Minute}
+	gatewayC := Holder{Owner: "c", Lease: time.Minute}
+	_, c, _, err := s.CreateLeased(ctx, NewEffect{Tenant: "t", Key: "k", Type: "typ", Payload: json.RawMessage(`{}`)}, nil, gatewayA)
+	if err != nil || c == nil {
+		t.Fatalf("create leased: %v", err)
+	}
+	expire := func() {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_expires_at = now() - interval '1 second'
+			WHERE effect_id = $1`, c.EffectID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expire() // A dies mid-call
+	byB, err := s.ClaimEffect(ctx, c.EffectID, gatewayB, nil)
+	if err != nil || !byB.Found || !byB.Rescued {
+		t.Fatalf("B's rescue: %+v %v", byB, err)
+	}
+	if byB.InterruptedAttempts != 1 || byB.Interrupted.Owner != "a" || byB.Interrupted.Token == nil ||
+		*byB.Interrupted.Token != c.Token || byB.Interrupted.Expired.IsZero() {
+		t.Fatalf("B's rescue counted %d interrupted attempts, from %+v; want 1, from A's lease",
+			byB.InterruptedAttempts, byB.Interrupted)
+	}
+	expire() // B dies mid-call too
+	byC, err := s.ClaimEffect(ctx, c.EffectID, gatewayC, nil)
+	if err != nil || !byC.Found || !byC.Rescued {
+		t.Fatalf("C's rescue: %+v %v", byC, err)
+	}
+	if byC.InterruptedAttempts != 2 || byC.Interrupted.Owner != "b" || *byC.Interrupted.Token != byB.Token {
+		t.Fatalf("C's rescue counted %d interrupted attempts, from %+v; want 2, from B's lease",
+			byC.InterruptedAttempts, byC.Interrupted)
+	}
+	if err := s.Finish(ctx, byC.Lease, Finish{Status: effect.StatusDelivered, Attempted: true,
+		Interrupted: byC.InterruptedAttempts}); err != nil {
+		t.Fatal(err)
+	}
+	var attempts int
+	if err := pool.QueryRow(ctx, `SELECT attempts FROM oncegate_effects WHERE id = $1`, c.EffectID).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 3 {
+		t.Fatalf("the effect counts %d attempts, want 3 (two interrupted, one delivered)", attempts)
+	}
+}

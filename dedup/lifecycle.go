@@ -67,6 +67,23 @@ type InterruptedLease struct {
 	Expired time.Time
 }
 
+// interruptedLease is the lease a claim rescued a row from, as its statement returned it (NULLs when the row
+// was not leased; an expiry of '-infinity' for a row handed back after its rescue, whose holder is not known).
+func interruptedLease(owner *string, token pgtype.UUID, expires pgtype.Timestamptz) InterruptedLease {
+	var l InterruptedLease
+	if owner != nil {
+		l.Owner = *owner
+	}
+	if token.Valid {
+		tok := token.Bytes
+		l.Token = &tok
+	}
+	if expires.Valid && expires.InfinityModifier == pgtype.Finite {
+		l.Expired = expires.Time
+	}
+	return l
+}
+
 // ClaimParams says which rows to claim, for whom, and for how long.
 type ClaimParams struct {
 	Type  string
@@ -245,16 +262,7 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 			c.DestinationPauses = pauses
 		}
 		c.LeasedAt = sent
-		if prevOwner != nil {
-			c.Interrupted.Owner = *prevOwner
-		}
-		if prevToken.Valid {
-			tok := prevToken.Bytes
-			c.Interrupted.Token = &tok
-		}
-		if prevExpires.Valid && prevExpires.InfinityModifier == pgtype.Finite {
-			c.Interrupted.Expired = prevExpires.Time
-		}
+		c.Interrupted = interruptedLease(prevOwner, prevToken, prevExpires)
 		return c, err
 	})
 	if err != nil {

@@ -133,11 +133,15 @@ func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder, fence *[16]
 		createdAt        *time.Time
 		trace            map[string]string
 		stableID         *string
+		prevOwner        *string
+		prevToken        pgtype.UUID
+		prevExpires      pgtype.Timestamptz
+		interrupted      *int
 	)
 	sent := time.Now()
 	err := s.db.QueryRow(ctx, claimEffectSQL, id, h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering,
 		fenceArg).Scan(&ec.Found, &holding, &paused, &cid, &token, &rescued, &tenant, &key, &typ, &attempts, &createdAt,
-		&trace, &stableID)
+		&trace, &stableID, &prevOwner, &prevToken, &prevExpires, &interrupted)
 	if err != nil {
 		return ec, translate("claim effect", err)
 	}
@@ -151,7 +155,9 @@ func (s *Store) ClaimEffect(ctx context.Context, id int64, h Holder, fence *[16]
 		return ec, nil
 	}
 	ec.Claimed = Claimed{Lease: Lease{EffectID: *cid, Token: token.Bytes}, Rescued: *rescued, Tenant: *tenant,
-		Key: *key, Type: *typ, Attempts: *attempts, CreatedAt: *createdAt, Trace: trace, LeasedAt: sent}
+		Key: *key, Type: *typ, Attempts: *attempts, CreatedAt: *createdAt, Trace: trace, LeasedAt: sent,
+		InterruptedAttempts: *interrupted}
+	ec.Interrupted = interruptedLease(prevOwner, prevToken, prevExpires)
 	ec.StableID = stableIDOf(ec.Tenant, ec.Key, stableID)
 	if ec.Payload, err = s.Payload(ctx, ec.Lease); err != nil {
 		// Handed back at once, unattempted, rather than left leased until the lease runs out.

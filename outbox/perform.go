@@ -120,6 +120,7 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 	log := d.rowLog(t, r).With("attempt", nextAttempt(r), "performed", "in request")
 	if r.Rescued {
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
+		d.recordAttempt(t, r, leaseStart(r, t.lease), providers.Outcome{}, false)
 	}
 	var p Performed
 	var lc *leaseClock

@@ -397,6 +397,32 @@ func TestKilledGatewayMidProxyFollowsOnCrash(t *testing.T) {
 			if again != code || body2 != body {
 				t.Fatalf("the answer is not stable: %d %s, then %d %s", code, body, again, body2)
 			}
+			// The operator's attempt log tells the interrupted attempt, under the gateway that made it, before
+			// the resend, whichever path rescued the row: the dispatcher's, or the retry's own in its request.
+			want := "1 interrupted"
+			if policy == "at_least_once" {
+				want += ", 2 delivered"
+			}
+			var got string
+			for deadline := time.Now().Add(10 * time.Second); got != want; time.Sleep(20 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the attempt log holds %q, want %q", got, want)
+				}
+				if err := pool.QueryRow(context.Background(), `SELECT coalesce(string_agg(a.attempt || ' ' || a.outcome, ', '
+					ORDER BY a.attempt), '') FROM oncegate_effect_attempts a JOIN oncegate_effects e ON e.id = a.effect_id
+					WHERE e.key = 'order-7'`).Scan(&got); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var gateway string
+			if err := pool.QueryRow(context.Background(), `SELECT a.gateway FROM oncegate_effect_attempts a
+				JOIN oncegate_effects e ON e.id = a.effect_id WHERE e.key = 'order-7' AND a.outcome = 'interrupted'`).
+				Scan(&gateway); err != nil {
+				t.Fatal(err)
+			}
+			if gateway == "(not known)" || gateway == "" {
+				t.Fatalf("the interrupted attempt is logged under gateway %q, not the one killed", gateway)
+			}
 		})
 	}
 }

@@ -319,24 +319,38 @@ func (s *Store) readPayloads(ctx context.Context, rows []Claimed) error {
 // handBack hands rows leased by claimLeases back, unattempted and due at once, writing no effect
 // (hand_back.sql).
 func (s *Store) handBack(ctx context.Context, rows []Claimed) error {
-	ids, tokens, rescued := leaseArgs(rows)
-	return translate("hand back claimed rows", pinnedExec(ctx, s.db, handBackSQL, ids, tokens, rescued))
+	a := leaseArgsOf(rows)
+	return translate("hand back claimed rows", pinnedExec(ctx, s.db, handBackSQL, a.ids, a.tokens, a.rescued,
+		a.interruptedOwners))
 }
 
-// leaseArgs are the arrays hand_back.sql and release.sql take: the rows' effect ids, lease tokens and whether
-// each was rescued, paired by index.
-func leaseArgs(rows []Claimed) (ids []int64, tokens []pgtype.UUID, rescued []bool) {
-	ids, tokens, rescued = make([]int64, len(rows)), make([]pgtype.UUID, len(rows)), make([]bool, len(rows))
+// leaseArgs are the arrays the statements that hand leased rows back take (hand_back.sql, release.sql,
+// defer.sql), paired by index: the rows' effect ids, lease tokens, whether each was rescued, and the holder
+// each was rescued from (NULL when not rescued, or not known), which a rescued row keeps for the claim that
+// takes it next to log its interrupted attempt under.
+type leaseArgs struct {
+	ids               []int64
+	tokens            []pgtype.UUID
+	rescued           []bool
+	interruptedOwners []*string
+}
+
+func leaseArgsOf(rows []Claimed) leaseArgs {
+	a := leaseArgs{ids: make([]int64, len(rows)), tokens: make([]pgtype.UUID, len(rows)),
+		rescued: make([]bool, len(rows)), interruptedOwners: make([]*string, len(rows))}
 	for i, r := range rows {
-		ids[i], tokens[i], rescued[i] = r.EffectID, uuidArg(r.Token), r.Rescued
+		a.ids[i], a.tokens[i], a.rescued[i] = r.EffectID, uuidArg(r.Token), r.Rescued
+		if r.Rescued && r.Interrupted.Owner != "" {
+			a.interruptedOwners[i] = &r.Interrupted.Owner
+		}
 	}
-	return ids, tokens, rescued
+	return a
 }
 
 // release hands rows leased by the dedup proxy back, unattempted and due at once (release.sql).
 func (s *Store) release(ctx context.Context, rows []Claimed) error {
-	ids, tokens, rescued := leaseArgs(rows)
-	err := pinnedExec(ctx, s.db, releaseSQL, ids, tokens, rescued, effect.StatusPending)
+	a := leaseArgsOf(rows)
+	err := pinnedExec(ctx, s.db, releaseSQL, a.ids, a.tokens, a.rescued, effect.StatusPending, a.interruptedOwners)
 	return translate("hand back claimed rows", err)
 }
 
@@ -520,17 +534,16 @@ func (s *Store) Reschedule(ctx context.Context, lease Lease, r Reschedule) error
 // keep their place in the order of claims rather than wait their delay: those whose wait the claims keep
 // themselves, a destination with no token or paused (defer.sql).
 func (s *Store) Defer(ctx context.Context, rows []Claimed, delays []time.Duration, dests []string, keep []bool) error {
-	ids := make([]int64, len(rows))
-	tokens := make([]pgtype.UUID, len(rows))
-	rescued := make([]bool, len(rows))
+	a := leaseArgsOf(rows)
 	ms := make([]int64, len(rows))
-	for i, r := range rows {
-		ids[i], tokens[i], rescued[i], ms[i] = r.EffectID, uuidArg(r.Token), r.Rescued, delays[i].Milliseconds()
+	for i := range rows {
+		ms[i] = delays[i].Milliseconds()
 	}
 	if keep == nil {
 		keep = make([]bool, len(rows))
 	}
-	_, err := s.db.Exec(ctx, deferSQL, ids, tokens, rescued, ms, dests, effect.StatusPending, keep)
+	_, err := s.db.Exec(ctx, deferSQL, a.ids, a.tokens, a.rescued, ms, dests, effect.StatusPending, keep,
+		a.interruptedOwners)
 	return translate("defer effects", err)
 }
 

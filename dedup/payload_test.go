@@ -94,6 +94,49 @@ func TestReleaseKeepsRescuedRowsRescued(t *testing.T) {
 	}
 }
 
+// A rescued row handed back before its delivery (its payload unreadable, its destination out of tokens or
+// paused) keeps the name of the gateway whose attempt was interrupted, so that the claim that takes it next
+// logs that attempt under it, once, and counts it once. Before, every hand-back forgot it, and the attempt
+// log named the gateway "(not known)".
+func TestHandedBackRescuedRowsKeepTheirInterruptedHolder(t *testing.T) {
+	t.Parallel()
+	backs := map[string]func(s *Store, ctx context.Context, rows []Claimed) error{
+		"release":   (*Store).release,
+		"hand back": (*Store).handBack,
+		"defer": func(s *Store, ctx context.Context, rows []Claimed) error {
+			return s.Defer(ctx, rows, make([]time.Duration, len(rows)), make([]string, len(rows)), nil)
+		},
+	}
+	for name, back := range backs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s, pool := newStore(t)
+			ctx := context.Background()
+			create(t, s, "rescued")
+			if _, err := pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_token = gen_random_uuid(), lease_owner = 'dead',
+				lease_expires_at = now() - interval '1 second'`); err != nil {
+				t.Fatal(err)
+			}
+			p := ClaimParams{Type: "typ", Limit: 10, Owner: "me", Lease: time.Minute}
+			for round := range 2 { // handed back twice: the holder survives a hand-back of a row handed back
+				rows, err := s.ClaimLeases(ctx, p)
+				if err != nil || len(rows) != 1 || !rows[0].Rescued || rows[0].Interrupted.Owner != "dead" ||
+					rows[0].InterruptedAttempts != 1 {
+					t.Fatalf("claim %d: %+v, %v; want the row rescued from dead, one interrupted attempt", round, rows, err)
+				}
+				if err := back(s, ctx, rows); err != nil {
+					t.Fatal(err)
+				}
+			}
+			again, err := s.Claim(ctx, p)
+			if err != nil || len(again) != 1 || !again[0].Rescued || again[0].Interrupted.Owner != "dead" ||
+				again[0].InterruptedAttempts != 1 {
+				t.Fatalf("claimed again: %+v, %v; want the row rescued from dead, one interrupted attempt", again, err)
+			}
+		})
+	}
+}
+
 // An outcome is recorded even when its details are what Postgres cannot store: a result holding \u0000 (an
 // upstream's body, say) or an error text with a NUL or bytes that are not UTF-8. Were the write refused, the
 // row would be rescued after its lease and delivered again, for ever.

@@ -415,7 +415,7 @@ func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return about(err, key, "")
 	}
-	g.dispatcher.Wake() // send_back.sql notifies the other gateways
+	g.dispatcher.WakeType(e.Type) // send_back.sql notifies the other gateways
 	writeJSON(w, http.StatusOK, e)
 	return nil
 }

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,7 +75,7 @@ func (w *waiters) wakeAll() {
 // gateway's at once, in-process, and the others' by a notification that the batcher sends with the other new
 // effects' (at most one every notifyInterval). A crash in between costs the others a poll interval.
 func (g *Gateway) announce(typ string) {
-	g.dispatcher.Wake()
+	g.dispatcher.WakeType(typ)
 	g.newEffects.Add(typ)
 }
 
@@ -129,7 +130,15 @@ func (g *Gateway) listen(ctx context.Context) {
 	// After a reconnect, notifications were lost meanwhile: the dispatcher looks, waiters re-read, and the
 	// self-check runs again.
 	n.Subscribe(notifier.TopicOutbox, func(m notifier.Notification) {
-		g.dispatcher.Wake()
+		// A notification names the types of the rows it announces: only those are claimed, since a claim of
+		// a type with nothing due is a statement for nothing.
+		if m.Resync || m.Payload == "" {
+			g.dispatcher.Wake()
+		} else {
+			for typ := range strings.SplitSeq(m.Payload, ",") {
+				g.dispatcher.WakeType(typ)
+			}
+		}
 		if m.Resync {
 			select {
 			case recheck <- struct{}{}:

@@ -247,6 +247,7 @@ type effectType struct {
 	kind     string // ProviderKind
 	batchTx  bool   // a providers.BatchTxProvider with group commit on: rows claimed together deliver together
 	inflight atomic.Int32
+	woken    atomic.Bool // a notification named this type since the claim loop last looked (wakeWoken)
 
 	tenantsMu sync.Mutex
 	tenants   map[string]int // deliveries in flight per tenant, for TenantConcurrency
@@ -367,8 +368,28 @@ func providerKind(t EffectType) string {
 	return name
 }
 
-// Wake makes the dispatcher look for due rows now; a notification on notifier.TopicOutbox calls it.
+// Wake makes the dispatcher look for due rows of every type now: the gateway calls it when notifications
+// may have been lost, and when it polls for want of them.
 func (d *Dispatcher) Wake() {
+	for _, t := range d.types {
+		t.woken.Store(true)
+	}
+	d.signalWake()
+}
+
+// WakeType makes the dispatcher look for due rows of the named type now: a notification on
+// notifier.TopicOutbox names the types of the rows it announces. A type this dispatcher does not deliver is
+// none of its business.
+func (d *Dispatcher) WakeType(name string) {
+	for _, t := range d.types {
+		if t.Name == name {
+			t.woken.Store(true)
+			d.signalWake()
+		}
+	}
+}
+
+func (d *Dispatcher) signalWake() {
 	select {
 	case d.wake <- struct{}{}:
 	default:

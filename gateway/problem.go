@@ -114,6 +114,16 @@ var (
 		Means: "Recent requests to this upstream failed, and its circuit breaker holds further calls for a " +
 			"while. Nothing was sent; the effect waits (pending) and is performed when the breaker lets calls through.",
 		Do: "Retry after the seconds in Retry-After with the same Idempotency-Key and request."}
+	probDestinationLimited = &ProblemKind{Slug: "upstream-rate-limited", Status: 429, Title: "Upstream rate limit reached",
+		Means: "The effect type limits its calls to this upstream for every gateway together (rate), and no " +
+			"call was free within a second. Nothing was sent; the effect waits (pending), uncharged, and the " +
+			"gateway's dispatcher performs it when its turn comes, if no retry of yours does first.",
+		Do: "Retry after the seconds in Retry-After with the same Idempotency-Key and request."}
+	probDestinationPaused = &ProblemKind{Slug: "upstream-paused", Status: 503, Title: "Upstream asked to wait",
+		Means: "The upstream answered a recent call with 429 or 503 and Retry-After, and every gateway leaves " +
+			"it alone until then (or until an operator runs oncegate destination resume). Nothing was sent; the " +
+			"effect waits (pending), uncharged, and is performed after the pause.",
+		Do: "Retry after the seconds in Retry-After with the same Idempotency-Key and request."}
 	probTypePaused = &ProblemKind{Slug: "type-paused", Status: 503, Title: "Effect type paused",
 		Means: "An operator paused delivery of this effect type (oncegate type pause), and this request would " +
 			"have reached the upstream. Nothing was sent, and nothing new was recorded: a key first seen now is " +
@@ -146,7 +156,7 @@ var (
 var problemKinds = []*ProblemKind{probInvalid, probUnauthorized, probTypeNotAllowed, probNotFound,
 	probMethodNotAllowed, probFenced, probNotRetryable, probBodyTooLarge, probUnsupportedMedia, probKeyReused,
 	probRateLimited, probInternal, probUnavailable, probInFlight, probUpstreamUnreachable, probUpstreamTimeout,
-	probBreakerOpen, probTypePaused, probAnswerTooLarge, probOutcomeUnknown, probGaveUp, probAnswerExpired}
+	probBreakerOpen, probDestinationLimited, probDestinationPaused, probTypePaused, probAnswerTooLarge, probOutcomeUnknown, probGaveUp, probAnswerExpired}
 
 // ProblemKinds returns every problem type the gateway can answer with.
 func ProblemKinds() []ProblemKind {

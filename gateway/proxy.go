@@ -17,6 +17,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -187,7 +188,7 @@ func (g *Gateway) answerProxied(w http.ResponseWriter, r *http.Request, m *prome
 		// Pending: a transient failure (or a breaker that held the call). Its answer is the client's to see
 		// and is not stored: a retry under the key performs the request again.
 		m.WithLabelValues("retried").Inc()
-		transientAnswer(p.Attempted, p.Outcome.Result, p.Outcome.Err)(w, false)
+		transientAnswer(p)(w, false)
 	case replayedStored:
 		e := out.Effect
 		m.WithLabelValues("replayed").Inc()
@@ -196,7 +197,7 @@ func (g *Gateway) answerProxied(w http.ResponseWriter, r *http.Request, m *prome
 	case sharedTransient:
 		m.WithLabelValues("replayed").Inc()
 		p := out.Performed
-		transientAnswer(p.Attempted, p.Outcome.Result, p.Outcome.Err)(w, true)
+		transientAnswer(p)(w, true)
 	case attemptEnded:
 		// The attempt it waited for ended transiently in another gateway, whose answer was not stored: say
 		// when to come back.
@@ -320,15 +321,24 @@ func (g *Gateway) pass(w http.ResponseWriter, r *http.Request, hp *httpprov.Prov
 
 // transientAnswer writes the answer to an attempt that left its effect pending; replayed marks it as
 // another request's answer.
-func transientAnswer(attempted bool, result json.RawMessage, err error) func(w http.ResponseWriter, replayed bool) {
+func transientAnswer(p *outbox.Performed) func(w http.ResponseWriter, replayed bool) {
+	attempted, result, err := p.Attempted, p.Outcome.Result, p.Outcome.Err
 	return func(w http.ResponseWriter, replayed bool) {
 		if replayed {
 			w.Header().Set("Idempotent-Replayed", "true")
 		}
 		switch {
 		case !attempted:
-			w.Header().Set("Retry-After", "1")
-			writeProblem(w, probBreakerOpen, "", "the upstream's circuit breaker is open; nothing was sent")
+			w.Header().Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(p.Wait.Seconds())))))
+			switch p.Held {
+			case outbox.HeldByLimit:
+				writeProblem(w, probDestinationLimited, "", "the effect type's rate left no call to the upstream "+
+					"free; nothing was sent")
+			case outbox.HeldByPause:
+				writeProblem(w, probDestinationPaused, "", "the upstream asked every gateway to wait; nothing was sent")
+			default:
+				writeProblem(w, probBreakerOpen, "", "the upstream's circuit breaker is open; nothing was sent")
+			}
 			return
 		case len(result) > 0:
 			var a httpprov.Answer

@@ -35,9 +35,9 @@ func TestProxyWaiterInAnotherGatewayNeverPerformsAgain(t *testing.T) {
 			<-ch
 		}
 		// Not due again for a minute: no dispatcher retries the row meanwhile, so any second call in the
-		// round is a waiter's.
+		// round is a waiter's. A 502: a 503 with Retry-After would pause the upstream for the fleet.
 		w.Header().Set("Retry-After", "60")
-		w.WriteHeader(http.StatusServiceUnavailable)
+		w.WriteHeader(http.StatusBadGateway)
 		_, _ = io.WriteString(w, "overloaded")
 	})
 	db := pgtest.Database(t)
@@ -81,7 +81,7 @@ func TestProxyWaiterInAnotherGatewayNeverPerformsAgain(t *testing.T) {
 		if n := up.calls.Load() - before; n != 1 {
 			t.Fatalf("round %d: the upstream was called %d times for one request; answers: %v", round, n, statuses(answers))
 		}
-		if answers[0].status != 503 || answers[0].raw != "overloaded" {
+		if answers[0].status != 502 || answers[0].raw != "overloaded" {
 			t.Fatalf("round %d: the performing request got %d %s", round, answers[0].status, answers[0].raw)
 		}
 		for i, r := range answers[1:] {

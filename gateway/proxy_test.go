@@ -378,9 +378,10 @@ func TestProxyHonoursAPausedType(t *testing.T) {
 	up := newUpstream(t, func(w http.ResponseWriter, r *http.Request, n int64) {
 		if strings.Contains(r.URL.Path, "flaky") && n == 2 {
 			// Not due again for a minute: the dispatcher would otherwise retry the row after the default
-			// backoff, which a loaded machine (CI's -race run) let pass before the pause was in place.
+			// backoff, which a loaded machine (CI's -race run) let pass before the pause was in place. A 502,
+			// not a 503: a 503 with Retry-After pauses the upstream for the fleet, which is not this test's.
 			w.Header().Set("Retry-After", "60")
-			w.WriteHeader(http.StatusServiceUnavailable)
+			w.WriteHeader(http.StatusBadGateway)
 			return
 		}
 		chargeAnswer(w, r, n)
@@ -392,7 +393,7 @@ func TestProxyHonoursAPausedType(t *testing.T) {
 	if a := send("charges", "done-1"); a.status != 201 {
 		t.Fatalf("before the pause: %d %s", a.status, a.raw)
 	}
-	if a := send("flaky", "flaky-1"); a.status != 503 {
+	if a := send("flaky", "flaky-1"); a.status != 502 {
 		t.Fatalf("transient failure before the pause: %d %s", a.status, a.raw)
 	}
 	if _, err := h.pool.Exec(context.Background(), `INSERT INTO oncegate_paused_types (type, paused_by, reason)
@@ -494,9 +495,10 @@ func TestProxyWaitersShareATransientFailure(t *testing.T) {
 		<-release
 		// Not due again for a minute: the dispatcher, which would otherwise retry the row at once, leaves it
 		// to the requests (a waiter that meets the dispatcher's attempt instead gets the 502 docs/proxy.md
-		// names, which a loaded machine made this test see).
+		// names, which a loaded machine made this test see). A 502: a 503 with Retry-After pauses the
+		// upstream for the fleet, and the later retry below would be held.
 		w.Header().Set("Retry-After", "60")
-		w.WriteHeader(http.StatusServiceUnavailable)
+		w.WriteHeader(http.StatusBadGateway)
 		_, _ = io.WriteString(w, "overloaded")
 	})
 	h := proxyGateway(t, up, nil)
@@ -527,7 +529,7 @@ func TestProxyWaitersShareATransientFailure(t *testing.T) {
 	close(release)
 	wg.Wait()
 	for i, a := range answers {
-		if a.status != 503 || a.raw != "overloaded" || (i > 0) != (a.header.Get("Idempotent-Replayed") == "true") {
+		if a.status != 502 || a.raw != "overloaded" || (i > 0) != (a.header.Get("Idempotent-Replayed") == "true") {
 			t.Errorf("request %d: %d %v %s", i, a.status, a.header, a.raw)
 		}
 	}
@@ -535,7 +537,7 @@ func TestProxyWaitersShareATransientFailure(t *testing.T) {
 		t.Fatalf("upstream calls: %d", n)
 	}
 	// The next request under the key performs it again: it waited for no attempt.
-	if a := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: fail-20"); a.status != 503 ||
+	if a := h.req("POST", "/v1/proxy/payments/charges", acmeKey, `{"n":1}`, "Idempotency-Key: fail-20"); a.status != 502 ||
 		up.calls.Load() != 2 {
 		t.Fatalf("a later retry: %d %s, %d calls", a.status, a.raw, up.calls.Load())
 	}

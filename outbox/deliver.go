@@ -91,9 +91,10 @@ func (d *Dispatcher) leaseForCall(log *slog.Logger, t *effectType, r dedup.Claim
 
 // attempt calls the provider through the breaker of the delivery's destination, timed and counted, and says
 // what became of the call. recorded is set when a TxProvider's delivery was recorded (or lost its lease) in
-// the provider's transaction. An attempt in a request (the dedup proxy: inRequest) neither waits for a
-// destination's pause nor sets one: its client asked for this call now and gets the destination's own
-// answer, Retry-After included, to act on; the dispatcher's attempts are the fleet's to pace.
+// the provider's transaction. An attempt in a request (the dedup proxy: inRequest) was held back already if
+// its destination is paused or out of tokens (holdInRequest), and is not asked again here; a 429 or 503 with
+// Retry-After that it gets pauses the destination for the fleet, as a dispatcher's does (SPEC §2): its
+// client gets that answer, and every other caller waits.
 func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectType, r dedup.Claimed,
 	stableID string, lc *leaseClock, inRequest bool) (ev event, recorded bool) {
 	del := delivery(r)
@@ -125,7 +126,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 			}()
 		}
 		// A delivery that the gateway cancelled (its shutdown's drain ran out) says nothing of the destination.
-		if destinationFailure(o, !inRequest) && ctx.Err() == nil {
+		if destinationFailure(o, true) && ctx.Err() == nil {
 			return o, errBreakerFailure
 		}
 		return o, nil
@@ -136,7 +137,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false
 	}
 	answered := time.Now()
-	if out.Kind == providers.KindRetry && out.Throttled != 0 && out.RetryAfter > 0 && ctx.Err() == nil && !inRequest {
+	if out.Kind == providers.KindRetry && out.Throttled != 0 && out.RetryAfter > 0 && ctx.Err() == nil {
 		d.pauseDestination(t, dest, out.RetryAfter, out.Throttled)
 	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
@@ -150,7 +151,8 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 // destinationFailure reports whether an outcome counts against the destination in its breaker: transient
 // failures and doubt do, and so does a permanent failure that the destination did not answer itself.
 // A destination that asked for time (Throttled) is up, and paused when pausing (rates.go): its answer is then
-// not a failure. Unpaused (an attempt in a request), nothing else holds the calls back, and the breaker does.
+// not a failure. Unpaused (a batch of a TxProvider's rows, whose answers carry no Retry-After), nothing else
+// would hold the calls back, and the breaker does.
 func destinationFailure(o providers.Outcome, pausing bool) bool {
 	if pausing && o.Kind == providers.KindRetry && o.Throttled != 0 && o.RetryAfter > 0 {
 		return false

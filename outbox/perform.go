@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/oncegate/oncegate/dedup"
@@ -23,7 +24,25 @@ type Performed struct {
 	Recorded bool
 	// Finish is what was recorded for a terminal status: its Result is the stored result.
 	Finish dedup.Finish
+	// Held says why the provider was not called when it was meant to be, and Wait for how long the effect
+	// waits (pending, uncharged): HeldByBreaker, HeldByLimit or HeldByPause. Empty when it was called, or
+	// not meant to be.
+	Held string
+	Wait time.Duration
 }
+
+// Why Perform did not call the provider of an effect it was meant to deliver (Performed.Held).
+const (
+	HeldByBreaker = "breaker" // the destination's circuit breaker is open
+	HeldByLimit   = "limit"   // the type's fleet-wide rate left the destination no token
+	HeldByPause   = "pause"   // the destination asked the fleet to wait (a 429 or 503 with Retry-After)
+)
+
+// inRequestTokenWait is the longest a request that performs an effect itself waits for its destination's
+// next token before it is answered with the wait instead: a burst of proxied calls is spread over a second
+// at the fleet's rate, and a client is not held longer than that by a limit that may keep it waiting for
+// minutes.
+const inRequestTokenWait = time.Second
 
 // Attempt is what a request that performs effects itself (the dedup proxy) got from PerformNew or
 // PerformExisting: the attempt it made (Performed), or why it made none.
@@ -127,6 +146,12 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 	var accepted time.Time
 	act := decide(event{stage: stageClaimed}, r, t.policy)
 	if act.kind == actDeliver {
+		if held, wait := d.holdInRequest(ctx, t, r); held != "" {
+			p.Held, p.Wait = held, wait
+			act = decide(event{stage: stageRefused, wait: wait, paused: held == HeldByPause}, r, t.policy)
+		}
+	}
+	if act.kind == actDeliver {
 		ctx, span := tracer.Start(ctx, "outbox.perform "+t.Name)
 		lc = newLeaseClock(r, t.lease)
 		ev, recorded := d.attempt(ctx, log, t, r, r.StableID, lc, true)
@@ -136,6 +161,9 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 			p.Attempted, p.Outcome = true, ev.outcome
 		}
 		span.End()
+		if ev.stage == stageRefused {
+			p.Held, p.Wait = HeldByBreaker, ev.wait
+		}
 		act = decide(ev, r, t.policy)
 		if recorded { // a TxProvider recorded its delivery in its own transaction
 			p.Status, p.Recorded, p.Finish = act.finish.Status, true, act.finish
@@ -150,4 +178,53 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 	}
 	p.Recorded = d.applyUnder(log, t, r, act, lc, accepted) == nil
 	return p, nil
+}
+
+// holdInRequest says whether a request that performs r itself must leave its destination alone for now, and
+// for how long: the destination is paused for the fleet, or the type's fleet-wide rate has no token for it
+// within inRequestTokenWait. A row claimed by the dispatcher is held back the same way by its claim
+// (holdBack); a request's own attempt takes its token here, so that the dedup proxy's calls count against
+// the limit with the dispatcher's.
+func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.Claimed) (string, time.Duration) {
+	dest := providers.Destination(t.Provider, r.Payload)
+	now := time.Now()
+	if left := d.pausedFor(t, dest, now, false); left > 0 {
+		return HeldByPause, left
+	}
+	if t.Rate == nil {
+		// What this gateway knows of pauses is what its own claims and calls met; another gateway's pause is
+		// in the fleet's table, asked here by one index probe (a limited type's take of tokens asks it below).
+		var ms *int64
+		if err := d.pool.QueryRow(ctx, pauseLeftSQL, t.Name, dest).Scan(&ms); err != nil {
+			d.log.Warn("asking whether a request's destination is paused failed; it is called", "type", t.Name,
+				"destination", dest, "err", err)
+			return "", 0
+		}
+		if ms == nil {
+			return "", 0
+		}
+		d.pauses.set(t.Name, dest, ms, now)
+		return HeldByPause, time.Duration(*ms) * time.Millisecond
+	}
+	deadline := now.Add(inRequestTokenWait)
+	for {
+		got, err := d.takeTokens(ctx, t, []string{dest}, map[string]int{dest: 1})
+		if err != nil {
+			d.log.Warn("taking a delivery token for a request's own attempt failed; it is not sent now",
+				"type", t.Name, "destination", dest, "err", err)
+			return HeldByLimit, failedTakeWait
+		}
+		g := got[dest]
+		switch {
+		case g.paused:
+			d.pauses.note(t.Name, dest, time.Now().Add(g.next), true)
+			return HeldByPause, g.next
+		case g.granted > 0:
+			return "", 0
+		case time.Now().Add(g.next).After(deadline):
+			return HeldByLimit, g.next
+		}
+		// Another gateway may take the token first: asked again, and held when the wait runs out.
+		time.Sleep(g.next + rand.N(t.Rate.interval()/4+1))
+	}
 }

@@ -119,6 +119,9 @@ func (p *pauses) set(typ, dest string, ms *int64, now time.Time) {
 		delete(p.at, k)
 		return
 	}
+	if p.at == nil {
+		p.at = map[pauseKey]*pause{}
+	}
 	p.at[k] = &pause{until: now.Add(time.Duration(*ms) * time.Millisecond), kept: true, checked: now}
 }
 

@@ -443,3 +443,151 @@ func dbURLOf(t *testing.T, config string) string {
 	t.Fatal("no database_url in " + config)
 	return ""
 }
+
+// fleetProxyConfig is proxyConfig's type with extra settings on the payments type (rate, say).
+func fleetProxyConfig(t *testing.T, upstream, typeExtra string) string {
+	return writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  payments:
+    provider: http
+    http: { base_url: "%s", allow_private_networks: true }
+    timeout: 2s
+%s
+dispatcher: { poll_interval: 100ms, lease_margin: 1s }
+`, pgtest.Database(t), apiKey, upstream, typeExtra))
+}
+
+// The proxy's own calls take their tokens of the type's fleet-wide rate, as the dispatcher's do: 12 proxied
+// requests at once through two gateways, limited at 2 a second with a burst of 1, reach the upstream at that
+// pace; a request with no call free within a second is answered 429 upstream-rate-limited with
+// Retry-After, nothing sent, and its effect is performed later, once. Before, all 12 went at once.
+func TestProxiedCallsKeepTheFleetRate(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var at []time.Time
+	keys := map[string]int{}
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		at = append(at, time.Now())
+		keys[r.Header.Get("Idempotency-Key")]++
+		mu.Unlock()
+		w.WriteHeader(201)
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	t.Cleanup(up.Close)
+	config := fleetProxyConfig(t, up.URL, "    rate: { per_second: 2, burst: 1 }")
+	_, baseA := startGateway(t, config)
+	_, baseB := startGateway(t, config)
+	const n = 12
+	codes := make([]int, n)
+	headers := make([]http.Header, n)
+	bodies := make([]string, n)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i := range n {
+		base := baseA
+		if i%2 == 1 {
+			base = baseB
+		}
+		wg.Go(func() {
+			codes[i], headers[i], bodies[i] = proxyExchange(t, "POST", base+"/v1/proxy/payments/charges",
+				fmt.Sprintf("rate-%d", i), `{"amount":1}`)
+		})
+	}
+	wg.Wait()
+	answered := time.Since(start)
+	limited := 0
+	for i := range n {
+		switch codes[i] {
+		case 201:
+		case 429:
+			if !strings.Contains(bodies[i], "upstream-rate-limited") || headers[i].Get("Retry-After") == "" {
+				t.Fatalf("request %d: 429 without the problem or Retry-After: %v %s", i, headers[i], bodies[i])
+			}
+			limited++
+		default:
+			t.Fatalf("request %d: %d %s", i, codes[i], bodies[i])
+		}
+	}
+	mu.Lock()
+	calls := len(at)
+	mu.Unlock()
+	// By the time every request is answered: the burst, and two a second since.
+	if most := 1 + int(2*answered.Seconds()) + 1; calls > most {
+		t.Fatalf("%d calls reached the upstream in %v, limited at 2 a second with a burst of 1 (at most %d)",
+			calls, answered.Round(time.Millisecond), most)
+	}
+	if limited == 0 {
+		t.Fatalf("no request was answered 429 though %d went at once against 2 a second", n)
+	}
+	t.Logf("%d calls in %v while the requests were answered; %d answered 429", calls, answered.Round(time.Millisecond), limited)
+	// The refused effects wait, uncharged, and the dispatchers perform each of them once, at the rate.
+	testenv.Eventually(t, 30*time.Second, "every effect performed", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(keys) == n
+	})
+	time.Sleep(time.Second)
+	mu.Lock()
+	defer mu.Unlock()
+	for k, c := range keys {
+		if c != 1 {
+			t.Errorf("%s reached the upstream %d times", k, c)
+		}
+	}
+	for i := 2; i < len(at); i++ { // never more than the burst and a token within half a second
+		if at[i].Sub(at[i-2]) < 400*time.Millisecond {
+			t.Errorf("calls %d and %d came %v apart", i-2, i, at[i].Sub(at[i-2]))
+		}
+	}
+}
+
+// An upstream's 429 with Retry-After to a proxied call pauses it for every gateway, as a dispatcher's does
+// (SPEC §2): a request through another gateway is answered 503 upstream-paused with the time left, nothing
+// sent, and the upstream is called again after the pause. Before, the next call went at once.
+func TestAProxiedRetryAfterPausesTheUpstreamForTheFleet(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int64
+	var mu sync.Mutex
+	var at []time.Time
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := calls.Add(1)
+		mu.Lock()
+		at = append(at, time.Now())
+		mu.Unlock()
+		if n == 1 {
+			w.Header().Set("Retry-After", "3")
+			w.WriteHeader(http.StatusTooManyRequests)
+			return
+		}
+		w.WriteHeader(201)
+		fmt.Fprint(w, `{"ok":true}`)
+	}))
+	t.Cleanup(up.Close)
+	config := fleetProxyConfig(t, up.URL, "")
+	_, baseA := startGateway(t, config)
+	_, baseB := startGateway(t, config)
+	code, h, body := proxyExchange(t, "POST", baseA+"/v1/proxy/payments/charges", "p-1", `{}`)
+	throttled := time.Now()
+	if code != 429 || h.Get("Retry-After") != "3" {
+		t.Fatalf("the upstream's 429 is the client's to see: %d %v %s", code, h, body)
+	}
+	code, h, body = proxyExchange(t, "POST", baseB+"/v1/proxy/payments/charges", "p-2", `{}`)
+	if code != 503 || !strings.Contains(body, "upstream-paused") || h.Get("Retry-After") == "" {
+		t.Fatalf("another gateway's request during the pause: %d %v %s", code, h, body)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("the upstream was called %d times during its pause", n)
+	}
+	testenv.Eventually(t, 15*time.Second, "both effects performed after the pause", func() bool { return calls.Load() >= 3 })
+	mu.Lock()
+	defer mu.Unlock()
+	if first := at[1].Sub(throttled); first < 2700*time.Millisecond {
+		t.Fatalf("the upstream was called %v after its 429 with Retry-After: 3", first)
+	}
+	if code, _, body := proxyExchange(t, "POST", baseB+"/v1/proxy/payments/charges", "p-2", `{}`); code != 201 {
+		t.Fatalf("p-2 after the pause: %d %s", code, body)
+	}
+}

@@ -243,6 +243,12 @@ func proxyConfig(t *testing.T, upstream, onCrash, inFlightWait string) string {
 	if inFlightWait != "" {
 		proxy = "proxy: { in_flight_wait: " + inFlightWait + " }"
 	}
+	return proxyConfigWith(t, upstream, "    on_crash: "+onCrash, proxy)
+}
+
+// proxyConfigWith writes the payments type's configuration with typeExtra among its settings (indented as
+// they are) and extra at the top level.
+func proxyConfigWith(t *testing.T, upstream, typeExtra, extra string) string {
 	return writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s
 tenants: { acme: { api_keys: [%s] } }
@@ -251,10 +257,10 @@ effect_types:
     provider: http
     http: { base_url: "%s", allow_private_networks: true }
     timeout: 2s
-    on_crash: %s
+%s
 %s
 dispatcher: { poll_interval: 100ms, lease_margin: 1s }
-`, pgtest.Database(t), apiKey, upstream, onCrash, proxy))
+`, pgtest.Database(t), apiKey, upstream, typeExtra, extra))
 }
 
 // The proxy with a plain HTTP client, as curl: two identical POSTs make one upstream call and get one
@@ -444,21 +450,6 @@ func dbURLOf(t *testing.T, config string) string {
 	return ""
 }
 
-// fleetProxyConfig is proxyConfig's type with extra settings on the payments type (rate, say).
-func fleetProxyConfig(t *testing.T, upstream, typeExtra string) string {
-	return writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
-database_url: %s
-tenants: { acme: { api_keys: [%s] } }
-effect_types:
-  payments:
-    provider: http
-    http: { base_url: "%s", allow_private_networks: true }
-    timeout: 2s
-%s
-dispatcher: { poll_interval: 100ms, lease_margin: 1s }
-`, pgtest.Database(t), apiKey, upstream, typeExtra))
-}
-
 // The proxy's own calls take their tokens of the type's fleet-wide rate, as the dispatcher's do: 12 proxied
 // requests at once through two gateways, limited at 2 a second with a burst of 1, reach the upstream at that
 // pace; a request with no call free within a second is answered 429 upstream-rate-limited with
@@ -477,7 +468,7 @@ func TestProxiedCallsKeepTheFleetRate(t *testing.T) {
 		fmt.Fprint(w, `{"ok":true}`)
 	}))
 	t.Cleanup(up.Close)
-	config := fleetProxyConfig(t, up.URL, "    rate: { per_second: 2, burst: 1 }")
+	config := proxyConfigWith(t, up.URL, "    rate: { per_second: 2, burst: 1 }", "")
 	_, baseA := startGateway(t, config)
 	_, baseB := startGateway(t, config)
 	const n = 12
@@ -566,7 +557,7 @@ func TestAProxiedRetryAfterPausesTheUpstreamForTheFleet(t *testing.T) {
 		fmt.Fprint(w, `{"ok":true}`)
 	}))
 	t.Cleanup(up.Close)
-	config := fleetProxyConfig(t, up.URL, "")
+	config := proxyConfigWith(t, up.URL, "", "")
 	_, baseA := startGateway(t, config)
 	_, baseB := startGateway(t, config)
 	code, h, body := proxyExchange(t, "POST", baseA+"/v1/proxy/payments/charges", "p-1", `{}`)

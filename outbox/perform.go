@@ -206,7 +206,9 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 		d.pauses.set(t.Name, dest, ms, now)
 		return HeldByPause, time.Duration(*ms) * time.Millisecond
 	}
-	deadline := now.Add(inRequestTokenWait)
+	// The wait eats into the row's lease, which keepLease first extends a third of a lease into the call: a
+	// third at most, so that the call starts with two thirds left.
+	deadline := now.Add(min(inRequestTokenWait, t.lease/3))
 	for {
 		got, err := d.takeTokens(ctx, t, []string{dest}, map[string]int{dest: 1})
 		if err != nil {

@@ -142,7 +142,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) error {
 		return invalid(field, err.Error())
 	}
 	out := g.proxyFlow().run(r.Context(), dedup.NewEffect{Tenant: tenant, Key: key, Type: typ, Payload: payload,
-		Tags: tags, Terms: effect.SearchTerms(tags, nil)},
+		Tags: tags, Terms: effect.SearchTerms(tags, nil), Destination: providers.Destination(p, payload)},
 		proxyFingerprint(typ, r.Method, path, r.Header.Get("Content-Type"), body), wait)
 	span.SetAttributes(attribute.Bool("idempotency.replayed", out.Kind != performedHere))
 	return g.answerProxied(w, r, m, tenant, typ, key, out)

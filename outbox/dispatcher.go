@@ -373,6 +373,7 @@ func providerKind(t EffectType) string {
 func (d *Dispatcher) Wake() {
 	for _, t := range d.types {
 		t.woken.Store(true)
+		d.pauses.stale(t.Name)
 	}
 	d.signalWake()
 }
@@ -384,6 +385,7 @@ func (d *Dispatcher) WakeType(name string) {
 	for _, t := range d.types {
 		if t.Name == name {
 			t.woken.Store(true)
+			d.pauses.stale(t.Name)
 			d.signalWake()
 		}
 	}

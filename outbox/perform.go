@@ -149,6 +149,7 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 		if held, wait := d.holdInRequest(ctx, t, r); held != "" {
 			p.Held, p.Wait = held, wait
 			act = decide(event{stage: stageRefused, wait: wait, paused: held == HeldByPause}, r, t.policy)
+			d.wakeAfter(t, wait)
 		}
 	}
 	if act.kind == actDeliver {
@@ -229,4 +230,11 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 		// Another gateway may take the token first: asked again, and held when the wait runs out.
 		time.Sleep(g.next + rand.N(t.Rate.interval()/4+1))
 	}
+}
+
+// wakeAfter has t claimed once wait has passed: a row a request held back for its destination's pause or
+// token is due then, and nothing else would bring it before the poll (a claim of a row held back does the
+// same through its claim state: rateState.wake).
+func (d *Dispatcher) wakeAfter(t *effectType, wait time.Duration) {
+	time.AfterFunc(wait+minRefusedWait/10, func() { d.WakeType(t.Name) })
 }

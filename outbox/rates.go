@@ -125,6 +125,19 @@ func (p *pauses) set(typ, dest string, ms *int64, now time.Time) {
 	p.at[k] = &pause{until: now.Add(time.Duration(*ms) * time.Millisecond), kept: true, checked: now}
 }
 
+// stale has the fleet's table asked again about every pause of typ it holds, at the next row of each that
+// comes up: a notification of typ may be an operator's lift (`oncegate destination resume`), which this
+// gateway would otherwise hold on to for up to pauseRecheck, and, its rows handed back, until the next poll.
+func (p *pauses) stale(typ string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, e := range p.at {
+		if k.typ == typ && e.kept {
+			e.checked = time.Time{}
+		}
+	}
+}
+
 // left returns how long dest of typ is still paused, zero when it is not, and whether the fleet's table is
 // to be asked again (the caller that gets true asks; the others go by what is known meanwhile).
 func (p *pauses) left(typ, dest string, now time.Time, force bool) (time.Duration, bool) {
@@ -342,6 +355,7 @@ func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []tim
 // pauseDestination pauses dest of t for every gateway for wait, as the destination asked with status.
 func (d *Dispatcher) pauseDestination(t *effectType, dest string, wait time.Duration, status int) {
 	d.pauses.note(t.Name, dest, time.Now().Add(wait), false)
+	d.wakeAfter(t, wait)
 	ctx, cancel := d.dbContext()
 	defer cancel()
 	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner); err != nil {

@@ -582,3 +582,91 @@ func TestAProxiedRetryAfterPausesTheUpstreamForTheFleet(t *testing.T) {
 		t.Fatalf("p-2 after the pause: %d %s", code, body)
 	}
 }
+
+// The rows that proxied calls left waiting for a pause are the destination's like any other: an operator's
+// `oncegate destination resume` makes them due at once, and without it they go when the pause ends, not at
+// the next poll (here 5 s). Before, the proxy's rows named no destination: the resume made none of them due
+// ("made due now: 0"), and they waited out the whole Retry-After, then up to a poll more.
+func TestProxiedRowsWaitingForAPauseGoWhenItEnds(t *testing.T) {
+	t.Parallel()
+	for _, lift := range []string{"resume", "end"} {
+		t.Run(lift, func(t *testing.T) {
+			t.Parallel()
+			var calls atomic.Int64
+			var mu sync.Mutex
+			keys := map[string]time.Time{}
+			retryAfter := "30"
+			if lift == "end" {
+				retryAfter = "2"
+			}
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if calls.Add(1) == 1 {
+					w.Header().Set("Retry-After", retryAfter)
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return
+				}
+				mu.Lock()
+				keys[r.Header.Get("Idempotency-Key")] = time.Now()
+				mu.Unlock()
+				w.WriteHeader(201)
+			}))
+			t.Cleanup(up.Close)
+			db := pgtest.Database(t)
+			config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  payments:
+    provider: http
+    http: { base_url: "%s", allow_private_networks: true }
+    timeout: 2s
+dispatcher: { poll_interval: 5s, lease_margin: 1s }
+`, db, apiKey, up.URL))
+			_, baseA := startGateway(t, config)
+			_, baseB := startGateway(t, config)
+			if code, _, body := proxyExchange(t, "POST", baseA+"/v1/proxy/payments/x", "w-0", `{}`); code != 503 {
+				t.Fatalf("the upstream's 503: %d %s", code, body)
+			}
+			paused := time.Now()
+			for i := 1; i <= 3; i++ {
+				if code, _, body := proxyExchange(t, "POST", baseB+"/v1/proxy/payments/x", fmt.Sprintf("w-%d", i), `{}`); code != 503 ||
+					!strings.Contains(body, "upstream-paused") {
+					t.Fatalf("w-%d during the pause: %d %s", i, code, body)
+				}
+			}
+			from := paused
+			if lift == "resume" {
+				time.Sleep(500 * time.Millisecond)
+				out, errOut, code := oncegateCLI(t, []string{"DATABASE_URL=" + db}, "destination", "resume", "payments",
+					up.URL, "--reason", "upstream fixed")
+				if code != 0 {
+					t.Fatalf("destination resume: exit %d: %s%s", code, out, errOut)
+				}
+				t.Logf("oncegate destination resume: %s", strings.TrimSpace(out))
+				from = time.Now()
+			}
+			testenv.Eventually(t, 40*time.Second, "the four effects performed", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(keys) == 4
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			var last time.Time
+			for _, at := range keys {
+				if at.After(last) {
+					last = at
+				}
+			}
+			took := last.Sub(from)
+			t.Logf("the held effects were performed %v after the %s", took.Round(time.Millisecond), map[string]string{
+				"resume": "resume", "end": "503"}[lift])
+			if lift == "resume" && took > 2*time.Second {
+				t.Fatalf("the held effects went %v after the resume", took)
+			}
+			if lift == "end" && (took < 1800*time.Millisecond || took > 3500*time.Millisecond) {
+				t.Fatalf("the held effects went %v after a 503 with Retry-After: 2 (the poll is 5 s)", took)
+			}
+		})
+	}
+}

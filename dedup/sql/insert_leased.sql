@@ -9,7 +9,9 @@
 -- is not delivered, and this request would deliver it at once, so nothing is recorded, not even the key.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status, $11 tags or
--- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds, $14 whether the payload goes to oncegate_effect_bodies. The trace id,
+-- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds, $14 whether the payload goes to oncegate_effect_bodies, $15 its destination
+-- (providers.Destination) or NULL, as in insert.sql: the claims skip a paused destination's rows by it, and
+-- an operator's resume of the destination makes them due (resume_destination.sql). The trace id,
 -- for the operator, is the one of the traceparent in $6, as in insert.sql.
 WITH held AS (
     SELECT k.effect_id,
@@ -36,9 +38,10 @@ WITH held AS (
     FROM claimed
     RETURNING {{written}}
 ), queued AS (
-    INSERT INTO oncegate_outbox (effect_id, type, trace, lease_token, lease_owner, lease_expires_at, tenant)
+    INSERT INTO oncegate_outbox (effect_id, type, trace, lease_token, lease_owner, lease_expires_at, tenant,
+        destination)
     SELECT id, type, $6::jsonb, gen_random_uuid(), $8, now() + make_interval(secs => $9::double precision / 1000),
-        tenant
+        tenant, $15::text
     FROM effect
     RETURNING effect_id, lease_token
 ), bodied AS (

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/redistest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
@@ -264,5 +266,35 @@ func TestWaitIsAnsweredAcrossGateways(t *testing.T) {
 	}
 	if took > 10*time.Second {
 		t.Fatalf("the wait was not cut short by the other gateway's notification: %v", took)
+	}
+}
+
+// A gateway started while its database cannot be reached yet (Postgres starting, a failover, a connection
+// refused or timed out under load) waits for it, saying so, rather than exit: a CI run saw a gateway
+// restarted under load exit on a connection that timed out after 3 s ("failed to connect … timeout"), and
+// its supervisor would have had to start it again. The database behind a proxy that refuses connections
+// for 3 s, then lets them through: the gateway starts and serves.
+func TestAGatewayStartedBeforeItsDatabaseIsReachableWaitsForIt(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Database(t)
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := redistest.StartProxy(t, u.Host)
+	proxy.Cut()
+	u.Host = proxy.Addr()
+	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  analytics: { provider: postgres, postgres: { table: analytics_events } }
+`, u.String(), apiKey))
+	p := proctest.Start(t, exec.Command(filepath.Join(bin, "gateway"), "serve", "--config", config))
+	time.Sleep(3 * time.Second)
+	proxy.Heal()
+	base := gatewayBase(t, p)
+	if code := post(t, base, "after-wait", `{"type":"analytics","payload":{"name":"a"}}`); code != 202 {
+		t.Fatalf("POST after the database came: %d", code)
 	}
 }

@@ -112,7 +112,7 @@ func run(args []string) (err error) {
 		return explainMissingDatabase(g.Migrate(ctx), cfg.DatabaseURL)
 	}
 	if !*noMigrate {
-		if err := g.Migrate(ctx); err != nil {
+		if err := migrateOnStart(ctx, g, log); err != nil {
 			return explainMissingDatabase(err, cfg.DatabaseURL)
 		}
 	}

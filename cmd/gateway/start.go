@@ -18,15 +18,17 @@ import (
 const startWait = 30 * time.Second
 
 // migrateOnStart applies pending migrations, trying again, with backoff and a warning each time, while the
-// database cannot be connected to, for up to startWait. Any other error (a migration that fails, a lock
-// that is not released) ends the start at once.
+// database cannot be connected to, for up to startWait. Any other error (a database that does not exist, a
+// role refused, a migration that fails, a lock that is not released) ends the start at once.
 func migrateOnStart(ctx context.Context, g *gateway.Gateway, log *slog.Logger) error {
 	deadline := time.Now().Add(startWait)
 	wait := 250 * time.Millisecond
 	for {
 		err := g.Migrate(ctx)
+		// A server that answered (a database that does not exist, a password refused) is no wait's to mend.
 		var connect *pgconn.ConnectError
-		if err == nil || !errors.As(err, &connect) || time.Now().Add(wait).After(deadline) {
+		var answered *pgconn.PgError
+		if err == nil || !errors.As(err, &connect) || errors.As(err, &answered) || time.Now().Add(wait).After(deadline) {
 			return err
 		}
 		log.Warn("the database cannot be reached yet; trying again", "in", wait.String(),

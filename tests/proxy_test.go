@@ -243,12 +243,15 @@ func proxyConfig(t *testing.T, upstream, onCrash, inFlightWait string) string {
 	if inFlightWait != "" {
 		proxy = "proxy: { in_flight_wait: " + inFlightWait + " }"
 	}
-	return proxyConfigWith(t, upstream, "    on_crash: "+onCrash, proxy)
+	return proxyConfigWith(t, pgtest.Database(t), upstream, "    on_crash: "+onCrash, proxy+"\n"+proxyDispatcher)
 }
 
-// proxyConfigWith writes the payments type's configuration with typeExtra among its settings (indented as
-// they are) and extra at the top level.
-func proxyConfigWith(t *testing.T, upstream, typeExtra, extra string) string {
+// proxyDispatcher is the proxy tests' dispatcher: a short poll and lease margin.
+const proxyDispatcher = "dispatcher: { poll_interval: 100ms, lease_margin: 1s }"
+
+// proxyConfigWith writes the configuration of a payments type on db with typeExtra among its settings
+// (indented as they are) and extra at the top level (proxyDispatcher, say).
+func proxyConfigWith(t *testing.T, db, upstream, typeExtra, extra string) string {
 	return writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
 database_url: %s
 tenants: { acme: { api_keys: [%s] } }
@@ -259,8 +262,7 @@ effect_types:
     timeout: 2s
 %s
 %s
-dispatcher: { poll_interval: 100ms, lease_margin: 1s }
-`, pgtest.Database(t), apiKey, upstream, typeExtra, extra))
+`, db, apiKey, upstream, typeExtra, extra))
 }
 
 // The proxy with a plain HTTP client, as curl: two identical POSTs make one upstream call and get one
@@ -468,7 +470,7 @@ func TestProxiedCallsKeepTheFleetRate(t *testing.T) {
 		fmt.Fprint(w, `{"ok":true}`)
 	}))
 	t.Cleanup(up.Close)
-	config := proxyConfigWith(t, up.URL, "    rate: { per_second: 2, burst: 1 }", "")
+	config := proxyConfigWith(t, pgtest.Database(t), up.URL, "    rate: { per_second: 2, burst: 1 }", proxyDispatcher)
 	_, baseA := startGateway(t, config)
 	_, baseB := startGateway(t, config)
 	const n = 12
@@ -557,7 +559,7 @@ func TestAProxiedRetryAfterPausesTheUpstreamForTheFleet(t *testing.T) {
 		fmt.Fprint(w, `{"ok":true}`)
 	}))
 	t.Cleanup(up.Close)
-	config := proxyConfigWith(t, up.URL, "", "")
+	config := proxyConfigWith(t, pgtest.Database(t), up.URL, "", proxyDispatcher)
 	_, baseA := startGateway(t, config)
 	_, baseB := startGateway(t, config)
 	code, h, body := proxyExchange(t, "POST", baseA+"/v1/proxy/payments/charges", "p-1", `{}`)
@@ -612,16 +614,7 @@ func TestProxiedRowsWaitingForAPauseGoWhenItEnds(t *testing.T) {
 			}))
 			t.Cleanup(up.Close)
 			db := pgtest.Database(t)
-			config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
-database_url: %s
-tenants: { acme: { api_keys: [%s] } }
-effect_types:
-  payments:
-    provider: http
-    http: { base_url: "%s", allow_private_networks: true }
-    timeout: 2s
-dispatcher: { poll_interval: 5s, lease_margin: 1s }
-`, db, apiKey, up.URL))
+			config := proxyConfigWith(t, db, up.URL, "", "dispatcher: { poll_interval: 5s, lease_margin: 1s }")
 			_, baseA := startGateway(t, config)
 			_, baseB := startGateway(t, config)
 			if code, _, body := proxyExchange(t, "POST", baseA+"/v1/proxy/payments/x", "w-0", `{}`); code != 503 {

@@ -195,8 +195,12 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 	if t.Rate == nil {
 		// What this gateway knows of pauses is what its own claims and calls met; another gateway's pause is
 		// in the fleet's table, asked here by one index probe (a limited type's take of tokens asks it below).
+		// Bounded as any statement: Perform's context outlives its client, so a database that hangs must not
+		// hold the request.
+		qctx, cancel := d.dbContext()
+		defer cancel()
 		var ms *int64
-		if err := d.pool.QueryRow(ctx, pauseLeftSQL, t.Name, dest).Scan(&ms); err != nil {
+		if err := d.pool.QueryRow(qctx, pauseLeftSQL, t.Name, dest).Scan(&ms); err != nil {
 			d.log.Warn("asking whether a request's destination is paused failed; it is called", "type", t.Name,
 				"destination", dest, "err", err)
 			return "", 0

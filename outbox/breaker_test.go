@@ -275,3 +275,93 @@ func gauge(t *testing.T, g prometheus.Gauge) float64 {
 	}
 	return m.GetGauge().GetValue()
 }
+
+// An outside finding of issue 31: a gateway that stood still past its lease opened its breaker on its return
+// (its calls had overrun their timeout), and went on claiming that destination's rows only to put them off
+// until its breaker's next probe, while the other gateways, whose breakers were closed, could have delivered
+// them at once: 17 to 32 of 100 new effects waited up to 40 s. A breaker is one gateway's view of a
+// destination, so a claim leaves the rows of the destinations whose breakers this gateway holds open to the
+// rest of the fleet, as it leaves those of a tenant at its share.
+func TestAGatewaysOpenBreakerLeavesItsRowsToTheOthers(t *testing.T) {
+	t.Parallel()
+	t.Run("unlimited", func(t *testing.T) { t.Parallel(); openBreakerLeavesRows(t, nil) })
+	// A limited type's claim goes by destination (claim_limited.sql), and leaves them out the same way.
+	t.Run("limited", func(t *testing.T) { t.Parallel(); openBreakerLeavesRows(t, &Rate{PerSecond: 1000, Burst: 100}) })
+}
+
+func openBreakerLeavesRows(t *testing.T, rate *Rate) {
+	result := reliability.Record(t, "Isolation", "Gateway A's breaker for a destination is open (1 h); the destination is healthy again and 20 new effects to it come due before gateway B starts",
+		"A claims none of them and stays as quiet as when idle; B delivers them at once, each in one attempt, and the retries A's breaker held")
+	dbURL := pgtest.Database(t)
+	var counter commitCounter
+	poolA := pgtest.TracedPool(t, dbURL, &counter)
+	a := &fixture{t: t, pool: poolA, store: dedup.NewStore(poolA)}
+	pool := pgtest.Pool(t, dbURL)
+	f := &fixture{t: t, pool: pool, store: dedup.NewStore(pool)}
+	var failing atomic.Bool
+	failing.Store(true)
+	dest, calls := server(t, func(_ int64, w http.ResponseWriter) {
+		if failing.Load() {
+			w.WriteHeader(500)
+			return
+		}
+		w.WriteHeader(204)
+	})
+	hook := func() EffectType {
+		return EffectType{Name: "hook", Provider: hookProvider(t, ""), BreakerFailures: 3, BreakerOpenFor: time.Hour,
+			Retry: backoffPolicy(time.Millisecond), Concurrency: 8, Rate: rate}
+	}
+	create := func(key string) {
+		t.Helper()
+		if _, _, err := f.store.Create(context.Background(), dedup.NewEffect{Tenant: "t", Key: key, Type: "hook",
+			Payload: json.RawMessage(hookPayload(dest.URL + "/in")), Destination: hostOf(dest.URL)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		create(fmt.Sprintf("opens-%d", i))
+	}
+	da := a.dispatcher(Config{Owner: "gateway-a", Types: []EffectType{hook()}})
+	a.start(da)
+	testenv.Eventually(t, 10*time.Second, "A's breaker opens, no delivery in flight", func() bool {
+		return da.breakers.state("hook", "t", hostOf(dest.URL)) == "open" &&
+			pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_outbox WHERE lease_token IS NOT NULL") == 0
+	})
+	failing.Store(false)
+	before := calls.Load()
+	for i := range 20 {
+		create(fmt.Sprintf("new-%d", i))
+	}
+	da.Wake()
+	time.Sleep(500 * time.Millisecond) // A polls every 50 ms: it has seen the new rows
+	const window = time.Second
+	statements := counter.n.Load()
+	time.Sleep(window)
+	perSecond := float64(counter.n.Load()-statements) / window.Seconds()
+	if perSecond > 40 {
+		t.Fatalf("A ran %.0f statements/s beside rows it leaves alone: it spins (idle polling at 50 ms is 20/s)", perSecond)
+	}
+	start := time.Now()
+	f.run(EffectType{Name: "hook", Provider: hookProvider(t, ""), BreakerFailures: 3, BreakerOpenFor: time.Hour,
+		Retry: backoffPolicy(time.Millisecond), Concurrency: 8})
+	// The three that opened A's breaker came due for their retry while it was open: B delivers them too.
+	testenv.Eventually(t, 10*time.Second, "B delivers the 20 new effects and the 3 retries", func() bool {
+		return pgtest.Count(t, f.pool, "SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'") == 23
+	})
+	took := time.Since(start)
+	if n := pgtest.Count(t, f.pool, "SELECT sum(attempts) FROM oncegate_effects WHERE key LIKE 'new-%'"); n != 20 {
+		t.Fatalf("%d attempts charged to the 20 new effects, want 20", n)
+	}
+	if n := calls.Load() - before; n != 23 {
+		t.Fatalf("the destination got %d calls for 23 effects after it recovered", n)
+	}
+	if n := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effect_attempts a JOIN oncegate_effects e ON e.id = a.effect_id
+		WHERE a.gateway = 'gateway-a' AND e.key LIKE 'new-%'`); n != 0 {
+		t.Fatalf("A made %d attempts of the new effects", n)
+	}
+	if s := da.breakers.state("hook", "t", hostOf(dest.URL)); s != "open" {
+		t.Fatalf("A's breaker is %q, want still open", s)
+	}
+	result(fmt.Sprintf("A: %.0f statements/s beside the rows it leaves; B delivered the 20 and the 3 retries in %v, 23 calls", perSecond,
+		took.Round(time.Millisecond)))
+}

@@ -1,15 +1,19 @@
 package outbox
 
 import (
+	"cmp"
 	"container/list"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -94,11 +98,59 @@ type breakerSet struct {
 	byKey     map[breakerKey]*breaker
 	groups    map[groupKey]*list.List // of *breaker, most recently used first
 	lastSweep time.Time
+
+	// openMu guards open, and is taken last: OnStateChange holds gobreaker's lock and a breaker's mu when it
+	// takes it, and get holds mu.
+	openMu sync.Mutex
+	open   map[string]map[breakerKey]time.Time // by type: the breakers open, with when each lets a probe through
 }
 
 func newBreakerSet(maxPerGroup int, idle time.Duration, m *Metrics, log *slog.Logger) *breakerSet {
 	return &breakerSet{max: maxPerGroup, idle: idle, metrics: m, log: log, byKey: map[breakerKey]*breaker{},
-		groups: map[groupKey]*list.List{}, lastSweep: time.Now()}
+		groups: map[groupKey]*list.List{}, lastSweep: time.Now(), open: map[string]map[breakerKey]time.Time{}}
+}
+
+// noteOpen keeps the index of open breakers (openDestinations) as k's breaker opens (until a probe may go) or
+// leaves the open state. The overflow breaker is left out: the destinations behind it are not known by name.
+func (s *breakerSet) noteOpen(k breakerKey, open bool, until time.Time) {
+	if k.dest == OverflowDestination {
+		return
+	}
+	s.openMu.Lock()
+	defer s.openMu.Unlock()
+	byType := s.open[k.typ]
+	if !open {
+		delete(byType, k)
+		return
+	}
+	if byType == nil {
+		byType = map[breakerKey]time.Time{}
+		s.open[k.typ] = byType
+	}
+	byType[k] = until
+}
+
+// openDestinations returns the destinations, per tenant, whose breakers of type typ are open at now and will
+// not let a probe through before the earliest of them, next (zero when none is open), in a stable order. A
+// claim leaves their rows to the other gateways (ClaimParams.SkipDestinations): a breaker is this gateway's
+// view of a destination, and a gateway that stood still past its calls' timeouts opens breakers for
+// destinations that answer every other gateway.
+func (s *breakerSet) openDestinations(typ string, now time.Time) (open []dedup.TenantDestination, next time.Time) {
+	s.openMu.Lock()
+	for k, until := range s.open[typ] {
+		if !until.After(now) {
+			continue // half-open at its next call: its rows are claimed, one of them the probe
+		}
+		open = append(open, dedup.TenantDestination{Tenant: k.tenant, Destination: k.dest})
+		if next.IsZero() || until.Before(next) {
+			next = until
+		}
+	}
+	s.openMu.Unlock()
+	slices.SortFunc(open, func(a, b dedup.TenantDestination) int {
+		return cmp.Or(strings.Compare(a.Tenant, b.Tenant), strings.Compare(a.Destination, b.Destination))
+	})
+	return open, next
 }
 
 // get returns the breaker of t's deliveries for tenant to dest, making it when there is none.
@@ -173,6 +225,7 @@ func (s *breakerSet) drop(b *breaker) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.evicted = true
+	s.noteOpen(b.key, false, time.Time{})
 	s.metrics.BreakerState.DeleteLabelValues(b.key.typ, b.key.tenant, b.key.dest)
 	if b.state != gobreaker.StateClosed {
 		s.metrics.BreakersOpen.WithLabelValues(b.key.typ).Dec()
@@ -197,6 +250,7 @@ func (s *breakerSet) newBreaker(t *effectType, k breakerKey) *breaker {
 			if b.evicted {
 				return // a call that was in flight when its breaker was forgotten: no series to set
 			}
+			s.noteOpen(k, to == gobreaker.StateOpen, b.openUntil)
 			s.metrics.BreakerState.WithLabelValues(k.typ, k.tenant, k.dest).Set(float64(to))
 			switch {
 			case from == gobreaker.StateClosed:

@@ -14,8 +14,9 @@
 // (pg_stat_statements) per effect retired, Postgres's planning time a second during a retirement and outside
 // (track_planning: a DDL on a partitioned table has every session plan its statements again), the tables'
 // sizes every 10 s (growth: the last minute's mean
-// against the mean of the minute after warm-up, retention + 2 intervals), and dead tuples at the end. Its
-// last line is the one scripts read:
+// against the mean of the minute after warm-up, retention + 2 intervals), dead tuples at the end, and the
+// checkpoints Postgres began (the requests of the minute after each, when full-page writes burst, apart, and
+// the ratio again without them). Its last line is the one scripts read:
 //
 //	retention: p99 during drop X.XXx outside; size growth after warm-up N%; old purge p99 Y.YYx outside
 //
@@ -230,7 +231,18 @@ type run struct {
 	// session's cached plans of it, so a replanning wave would show here.
 	planDuring, planOutside   float64
 	plansDuring, plansOutside float64
+	// checkpoints: when Postgres began each checkpoint in the run (pg_stat_bgwriter's counts, read every
+	// second). The pages a checkpoint's first minute touches first go whole into the WAL (full_page_writes),
+	// a burst that lands inside or outside a retirement by chance: the requests of that minute are reported
+	// apart, and the ratio again without them.
+	checkpoints               []time.Time
+	afterCkpt                 []time.Duration
+	duringClean, outsideClean []time.Duration
+	windowsAfterCkpt          int
 }
+
+// afterCheckpoint is how long after a checkpoint began its burst of full-page writes is counted.
+const afterCheckpoint = time.Minute
 
 // planSample is pg_stat_statements' planning totals at one moment.
 type planSample struct {
@@ -419,10 +431,19 @@ partitions: %s
 	planTick := time.NewTicker(time.Second)
 	defer planTick.Stop()
 	var plans []planSample
+	var ckptSeen bool
+	var ckptCount int64
 	deadline := time.After(*duration)
 	for done := false; !done; {
 		select {
 		case <-planTick.C:
+			var n int64
+			if err := pool.QueryRow(ctx, `SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter`).Scan(&n); err == nil {
+				if ckptSeen && n > ckptCount {
+					r.checkpoints = append(r.checkpoints, time.Now())
+				}
+				ckptSeen, ckptCount = true, n
+			}
 			var p planSample
 			if err := pool.QueryRow(ctx, `SELECT coalesce(sum(total_plan_time), 0)::float8, coalesce(sum(plans), 0)::float8
 				FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())`).
@@ -474,10 +495,34 @@ partitions: %s
 					break
 				}
 			}
+			after := false
+			for _, c := range r.checkpoints {
+				if q.end.After(c) && q.start.Before(c.Add(afterCheckpoint)) {
+					after = true
+					break
+				}
+			}
+			took := q.end.Sub(q.start)
+			switch {
+			case after:
+				r.afterCkpt = append(r.afterCkpt, took)
+			case overlaps:
+				r.duringClean = append(r.duringClean, took)
+			default:
+				r.outsideClean = append(r.outsideClean, took)
+			}
 			if overlaps {
-				r.during = append(r.during, q.end.Sub(q.start))
+				r.during = append(r.during, took)
 			} else {
-				r.outside = append(r.outside, q.end.Sub(q.start))
+				r.outside = append(r.outside, took)
+			}
+		}
+	}
+	for _, w := range ws {
+		for _, c := range r.checkpoints {
+			if w.from.Before(c.Add(afterCheckpoint)) && w.to.After(c) {
+				r.windowsAfterCkpt++
+				break
 			}
 		}
 	}
@@ -660,6 +705,22 @@ func report(rs []*run) {
 			return fmt.Sprintf("%.1f ms (%d)", p99(r.byStep[kind]).Seconds()*1000, len(r.byStep[kind]))
 		})
 	}
+	row("checkpoints begun (retirements in the minute after one)", func(r *run) string {
+		return fmt.Sprintf("%d (%d)", len(r.checkpoints), r.windowsAfterCkpt)
+	})
+	row("accept p99 in the minute after a checkpoint began (requests)", func(r *run) string {
+		if len(r.afterCkpt) == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f ms (%d)", p99(r.afterCkpt).Seconds()*1000, len(r.afterCkpt))
+	})
+	row("ratio without those minutes: during / outside", func(r *run) string {
+		if len(r.duringClean) == 0 || len(r.outsideClean) == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f / %.1f ms = %.2fx", p99(r.duringClean).Seconds()*1000, p99(r.outsideClean).Seconds()*1000,
+			ratio(p99(r.duringClean), p99(r.outsideClean)))
+	})
 	row("Postgres planning a second, during / outside (plans a second)", func(r *run) string {
 		return fmt.Sprintf("%.1f ms (%.0f) / %.1f ms (%.0f)", r.planDuring, r.plansDuring, r.planOutside, r.plansOutside)
 	})

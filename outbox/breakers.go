@@ -150,8 +150,13 @@ func (s *breakerSet) openDestinations(typ string, now time.Time) (open []dedup.T
 	slices.SortFunc(open, func(a, b dedup.TenantDestination) int {
 		return cmp.Or(strings.Compare(a.Tenant, b.Tenant), strings.Compare(a.Destination, b.Destination))
 	})
-	return open, next
+	// The claim compares each row it walks with every pair: past a hundred, the rows of the rest are
+	// claimed and put off by their breakers, as they were before claims left any out.
+	return open[:min(len(open), maxSkippedDestinations)], next
 }
+
+// maxSkippedDestinations bounds the destinations a claim leaves out for their open breakers.
+const maxSkippedDestinations = 100
 
 // get returns the breaker of t's deliveries for tenant to dest, making it when there is none.
 func (s *breakerSet) get(t *effectType, tenant, dest string) *breaker {

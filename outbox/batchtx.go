@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/stall"
 	"github.com/oncegate/oncegate/internal/workers"
 	"github.com/oncegate/oncegate/providers"
 )
@@ -118,7 +119,7 @@ func (d *Dispatcher) attemptGroup(ctx context.Context, t *effectType, br *breake
 	start := time.Now()
 	_, err := br.cb.Execute(func() (providers.Outcome, error) {
 		br.noteCall(time.Now().Add(t.Timeout))
-		actx, cancel := context.WithTimeout(ctx, t.Timeout)
+		actx, cancel := stall.Default().WithTimeout(ctx, t.Timeout)
 		defer cancel()
 		d.attemptTxBatch(actx, t, rows)
 		for _, b := range rows {

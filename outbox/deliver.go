@@ -20,6 +20,7 @@ import (
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/effect"
 	"github.com/oncegate/oncegate/internal/backoff"
+	"github.com/oncegate/oncegate/internal/stall"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -114,7 +115,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	start := time.Now()
 	out, err := b.cb.Execute(func() (providers.Outcome, error) {
 		b.noteCall(time.Now().Add(t.Timeout))
-		actx, cancel := context.WithTimeout(ctx, t.Timeout)
+		actx, cancel := stall.Default().WithTimeout(ctx, t.Timeout)
 		defer cancel()
 		var o providers.Outcome
 		if txp, ok := t.Provider.(providers.TxProvider); ok {

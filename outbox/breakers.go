@@ -103,6 +103,8 @@ type breakerSet struct {
 	// takes it, and get holds mu.
 	openMu sync.Mutex
 	open   map[string]map[breakerKey]time.Time // by type: the breakers open, with when each lets a probe through
+
+	fleet atomic.Pointer[fleetView] // the other gateways' breakers (Dispatcher.SetPeers); nil: not known
 }
 
 func newBreakerSet(maxPerGroup int, idle time.Duration, m *Metrics, log *slog.Logger) *breakerSet {
@@ -130,16 +132,22 @@ func (s *breakerSet) noteOpen(k breakerKey, open bool, until time.Time) {
 	byType[k] = until
 }
 
-// openDestinations returns the destinations, per tenant, whose breakers of type typ are open at now and will
-// not let a probe through before the earliest of them, next (zero when none is open), in a stable order. A
-// claim leaves their rows to the other gateways (ClaimParams.SkipDestinations): a breaker is this gateway's
-// view of a destination, and a gateway that stood still past its calls' timeouts opens breakers for
-// destinations that answer every other gateway.
+// openDestinations returns the destinations, per tenant, whose breakers of type typ are open here at now
+// while another gateway delivering the type has its breaker for them closed (SetPeers), and the earliest time
+// one of them lets a probe through, next (zero when none), in a stable order. A claim leaves their rows to
+// the other gateways (ClaimParams.SkipDestinations).
 func (s *breakerSet) openDestinations(typ string, now time.Time) (open []dedup.TenantDestination, next time.Time) {
+	fleet := s.fleet.Load()
+	if fleet == nil || fleet.delivering[typ] == 0 {
+		return nil, time.Time{} // no other gateway known to deliver the type: its rows are this one's to hold
+	}
 	s.openMu.Lock()
 	for k, until := range s.open[typ] {
 		if !until.After(now) {
 			continue // half-open at its next call: its rows are claimed, one of them the probe
+		}
+		if fleet.notClosed[k] >= fleet.delivering[typ] {
+			continue // open for every gateway: down, not this gateway's view alone
 		}
 		open = append(open, dedup.TenantDestination{Tenant: k.tenant, Destination: k.dest})
 		if next.IsZero() || until.Before(next) {

@@ -85,9 +85,6 @@ func interruptedLease(owner *string, token pgtype.UUID, expires pgtype.Timestamp
 }
 
 // ClaimParams says which rows to claim, for whom, and for how long.
-// TenantDestination names one tenant's deliveries to one destination (providers.Destination).
-type TenantDestination struct{ Tenant, Destination string }
-
 type ClaimParams struct {
 	Type  string
 	Limit int
@@ -95,9 +92,6 @@ type ClaimParams struct {
 	Lease time.Duration
 	// SkipTenants are tenants whose rows this claim leaves for later.
 	SkipTenants []string
-	// SkipDestinations are the destinations of a tenant whose rows this claim leaves to other gateways: the
-	// caller's breakers for them are open, and claimed here the rows would only wait for those breakers.
-	SkipDestinations []TenantDestination
 	// Burst, when not 0, is the burst of the type's fleet-wide delivery limit: the claim goes by destination
 	// (claim_limited.sql), leaving out those without a token and taking no more of each than its tokens.
 	Burst int
@@ -234,16 +228,12 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 	sent := time.Now()
 	var rs pgx.Rows
 	var err error
-	skipTenants, skipDests := make([]string, len(p.SkipDestinations)), make([]string, len(p.SkipDestinations))
-	for i, td := range p.SkipDestinations {
-		skipTenants[i], skipDests[i] = td.Tenant, td.Destination
-	}
 	if p.Burst > 0 {
 		rs, err = pinned(ctx, s.db, claimLimitedSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
-			append([]string{}, p.SkipTenants...), p.Burst, skipTenants, skipDests)
+			append([]string{}, p.SkipTenants...), p.Burst)
 	} else {
 		rs, err = pinned(ctx, s.db, claimSQL, p.Type, p.Limit, p.Owner, p.Lease.Milliseconds(),
-			append([]string{}, p.SkipTenants...), skipTenants, skipDests)
+			append([]string{}, p.SkipTenants...))
 	}
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)

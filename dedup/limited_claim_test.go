@@ -36,7 +36,7 @@ func outboxRowsReadSkipping(t *testing.T, dbURL string, typ string, limit, burst
 		t.Fatal(err)
 	}
 	var plan []byte
-	explain := fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE a_claim(%s, %d, 'me', 30000, '%s'%s, '{}', '{}')",
+	explain := fmt.Sprintf("EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE a_claim(%s, %d, 'me', 30000, '%s'%s)",
 		pgx.Identifier{typ}.Sanitize(), limit, skip, args)
 	if err := tx.QueryRow(ctx, strings.Replace(explain, `"`, "'", 2)).Scan(&plan); err != nil {
 		t.Fatal(err)

@@ -8,17 +8,10 @@ import (
 	"runtime/debug"
 	"slices"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/oncegate/oncegate/outbox"
 )
 
 //go:embed heartbeat.sql
 var heartbeatSQL string
-
-//go:embed peers.sql
-var peersSQL string
 
 // HeartbeatInterval is how often a gateway writes its row in oncegate_gateways. `oncegate gateway ls` counts
 // a gateway not seen for three intervals as gone.
@@ -34,9 +27,6 @@ func (g *Gateway) heartbeat(ctx context.Context, addr string) {
 		defer cancel()
 		if err := g.writeHeartbeat(wctx, addr, started); err != nil && ctx.Err() == nil {
 			g.log.Warn("writing the gateway's heartbeat row failed", "err", err)
-		}
-		if err := g.readPeers(wctx); err != nil && ctx.Err() == nil {
-			g.log.Warn("reading the other gateways' heartbeat rows failed", "err", err)
 		}
 		g.checkConnections(wctx)
 	}
@@ -77,28 +67,4 @@ func (g *Gateway) writeHeartbeat(ctx context.Context, addr string, started time.
 	_, err := g.pool.Exec(ctx, heartbeatSQL, g.dispatcher.Owner(), addr, Version(), started, string(breakers),
 		slices.Sorted(maps.Keys(g.cfg.EffectTypes)), string(held))
 	return err
-}
-
-// readPeers tells the dispatcher what the other live gateways report of their breakers (outbox.Peer). A
-// gateway that only records effects (--no-dispatch) lists the types it was configured with, and counts as
-// one that delivers them: rows left to it wait until this gateway's breaker lets a probe through, as long as
-// they would have waited put off by it.
-func (g *Gateway) readPeers(ctx context.Context) error {
-	if g.cfg.Dispatcher.Disabled {
-		return nil
-	}
-	rows, err := g.pool.Query(ctx, peersSQL, g.dispatcher.Owner(), (3 * HeartbeatInterval).Seconds())
-	if err != nil {
-		return err
-	}
-	peers, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (outbox.Peer, error) {
-		var p outbox.Peer
-		err := r.Scan(&p.Types, &p.Breakers)
-		return p, err
-	})
-	if err != nil {
-		return err
-	}
-	g.dispatcher.SetPeers(peers)
-	return nil
 }

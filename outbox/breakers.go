@@ -1,19 +1,15 @@
 package outbox
 
 import (
-	"cmp"
 	"container/list"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/sony/gobreaker/v2"
 
-	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -98,73 +94,12 @@ type breakerSet struct {
 	byKey     map[breakerKey]*breaker
 	groups    map[groupKey]*list.List // of *breaker, most recently used first
 	lastSweep time.Time
-
-	// openMu guards open, and is taken last: OnStateChange holds gobreaker's lock and a breaker's mu when it
-	// takes it, and get holds mu.
-	openMu sync.Mutex
-	open   map[string]map[breakerKey]time.Time // by type: the breakers open, with when each lets a probe through
-
-	fleet atomic.Pointer[fleetView] // the other gateways' breakers (Dispatcher.SetPeers); nil: not known
 }
 
 func newBreakerSet(maxPerGroup int, idle time.Duration, m *Metrics, log *slog.Logger) *breakerSet {
 	return &breakerSet{max: maxPerGroup, idle: idle, metrics: m, log: log, byKey: map[breakerKey]*breaker{},
-		groups: map[groupKey]*list.List{}, lastSweep: time.Now(), open: map[string]map[breakerKey]time.Time{}}
+		groups: map[groupKey]*list.List{}, lastSweep: time.Now()}
 }
-
-// noteOpen keeps the index of open breakers (openDestinations) as k's breaker opens (until a probe may go) or
-// leaves the open state. The overflow breaker is left out: the destinations behind it are not known by name.
-func (s *breakerSet) noteOpen(k breakerKey, open bool, until time.Time) {
-	if k.dest == OverflowDestination {
-		return
-	}
-	s.openMu.Lock()
-	defer s.openMu.Unlock()
-	byType := s.open[k.typ]
-	if !open {
-		delete(byType, k)
-		return
-	}
-	if byType == nil {
-		byType = map[breakerKey]time.Time{}
-		s.open[k.typ] = byType
-	}
-	byType[k] = until
-}
-
-// openDestinations returns the destinations, per tenant, whose breakers of type typ are open here at now
-// while another gateway delivering the type has its breaker for them closed (SetPeers), and the earliest time
-// one of them lets a probe through, next (zero when none), in a stable order. A claim leaves their rows to
-// the other gateways (ClaimParams.SkipDestinations).
-func (s *breakerSet) openDestinations(typ string, now time.Time) (open []dedup.TenantDestination, next time.Time) {
-	fleet := s.fleet.Load()
-	if fleet == nil || fleet.delivering[typ] == 0 {
-		return nil, time.Time{} // no other gateway known to deliver the type: its rows are this one's to hold
-	}
-	s.openMu.Lock()
-	for k, until := range s.open[typ] {
-		if !until.After(now) {
-			continue // half-open at its next call: its rows are claimed, one of them the probe
-		}
-		if fleet.notClosed[k] >= fleet.delivering[typ] {
-			continue // open for every gateway: down, not this gateway's view alone
-		}
-		open = append(open, dedup.TenantDestination{Tenant: k.tenant, Destination: k.dest})
-		if next.IsZero() || until.Before(next) {
-			next = until
-		}
-	}
-	s.openMu.Unlock()
-	slices.SortFunc(open, func(a, b dedup.TenantDestination) int {
-		return cmp.Or(strings.Compare(a.Tenant, b.Tenant), strings.Compare(a.Destination, b.Destination))
-	})
-	// The claim compares each row it walks with every pair: past a hundred, the rows of the rest are
-	// claimed and put off by their breakers, as they were before claims left any out.
-	return open[:min(len(open), maxSkippedDestinations)], next
-}
-
-// maxSkippedDestinations bounds the destinations a claim leaves out for their open breakers.
-const maxSkippedDestinations = 100
 
 // get returns the breaker of t's deliveries for tenant to dest, making it when there is none.
 func (s *breakerSet) get(t *effectType, tenant, dest string) *breaker {
@@ -238,7 +173,6 @@ func (s *breakerSet) drop(b *breaker) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.evicted = true
-	s.noteOpen(b.key, false, time.Time{})
 	s.metrics.BreakerState.DeleteLabelValues(b.key.typ, b.key.tenant, b.key.dest)
 	if b.state != gobreaker.StateClosed {
 		s.metrics.BreakersOpen.WithLabelValues(b.key.typ).Dec()
@@ -263,7 +197,6 @@ func (s *breakerSet) newBreaker(t *effectType, k breakerKey) *breaker {
 			if b.evicted {
 				return // a call that was in flight when its breaker was forgotten: no series to set
 			}
-			s.noteOpen(k, to == gobreaker.StateOpen, b.openUntil)
 			s.metrics.BreakerState.WithLabelValues(k.typ, k.tenant, k.dest).Set(float64(to))
 			switch {
 			case from == gobreaker.StateClosed:

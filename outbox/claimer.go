@@ -40,9 +40,6 @@ type claimState struct {
 	// again then, a type with one busy tenant made an empty claim at every delivery of that tenant's.
 	emptySkip []string
 	rate      rateState // a limited type's last take of tokens (rates.go)
-	// breakerWake: the last claim left out the rows of destinations whose breakers here were open, and the
-	// first of them lets a probe through then.
-	breakerWake time.Time
 
 	mu   sync.Mutex
 	busy bool // a one-by-one claim runs (claimEach); the loop leaves the type to it
@@ -144,17 +141,6 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 				st.rate.wake, st.idle = time.Time{}, false
 			}
 		}
-		// Likewise a type whose rows to a destination were left out while this gateway's breaker for it was
-		// open: claimed again when that breaker lets a probe through.
-		if !st.breakerWake.IsZero() {
-			if now.Before(st.breakerWake) {
-				if retryAt.IsZero() || st.breakerWake.Before(retryAt) {
-					retryAt = st.breakerWake
-				}
-			} else {
-				st.breakerWake, st.idle, st.emptySkip = time.Time{}, false, nil
-			}
-		}
 		if st.idle {
 			continue
 		}
@@ -187,16 +173,10 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 			continue
 		}
 		skip := t.saturated()
-		open, reopens := d.breakers.openDestinations(t.Name, now)
-		st.breakerWake = reopens
-		if !reopens.IsZero() && (retryAt.IsZero() || reopens.Before(retryAt)) {
-			retryAt = reopens
-		}
-		skipped := skipKey(skip, open)
-		if st.emptySkip != nil && slices.Equal(skipped, st.emptySkip) {
+		if st.emptySkip != nil && slices.Equal(skip, st.emptySkip) {
 			continue
 		}
-		rows, err := d.claim(ctx, t, n, skip, open)
+		rows, err := d.claim(ctx, t, n, skip)
 		if err != nil {
 			if errors.Is(err, dedup.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
 				d.claimFailed(t, st, now, err)
@@ -241,10 +221,10 @@ func (d *Dispatcher) claimAll(ctx, deliveries context.Context, inflight *workers
 		// Rows held back by a limit or a pause are not a backlog to claim again at once: their claim waits for
 		// the next token (st.rate.wait), or for the rows to come due.
 		st.backlog = claimed == n && heldBack == 0
-		st.idle = claimed == 0 && len(skipped) == 0
+		st.idle = claimed == 0 && len(skip) == 0
 		st.emptySkip = nil
-		if claimed == 0 && len(skipped) > 0 {
-			st.emptySkip = skipped
+		if claimed == 0 && len(skip) > 0 {
+			st.emptySkip = skip
 		}
 		if st.backlog {
 			more = true
@@ -264,27 +244,12 @@ func (d *Dispatcher) claimFailed(t *effectType, st *claimState, now time.Time, e
 	d.log.Warn("claiming outbox rows failed", "type", t.Name, "err", err, "retry_in", wait.String())
 }
 
-// skipKey names what a claim leaves out, the tenants at their share (skip) and the destinations whose
-// breakers are open here (open), as one comparable list (claimState.emptySkip).
-func skipKey(skip []string, open []dedup.TenantDestination) []string {
-	if len(open) == 0 {
-		return skip
-	}
-	out := slices.Clone(skip)
-	for _, td := range open {
-		out = append(out, "\x00"+td.Tenant+"\x00"+td.Destination)
-	}
-	return out
-}
-
-func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int, skipTenants []string,
-	skipDestinations []dedup.TenantDestination) ([]dedup.Claimed, error) {
+func (d *Dispatcher) claim(ctx context.Context, t *effectType, n int, skipTenants []string) ([]dedup.Claimed, error) {
 	// The claim itself is never cancelled midway: rows leased in the database but lost on the way back would
 	// sit out their lease for nothing.
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	p := dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease, SkipTenants: skipTenants,
-		SkipDestinations: skipDestinations}
+	p := dedup.ClaimParams{Type: t.Name, Limit: n, Owner: d.cfg.Owner, Lease: t.lease, SkipTenants: skipTenants}
 	if t.Rate != nil {
 		p.Burst = t.Rate.Burst
 	}
@@ -357,9 +322,7 @@ func (d *Dispatcher) claimEach(ctx, deliveries context.Context, inflight *worker
 func (d *Dispatcher) claimOne(ctx context.Context, t *effectType) (dedup.Claimed, bool, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	open, _ := d.breakers.openDestinations(t.Name, time.Now())
-	p := dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease, SkipTenants: t.saturated(),
-		SkipDestinations: open}
+	p := dedup.ClaimParams{Type: t.Name, Limit: 1, Owner: d.cfg.Owner, Lease: t.lease, SkipTenants: t.saturated()}
 	if t.Rate != nil {
 		p.Burst = t.Rate.Burst
 	}

@@ -19,9 +19,6 @@
 -- took every one-row claim while a quiet tenant's new effect waited (claim_limited.sql draws for its tokens
 -- likewise). Rows without a tenant (written before it was kept) are one tenant of their own.
 -- Rows of the tenants in $5 are left alone: they have their fair share of this type's deliveries in flight.
--- So are a tenant's rows to a destination that $6 and $7 pair with it (tenants and destinations, one pair per
--- index): the claiming gateway's breaker for them is open, and another gateway, whose breaker is closed, can
--- deliver them now; they are found around as paused destinations' rows are.
 -- A type an operator paused (oncegate_paused_types) is not claimed at all: its rows wait, uncharged.
 -- A rescued row brings the lease it is rescued from (prev_owner, prev_token), so that the rescue can record
 -- the interrupted attempt against the gateway that made it.
@@ -55,9 +52,7 @@ WITH RECURSIVE tenants AS (
             FROM (
                 SELECT o.effect_id, o.run_at,
                     NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                        WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
-                    AND NOT EXISTS (SELECT 1 FROM unnest($6::text[], $7::text[]) s (tenant, destination)
-                            WHERE s.tenant = t.tenant AND s.destination = o.destination) AS open
+                        WHERE p.type = $1 AND p.destination = o.destination AND p.until > now()) AS open
                 FROM oncegate_outbox o
                 WHERE o.type = $1
                   AND (o.tenant, o.run_at) >= (t.tenant, '-infinity'::timestamptz)
@@ -93,9 +88,7 @@ WITH RECURSIVE tenants AS (
                            WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NOT NULL
                            ORDER BY o.destination LIMIT 1) d
                      CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
-                        AND NOT EXISTS (SELECT 1 FROM unnest($6::text[], $7::text[]) s (tenant, destination)
-                            WHERE s.tenant = t.tenant AND s.destination = d.destination) AS open) f)
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now()) AS open) f)
                     UNION ALL
                     SELECT d.destination, f.open, names.found + f.open::integer, names.n + 1
                     FROM names
@@ -103,9 +96,7 @@ WITH RECURSIVE tenants AS (
                             WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination > names.destination
                             ORDER BY o.destination LIMIT 1) AS destination) d
                     CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
-                        AND NOT EXISTS (SELECT 1 FROM unnest($6::text[], $7::text[]) s (tenant, destination)
-                            WHERE s.tenant = t.tenant AND s.destination = d.destination) AS open) f
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now()) AS open) f
                     WHERE names.destination IS NOT NULL AND names.found < $2 AND names.n < 10000
                 )
                 SELECT names.destination FROM names WHERE names.destination IS NOT NULL AND names.open

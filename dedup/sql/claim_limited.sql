@@ -26,8 +26,7 @@
 -- kept) are one tenant of their own.
 -- The candidates are the first $2 × 4 of the rounds; the rows leased are the first $2 of them that fit their
 -- destination's room, rechecked under lock.
--- $1..$5 as in claim.sql; $6 the limit's burst; $7 and $8 the tenants and destinations left to other gateways,
--- as claim.sql's $6 and $7.
+-- $1..$5 as in claim.sql; $6 the limit's burst.
 WITH RECURSIVE tenants AS (
     (SELECT o.tenant FROM oncegate_outbox o WHERE o.type = $1 AND o.tenant IS NOT NULL ORDER BY o.tenant LIMIT 1)
     UNION ALL
@@ -50,9 +49,7 @@ WITH RECURSIVE tenants AS (
                         WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
                     AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                         WHERE b.type = $1 AND b.destination = o.destination
-                          AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
-                    AND NOT EXISTS (SELECT 1 FROM unnest($7::text[], $8::text[]) s (tenant, destination)
-                        WHERE s.tenant = t.tenant AND s.destination = o.destination) AS open
+                          AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open
                 FROM oncegate_outbox o
                 WHERE o.type = $1
                   AND (o.tenant, o.run_at) >= (t.tenant, '-infinity'::timestamptz)
@@ -94,9 +91,7 @@ WITH RECURSIVE tenants AS (
                             WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
                         AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                             WHERE b.type = $1 AND b.destination = d.destination
-                              AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
-                        AND NOT EXISTS (SELECT 1 FROM unnest($7::text[], $8::text[]) s (tenant, destination)
-                            WHERE s.tenant = t.tenant AND s.destination = d.destination) AS open) f)
+                              AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open) f)
                     UNION ALL
                     SELECT d.destination, f.open, names.found + f.open::integer, names.n + 1
                     FROM names
@@ -107,9 +102,7 @@ WITH RECURSIVE tenants AS (
                             WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
                         AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                             WHERE b.type = $1 AND b.destination = d.destination
-                              AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
-                        AND NOT EXISTS (SELECT 1 FROM unnest($7::text[], $8::text[]) s (tenant, destination)
-                            WHERE s.tenant = t.tenant AND s.destination = d.destination) AS open) f
+                              AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open) f
                     WHERE names.destination IS NOT NULL AND names.found < $2 AND names.n < 10000
                 )
                 SELECT names.destination FROM names WHERE names.destination IS NOT NULL AND names.open

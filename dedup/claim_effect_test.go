@@ -136,3 +136,36 @@ func TestClaimEffectCountsEachRescue(t *testing.T) {
 		t.Fatalf("the effect counts %d attempts, want 3 (two interrupted, one delivered)", attempts)
 	}
 }
+
+// A new effect recorded leased to its request (the dedup proxy) comes back with what the fleet's pauses say
+// of its destination, asked by the same statement: the request does not ask again before its call.
+func TestCreateLeasedTellsTheDestinationsPause(t *testing.T) {
+	t.Parallel()
+	s, pool := newStore(t)
+	ctx := context.Background()
+	h := Holder{Owner: "a", Lease: time.Minute}
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
+		VALUES ('typ', 'http://paused:80', now() + interval '30 seconds', 429, 'b', now()),
+		       ('typ', 'http://over:80', now() - interval '1 second', 429, 'b', now() - interval '1 minute')`); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		dest     string
+		min, max time.Duration
+		asked    string
+	}{
+		{"http://paused:80", 29 * time.Second, 30 * time.Second, "http://paused:80"},
+		{"http://over:80", 0, 0, "http://over:80"},
+		{"http://open:80", 0, 0, "http://open:80"},
+		{"", 0, 0, ""},
+	} {
+		_, c, _, err := s.CreateLeased(ctx, NewEffect{Tenant: "t", Key: "k-" + tc.dest, Type: "typ", Payload: json.RawMessage(`{}`),
+			Destination: tc.dest}, nil, h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.PauseAsked != tc.asked || c.PauseLeft < tc.min || c.PauseLeft > tc.max {
+			t.Fatalf("%q: asked %q, left %v; want %q, %v to %v", tc.dest, c.PauseAsked, c.PauseLeft, tc.asked, tc.min, tc.max)
+		}
+	}
+}

@@ -58,6 +58,11 @@ type Claimed struct {
 	// shared by every row of a claim: the claim reads it once, and only when a row it claims names no
 	// destination (the rows that name one are left out while their destination is paused).
 	DestinationPauses map[string]time.Duration
+	// PauseAsked is the destination whose pause for the fleet the statement that leased the row asked about
+	// ("": none was asked; CreateLeased asks for a new effect that names one), and PauseLeft what was left
+	// then of a pause of it (0: none): the request that performs the row at once need not ask again.
+	PauseAsked string
+	PauseLeft  time.Duration
 }
 
 // InterruptedLease is a lease that ran out before its holder recorded an outcome.

@@ -64,16 +64,21 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 		var stored *string
 		var created bool
 		var token pgtype.UUID
+		var pausedMS *int64
 		err := s.db.QueryRow(ctx, insertLeasedSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
 			h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering, orNull(ne.Tags), orNull(ne.Terms), s.keyRetention(), s.apart, orNil(ne.Destination)).Scan(&created, &e.ID, &e.Tenant, &e.Key, &e.Type,
 			&e.Fingerprint, &e.Status, &e.Attempts, &e.Result, &e.LastError, &e.CreatedAt, &e.UpdatedAt,
-			&e.DeliveredAt, &e.NextAttemptAt, &stored, &e.BodyExpired, &token)
+			&e.DeliveredAt, &e.NextAttemptAt, &stored, &e.BodyExpired, &token, &pausedMS)
 		existing := &e
 		switch {
 		case err == nil && created:
 			e.StableID = stableIDOf(e.Tenant, e.Key, stored)
 			c := &Claimed{Lease: Lease{EffectID: e.ID, Token: token.Bytes}, Tenant: e.Tenant, Key: e.Key, Type: e.Type,
-				Payload: ne.Payload, CreatedAt: e.CreatedAt, StableID: e.StableID, LeasedAt: sent}
+				Payload: ne.Payload, CreatedAt: e.CreatedAt, StableID: e.StableID, LeasedAt: sent,
+				PauseAsked: ne.Destination}
+			if pausedMS != nil {
+				c.PauseLeft = time.Duration(*pausedMS) * time.Millisecond
+			}
 			return &e, c, false, nil
 		case err == nil:
 			e.StableID = stableIDOf(e.Tenant, e.Key, stored)

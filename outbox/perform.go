@@ -192,6 +192,15 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 	if left := d.pausedFor(t, dest, now, false); left > 0 {
 		return HeldByPause, left
 	}
+	if t.Rate == nil && r.PauseAsked != "" && r.PauseAsked == dest {
+		// The statement that recorded the effect asked the fleet's table already (insert_leased.sql).
+		if r.PauseLeft <= 0 {
+			return "", 0
+		}
+		ms := r.PauseLeft.Milliseconds()
+		d.pauses.set(t.Name, dest, &ms, now)
+		return HeldByPause, r.PauseLeft
+	}
 	if t.Rate == nil {
 		// What this gateway knows of pauses is what its own claims and calls met; another gateway's pause is
 		// in the fleet's table, asked here by one index probe (a limited type's take of tokens asks it below).

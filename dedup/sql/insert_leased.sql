@@ -48,7 +48,13 @@ WITH held AS (
     INSERT INTO oncegate_effect_bodies (effect_id, tenant, payload)
     SELECT claimed.effect_id, $1, $5::json FROM claimed WHERE $14::boolean
 )
-SELECT true AS created, {{written}}, queued.lease_token FROM effect JOIN queued ON queued.effect_id = effect.id
+SELECT true AS created, {{written}}, queued.lease_token,
+    -- What is left of a pause of the destination for the fleet (oncegate_destination_pauses), by the
+    -- database's clock, asked here rather than by a statement of its own before the call (an unlimited type's
+    -- request asked it in a second round trip).
+    (SELECT ceil(extract(epoch FROM p.until - now()) * 1000)::bigint FROM oncegate_destination_pauses p
+     WHERE p.type = $3 AND p.destination = $15 AND p.until > now()) AS paused_ms
+FROM effect JOIN queued ON queued.effect_id = effect.id
 UNION ALL
-SELECT false, {{columns}}, NULL::uuid FROM oncegate_effects
+SELECT false, {{columns}}, NULL::uuid, NULL::bigint FROM oncegate_effects
 WHERE id = oncegate_key_effect($1, $2) AND tenant = $1 AND EXISTS (SELECT FROM held WHERE held.held)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/smtptest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
@@ -112,4 +113,63 @@ dispatcher: { poll_interval: 100ms, lease_margin: 5s }
 			twice, odd, breaker)
 	}
 	result(fmt.Sprintf("%d webhooks, none received twice, all delivered in one attempt, breaker closed", n))
+}
+
+// The same stop with emails: the SMTP client's own per-command timeouts put wall-clock deadlines on the
+// socket, which ran out during the stop, so each message whose 250 waited in the socket was sent again (an
+// outside test: 6 of 6 twice). An attempt's context is the only bound now, and closes the connection when it
+// ends.
+func TestAStoppedGatewaySendsNoEmailTwice(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Gateway", "A gateway SIGSTOPped for 3 s (its lease 7 s) with 6 emails in flight, whose server answers the end of DATA after 1.2 s",
+		"Each email received once; every effect delivered in one attempt")
+	dbURL := pgtest.Database(t)
+	pool := pgtest.Pool(t, dbURL)
+	const n = 6
+	mail := smtptest.Start(t)
+	var received atomic.Int64
+	mail.OnMessage(func(smtptest.Message) {
+		received.Add(1)
+		time.Sleep(1200 * time.Millisecond) // the 250 comes while the gateway is stopped
+	})
+	config := filepath.Join(t.TempDir(), "gateway.yaml")
+	if err := os.WriteFile(config, []byte(fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants:
+  acme: { api_keys: [%s] }
+effect_types:
+  mail:
+    provider: smtp
+    timeout: 2s
+    concurrency: 8
+    smtp: { addr: "%s", from: "Acme <noreply@acme.test>" }
+dispatcher: { poll_interval: 100ms, lease_margin: 5s }
+`, dbURL, apiKey, mail.Addr)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	gw, base := startGateway(t, config)
+	for i := range n {
+		if code := post(t, base, fmt.Sprintf("m-%d", i), `{"type":"mail","payload":{"to":["u@example.com"],"subject":"s","text":"t"}}`); code != 202 {
+			t.Fatalf("POST: %d", code)
+		}
+	}
+	testenv.Eventually(t, 10*time.Second, "every message reaches the server", func() bool { return received.Load() == n })
+	time.Sleep(300 * time.Millisecond)
+	gw.Signal(syscall.SIGSTOP)
+	time.Sleep(3 * time.Second)
+	gw.Signal(syscall.SIGCONT)
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox") == 0 {
+			break
+		}
+	}
+	twice := 0
+	for _, c := range mail.ByMessageID() {
+		twice += c - 1
+	}
+	odd := pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_effects WHERE status <> 'delivered' OR attempts <> 1")
+	if twice != 0 || odd != 0 {
+		t.Fatalf("%d emails received twice; %d effects not delivered in one attempt", twice, odd)
+	}
+	result(fmt.Sprintf("%d emails, none received twice, all delivered in one attempt", n))
 }

@@ -35,6 +35,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/oncegate/oncegate/internal/stall"
 	"github.com/oncegate/oncegate/providers"
 )
 
@@ -205,6 +206,13 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 	ctx, span := tracer.Start(ctx, "smtp.send", trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(
 		attribute.String("server.address", p.host), attribute.String("smtp.message_id", p.MessageID(d))))
 	defer span.End()
+	if _, ok := ctx.Deadline(); !ok && p.typ.Timeout > 0 {
+		// The effect type's timeout bounds an attempt whatever its caller gave, counted as the dispatcher
+		// counts it: the time the process ran (boundConn).
+		var cancel context.CancelFunc
+		ctx, cancel = stall.Default().WithTimeout(ctx, p.typ.Timeout)
+		defer cancel()
+	}
 	o := p.deliver(ctx, d)
 	span.SetAttributes(attribute.String("effect.outcome", o.Kind.String()))
 	if o.Err != nil {
@@ -223,13 +231,22 @@ func (p *Provider) Deliver(ctx context.Context, d providers.Delivery) providers.
 // boundConn caps every deadline the SMTP client sets at the attempt's own. go-smtp sets a deadline around
 // each command from its CommandTimeout, and clears it afterwards, which would otherwise let a command outlive
 // the effect type's timeout, and leave the message's writes with no deadline at all.
+//
+// An attempt whose context has no deadline (the dispatcher's: its timeout counts the time the gateway ran,
+// package stall) sets none on the socket, and drops go-smtp's: a socket deadline is the wall clock's, and
+// runs out while the gateway stands still, so that a 250 waiting in the socket when it resumed was read as a
+// timeout and the message sent again (an outside test: 6 of 6 after a 3 s SIGSTOP). The context's end
+// closes the connection instead (dial).
 type boundConn struct {
 	net.Conn
 	limit time.Time // zero: the attempt has no deadline
 }
 
 func (c boundConn) bound(t time.Time) time.Time {
-	if !c.limit.IsZero() && (t.IsZero() || t.After(c.limit)) {
+	if c.limit.IsZero() {
+		return time.Time{}
+	}
+	if t.IsZero() || t.After(c.limit) {
 		return c.limit
 	}
 	return t

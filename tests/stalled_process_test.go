@@ -13,8 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/proctest"
 	"github.com/oncegate/oncegate/internal/testkit/smtptest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
@@ -78,15 +81,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 5s }
 		}
 	}
 	testenv.Eventually(t, 10*time.Second, "every webhook reaches the receiver", func() bool { return arrived.Load() == n })
-	gw.Signal(syscall.SIGSTOP)
-	time.Sleep(3 * time.Second)
-	gw.Signal(syscall.SIGCONT)
-	// Not past 20 s: an open breaker (60 s) would hold the rest, and what happened by then is the answer.
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox") == 0 {
-			break
-		}
-	}
+	stopThenSettle(t, gw, pool)
 	mu.Lock()
 	twice := 0
 	for _, c := range got {
@@ -155,14 +150,7 @@ dispatcher: { poll_interval: 100ms, lease_margin: 5s }
 	}
 	testenv.Eventually(t, 10*time.Second, "every message reaches the server", func() bool { return received.Load() == n })
 	time.Sleep(300 * time.Millisecond)
-	gw.Signal(syscall.SIGSTOP)
-	time.Sleep(3 * time.Second)
-	gw.Signal(syscall.SIGCONT)
-	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox") == 0 {
-			break
-		}
-	}
+	stopThenSettle(t, gw, pool)
 	twice := 0
 	for _, c := range mail.ByMessageID() {
 		twice += c - 1
@@ -172,4 +160,18 @@ dispatcher: { poll_interval: 100ms, lease_margin: 5s }
 		t.Fatalf("%d emails received twice; %d effects not delivered in one attempt", twice, odd)
 	}
 	result(fmt.Sprintf("%d emails, none received twice, all delivered in one attempt", n))
+}
+
+// stopThenSettle stops gw for 3 s (SIGSTOP, SIGCONT), then waits for its outbox to empty, for 20 s at most:
+// an open breaker (60 s) would hold the rest, and what happened by then is the answer.
+func stopThenSettle(t *testing.T, gw *proctest.Proc, pool *pgxpool.Pool) {
+	t.Helper()
+	gw.Signal(syscall.SIGSTOP)
+	time.Sleep(3 * time.Second)
+	gw.Signal(syscall.SIGCONT)
+	for end := time.Now().Add(20 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		if pgtest.Count(t, pool, "SELECT count(*) FROM oncegate_outbox") == 0 {
+			return
+		}
+	}
 }

@@ -243,6 +243,30 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}
+	return scanClaimed(rs, sent, "claim "+p.Type)
+}
+
+// ClaimNew leases the outbox row of effect id, of type p.Type, which this gateway has just created: Claim for
+// one row named by its ID, due and never leased (claim_new.sql), without the read that follows a claim. The
+// Claimed knows its lease, tenant, type and trace; the caller, which created the effect, fills in the rest
+// (key, payload, stable id, created_at; no attempt yet). It reports false, with no error, when the row is not
+// there to take: another claim has it, or it is not due, or its type or destination is paused. p.Limit and
+// p.SkipTenants are not read.
+func (s *Store) ClaimNew(ctx context.Context, id int64, p ClaimParams) (Claimed, bool, error) {
+	sent := time.Now()
+	rs, err := s.db.Query(ctx, claimNewSQL, id, p.Type, p.Owner, p.Lease.Milliseconds())
+	if err != nil {
+		return Claimed{}, false, translate("claim new "+p.Type, err)
+	}
+	rows, err := scanClaimed(rs, sent, "claim new "+p.Type)
+	if err != nil || len(rows) == 0 {
+		return Claimed{}, false, err
+	}
+	return rows[0], true, nil
+}
+
+// scanClaimed reads the rows of a claim statement (claim.sql's columns), leased at sent.
+func scanClaimed(rs pgx.Rows, sent time.Time, what string) ([]Claimed, error) {
 	var pauses map[string]time.Duration
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
@@ -271,7 +295,7 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 		return c, err
 	})
 	if err != nil {
-		return nil, translate("claim "+p.Type, err)
+		return nil, translate(what, err)
 	}
 	return out, nil
 }

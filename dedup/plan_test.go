@@ -23,7 +23,7 @@ import (
 // at its first run from the table sizes of that moment: on a new database, empty tables.
 var planned = []string{"insert", "insert_batch", "get", "get_batch", "fence", "read_payloads", "finish",
 	"reschedule", "replays", "attempts", "insert_leased", "claim_effect", "type_paused", "send_back", "resolve",
-	"lock_leases", "defer", "extend_lease", "free_dangling_key", "barrier", "leased_effects"}
+	"lock_leases", "defer", "extend_lease", "free_dangling_key", "barrier", "leased_effects", "claim_new"}
 
 // Not planned generically, and why: list and purge run in the simple protocol, planned for their values at
 // each run (Store.List, Store.Purge); backlog has no parameter, so Postgres plans it once whatever the

@@ -74,6 +74,7 @@ var (
 	listSQL          = query("list")
 	claimSQL         = query("claim")
 	claimLimitedSQL  = query("claim_limited")
+	claimNewSQL      = query("claim_new")
 	readPayloadsSQL  = query("read_payloads")
 	leasedEffectsSQL = query("leased_effects")
 	releaseSQL       = query("release")

@@ -118,7 +118,7 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Idempotent-Replayed", "true")
 	} else {
 		g.metrics.effectsCreated.WithLabelValues(e.Type).Inc()
-		g.announce(e.Type)
+		g.announce(e, tenant, req.Payload)
 	}
 	if wait > 0 && !e.Status.Terminal() {
 		var cut bool

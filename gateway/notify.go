@@ -2,11 +2,14 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/notifier"
+	"github.com/oncegate/oncegate/outbox"
 )
 
 // waiters are requests waiting for effects to become terminal.
@@ -71,12 +74,18 @@ func (w *waiters) wakeAll() {
 	}
 }
 
-// announce tells the dispatchers of a new effect of type typ, once its transaction has committed: this
-// gateway's at once, in-process, and the others' by a notification that the batcher sends with the other new
-// effects' (at most one every notifyInterval). A crash in between costs the others a poll interval.
-func (g *Gateway) announce(typ string) {
-	g.dispatcher.WakeType(typ)
-	g.newEffects.Add(typ)
+// announce tells the dispatchers of a new effect, once its transaction has committed. This gateway's claims
+// it at once by its ID when its tenant has nothing of the type in flight here (outbox.Dispatcher.Created), and
+// the others need not hear of it. Otherwise this gateway's claim loop is woken in-process, and the others' by
+// a notification that the batcher sends with the other new effects' (at most one every notifyInterval). A
+// crash in between costs the others a poll interval.
+func (g *Gateway) announce(e *dedup.Effect, tenant string, payload json.RawMessage) {
+	if g.dispatcher.Created(outbox.NewEffect{ID: e.ID, Tenant: tenant, Key: e.Key, Type: e.Type, Stable: e.StableID,
+		CreatedAt: e.CreatedAt, Payload: payload}) {
+		return
+	}
+	g.dispatcher.WakeType(e.Type)
+	g.newEffects.Add(e.Type)
 }
 
 // ids lists the effects that requests wait for.

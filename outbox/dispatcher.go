@@ -323,6 +323,8 @@ type Dispatcher struct {
 
 	done *notifier.Batcher // the IDs of effects finished here, for the other gateways (notify.go)
 
+	running running // what Created needs of Run (expedite.go)
+
 	signals testSignals
 }
 
@@ -420,7 +422,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 
 	inflight := workers.New(deliveryIdle)
 	defer inflight.Close()
+	d.running.start(ctx, deliveries, inflight)
 	d.claimLoop(ctx, deliveries, inflight)
+	d.running.stop()
 
 	drained := make(chan struct{})
 	go func() { inflight.Wait(); close(drained) }()

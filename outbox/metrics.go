@@ -18,6 +18,10 @@ type Metrics struct {
 	// statement recording it is written to the database, which commits it though the gateway is gone.
 	OutcomeHandoff  *prometheus.HistogramVec // oncegate_outcome_handoff_seconds{type, provider}
 	LeaseExtensions prometheus.Counter       // oncegate_lease_extensions_total
+	// Direct counts the new effects whose outbox row the gateway that created them claimed by its ID, without
+	// waiting for the claim loop (expedite.go), by how it went: claimed, taken (another claim had it first),
+	// failed (the claim loop has it).
+	Direct *prometheus.CounterVec // oncegate_direct_claims_total{type, result}
 }
 
 // NewMetrics returns a new set of the dispatcher's collectors.
@@ -63,11 +67,16 @@ func NewMetrics() *Metrics {
 			Name: "oncegate_lease_extensions_total",
 			Help: "Leases extended by a dispatcher holding an outcome it could not record yet, or a long provider call.",
 		}),
+		Direct: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_direct_claims_total",
+			Help: "New effects claimed by the gateway that created them, by ID, without waiting for the claim loop: " +
+				"claimed, taken (another claim had the row first), failed (left to the claim loop).",
+		}, []string{"type", "result"}),
 	}
 }
 
 // Collectors lists the collectors, for prometheus.Registerer.MustRegister.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Attempts, m.Finished, m.DispatchLatency, m.BreakerState, m.BreakersOpen,
-		m.Rescued, m.OutcomeRecord, m.OutcomeHandoff, m.LeaseExtensions}
+		m.Rescued, m.OutcomeRecord, m.OutcomeHandoff, m.LeaseExtensions, m.Direct}
 }

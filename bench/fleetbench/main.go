@@ -293,7 +293,9 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	must(err)
 
 	// Fairness: the quiet tenant alone, then beside the noisy tenant's backlog of the same type.
+	direct0 := directClaims(gws[0].url)
 	alone50, alone := quietLatency(gws[0].url, "fair", fair, "alone")
+	direct1 := directClaims(gws[0].url)
 	_, err = db.Exec(ctx, `
 		WITH e AS (
 			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
@@ -304,6 +306,9 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		fair.srv.URL)
 	must(err)
 	busy50, busy := quietLatency(gws[0].url, "fair", fair, "busy")
+	direct2 := directClaims(gws[0].url)
+	fmt.Printf("quiet tenant: claimed by ID by the gateway that created them (without a claim round): %v of %d alone, %v of %d busy\n",
+		direct1-direct0, *quiet, direct2-direct1, *quiet)
 	// Where the quiet tenant's time goes, for both phases: from its effect's creation to its attempt's start
 	// (the claim), the call, and from the call's end to the delivery's record.
 	for _, phase := range []string{"alone", "busy"} {
@@ -321,6 +326,29 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		fmt.Printf("quiet tenant %s: creation to claim p50 %.1f ms p99 %.1f ms; call p50 %.1f ms p99 %.1f ms; call to record p50 %.1f ms p99 %.1f ms\n",
 			phase, c50*1000, c99*1000, call50*1000, call99*1000, r50*1000, r99*1000)
 	}
+	// Who claimed the busy phase's quiet effects: the gateway the POST went to (by ID, or by its claim loop)
+	// or another gateway's claim loop.
+	byWho, err := db.Query(ctx, `SELECT a.gateway LIKE '%/' || $1::text || '/%' AS posted, count(*),
+			percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - e.created_at)),
+			percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM a.started_at - e.created_at)),
+			max(extract(epoch FROM a.started_at - e.created_at))
+		FROM oncegate_effects e JOIN oncegate_effect_attempts a ON a.effect_id = e.id
+		WHERE e.tenant = 'quiet' AND e.type = 'fair' AND e.key LIKE 'busy-%' GROUP BY 1 ORDER BY 1 DESC`,
+		strconv.Itoa(gws[0].cmd.Process.Pid))
+	must(err)
+	for byWho.Next() {
+		var posted bool
+		var n int
+		var p50, p99, most float64
+		must(byWho.Scan(&posted, &n, &p50, &p99, &most))
+		who := "other gateways"
+		if posted {
+			who = "the gateway posted to"
+		}
+		fmt.Printf("quiet tenant busy, claimed by %s: %d, creation to claim p50 %.1f ms p99 %.1f ms max %.1f ms\n",
+			who, n, p50*1000, p99*1000, most*1000)
+	}
+	must(byWho.Err())
 	var left int
 	must(db.QueryRow(ctx, `SELECT count(*) FROM oncegate_outbox o JOIN oncegate_effects e ON e.id = o.effect_id
 		WHERE e.type = 'fair' AND e.tenant = 'noisy'`).Scan(&left))
@@ -400,6 +428,26 @@ func quietLatency(base, typ string, r *receiver, phase string) (p50, p99 time.Du
 	fmt.Printf("quiet tenant %s: POST answered p50 %.1f ms p99 %.1f ms\n", phase,
 		float64(answered[len(answered)/2].Microseconds())/1000, float64(answered[len(answered)*99/100].Microseconds())/1000)
 	return lat[len(lat)/2], lat[len(lat)*99/100]
+}
+
+// directClaims reads a gateway's count of new effects of type fair that it claimed by their ID
+// (oncegate_direct_claims_total).
+func directClaims(base string) float64 {
+	resp, err := http.Get(base + "/metrics")
+	must(err)
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "oncegate_direct_claims_total{") && strings.Contains(line, `result="claimed"`) &&
+			strings.Contains(line, `type="fair"`) {
+			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			must(err)
+			return v
+		}
+	}
+	return 0
 }
 
 // gateway is a running gateway process.

@@ -249,20 +249,31 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 // ClaimNew leases the outbox row of effect id, of type p.Type, which this gateway has just created: Claim for
 // one row named by its ID, due and never leased (claim_new.sql), without the read that follows a claim. The
 // Claimed knows its lease, tenant, type and trace; the caller, which created the effect, fills in the rest
-// (key, payload, stable id, created_at; no attempt yet). It reports false, with no error, when the row is not
-// there to take: another claim has it, or it is not due, or its type or destination is paused. p.Limit and
-// p.SkipTenants are not read.
-func (s *Store) ClaimNew(ctx context.Context, id int64, p ClaimParams) (Claimed, bool, error) {
+// (key, payload, stable id, created_at; no attempt yet). When the row is not taken, ok is false and paused
+// tells why: set, the row waits for its type's or destination's pause; not set, another claim has it (or it
+// is not due, or gone). p.Limit and p.SkipTenants are not read.
+func (s *Store) ClaimNew(ctx context.Context, id int64, p ClaimParams) (c Claimed, ok, paused bool, err error) {
 	sent := time.Now()
-	rs, err := s.db.Query(ctx, claimNewSQL, id, p.Type, p.Owner, p.Lease.Milliseconds())
+	var eid *int64
+	var token pgtype.UUID
+	var tenant, typ *string
+	var interrupted *int
+	err = s.db.QueryRow(ctx, claimNewSQL, id, p.Type, p.Owner, p.Lease.Milliseconds()).
+		Scan(&eid, &token, &tenant, &typ, &c.Trace, &interrupted, &paused)
 	if err != nil {
-		return Claimed{}, false, translate("claim new "+p.Type, err)
+		return Claimed{}, false, false, translate("claim new "+p.Type, err)
 	}
-	rows, err := scanClaimed(rs, sent, "claim new "+p.Type)
-	if err != nil || len(rows) == 0 {
-		return Claimed{}, false, err
+	if eid == nil {
+		return Claimed{}, false, paused, nil
 	}
-	return rows[0], true, nil
+	c.EffectID, c.Token, c.Type, c.LeasedAt = *eid, token.Bytes, *typ, sent
+	if tenant != nil {
+		c.Tenant = *tenant
+	}
+	if interrupted != nil {
+		c.InterruptedAttempts = *interrupted
+	}
+	return c, true, false, nil
 }
 
 // scanClaimed reads the rows of a claim statement (claim.sql's columns), leased at sent.

@@ -114,7 +114,7 @@ func (d *Dispatcher) claimNew(ctx, deliveries context.Context, inflight *workers
 	n NewEffect) bool {
 	defer d.running.direct.Add(-1)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
-	r, ok, err := d.store.ClaimNew(cctx, n.ID, dedup.ClaimParams{Type: t.Name, Owner: d.cfg.Owner, Lease: t.lease})
+	r, ok, paused, err := d.store.ClaimNew(cctx, n.ID, dedup.ClaimParams{Type: t.Name, Owner: d.cfg.Owner, Lease: t.lease})
 	cancel()
 	switch {
 	case err != nil:
@@ -123,9 +123,13 @@ func (d *Dispatcher) claimNew(ctx, deliveries context.Context, inflight *workers
 			"effect", n.ID, "err", err)
 		d.WakeType(t.Name)
 		return false
+	case paused:
+		// The claim loop knows when the pause ends (or learns it from the claim it is woken for).
+		d.metrics.Direct.WithLabelValues(t.Name, "paused").Inc()
+		d.WakeType(t.Name)
+		return false
 	case !ok:
 		d.metrics.Direct.WithLabelValues(t.Name, "taken").Inc()
-		// Another claim has it, or it waits for a pause: the claim loop knows when to look again.
 		d.WakeType(t.Name)
 		return false
 	}

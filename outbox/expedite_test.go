@@ -166,9 +166,48 @@ func (f *fixture) waitStatusFor(tenant, key string, s effect.Status) {
 // directClaims reads oncegate_direct_claims_total{type="hook", result="claimed"}.
 func directClaims(t *testing.T, d *Dispatcher) float64 {
 	t.Helper()
+	return directResults(t, d, "claimed")
+}
+
+func directResults(t *testing.T, d *Dispatcher, result string) float64 {
+	t.Helper()
 	var m dto.Metric
-	if err := d.metrics.Direct.WithLabelValues("hook", "claimed").Write(&m); err != nil {
+	if err := d.metrics.Direct.WithLabelValues("hook", result).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// A new effect of a paused type is not claimed directly: it waits, uncharged, and the direct claim counts it
+// as paused (not as taken by another claim, which an operator would go looking for). The claim loop, woken,
+// delivers it once the type is resumed.
+func TestADirectClaimLeavesAPausedTypesEffectWaiting(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	p := &routed{}
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4}}})
+	f.start(d)
+	waitSignal(t, &d.signals.claimRound, 1, 10*time.Second, "the claim loop's first round")
+	ctx := context.Background()
+	if _, err := f.store.PauseType(ctx, "hook", "test", "paused for the test"); err != nil {
+		t.Fatal(err)
+	}
+	if !d.Created(f.createdFor("a", "a1", "hook", `{"to": "x"}`)) {
+		t.Fatal("tenant a's first effect was not taken on")
+	}
+	testenv.Eventually(t, 10*time.Second, "the direct claim to count a pause", func() bool {
+		return directResults(t, d, "paused") == 1
+	})
+	if taken, claimed := directResults(t, d, "taken"), directClaims(t, d); taken != 0 || claimed != 0 {
+		t.Fatalf("a paused type's effect counted taken %v, claimed %v; want 0, 0", taken, claimed)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if e := f.getFor("a", "a1"); e.Status != effect.StatusPending || e.Attempts != 0 {
+		t.Fatalf("a1 is %s after %d attempts while its type is paused; want pending, 0", e.Status, e.Attempts)
+	}
+	if _, err := f.store.ResumeType(ctx, "hook"); err != nil {
+		t.Fatal(err)
+	}
+	d.WakeType("hook") // as the resume's notification does
+	f.waitStatusFor("a", "a1", effect.StatusDelivered)
 }

@@ -20,7 +20,7 @@ type Metrics struct {
 	LeaseExtensions prometheus.Counter       // oncegate_lease_extensions_total
 	// Direct counts the new effects whose outbox row the gateway that created them claimed by its ID, without
 	// waiting for the claim loop (expedite.go), by how it went: claimed, taken (another claim had it first),
-	// failed (the claim loop has it).
+	// paused (its type or destination is), failed (the claim loop has it).
 	Direct *prometheus.CounterVec // oncegate_direct_claims_total{type, result}
 }
 
@@ -70,7 +70,8 @@ func NewMetrics() *Metrics {
 		Direct: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "oncegate_direct_claims_total",
 			Help: "New effects claimed by the gateway that created them, by ID, without waiting for the claim loop: " +
-				"claimed, taken (another claim had the row first), failed (left to the claim loop).",
+				"claimed, taken (another claim had the row first), paused (its type or destination is), " +
+				"failed (left to the claim loop).",
 		}, []string{"type", "result"}),
 	}
 }

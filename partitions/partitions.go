@@ -737,10 +737,16 @@ func Ensure(ctx context.Context, conn *pgx.Conn, t Table, interval time.Duration
 // creates returns the statements that create t's partitions from its newest one's end (or from the start of
 // the present interval) until Ahead intervals past now, and their names; a gap since the newest partition's
 // end is one partition, up to the present interval.
+//
+// The next partition is made half an interval early, in the middle of an interval, not at its start: a
+// partition is retired at the start of an interval (its range, then retention, a whole number of intervals
+// in any usual setting), and an ATTACH in the same pass sent its wave of plans made again (every connection,
+// every statement that reads the table) into the accepts that were already meeting the retirement's
+// freeing of keys. Apart, each wave meets fewer of them (issue 30, `scripts/bench retention`).
 func (m *Manager) creates(t Table, ps []partition, now time.Time) (stmts, names []string) {
 	iv := m.cfg.Interval
 	floor := now.UTC().Truncate(iv)
-	until := floor.Add(time.Duration(m.cfg.Ahead+1) * iv)
+	until := now.UTC().Add(iv / 2).Truncate(iv).Add(time.Duration(m.cfg.Ahead+1) * iv)
 	var from time.Time
 	switch {
 	case len(ps) == 0:

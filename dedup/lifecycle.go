@@ -243,7 +243,37 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}
-	return scanClaimed(rs, sent, "claim "+p.Type)
+	var pauses map[string]time.Duration
+	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
+		var c Claimed
+		var tenant, prevOwner *string
+		var prevToken pgtype.UUID
+		var prevExpires pgtype.Timestamptz
+		var paused map[string]int64
+		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &tenant, &c.Type, &c.Trace, &prevOwner, &prevToken,
+			&prevExpires, &c.InterruptedAttempts, &paused)
+		if tenant != nil {
+			c.Tenant = *tenant
+		} else {
+			c.Untenanted = true
+		}
+		if len(paused) > 0 {
+			if pauses == nil {
+				pauses = make(map[string]time.Duration, len(paused))
+				for d, ms := range paused {
+					pauses[d] = time.Duration(ms) * time.Millisecond
+				}
+			}
+			c.DestinationPauses = pauses
+		}
+		c.LeasedAt = sent
+		c.Interrupted = interruptedLease(prevOwner, prevToken, prevExpires)
+		return c, err
+	})
+	if err != nil {
+		return nil, translate("claim "+p.Type, err)
+	}
+	return out, nil
 }
 
 // ClaimNew leases the outbox row of effect id, of type p.Type, which this gateway has just created: Claim for
@@ -274,41 +304,6 @@ func (s *Store) ClaimNew(ctx context.Context, id int64, p ClaimParams) (c Claime
 		c.InterruptedAttempts = *interrupted
 	}
 	return c, true, false, nil
-}
-
-// scanClaimed reads the rows of a claim statement (claim.sql's columns), leased at sent.
-func scanClaimed(rs pgx.Rows, sent time.Time, what string) ([]Claimed, error) {
-	var pauses map[string]time.Duration
-	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
-		var c Claimed
-		var tenant, prevOwner *string
-		var prevToken pgtype.UUID
-		var prevExpires pgtype.Timestamptz
-		var paused map[string]int64
-		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &tenant, &c.Type, &c.Trace, &prevOwner, &prevToken,
-			&prevExpires, &c.InterruptedAttempts, &paused)
-		if tenant != nil {
-			c.Tenant = *tenant
-		} else {
-			c.Untenanted = true
-		}
-		if len(paused) > 0 {
-			if pauses == nil {
-				pauses = make(map[string]time.Duration, len(paused))
-				for d, ms := range paused {
-					pauses[d] = time.Duration(ms) * time.Millisecond
-				}
-			}
-			c.DestinationPauses = pauses
-		}
-		c.LeasedAt = sent
-		c.Interrupted = interruptedLease(prevOwner, prevToken, prevExpires)
-		return c, err
-	})
-	if err != nil {
-		return nil, translate(what, err)
-	}
-	return out, nil
 }
 
 // Payload reads the payload of a row leased by ClaimLeases. It returns ErrLeaseLost when the lease is no

@@ -61,13 +61,8 @@ type NewEffect struct {
 // together: both are left to the claim loop. So is a tenant that has deliveries of the type in flight here:
 // its next rows come with the loop's claims, in their order.
 func (d *Dispatcher) Created(n NewEffect) bool {
-	var t *effectType
-	for _, et := range d.types {
-		if et.Name == n.Type {
-			t = et
-		}
-	}
-	if t == nil || t.Rate != nil || t.batchTx {
+	t, err := d.typeOf(n.Type)
+	if err != nil || t.Rate != nil || t.batchTx {
 		return false
 	}
 	r := &d.running

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/internal/reliability"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // dial opens a raw TCP connection to the harness's gateway.
@@ -117,6 +118,23 @@ func serverTimeouts(c *Config) {
 }
 
 // get sends GET /healthz on c, keeping the connection open, and reads the answer.
+// waitGateSettled waits until the gate holds no connection that is new or serving a request.
+func (h *harness) waitGateSettled() {
+	h.t.Helper()
+	busy := func() float64 {
+		var n float64
+		for _, s := range []connState{connNew, connHeaders, connServing} {
+			n += testutil.ToFloat64(h.g.metrics.connections.WithLabelValues(s.String()))
+		}
+		return n
+	}
+	for deadline := time.Now().Add(5 * time.Second); busy() > 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("the gate still counts %v connections new or serving after 5s", busy())
+		}
+	}
+}
+
 func getHealthz(t *testing.T, c net.Conn, r *bufio.Reader) {
 	t.Helper()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
@@ -220,6 +238,10 @@ func TestConnectionCapLetsALegitimateRequestThrough(t *testing.T) {
 	for i := range idle {
 		idle[i] = h.dial()
 		getHealthz(t, idle[i], bufio.NewReader(idle[i])) // answered, so accepted: the connection holds a slot
+		// The server calls a connection idle only after its answer is written, so the client can open the next
+		// one first: let the gate see each idle in turn, or which is the oldest idle connection is a race (CI
+		// saw the first one called idle after later ones, and kept open).
+		h.waitGateSettled()
 	}
 
 	start := time.Now()

@@ -40,15 +40,23 @@ func (w *Worker) launch(ctx context.Context, job *Job) {
 		w.mu.Lock()
 		r := w.runs[k]
 		delete(w.runs, k)
+		if r != nil && r.finishing {
+			w.finishing--
+		}
 		w.mu.Unlock()
 		if r != nil {
 			r.cancel(nil)
 		}
-		select {
-		case w.freed <- struct{}{}:
-		default:
-		}
+		w.slotFreed()
 	})
+}
+
+// slotFreed wakes the fetcher, which may be waiting for a free slot.
+func (w *Worker) slotFreed() {
+	select {
+	case w.freed <- struct{}{}:
+	default:
+	}
 }
 
 func (w *Worker) runJob(ctx context.Context, job *Job) {
@@ -72,8 +80,10 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 	w.mu.Lock()
 	if r := w.runs[runKey{id: job.ID, epoch: job.Epoch}]; r != nil {
 		r.finishing = true
+		w.finishing++
 	}
 	w.mu.Unlock()
+	w.slotFreed()
 	if cause := context.Cause(ctx); cause != nil {
 		// The lease was lost or handed back at close: the job is someone else's now, there is nothing to record.
 		w.log.InfoContext(ctx, "handler stopped", "job", job.ID, "epoch", job.Epoch, "cause", cause, "err", err)

@@ -20,10 +20,15 @@ import (
 // while there is nothing to do. A lease's answer must reach the worker: a lease taken in Redis but lost on the
 // way is a job held by a live worker that does not know it (the heartbeat hands such leases back).
 
+// freeSlots is how many more jobs the worker may lease: a slot is taken while a handler runs, not while its
+// outcome is recorded, so that the next job's lease goes out beside the last one's completion instead of
+// after it (the group commit of completions makes a slot wait for the batch before it). Leases held, those
+// being recorded included, stay below twice Concurrency, so that a slow Redis cannot make a worker hold ever
+// more jobs while their outcomes wait.
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.cfg.Concurrency - len(w.runs)
+	return min(w.cfg.Concurrency-(len(w.runs)-w.finishing), 2*w.cfg.Concurrency-len(w.runs))
 }
 
 func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {

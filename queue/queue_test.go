@@ -69,6 +69,59 @@ func TestJobsRunInEnqueueOrder(t *testing.T) {
 	}
 }
 
+// A slot is taken while a handler runs, not while its outcome is recorded, so that the next job's lease goes
+// out beside the last one's completion. The worker still runs at most Concurrency handlers at once, and holds
+// at most twice as many leases, those whose outcome is being recorded included; each job runs once.
+func TestASlotFreesWhenItsHandlerReturns(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	const conc, n = 4, 2000
+	batch := make([]NewJob, n)
+	for i := range batch {
+		batch[i] = NewJob{ID: fmt.Sprint(i)}
+	}
+	if _, err := q.EnqueueMany(context.Background(), batch); err != nil {
+		t.Fatal(err)
+	}
+	var running, maxRunning atomic.Int64
+	var mu sync.Mutex
+	runs := map[string]int{}
+	w := runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		now := running.Add(1)
+		for m := maxRunning.Load(); now > m && !maxRunning.CompareAndSwap(m, now); m = maxRunning.Load() {
+		}
+		mu.Lock()
+		runs[j.ID]++
+		mu.Unlock()
+		running.Add(-1)
+		return nil
+	}), &WorkerConfig{Concurrency: conc})
+	var maxHeld int64
+	testenv.Eventually(t, 60*time.Second, "every job completed", func() bool {
+		held, err := rdb.ZLexCount(context.Background(), q.keys.owned, "["+w.id+":", "["+w.id+";").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		maxHeld = max(maxHeld, held)
+		s, err := q.Stats(context.Background())
+		return err == nil && s.Counts[StateReady]+s.Counts[StateActive] == 0
+	})
+	if m := maxRunning.Load(); m > conc {
+		t.Errorf("%d handlers ran at once; Concurrency is %d", m, conc)
+	}
+	if maxHeld > 2*conc {
+		t.Errorf("the worker held %d leases at once; at most %d (twice Concurrency) may be held", maxHeld, 2*conc)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for i := range n {
+		if c := runs[fmt.Sprint(i)]; c != 1 {
+			t.Fatalf("job %d ran %d times", i, c)
+		}
+	}
+	t.Logf("at most %d handlers at once, %d leases held", maxRunning.Load(), maxHeld)
+}
+
 // A job ID names a business action: while the job exists in any state, enqueueing it again adds nothing.
 func TestEnqueueSameIDIsOneJobInEveryState(t *testing.T) {
 	t.Parallel()

@@ -38,7 +38,8 @@ const handBackTimeout = 5 * time.Second
 // of its running jobs however long they run. Workers of one queue should share their liveness settings, since
 // whichever of them sweeps applies its own.
 type WorkerConfig struct {
-	// Concurrency is how many jobs run at once. Defaults to DefaultConcurrency.
+	// Concurrency is how many handlers run at once. A slot frees when its handler returns, while its outcome is
+	// still being recorded, so a worker holds up to twice as many leases. Defaults to DefaultConcurrency.
 	Concurrency int
 	// LeaseTTL is how long a job's lease lasts without a heartbeat: how long a frozen or partitioned worker
 	// keeps its jobs. At least 3 heartbeat intervals. Defaults to DefaultLeaseTTL.
@@ -154,7 +155,10 @@ type Worker struct {
 
 	mu    sync.Mutex
 	runs  map[runKey]*run
-	freed chan struct{} // rung when a slot frees up
+	// finishing counts the runs whose handler has returned and whose outcome is being recorded: their slot is
+	// free (freeSlots), though their lease is held, and heartbeated, until the outcome is written.
+	finishing int
+	freed     chan struct{} // rung when a slot frees up
 	// leasing is true while a lease call is out; leasedUpTo is the number of the last lease call whose answer
 	// came back, its jobs registered as runs. Together they tell the heartbeat which leases of this worker's
 	// it can never have heard of (see heartbeat.lua).

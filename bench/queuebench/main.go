@@ -3,7 +3,8 @@
 //   - enqueue rate: jobs enqueued per second by 50 concurrent producers, one job a call; and for oncegate also
 //     with EnqueueMany, 100 jobs a call (asynq has no batch enqueue);
 //   - throughput: no-op jobs leased, run and completed per second with 50 concurrent handlers, timed from
-//     the worker's start until the queue reports every job done;
+//     the worker's start until the queue reports every job done, with the CPU each job cost Redis (INFO cpu)
+//     and the worker (this process's rusage);
 //   - liveness (oncegate only, liveness.go): the time from a SIGKILL of a worker process holding a job until
 //     another worker runs it, and the live jobs taken away (false reclaims) while worker processes are
 //     SIGSTOPped 10 s and while a Redis of the benchmark's own is frozen 5 s by DEBUG SLEEP.
@@ -72,14 +73,18 @@ func main() {
 		redisURL(), *jobs, *concurrency, *rounds)
 
 	var ogEnq, ogMany, ogRun, aqEnq, aqRun []float64
+	var ogRedis, ogWorker, aqRedis, aqWorker []float64
 	for r := 0; r < *rounds; r++ {
-		e, p := benchOncegate(ctx, rdb, quiet)
-		ogEnq, ogRun = append(ogEnq, e), append(ogRun, p)
+		e, og := benchOncegate(ctx, rdb, quiet)
+		ogEnq, ogRun = append(ogEnq, e), append(ogRun, og.rate)
+		ogRedis, ogWorker = append(ogRedis, og.redisCPU), append(ogWorker, og.workerCPU)
 		ogMany = append(ogMany, benchEnqueueMany(ctx, rdb, quiet))
-		e, p = benchAsynq(ctx, rdb)
-		aqEnq, aqRun = append(aqEnq, e), append(aqRun, p)
-		fmt.Printf("round %d: oncegate %.0f enq/s (EnqueueMany %.0f) %.0f jobs/s; asynq %.0f enq/s %.0f jobs/s\n",
-			r+1, ogEnq[r], ogMany[r], ogRun[r], aqEnq[r], aqRun[r])
+		e, aq := benchAsynq(ctx, rdb)
+		aqEnq, aqRun = append(aqEnq, e), append(aqRun, aq.rate)
+		aqRedis, aqWorker = append(aqRedis, aq.redisCPU), append(aqWorker, aq.workerCPU)
+		fmt.Printf("round %d: oncegate %.0f enq/s (EnqueueMany %.0f) %.0f jobs/s (CPU a job: Redis %.1f µs, worker %.1f µs); "+
+			"asynq %.0f enq/s %.0f jobs/s (Redis %.1f µs, worker %.1f µs)\n",
+			r+1, ogEnq[r], ogMany[r], og.rate, og.redisCPU, og.workerCPU, aqEnq[r], aq.rate, aq.redisCPU, aq.workerCPU)
 	}
 
 	fmt.Printf("\n| measure (median of %d) | oncegate | asynq v0.26.0 | ratio |\n", *rounds)
@@ -90,6 +95,10 @@ func main() {
 		manyBatch, *concurrency, median(ogMany))
 	fmt.Printf("| lease+run+complete, no-op jobs/s (concurrency %d) | %.0f | %.0f | %.2f× |\n", *concurrency,
 		median(ogRun), median(aqRun), median(ogRun)/median(aqRun))
+	fmt.Printf("| lease+run+complete: Redis's CPU a job, µs | %.1f | %.1f | %.2f× |\n", median(ogRedis), median(aqRedis),
+		median(ogRedis)/median(aqRedis))
+	fmt.Printf("| lease+run+complete: the worker's CPU a job, µs | %.1f | %.1f | %.2f× |\n", median(ogWorker),
+		median(aqWorker), median(ogWorker)/median(aqWorker))
 	if *crashes <= 0 || *pauses <= 0 {
 		return // the liveness phase needs both; -crashes 0 or -pauses 0 measures throughput alone
 	}
@@ -98,7 +107,45 @@ func main() {
 	}
 }
 
-func benchOncegate(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (enqRate, runRate float64) {
+// run is one throughput run: jobs leased, run and completed a second, and the CPU each job cost Redis and
+// the worker (this process: the handlers, the queue's client and its loops), in microseconds.
+type run struct{ rate, redisCPU, workerCPU float64 }
+
+// cpuMeter reads the CPU Redis and this process have spent, to split a run's cost between them.
+type cpuMeter struct {
+	rdb          *redis.Client
+	redis0, own0 float64
+	start        time.Time
+}
+
+func startCPU(ctx context.Context, rdb *redis.Client) *cpuMeter {
+	m := &cpuMeter{rdb: rdb}
+	m.redis0, m.own0 = redisCPU(ctx, rdb), ownCPU()
+	m.start = time.Now()
+	return m
+}
+
+func (m *cpuMeter) stop(ctx context.Context) run {
+	n, el := float64(*jobs), time.Since(m.start).Seconds()
+	return run{rate: n / el, redisCPU: (redisCPU(ctx, m.rdb) - m.redis0) / n * 1e6, workerCPU: (ownCPU() - m.own0) / n * 1e6}
+}
+
+// redisCPU is the CPU time Redis has used, in seconds (INFO cpu: its main thread and any others).
+func redisCPU(ctx context.Context, rdb *redis.Client) float64 {
+	info := rdb.Info(ctx, "cpu").Val()
+	sys, _ := strconv.ParseFloat(field(info, "used_cpu_sys"), 64)
+	user, _ := strconv.ParseFloat(field(info, "used_cpu_user"), 64)
+	return sys + user
+}
+
+// ownCPU is the CPU time this process has used, in seconds.
+func ownCPU() float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
+}
+
+func benchOncegate(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (enqRate float64, r run) {
 	q, err := queue.New(rdb, fmt.Sprintf("bench-%d", time.Now().UnixNano()),
 		&queue.Options{RetainCompleted: -1, Logger: quiet})
 	if err != nil {
@@ -121,17 +168,17 @@ func benchOncegate(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (
 	}
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
-	start := time.Now()
+	cpu := startCPU(ctx, rdb)
 	go func() { _ = w.Run(wctx); close(done) }()
 	waitUntil(func() bool { return ran.Load() >= int64(*jobs) })
 	waitUntil(func() bool {
 		s, err := q.Stats(ctx)
 		return err == nil && s.Counts[queue.StateReady]+s.Counts[queue.StateActive] == 0
 	})
-	runRate = float64(*jobs) / time.Since(start).Seconds()
+	r = cpu.stop(ctx)
 	stop()
 	<-done
-	return enqRate, runRate
+	return enqRate, r
 }
 
 // manyBatch is how many jobs each EnqueueMany call of the benchmark carries.
@@ -170,7 +217,7 @@ func benchEnqueueMany(ctx context.Context, rdb *redis.Client, quiet *slog.Logger
 	return float64(*jobs) / time.Since(start).Seconds()
 }
 
-func benchAsynq(ctx context.Context, rdb *redis.Client) (enqRate, runRate float64) {
+func benchAsynq(ctx context.Context, rdb *redis.Client) (enqRate float64, r run) {
 	opt, err := asynq.ParseRedisURI(redisURL())
 	if err != nil {
 		log.Fatal(err)
@@ -192,7 +239,7 @@ func benchAsynq(ctx context.Context, rdb *redis.Client) (enqRate, runRate float6
 	mux.HandleFunc("noop", func(context.Context, *asynq.Task) error { ran.Add(1); return nil })
 	srv := asynq.NewServer(opt, asynq.Config{Concurrency: *concurrency, Queues: map[string]int{name: 1},
 		LogLevel: asynq.ErrorLevel})
-	start := time.Now()
+	cpu := startCPU(ctx, rdb)
 	if err := srv.Start(mux); err != nil {
 		log.Fatal(err)
 	}
@@ -201,9 +248,9 @@ func benchAsynq(ctx context.Context, rdb *redis.Client) (enqRate, runRate float6
 		qi, err := inspector.GetQueueInfo(name)
 		return err == nil && qi.Pending+qi.Active == 0
 	})
-	runRate = float64(*jobs) / time.Since(start).Seconds()
+	r = cpu.stop(ctx)
 	srv.Shutdown()
-	return enqRate, runRate
+	return enqRate, r
 }
 
 // produce runs enqueue *jobs times from *concurrency goroutines and returns enqueues per second.

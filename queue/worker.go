@@ -153,8 +153,8 @@ type Worker struct {
 	// rdb carries the worker's job traffic over connections of its own, set by Run.
 	rdb redis.UniversalClient
 
-	mu    sync.Mutex
-	runs  map[runKey]*run
+	mu   sync.Mutex
+	runs map[runKey]*run
 	// finishing counts the runs whose handler has returned and whose outcome is being recorded: their slot is
 	// free (freeSlots), though their lease is held, and heartbeated, until the outcome is written.
 	finishing int

@@ -283,6 +283,101 @@ func TestRepeatedCompletionAndFailureAreIdempotent(t *testing.T) {
 	}
 }
 
+// One completion call answers each of its jobs as separate calls would: the record read and every write are
+// made once for the whole batch. Held leases complete, a stale epoch and an unknown job are refused, a
+// completion repeated after its answer was lost is accepted, and a job named twice in the batch is answered
+// as if its first completion had been written before the second came.
+func TestABatchOfCompletionsAnswersEachJobAsAloneWould(t *testing.T) {
+	t.Parallel()
+	for _, retain := range []int{0, 10} {
+		t.Run(fmt.Sprintf("retain %d", retain), func(t *testing.T) {
+			t.Parallel()
+			q, rdb := newQueue(t, nil)
+			for _, id := range []string{"a", "b", "c", "d"} {
+				mustEnqueue(t, q, NewJob{ID: id})
+			}
+			jobs := leaseAs(t, q, "0123456789abcdef", 4, time.Minute)
+			if len(jobs) != 4 {
+				t.Fatalf("leased %d", len(jobs))
+			}
+			// With retention, d completed earlier, by itself: its repeat in the batch is a retry after a lost
+			// answer. Without, d is completed by the batch.
+			if retain > 0 {
+				k := q.keys
+				if _, err := completeScript.Run(context.Background(), rdb, []string{k.jobs, k.payloads, k.leases,
+					k.owned, k.done, k.seen, k.epochFloor}, retain, 60_000, q.dedupWindowMs(), "d", 1).Result(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			k := q.keys
+			res, err := completeScript.Run(context.Background(), rdb, []string{k.jobs, k.payloads, k.leases, k.owned,
+				k.done, k.seen, k.epochFloor}, retain, 60_000, q.dedupWindowMs(),
+				"a", 1, "b", 2, "c", 1, "c", 1, "nope", 1, "d", 1).Int64Slice()
+			// b's epoch is 1: 2 is a stale (here: future) epoch all the same.
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []int64{1, 0, 1, 0, 0, 1} // c's second completion finds its record gone
+			if retain > 0 {
+				want = []int64{1, 0, 1, 1, 0, 1} // the retained record says this epoch completed it
+			}
+			if !slices.Equal(res, want) {
+				t.Fatalf("answers %v, want %v (a held, b stale epoch, c twice, unknown, d repeated)", res, want)
+			}
+			for _, id := range []string{"a", "c"} {
+				if n, _ := rdb.ZScore(context.Background(), k.leases, id).Result(); n != 0 {
+					t.Fatalf("%s still has a lease", id)
+				}
+				if seen, err := rdb.ZScore(context.Background(), k.seen, id).Result(); err != nil || seen == 0 {
+					t.Fatalf("%s is not in the dedup window: %v", id, err)
+				}
+				if retain == 0 {
+					if kept, _ := rdb.HExists(context.Background(), k.jobs, id).Result(); kept {
+						t.Fatalf("%s's record kept with nothing retained", id)
+					}
+				} else if j := mustJob(t, q, id); j.State != StateCompleted || j.Owner != "" {
+					t.Fatalf("%s retained as %+v", id, j)
+				}
+			}
+			if j := mustJob(t, q, "b"); j.State != StateActive {
+				t.Fatalf("b, completed under a stale epoch, is %s", j.State)
+			}
+			if owned, _ := rdb.ZCard(context.Background(), k.owned).Result(); owned != 1 {
+				t.Fatalf("%d jobs owned after the batch; want 1 (b)", owned)
+			}
+			if n, _ := rdb.HLen(context.Background(), k.jobs).Result(); n != int64(1+3*min(retain, 1)) {
+				t.Fatalf("%d records kept, retaining %d", n, retain)
+			}
+		})
+	}
+}
+
+// One lease call reads its jobs' records in one command: an ID the ready list holds twice is still leased
+// once, and an ID whose record is gone is skipped, as when each record was read after the last was leased.
+func TestABatchOfLeasesTakesEachJobOnce(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	mustEnqueue(t, q, NewJob{ID: "a", Payload: []byte("pa")})
+	mustEnqueue(t, q, NewJob{ID: "b", Payload: []byte("pb")})
+	if err := rdb.RPush(context.Background(), q.keys.ready, "a", "ghost", "b").Err(); err != nil {
+		t.Fatal(err)
+	}
+	jobs := leaseAs(t, q, "0123456789abcdef", 10, time.Minute)
+	var got []string
+	for _, j := range jobs {
+		got = append(got, fmt.Sprintf("%s:%d:%s", j.ID, j.Epoch, j.Payload))
+	}
+	if want := []string{"a:1:pa", "b:1:pb"}; !slices.Equal(got, want) {
+		t.Fatalf("leased %v, want %v", got, want)
+	}
+	if n, _ := rdb.ZCard(context.Background(), q.keys.leases).Result(); n != 2 {
+		t.Fatalf("%d leases recorded, want 2", n)
+	}
+	if n, _ := rdb.ZCard(context.Background(), q.keys.owned).Result(); n != 2 {
+		t.Fatalf("%d jobs owned, want 2", n)
+	}
+}
+
 // An idle worker blocks on Redis and wakes as soon as a job arrives: with IdleBlock far longer than the test,
 // only the marker can have woken it.
 func TestIdleWorkerWakesOnEnqueue(t *testing.T) {

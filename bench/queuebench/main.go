@@ -15,6 +15,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -23,6 +24,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -43,6 +45,7 @@ var (
 	rounds      = flag.Int("rounds", 3, "runs of each measurement; the median is reported")
 	crashes     = flag.Int("crashes", 20, "SIGKILL crash-detection runs")
 	pauses      = flag.Int("pauses", 20, "worker processes paused 10 s at once, for false reclaims")
+	cpuProfile  = flag.String("cpuprofile", "", "write a CPU profile of oncegate's throughput runs (the worker side) to this file")
 )
 
 func redisURL() string {
@@ -130,6 +133,29 @@ func (m *cpuMeter) stop(ctx context.Context) run {
 	return run{rate: n / el, redisCPU: (redisCPU(ctx, m.rdb) - m.redis0) / n * 1e6, workerCPU: (ownCPU() - m.own0) / n * 1e6}
 }
 
+// profiled holds the CPU profile of every oncegate throughput run, written when the last one ends.
+var profiled struct {
+	buf  bytes.Buffer
+	runs int
+}
+
+// profile starts the CPU profile of one throughput run; the returned func stops it and writes the file, so
+// the file always holds the rounds run so far (pprof merges several such profiles: the last is enough).
+func profile() func() {
+	profiled.buf.Reset()
+	if err := pprof.StartCPUProfile(&profiled.buf); err != nil {
+		log.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		profiled.runs++
+		name := strings.TrimSuffix(*cpuProfile, ".prof") + fmt.Sprintf(".%d.prof", profiled.runs)
+		if err := os.WriteFile(name, profiled.buf.Bytes(), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+}
+
 // redisCPU is the CPU time Redis has used, in seconds (INFO cpu: its main thread and any others).
 func redisCPU(ctx context.Context, rdb *redis.Client) float64 {
 	info := rdb.Info(ctx, "cpu").Val()
@@ -168,6 +194,10 @@ func benchOncegate(ctx context.Context, rdb *redis.Client, quiet *slog.Logger) (
 	}
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan struct{})
+	if *cpuProfile != "" {
+		stopProfile := profile()
+		defer stopProfile()
+	}
 	cpu := startCPU(ctx, rdb)
 	go func() { _ = w.Run(wctx); close(done) }()
 	waitUntil(func() bool { return ran.Load() >= int64(*jobs) })

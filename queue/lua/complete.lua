@@ -18,35 +18,65 @@ local now = now_ms()
 local keep_count = tonumber(ARGV[1])
 local keep_ms = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
+local retain = keep_count > 0 and keep_ms > 0
 local out = {}
 local top = 0
+-- The records are read in one call and the writes of every job made in one call each (batched in lib.lua):
+-- a script pays for each command it calls, and a batch completes up to 256 jobs.
+local ids = {}
 for i = 4, #ARGV, 2 do
-  local id = ARGV[i]
-  local job = load_job(KEYS[1], id)
-  if holds(job, ARGV[i + 1]) then
-    drop_lease(KEYS[3], KEYS[4], id, job)
+  ids[#ids + 1] = ARGV[i]
+end
+local raws = batched_read('HMGET', KEYS[1], ids)
+local leases, owned, gone, saved, done, seen = {}, {}, {}, {}, {}, {}
+-- An ID twice in one batch is answered as if its first completion had been written before the second was
+-- read, as when the two came in separate calls.
+local finished = {}
+for n, id in ipairs(ids) do
+  local epoch = ARGV[3 + 2 * n]
+  local job = finished[id]
+  if job == nil then
+    job = raws[n] and cjson.decode(raws[n]) or false
+  elseif not retain then
+    job = false
+  end
+  if finished[id] == nil and holds(job or nil, epoch) then
+    leases[#leases + 1] = id
+    if job.owner then
+      owned[#owned + 1] = owned_member(job.owner, id)
+    end
     top = math.max(top, tonumber(job.epoch))
-    if keep_count > 0 and keep_ms > 0 then
+    if retain then
       job.state = 'completed'
       job.finished_at = now
       job.owner = nil
-      save_job(KEYS[1], id, job)
-      redis.call('ZADD', KEYS[5], now, id)
+      saved[#saved + 1] = id
+      saved[#saved + 1] = cjson.encode(job)
+      done[#done + 1] = now
+      done[#done + 1] = id
     else
-      redis.call('HDEL', KEYS[1], id)
-      redis.call('HDEL', KEYS[2], id)
+      gone[#gone + 1] = id
     end
     if window > 0 then
-      redis.call('ZADD', KEYS[6], now, id)
+      seen[#seen + 1] = now
+      seen[#seen + 1] = id
     end
+    finished[id] = job
     out[#out + 1] = 1
-  elseif job and job.state == 'completed' and tonumber(job.epoch) == tonumber(ARGV[i + 1]) then
+  elseif job and job.state == 'completed' and tonumber(job.epoch) == tonumber(epoch) then
     -- This epoch completed it already: a call repeated after its answer was lost.
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
 end
+batched('ZREM', KEYS[3], leases, 1)
+batched('ZREM', KEYS[4], owned, 1)
+batched('HDEL', KEYS[1], gone, 1)
+batched('HDEL', KEYS[2], gone, 1)
+batched('HSET', KEYS[1], saved, 2)
+batched('ZADD', KEYS[5], done, 2)
+batched('ZADD', KEYS[6], seen, 2)
 
 if top > 0 and top > tonumber(redis.call('GET', KEYS[7]) or '0') then
   redis.call('SET', KEYS[7], top)

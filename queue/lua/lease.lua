@@ -46,10 +46,17 @@ end
 if ids then
   local deadline = now + tonumber(ARGV[3])
   local floor -- read at the first new job: most calls lease none
-  for _, id in ipairs(ids) do
-    local job = load_job(KEYS[1], id)
+  -- Read in one call and written in one call each (batched in lib.lua): a script pays for every command.
+  local raws = batched_read('HMGET', KEYS[1], ids)
+  local payloads = batched_read('HMGET', KEYS[2], ids)
+  local saved, leases, owned = {}, {}, {}
+  -- An ID the list held twice is leased once, as when each read saw the write before it.
+  local taken = {}
+  for n, id in ipairs(ids) do
+    local job = not taken[id] and raws[n] and cjson.decode(raws[n])
     -- A ready id without a record was purged while it waited; there is nothing to run.
     if job and job.state == 'ready' then
+      taken[id] = true
       if tonumber(job.epoch) == 0 then
         floor = floor or tonumber(redis.call('GET', KEYS[11]) or '0')
         job.epoch = floor
@@ -61,12 +68,20 @@ if ids then
       job.owner = wid
       job.leased_at = now
       job.lease_seq = seq
-      out[#out + 1] = save_job(KEYS[1], id, job)
-      out[#out + 1] = redis.call('HGET', KEYS[2], id) or ''
-      redis.call('ZADD', KEYS[5], deadline, id)
-      redis.call('ZADD', KEYS[6], 0, owned_member(wid, id))
+      local raw = cjson.encode(job)
+      saved[#saved + 1] = id
+      saved[#saved + 1] = raw
+      leases[#leases + 1] = deadline
+      leases[#leases + 1] = id
+      owned[#owned + 1] = 0
+      owned[#owned + 1] = owned_member(wid, id)
+      out[#out + 1] = raw
+      out[#out + 1] = payloads[n] or ''
     end
   end
+  batched('HSET', KEYS[1], saved, 2)
+  batched('ZADD', KEYS[5], leases, 2)
+  batched('ZADD', KEYS[6], owned, 2)
 end
 
 if not paused and redis.call('LLEN', KEYS[3]) > 0 then

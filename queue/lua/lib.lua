@@ -24,6 +24,28 @@ local function save_job(jobs_key, id, job)
   return raw
 end
 
+-- Calls a variadic command (ZREM, HDEL, HSET, ZADD) once for many arguments rather than once for each: a
+-- script pays for every command it calls. args is a flat list of groups of `per` (1 for members, 2 for
+-- score/member or field/value pairs); the calls stay below Lua's limit on unpacked values.
+local function batched(cmd, key, args, per)
+  local chunk = 1000 * per
+  for i = 1, #args, chunk do
+    redis.call(cmd, key, unpack(args, i, math.min(i + chunk - 1, #args)))
+  end
+end
+
+-- Reads many fields in calls of at most 1000 (HMGET): the answers, in order, false where a field is absent.
+local function batched_read(cmd, key, fields)
+  local out = {}
+  for i = 1, #fields, 1000 do
+    local part = redis.call(cmd, key, unpack(fields, i, math.min(i + 999, #fields)))
+    for j = 1, #part do
+      out[#out + 1] = part[j]
+    end
+  end
+  return out
+end
+
 -- Wakes one worker blocked in BZPOPMIN on the marker. The marker has a single member, so a burst of enqueues
 -- wakes one worker, which wakes the next if it leaves ready jobs behind (see lease.lua).
 local function wake(marker_key)

@@ -22,23 +22,34 @@ type completion struct {
 // recordRetry is the backoff between attempts at recording an outcome while Redis is unreachable.
 var recordRetry = backoff.Policy{Base: 100 * time.Millisecond, Max: 2 * time.Second}
 
-// complete hands the completion to the batcher and retries briefly while Redis is unreachable, until the
-// worker's drain time is up.
+// complete hands the completion to the batcher and, while Redis cannot record it, tries again with backoff
+// until it is recorded, the lease is found lost, or the worker's drain time is up. The run keeps its lease
+// meanwhile (it stays among the runs the heartbeat extends), so a job whose handler succeeded is not handed
+// back and run again because Redis was restarting, loading its data or failing over when it finished.
 func (w *Worker) complete(job *Job) error {
-	var err error
-	for attempt := 1; attempt <= 5; attempt++ {
+	for attempt := 1; ; attempt++ {
 		c := completion{id: job.ID, epoch: job.Epoch, done: make(chan error, 1)}
 		w.completions <- c
 		// A completion that ran but was not replicated is not retried: the job is completed on this primary,
 		// so a retry would find the lease gone and report ErrLeaseLost, which is not what happened.
-		if err = <-c.done; err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotReplicated) {
+		err := <-c.done
+		if err == nil || errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrNotReplicated) {
 			return err
 		}
+		w.recordFailed("completion", job, attempt, err)
 		if !sleep(w.records, recordRetry.Delay(attempt)) {
-			break
+			return err
 		}
 	}
-	return err
+}
+
+// recordFailed logs an outcome that could not be recorded yet: the first failure and every tenth, so that an
+// outage long in seconds leaves a few lines, not one a backoff step.
+func (w *Worker) recordFailed(what string, job *Job, attempt int, err error) {
+	if attempt == 1 || attempt%10 == 0 {
+		w.log.Warn("recording the "+what+" failed; retrying until Redis answers or the drain is over", "job", job.ID,
+			"epoch", job.Epoch, "attempts", attempt, "err", err)
+	}
 }
 
 // completeLoop is a group commit: completions that arrive while one batch runs go together in the next, so
@@ -104,7 +115,9 @@ func (w *Worker) fail(job *Job, herr error) (string, error) {
 	}
 	k := w.q.keys
 	var err error
-	for attempt := 1; attempt <= 5; attempt++ {
+	// Retried as complete is, and for the same reason: the failure is recorded, with its backoff, or the job
+	// is handed back at close; it is not left for the heartbeat to hand back as a lease it never heard of.
+	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(w.records, 10*time.Second)
 		var res []any
 		res, err = failScript.Run(ctx, w.rdb,
@@ -117,6 +130,7 @@ func (w *Worker) fail(job *Job, herr error) (string, error) {
 			}
 			return "", ErrLeaseLost
 		}
+		w.recordFailed("failure", job, attempt, err)
 		if !sleep(w.records, recordRetry.Delay(attempt)) {
 			break
 		}

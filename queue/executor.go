@@ -71,12 +71,14 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 
 	started := time.Now()
 	outcome := "error"
+	var took time.Duration // the handler's time, not the recording of its outcome
 	defer func() {
 		if w.cfg.OnJobDone != nil {
-			w.cfg.OnJobDone(job, outcome, time.Since(started))
+			w.cfg.OnJobDone(job, outcome, took)
 		}
 	}()
 	err := w.call(ctx, job)
+	took = time.Since(started)
 	w.mu.Lock()
 	if r := w.runs[runKey{id: job.ID, epoch: job.Epoch}]; r != nil {
 		r.finishing = true
@@ -103,7 +105,8 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 			w.log.ErrorContext(ctx, "completion in doubt: not acknowledged by the replicas; the job may run "+
 				"again after a failover", "job", job.ID, "epoch", job.Epoch, "err", err)
 		case err != nil:
-			w.log.ErrorContext(ctx, "complete failed; the job will run again after its lease", "job", job.ID, "err", err)
+			w.log.ErrorContext(ctx, "completion not recorded by the end of the drain; the job is handed back and "+
+				"will run again", "job", job.ID, "err", err)
 		default:
 			outcome = "completed"
 		}
@@ -117,8 +120,8 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 		w.log.WarnContext(ctx, "job failed after its lease was lost", "job", job.ID, "err", err)
 		outcome = "lease_lost"
 	case ferr != nil:
-		w.log.ErrorContext(ctx, "recording a failure failed; the job will run again after its lease", "job", job.ID,
-			"err", err, "record_err", ferr)
+		w.log.ErrorContext(ctx, "failure not recorded by the end of the drain; the job is handed back and will "+
+			"run again", "job", job.ID, "err", err, "record_err", ferr)
 	case result == "dead":
 		w.log.ErrorContext(ctx, "job is dead", "job", job.ID, "attempt", job.Attempt, "err", err)
 		outcome = "dead"

@@ -25,17 +25,21 @@ import (
 // after it (the group commit of completions makes a slot wait for the batch before it). Leases held, those
 // being recorded included, stay below twice Concurrency, so that a slow Redis cannot make a worker hold ever
 // more jobs while their outcomes wait.
-func (w *Worker) freeSlots() int {
+//
+// probe is true when the leases in doubt alone leave no room and no answered lease call has come since they
+// went into doubt: a call that leases nothing then gives the heartbeat the number it needs to hand them back.
+func (w *Worker) freeSlots() (free int, probe bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return min(w.cfg.Concurrency-(len(w.runs)-w.finishing), 2*w.cfg.Concurrency-len(w.runs))
+	free = min(w.cfg.Concurrency-(len(w.runs)-w.finishing), 2*w.cfg.Concurrency-len(w.runs)-w.inDoubt)
+	return free, free <= 0 && w.inDoubt > 0 && w.doubtAfter == 0
 }
 
 func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 	var failures int
 	for ctx.Err() == nil {
-		free := w.freeSlots()
-		if free <= 0 {
+		free, probe := w.freeSlots()
+		if free <= 0 && !probe {
 			select {
 			case <-w.freed:
 			case <-ctx.Done():
@@ -43,7 +47,7 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 			continue
 		}
 		leasedAt := time.Now()
-		jobs, now, next, call, err := w.lease(ctx, free)
+		jobs, now, next, call, err := w.lease(ctx, max(free, 0))
 		if err != nil {
 			failures++
 			d := backoff.Policy{Base: 100 * time.Millisecond, Max: 5 * time.Second}.Delay(failures)
@@ -58,6 +62,14 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 			w.launch(ctxs[i], job)
 		}
 		if len(jobs) > 0 {
+			continue
+		}
+		if probe {
+			// The next heartbeat hands the leases in doubt back, and rings freed.
+			select {
+			case <-w.freed:
+			case <-ctx.Done():
+			}
 			continue
 		}
 		due := time.Duration(-1)
@@ -115,6 +127,8 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []*Job, now, next, call
 	if err != nil {
 		w.mu.Lock()
 		w.leasing = false // the answer is lost: what the call leased, if anything, is an orphan now
+		w.inDoubt += n
+		w.doubtAfter = 0
 		w.mu.Unlock()
 		if errors.Is(err, ErrNotReplicated) {
 			// The lease, and the epoch it bumped, may vanish in a failover, and another worker would then
@@ -183,5 +197,8 @@ func (w *Worker) register(handlerCtx context.Context, jobs []*Job, leaseCall int
 	}
 	w.leasing = false
 	w.leasedUpTo = leaseCall
+	if w.inDoubt > 0 && w.doubtAfter == 0 {
+		w.doubtAfter = leaseCall
+	}
 	return ctxs
 }

@@ -42,6 +42,15 @@ func (w *Worker) heartbeat(ctx context.Context, l *liveness) error {
 	if res[0] != "0" {
 		w.log.Warn("handed back jobs leased to this worker whose lease never reached it", "jobs", res[0])
 	}
+	w.mu.Lock()
+	cleared := w.inDoubt > 0 && w.doubtAfter > 0 && orphansBefore >= w.doubtAfter
+	if cleared {
+		w.inDoubt, w.doubtAfter = 0, 0 // handed back now, if the lost calls leased anything
+	}
+	w.mu.Unlock()
+	if cleared {
+		w.slotFreed()
+	}
 	for i := 1; i+1 < len(res); i += 2 {
 		epoch, err := strconv.ParseInt(res[i+1], 10, 64)
 		if err != nil {

@@ -29,8 +29,8 @@ func TestRedisRestartLosesNoAcknowledgedJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// A short lease: a completion that could not reach Redis during the outage (its retries last about 3 s)
-	// leaves its job leased, and the job runs again once that lease expires.
+	// A short lease: every lease of the outage looks expired after it, so the sweeper and the heartbeats decide
+	// together; completions that could not reach Redis are retried until it answers.
 	w := proctest.ReExec(t, "worker", "WORKER_QUEUE="+q.name, "WORKER_HANDLER=sleep", "WORKER_SLEEP=50ms",
 		"WORKER_CONCURRENCY=4", "WORKER_LEASE_TTL=3s", "REDIS_URL="+r.URL())
 	w.WaitLine("ready ", 10*time.Second)
@@ -99,4 +99,51 @@ func TestRedisRestartLosesNoAcknowledgedJob(t *testing.T) {
 	}
 	t.Logf("%d enqueues acknowledged (%d refused during the outage), all completed", n, refused.Load())
 	result(fmt.Sprintf("%d acknowledged, %d completed, 0 lost; %d refused while down", n, n, refused.Load()))
+}
+
+// An outside tester's finding: a handler that succeeded while Redis was restarting had its completion given up
+// after about a second of retries; the heartbeat then handed the job back as a lease the worker never heard
+// of, and the same live worker ran it again. A completion is now retried until it is recorded, its lease is
+// found lost, or the worker's drain is over, and the run keeps its lease meanwhile: the job runs once.
+func TestACompletionWaitsOutARedisRestart(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Queue", "Redis (AOF) stopped for 3 s just as a handler succeeds, then started again",
+		"The completion is recorded once Redis is back; the job runs once, on the same worker")
+	r := redistest.Start(t)
+	rdb := redis.NewClient(&redis.Options{Addr: r.Addr(), MaxRetries: -1})
+	defer rdb.Close()
+	q, err := New(rdb, testenv.Name(t, "q"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}, 1), make(chan struct{})
+	var runs atomic.Int32
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		if runs.Add(1) == 1 {
+			started <- struct{}{}
+			<-release
+		}
+		return nil
+	}), &WorkerConfig{Concurrency: 4})
+	mustEnqueue(t, q, NewJob{ID: "once"})
+	select {
+	case <-started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the job never started")
+	}
+	r.Stop() // SIGTERM: Redis writes its AOF out and exits
+	close(release)
+	time.Sleep(3 * time.Second) // longer than the retries that gave up before
+	r.Start()
+	waitState(t, q, "once", StateCompleted, 30*time.Second)
+	// The heartbeat (every second) would have handed the job back within a beat or two, and the worker run it.
+	time.Sleep(3 * time.Second)
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the job ran %d times; its worker never lost its lease", n)
+	}
+	j := mustJob(t, q, "once")
+	if j.Runs != 1 || j.Stalls != 0 {
+		t.Fatalf("completed after %d runs, %d stalls", j.Runs, j.Stalls)
+	}
+	result("completed once Redis was back; 1 run, 0 stalls")
 }

@@ -164,6 +164,12 @@ type Worker struct {
 	// it can never have heard of (see heartbeat.lua).
 	leasing    bool
 	leasedUpTo int64
+	// inDoubt counts the jobs that lease calls whose answer was lost may have leased: Redis may hold them for
+	// this worker, which does not know them, until a heartbeat hands them back, which it does once a later
+	// lease call's answer has come back (doubtAfter: that call's number; heartbeat.lua). freeSlots counts them
+	// as held, so that lost answers cannot take a worker past twice Concurrency leases.
+	inDoubt    int
+	doubtAfter int64
 
 	completions chan completion
 	handlers    sync.WaitGroup

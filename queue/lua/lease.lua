@@ -40,7 +40,8 @@ local seq = redis.call('INCR', KEYS[9])
 local out = {now, -1, seq}
 local paused = redis.call('EXISTS', KEYS[10]) == 1
 local ids = false
-if not paused then
+-- A call for no job leases none: the worker makes one to learn a lease call number (worker.go, inDoubt).
+if not paused and tonumber(ARGV[2]) > 0 then
   ids = redis.call('LPOP', KEYS[3], tonumber(ARGV[2]))
 end
 if ids then

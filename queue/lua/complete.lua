@@ -19,6 +19,8 @@ local keep_count = tonumber(ARGV[1])
 local keep_ms = tonumber(ARGV[2])
 local window = tonumber(ARGV[3])
 local retain = keep_count > 0 and keep_ms > 0
+-- The score as text made once: Lua formats a number passed to a command with printf each time.
+local now_text = string.format('%d', now)
 local out = {}
 local top = 0
 -- The records are read in one call and the writes of every job made in one call each (batched in lib.lua):
@@ -52,13 +54,13 @@ for n, id in ipairs(ids) do
       job.owner = nil
       saved[#saved + 1] = id
       saved[#saved + 1] = cjson.encode(job)
-      done[#done + 1] = now
+      done[#done + 1] = now_text
       done[#done + 1] = id
     else
       gone[#gone + 1] = id
     end
     if window > 0 then
-      seen[#seen + 1] = now
+      seen[#seen + 1] = now_text
       seen[#seen + 1] = id
     end
     finished[id] = job

@@ -29,7 +29,8 @@ type run struct {
 	// lost is set once the lease is known to be gone (or handed back): heartbeats stop asking about it, but the
 	// run keeps its slot until its handler returns.
 	lost bool
-	// finishing is set when the handler has returned and its outcome is being recorded.
+	// finishing is set when the handler has returned and its outcome is being recorded: its slot is free
+	// (freeSlots), though its lease is held, and heartbeated, until the outcome is written.
 	finishing bool
 }
 
@@ -40,9 +41,6 @@ func (w *Worker) launch(ctx context.Context, job *Job) {
 		w.mu.Lock()
 		r := w.runs[k]
 		delete(w.runs, k)
-		if r != nil && r.finishing {
-			w.finishing--
-		}
 		w.mu.Unlock()
 		if r != nil {
 			r.cancel(nil)
@@ -82,7 +80,6 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 	w.mu.Lock()
 	if r := w.runs[runKey{id: job.ID, epoch: job.Epoch}]; r != nil {
 		r.finishing = true
-		w.finishing++
 	}
 	w.mu.Unlock()
 	w.slotFreed()

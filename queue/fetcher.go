@@ -31,7 +31,13 @@ import (
 func (w *Worker) freeSlots() (free int, probe bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	free = min(w.cfg.Concurrency-(len(w.runs)-w.finishing), 2*w.cfg.Concurrency-len(w.runs)-w.inDoubt)
+	running := 0
+	for _, r := range w.runs {
+		if !r.finishing {
+			running++
+		}
+	}
+	free = min(w.cfg.Concurrency-running, 2*w.cfg.Concurrency-len(w.runs)-w.inDoubt)
 	return free, free <= 0 && w.inDoubt > 0 && w.doubtAfter == 0
 }
 
@@ -40,10 +46,7 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 	for ctx.Err() == nil {
 		free, probe := w.freeSlots()
 		if free <= 0 && !probe {
-			select {
-			case <-w.freed:
-			case <-ctx.Done():
-			}
+			w.waitFreed(ctx)
 			continue
 		}
 		leasedAt := time.Now()
@@ -65,11 +68,7 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 			continue
 		}
 		if probe {
-			// The next heartbeat hands the leases in doubt back, and rings freed.
-			select {
-			case <-w.freed:
-			case <-ctx.Done():
-			}
+			w.waitFreed(ctx) // the next heartbeat hands the leases in doubt back, and rings freed
 			continue
 		}
 		due := time.Duration(-1)
@@ -79,6 +78,14 @@ func (w *Worker) fetchLoop(ctx, handlerCtx context.Context) {
 			}
 		}
 		w.block(ctx, due)
+	}
+}
+
+// waitFreed waits until a slot frees up, or leases in doubt are handed back (slotFreed).
+func (w *Worker) waitFreed(ctx context.Context) {
+	select {
+	case <-w.freed:
+	case <-ctx.Done():
 	}
 }
 

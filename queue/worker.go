@@ -153,12 +153,9 @@ type Worker struct {
 	// rdb carries the worker's job traffic over connections of its own, set by Run.
 	rdb redis.UniversalClient
 
-	mu   sync.Mutex
-	runs map[runKey]*run
-	// finishing counts the runs whose handler has returned and whose outcome is being recorded: their slot is
-	// free (freeSlots), though their lease is held, and heartbeated, until the outcome is written.
-	finishing int
-	freed     chan struct{} // rung when a slot frees up
+	mu    sync.Mutex
+	runs  map[runKey]*run
+	freed chan struct{} // rung when a slot frees up
 	// leasing is true while a lease call is out; leasedUpTo is the number of the last lease call whose answer
 	// came back, its jobs registered as runs. Together they tell the heartbeat which leases of this worker's
 	// it can never have heard of (see heartbeat.lua).

@@ -29,7 +29,7 @@ local ids = {}
 for i = 4, #ARGV, 2 do
   ids[#ids + 1] = ARGV[i]
 end
-local raws = batched_read('HMGET', KEYS[1], ids)
+local raws = hmget_all(KEYS[1], ids)
 local leases, owned, gone, saved, done, seen = {}, {}, {}, {}, {}, {}
 -- An ID twice in one batch is answered as if its first completion had been written before the second was
 -- read, as when the two came in separate calls.

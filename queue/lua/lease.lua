@@ -50,8 +50,8 @@ if ids then
   local deadline = string.format('%d', now + tonumber(ARGV[3]))
   local floor -- read at the first new job: most calls lease none
   -- Read in one call and written in one call each (batched in lib.lua): a script pays for every command.
-  local raws = batched_read('HMGET', KEYS[1], ids)
-  local payloads = batched_read('HMGET', KEYS[2], ids)
+  local raws = hmget_all(KEYS[1], ids)
+  local payloads = hmget_all(KEYS[2], ids)
   local saved, leases, owned = {}, {}, {}
   -- An ID the list held twice is leased once, as when each read saw the write before it.
   local taken = {}

@@ -34,11 +34,11 @@ local function batched(cmd, key, args, per)
   end
 end
 
--- Reads many fields in calls of at most 1000 (HMGET): the answers, in order, false where a field is absent.
-local function batched_read(cmd, key, fields)
+-- Reads many fields of a hash in calls of at most 1000: the values, in order, false where a field is absent.
+local function hmget_all(key, fields)
   local out = {}
   for i = 1, #fields, 1000 do
-    local part = redis.call(cmd, key, unpack(fields, i, math.min(i + 999, #fields)))
+    local part = redis.call('HMGET', key, unpack(fields, i, math.min(i + 999, #fields)))
     for j = 1, #part do
       out[#out + 1] = part[j]
     end

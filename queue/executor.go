@@ -34,10 +34,15 @@ type run struct {
 	finishing bool
 }
 
-func (w *Worker) launch(ctx context.Context, job *Job) {
-	k := runKey{id: job.ID, epoch: job.Epoch}
+func (w *Worker) launch(ctx context.Context, l leased, leasedAt time.Time) {
+	k := runKey{id: l.id, epoch: l.epoch}
 	w.handlers.Go(func() {
-		w.runJob(ctx, job)
+		if job, err := decodeJob(l.record, []byte(l.payload)); err != nil {
+			w.bury(ctx, l, err)
+		} else {
+			w.traceLease(job, leasedAt)
+			w.runJob(ctx, job)
+		}
 		w.mu.Lock()
 		r := w.runs[k]
 		delete(w.runs, k)
@@ -169,4 +174,15 @@ func (w *Worker) livePairsLocked() []any {
 		}
 	}
 	return pairs
+}
+
+// bury sends a job whose record the worker cannot read to dead, with the reason, instead of running it: no
+// handler can be given the job, and a retry would read the same record. Dead, it is kept for an operator to
+// inspect and requeue. Records are written by this package's scripts, so this takes a record written by
+// another version or by hand.
+func (w *Worker) bury(ctx context.Context, l leased, err error) {
+	w.log.ErrorContext(ctx, "undecodable job leased; it is sent to dead", "job", l.id, "epoch", l.epoch, "err", err)
+	if _, ferr := w.fail(&Job{ID: l.id, Epoch: l.epoch, Attempt: 1}, Permanent(err)); ferr != nil {
+		w.log.ErrorContext(ctx, "undecodable job not recorded as dead; it is handed back", "job", l.id, "err", ferr)
+	}
 }

@@ -189,9 +189,19 @@ func completeAs(t *testing.T, q *Queue, id string, epoch int64) bool {
 func leaseAs(t *testing.T, q *Queue, wid string, n int, leaseTTL time.Duration) []*Job {
 	t.Helper()
 	w := &Worker{q: q, id: wid, rdb: q.rdb, cfg: WorkerConfig{LeaseTTL: leaseTTL}}
-	jobs, _, _, _, err := w.lease(context.Background(), n)
+	leases, _, _, _, err := w.lease(context.Background(), n)
 	if err != nil {
 		t.Fatal(err)
+	}
+	jobs := make([]*Job, len(leases))
+	for i, l := range leases {
+		if jobs[i], err = decodeJob(l.record, []byte(l.payload)); err != nil {
+			t.Fatal(err)
+		}
+		if jobs[i].ID != l.id || jobs[i].Epoch != l.epoch {
+			t.Fatalf("the lease answered %s at epoch %d beside the record of %s at epoch %d", l.id, l.epoch,
+				jobs[i].ID, jobs[i].Epoch)
+		}
 	}
 	return jobs
 }

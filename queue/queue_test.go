@@ -2,6 +2,7 @@ package queue
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -490,6 +491,65 @@ func TestPermanentErrorAndPanicAreRecorded(t *testing.T) {
 	}
 	if runs.Load() != 3 {
 		t.Fatalf("handlers ran %d times, want 3", runs.Load())
+	}
+}
+
+// A record the worker cannot read (written by hand, or by another version) is sent to dead with the reason,
+// and the jobs beside it run: no handler is given a job it cannot be given whole, and none runs twice.
+func TestAnUndecodableRecordIsBuriedAndTheRestRun(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, nil)
+	ctx := context.Background()
+	mustEnqueue(t, q, NewJob{ID: "bad", Kind: "k"})
+	mustEnqueue(t, q, NewJob{ID: "good", Kind: "k"})
+	raw, err := rdb.HGet(ctx, q.keys.jobs, "bad").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec["trace"] = "not an object" // the scripts never read it; Go cannot put it in a map
+	bad, _ := json.Marshal(rec)
+	if err := rdb.HSet(ctx, q.keys.jobs, "bad", bad).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var runs sync.Map
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		if n, loaded := runs.LoadOrStore(j.ID, 1); loaded {
+			t.Errorf("job %s ran again (%v)", j.ID, n)
+		}
+		return nil
+	}), nil)
+	waitState(t, q, "good", StateCompleted, 5*time.Second)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		raw, err := rdb.HGet(ctx, q.keys.jobs, "bad").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got map[string]any
+		if err := json.Unmarshal([]byte(raw), &got); err != nil {
+			t.Fatal(err)
+		}
+		if got["state"] == string(StateDead) {
+			reason, _ := got["dead_reason"].(string)
+			if !strings.Contains(reason, "decode job record") {
+				t.Fatalf("dead for %q; want the decoding error", reason)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the undecodable job is %v after 5s; want dead", got["state"])
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, ran := runs.Load("bad"); ran {
+		t.Fatal("a handler was given the undecodable job")
+	}
+	if n, err := rdb.ZScore(ctx, q.keys.dead, "bad").Result(); err != nil || n == 0 {
+		t.Fatalf("the undecodable job is not in the dead set: %v, %v", n, err)
 	}
 }
 

@@ -20,7 +20,8 @@
 -- ARGV[2] how many jobs at most
 -- ARGV[3] lease TTL ms
 -- ARGV[4] liveness TTL ms
--- Returns {now, next delayed run_at or -1, lease call number, record1, payload1, record2, payload2, ...}
+-- Returns {now, next delayed run_at or -1, lease call number, id1, epoch1, record1, payload1, id2, ...}: the
+-- worker registers its runs by id and epoch at once and decodes each record in the job's own goroutine.
 
 local now = now_ms()
 local wid = ARGV[1]
@@ -78,6 +79,8 @@ if ids then
       leases[#leases + 1] = id
       owned[#owned + 1] = '0'
       owned[#owned + 1] = owned_member(wid, id)
+      out[#out + 1] = id
+      out[#out + 1] = job.epoch
       out[#out + 1] = raw
       out[#out + 1] = payloads[n] or ''
     end

@@ -40,7 +40,9 @@ func (w *Worker) launch(ctx context.Context, l leased, leasedAt time.Time) {
 		if job, err := decodeJob(l.record, []byte(l.payload)); err != nil {
 			w.bury(ctx, l, err)
 		} else {
-			w.traceLease(job, leasedAt)
+			// The enqueue's trace context, read once for both of the job's spans.
+			ctx := w.q.opts.Propagator.Extract(ctx, propagation.MapCarrier(job.TraceContext))
+			w.traceLease(ctx, job, leasedAt)
 			w.runJob(ctx, job)
 		}
 		w.mu.Lock()
@@ -62,8 +64,8 @@ func (w *Worker) slotFreed() {
 	}
 }
 
+// runJob runs the handler under a span of its own, child of ctx's (the enqueue's), and records the outcome.
 func (w *Worker) runJob(ctx context.Context, job *Job) {
-	ctx = w.q.opts.Propagator.Extract(ctx, propagation.MapCarrier(job.TraceContext))
 	ctx, span := w.q.tracer.Start(ctx, "queue.handle "+job.Kind, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("messaging.system", "oncegate"),
 			attribute.String("messaging.destination.name", w.q.name),

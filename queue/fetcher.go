@@ -9,7 +9,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/oncegate/oncegate/internal/backoff"
@@ -189,9 +188,9 @@ func (w *Worker) handBackUnreplicated(ctx context.Context, cmd *redis.Cmd) {
 		"handed_back", n, "err", err)
 }
 
-// traceLease records the lease in the job's trace: a short consumer span from the lease call to the handler.
-func (w *Worker) traceLease(job *Job, leasedAt time.Time) {
-	ctx := w.q.opts.Propagator.Extract(context.Background(), propagation.MapCarrier(job.TraceContext))
+// traceLease records the lease in the job's trace (ctx carries the enqueue's trace context): a short consumer
+// span from the lease call to the handler.
+func (w *Worker) traceLease(ctx context.Context, job *Job, leasedAt time.Time) {
 	_, span := w.q.tracer.Start(ctx, "queue.lease "+w.q.name, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithTimestamp(leasedAt), trace.WithAttributes(attribute.String("messaging.system", "oncegate"),
 			attribute.String("messaging.destination.name", w.q.name), attribute.String("messaging.message.id", job.ID),

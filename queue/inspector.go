@@ -68,7 +68,7 @@ func (q *Queue) Job(ctx context.Context, id string) (*Job, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("queue: get job %q: %w", id, err)
 	}
-	return decodeJob(rec.Val(), []byte(payload.Val()))
+	return readJob(rec.Val(), []byte(payload.Val()))
 }
 
 // DeadJobs lists dead jobs, most recently dead first, skipping offset and returning at most limit.

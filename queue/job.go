@@ -114,3 +114,24 @@ func (r *record) job(payload []byte) *Job {
 		TraceContext: r.Trace,
 	}
 }
+
+// readJob is decodeJob for those who show a job rather than run it (the inspector, the answer to an enqueue of
+// an ID that exists): a record that does not decode whole is read field by field, and a field that does not
+// decode is left at its zero value. A bad field, written by hand or by another version, then hides only
+// itself, not the job, nor the page of jobs it is listed on.
+func readJob(raw string, payload []byte) (*Job, error) {
+	j, err := decodeJob(raw, payload)
+	if err == nil {
+		return j, nil
+	}
+	var fields map[string]json.RawMessage
+	if json.Unmarshal([]byte(raw), &fields) != nil {
+		return nil, err
+	}
+	var r record
+	for name, value := range fields {
+		one, _ := json.Marshal(map[string]json.RawMessage{name: value})
+		_ = json.Unmarshal(one, &r)
+	}
+	return r.job(payload), nil
+}

@@ -62,7 +62,7 @@ func (q *Queue) jobsByID(ctx context.Context, ids []string) ([]*Job, error) {
 		if c.Err() != nil {
 			continue
 		}
-		j, err := decodeJob(c.Val(), nil)
+		j, err := readJob(c.Val(), nil)
 		if err != nil {
 			return nil, err
 		}

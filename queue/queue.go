@@ -487,7 +487,7 @@ func (c *enqueueCall) result() (*EnqueueResult, error) {
 	}
 	if !c.added {
 		// The payload stored is the first enqueue's; hand that back rather than the caller's.
-		job, err := decodeJob(c.dupRaw, c.stored)
+		job, err := readJob(c.dupRaw, c.stored)
 		if err != nil {
 			return nil, err
 		}

@@ -523,27 +523,20 @@ func TestAnUndecodableRecordIsBuriedAndTheRestRun(t *testing.T) {
 		return nil
 	}), nil)
 	waitState(t, q, "good", StateCompleted, 5*time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		raw, err := rdb.HGet(ctx, q.keys.jobs, "bad").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var got map[string]any
-		if err := json.Unmarshal([]byte(raw), &got); err != nil {
-			t.Fatal(err)
-		}
-		if got["state"] == string(StateDead) {
-			reason, _ := got["dead_reason"].(string)
-			if !strings.Contains(reason, "decode job record") {
-				t.Fatalf("dead for %q; want the decoding error", reason)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the undecodable job is %v after 5s; want dead", got["state"])
-		}
-		time.Sleep(10 * time.Millisecond)
+	// The inspector reads what it can of the record: the job is listed, with the reason it is dead.
+	j := waitState(t, q, "bad", StateDead, 5*time.Second)
+	if !strings.Contains(j.DeadReason, "decode job record") || j.Kind != "k" {
+		t.Fatalf("dead as %+v; want the decoding error as its reason, and its kind", j)
+	}
+	dead, err := q.DeadJobs(ctx, 0, 10)
+	if err != nil || len(dead) != 1 || dead[0].ID != "bad" {
+		t.Fatalf("dead jobs listed: %v, %v; want the undecodable one", dead, err)
+	}
+	if listed, err := q.Jobs(ctx, StateDead, 0, 10); err != nil || len(listed) != 1 || listed[0].ID != "bad" {
+		t.Fatalf("jobs listed as dead: %v, %v; want the undecodable one", listed, err)
+	}
+	if res, err := q.Enqueue(ctx, NewJob{ID: "bad", Kind: "k"}); err != nil || !res.Duplicate {
+		t.Fatalf("enqueue of the undecodable job's ID: %+v, %v; want a duplicate", res, err)
 	}
 	if _, ran := runs.Load("bad"); ran {
 		t.Fatal("a handler was given the undecodable job")

@@ -39,3 +39,22 @@ func TestRecordsDecodeAsEncodingJSONDecodesThem(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRecordDecoding holds decodeJob to encoding/json on any bytes: both refuse them, or both read the same job.
+func FuzzRecordDecoding(f *testing.F) {
+	f.Add(`{"id":"a","kind":"k","state":"active","epoch":3,"runs":1,"failures":0,"stalls":0,"max_attempts":25,` +
+		`"max_stalls":1,"created_at":1765080000123,"owner":"w","trace":{"traceparent":"00-01-02-01"}}`)
+	f.Add(`{"id":"a\/b","last_error":"\u00e9 \ud83d\ude00 \"q\"","epoch":1,"trace":{}}`)
+	f.Add(`{"ID":"upper","Epoch":2,"id":"lower"}`)
+	f.Fuzz(func(t *testing.T, raw string) {
+		var want record
+		wantErr := stdjson.Unmarshal([]byte(raw), &want)
+		got, err := decodeJob(raw, nil)
+		if (err == nil) != (wantErr == nil) {
+			t.Fatalf("%q: decodeJob err %v, encoding/json err %v", raw, err, wantErr)
+		}
+		if err == nil && !reflect.DeepEqual(got, want.job(nil)) {
+			t.Fatalf("%q:\n decodeJob     %+v\n encoding/json %+v", raw, got, want.job(nil))
+		}
+	})
+}

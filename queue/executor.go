@@ -182,9 +182,21 @@ func (w *Worker) livePairsLocked() []any {
 // handler can be given the job, and a retry would read the same record. Dead, it is kept for an operator to
 // inspect and requeue. Records are written by this package's scripts, so this takes a record written by
 // another version or by hand.
+//
+// OnJobDone hears of it as "dead", with what could be read of the job, so that an alert on dead jobs sees it.
 func (w *Worker) bury(ctx context.Context, l leased, err error) {
 	w.log.ErrorContext(ctx, "undecodable job leased; it is sent to dead", "job", l.id, "epoch", l.epoch, "err", err)
-	if _, ferr := w.fail(&Job{ID: l.id, Epoch: l.epoch, Attempt: 1}, Permanent(err)); ferr != nil {
+	job, rerr := readJob(l.record, []byte(l.payload))
+	if rerr != nil {
+		job = &Job{}
+	}
+	job.ID, job.Epoch, job.State = l.id, l.epoch, StateActive
+	outcome, ferr := w.fail(job, Permanent(err))
+	if ferr != nil {
 		w.log.ErrorContext(ctx, "undecodable job not recorded as dead; it is handed back", "job", l.id, "err", ferr)
+		return
+	}
+	if outcome == "dead" && w.cfg.OnJobDone != nil {
+		w.cfg.OnJobDone(job, "dead", 0)
 	}
 }

@@ -515,13 +515,15 @@ func TestAnUndecodableRecordIsBuriedAndTheRestRun(t *testing.T) {
 	if err := rdb.HSet(ctx, q.keys.jobs, "bad", bad).Err(); err != nil {
 		t.Fatal(err)
 	}
-	var runs sync.Map
+	var runs, outcomes sync.Map
 	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
 		if n, loaded := runs.LoadOrStore(j.ID, 1); loaded {
 			t.Errorf("job %s ran again (%v)", j.ID, n)
 		}
 		return nil
-	}), nil)
+	}), &WorkerConfig{OnJobDone: func(j *Job, outcome string, _ time.Duration) {
+		outcomes.Store(j.ID, j.Kind+" "+outcome)
+	}})
 	waitState(t, q, "good", StateCompleted, 5*time.Second)
 	// The inspector reads what it can of the record: the job is listed, with the reason it is dead.
 	j := waitState(t, q, "bad", StateDead, 5*time.Second)
@@ -537,6 +539,17 @@ func TestAnUndecodableRecordIsBuriedAndTheRestRun(t *testing.T) {
 	}
 	if res, err := q.Enqueue(ctx, NewJob{ID: "bad", Kind: "k"}); err != nil || !res.Duplicate {
 		t.Fatalf("enqueue of the undecodable job's ID: %+v, %v; want a duplicate", res, err)
+	}
+	// An alert on dead jobs (oncegate_jobs_total{outcome="dead"}) sees it; the hook runs once the script that
+	// buried the job has answered, which may be after the test saw it dead.
+	for start := time.Now(); ; time.Sleep(5 * time.Millisecond) {
+		o, _ := outcomes.Load("bad")
+		if o == "k dead" {
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("OnJobDone heard of the undecodable job as %v; want kind k, dead", o)
+		}
 	}
 	if _, ran := runs.Load("bad"); ran {
 		t.Fatal("a handler was given the undecodable job")

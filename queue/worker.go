@@ -68,6 +68,8 @@ type WorkerConfig struct {
 	Logger *slog.Logger
 	// OnJobDone, when set, is called after each handler run with the job, what came of it ("completed",
 	// "retry", "dead", "lease_lost", "stopped", "error") and how long the handler took: a hook for metrics.
+	// A leased job whose record cannot be decoded is sent to dead without a run: it is called for it too,
+	// with "dead", what could be read of the job, and 0.
 	OnJobDone func(job *Job, outcome string, took time.Duration)
 	// OnSweep, when set, is called with the result of each sweep this worker ran.
 	OnSweep func(SweepResult)

@@ -40,6 +40,9 @@ func (w *Worker) launch(ctx context.Context, l leased, leasedAt time.Time) {
 		if job, err := decodeJob(l.record, []byte(l.payload)); err != nil {
 			w.bury(ctx, l, err)
 		} else {
+			// The lease's own ID and epoch are the job's: every script keys it by the hash field, and a record
+			// whose id said otherwise ran its handler as another job, whose completion found no lease.
+			job.ID, job.Epoch = l.id, l.epoch
 			// The enqueue's trace context, read once for both of the job's spans.
 			ctx := w.q.opts.Propagator.Extract(ctx, propagation.MapCarrier(job.TraceContext))
 			w.traceLease(ctx, job, leasedAt)
@@ -193,7 +196,8 @@ func (w *Worker) bury(ctx context.Context, l leased, err error) {
 	job.ID, job.Epoch, job.State = l.id, l.epoch, StateActive
 	outcome, ferr := w.fail(job, Permanent(err))
 	if ferr != nil {
-		w.log.ErrorContext(ctx, "undecodable job not recorded as dead; it is handed back", "job", l.id, "err", ferr)
+		w.log.ErrorContext(ctx, "undecodable job not recorded as dead by the end of the drain; it will be leased again",
+			"job", l.id, "err", ferr)
 		return
 	}
 	if outcome == "dead" && w.cfg.OnJobDone != nil {

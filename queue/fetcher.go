@@ -130,7 +130,7 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []leased, now, next, ca
 	w.leasing = true // until register records the answer
 	w.mu.Unlock()
 	keys := []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq,
-		k.paused, k.epochFloor}
+		k.paused, k.epochFloor, k.dead}
 	cmd, err := w.q.runDurable(lctx, w.rdb, w.q.replicas(lctx), leaseScript, keys,
 		w.id, n, w.leaseFor().Milliseconds(), w.seenFor().Milliseconds())
 	var res []any

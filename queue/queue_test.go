@@ -559,6 +559,102 @@ func TestAnUndecodableRecordIsBuriedAndTheRestRun(t *testing.T) {
 	}
 }
 
+// Records edited by hand, or written by another version, into what the scripts and the worker cannot take as
+// it is: each such job ends where an operator sees it (dead, with the reason, or run once under its own ID),
+// and the jobs beside it run once. An outside tester found each of these losing or trapping jobs: a
+// non-JSON record lost the jobs leased in the same call, a word or null among the counters left a failed job
+// in no set, a fraction of an epoch was leased again every second, and a record naming another ID ran its
+// handler about once a second.
+func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		edit   func(rec map[string]any) // nil: the record is cut short, no longer JSON
+		fails  bool                     // the handler fails the bad job for good
+		state  JobState
+		reason string // in the bad job's DeadReason
+		runs   int32  // of the bad job's handler
+	}{
+		{name: "not JSON", state: StateDead, reason: "unreadable record"},
+		// The scripts read the counters as whole numbers (a word or null is 0, a fraction is cut), and the record
+		// they write back decodes.
+		{name: "a word for failures", edit: func(r map[string]any) { r["failures"] = "x" }, state: StateCompleted,
+			runs: 1},
+		{name: "null failures, the handler fails", edit: func(r map[string]any) { r["failures"] = nil }, fails: true,
+			state: StateDead, reason: "broken", runs: 1},
+		{name: "a fraction of an epoch", edit: func(r map[string]any) { r["epoch"] = 1.5 }, state: StateCompleted,
+			runs: 1},
+		// What the scripts can read and the worker cannot (a string for the trace's map): dead, with the reason.
+		{name: "a field only Lua reads", edit: func(r map[string]any) { r["trace"] = "not an object" },
+			state: StateDead, reason: "decode job record"},
+		{name: "another job's id", edit: func(r map[string]any) { r["id"] = "someone-else" },
+			state: StateCompleted, runs: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			q, rdb := newQueue(t, &Options{RetainCompleted: 100})
+			ctx := context.Background()
+			mustEnqueue(t, q, NewJob{ID: "bad", Kind: "k"})
+			for i := range 5 {
+				mustEnqueue(t, q, NewJob{ID: fmt.Sprintf("good-%d", i), Kind: "k"})
+			}
+			raw, err := rdb.HGet(ctx, q.keys.jobs, "bad").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			edited := raw[:len(raw)/2]
+			if tc.edit != nil {
+				var rec map[string]any
+				if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+					t.Fatal(err)
+				}
+				tc.edit(rec)
+				b, _ := json.Marshal(rec)
+				edited = string(b)
+			}
+			if err := rdb.HSet(ctx, q.keys.jobs, "bad", edited).Err(); err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			runs := map[string]int32{}
+			runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+				mu.Lock()
+				runs[j.ID]++
+				mu.Unlock()
+				if j.ID == "bad" && tc.fails {
+					return Permanent(errors.New("broken"))
+				}
+				return nil
+			}), &WorkerConfig{Concurrency: 4})
+			for i := range 5 {
+				waitState(t, q, fmt.Sprintf("good-%d", i), StateCompleted, 5*time.Second)
+			}
+			j := waitState(t, q, "bad", tc.state, 5*time.Second)
+			if !strings.Contains(j.DeadReason, tc.reason) {
+				t.Fatalf("the bad job is %s for %q; want %q in its reason", j.State, j.DeadReason, tc.reason)
+			}
+			time.Sleep(1500 * time.Millisecond) // past a heartbeat, which handed back what it did not know
+			mu.Lock()
+			defer mu.Unlock()
+			for id, n := range runs {
+				if want := int32(1); id != "bad" && n != want || id == "bad" && n != tc.runs {
+					t.Errorf("job %s ran %d times", id, n)
+				}
+			}
+			if j := mustJob(t, q, "bad"); j.State != tc.state {
+				t.Fatalf("the bad job went on to %s", j.State)
+			}
+			st, err := q.Stats(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Counts[StateReady]+st.Counts[StateActive]+st.Counts[StateDelayed] != 0 {
+				t.Fatalf("jobs left to run: %+v", st.Counts)
+			}
+		})
+	}
+}
+
 func TestDeadLettersListRequeuePurge(t *testing.T) {
 	t.Parallel()
 	q, _ := newQueue(t, nil)

@@ -16,6 +16,7 @@
 --                   job's epochs to start at 1 again, that worker's epoch would be the new job's, its late
 --                   completion would complete the new job, and the gateway, which keeps the highest epoch it
 --                   saw for a job ID, would refuse the new job's effects until its epochs passed the old ones.
+-- KEYS[12] dead     where a ready job whose record is not a JSON object goes (bury_unreadable)
 -- ARGV[1] worker id
 -- ARGV[2] how many jobs at most
 -- ARGV[3] lease TTL ms
@@ -57,7 +58,12 @@ if ids then
   -- An ID the list held twice is leased once, as when each read saw the write before it.
   local taken = {}
   for n, id in ipairs(ids) do
-    local job = not taken[id] and raws[n] and cjson.decode(raws[n])
+    local job = not taken[id] and raws[n] and decode_job(raws[n])
+    if job == nil then
+      -- Popped from the list, it would be in no set: it goes to dead, and the jobs beside it are leased.
+      bury_unreadable(KEYS[1], KEYS[12], id, raws[n], now)
+      taken[id] = true
+    end
     -- A ready id without a record was purged while it waited; there is nothing to run.
     if job and job.state == 'ready' then
       taken[id] = true

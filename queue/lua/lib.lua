@@ -10,12 +10,52 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- A whole number from whatever a field holds; nil when it holds none (a word, null, infinity).
+local function whole(v)
+  v = tonumber(v)
+  if not v or v ~= v or v == math.huge or v == -math.huge then
+    return nil
+  end
+  return math.floor(v)
+end
+
+-- Decodes a job's record, nil when it is not a JSON object. The fields the scripts count and compare with are
+-- read as whole numbers whatever a hand edit or another version left in them (a word, null, a fraction): a
+-- script that stops midway on one record keeps the writes it made before (Redis undoes none), which left a
+-- failed job in no set at all, and a fraction of an epoch never matched the epoch a worker was told.
+local function decode_job(raw)
+  local ok, job = pcall(cjson.decode, raw)
+  if not ok or type(job) ~= 'table' then
+    return nil
+  end
+  for _, f in ipairs({'epoch', 'runs', 'failures', 'stalls', 'max_attempts', 'max_stalls'}) do
+    job[f] = whole(job[f]) or 0
+  end
+  for _, f in ipairs({'created_at', 'ready_at', 'run_at', 'leased_at', 'finished_at', 'lease_seq'}) do
+    job[f] = whole(job[f])
+  end
+  if type(job.owner) ~= 'string' then
+    job.owner = nil
+  end
+  return job
+end
+
 local function load_job(jobs_key, id)
   local raw = redis.call('HGET', jobs_key, id)
   if not raw then
     return nil
   end
-  return cjson.decode(raw)
+  return decode_job(raw)
+end
+
+-- Sends a job whose record is not a JSON object to dead, with a record that says so and keeps the old one
+-- whole (unreadable_record), for an operator to mend and requeue: it cannot be run, nor left where it was.
+local function bury_unreadable(keys_jobs, keys_dead, id, raw, now)
+  local shown = string.sub(raw, 1, 100)
+  redis.call('HSET', keys_jobs, id, cjson.encode({id = id, state = 'dead', epoch = 0, failures = 0, stalls = 0,
+    max_attempts = 0, max_stalls = 0, finished_at = now, unreadable_record = raw,
+    dead_reason = 'unreadable record (not a JSON object), kept in unreadable_record: ' .. shown}))
+  redis.call('ZADD', keys_dead, now, id)
 end
 
 local function save_job(jobs_key, id, job)

@@ -46,7 +46,14 @@ end
 -- owner, when given, must still hold the job: a tie left behind by a lost worker never reclaims a job that a
 -- live worker leased since.
 local function reclaim(id, why, owner)
-  local job = load_job(KEYS[1], id)
+  local raw = redis.call('HGET', KEYS[1], id)
+  local job = raw and decode_job(raw)
+  if raw and not job then
+    redis.call('ZREM', KEYS[3], id)
+    bury_unreadable(KEYS[1], KEYS[5], id, raw, now)
+    died = died + 1
+    return
+  end
   if not job or job.state ~= 'active' then
     redis.call('ZREM', KEYS[3], id)
     return

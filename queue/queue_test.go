@@ -576,10 +576,9 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 		runs   int32  // of the bad job's handler
 	}{
 		{name: "not JSON", state: StateDead, reason: "unreadable record"},
-		// The scripts read the counters as whole numbers (a word or null is 0, a fraction is cut), and the record
-		// they write back decodes.
-		{name: "a word for failures", edit: func(r map[string]any) { r["failures"] = "x" }, state: StateCompleted,
-			runs: 1},
+		// The worker cannot decode it; the script that buries it reads the word as 0.
+		{name: "a word for failures", edit: func(r map[string]any) { r["failures"] = "x" }, state: StateDead,
+			reason: "decode job record"},
 		{name: "null failures, the handler fails", edit: func(r map[string]any) { r["failures"] = nil }, fails: true,
 			state: StateDead, reason: "broken", runs: 1},
 		{name: "a fraction of an epoch", edit: func(r map[string]any) { r["epoch"] = 1.5 }, state: StateCompleted,

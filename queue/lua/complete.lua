@@ -38,7 +38,7 @@ for n, id in ipairs(ids) do
   local epoch = ARGV[3 + 2 * n]
   local job = finished[id]
   if job == nil then
-    job = raws[n] and decode_job(raws[n]) or false
+    job = raws[n] and decode_record(raws[n]) or false
   elseif not retain then
     job = false
   end

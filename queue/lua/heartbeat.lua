@@ -38,7 +38,7 @@ for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[4], '[' .. wid .. ':', '[' .. 
   local id = string.sub(m, #wid + 2)
   if not held[id] then
     local job = load_job(KEYS[1], id)
-    if job and job.state == 'active' and job.owner == wid and (job.lease_seq or 0) < before then
+    if job and job.state == 'active' and job.owner == wid and (whole(job.lease_seq) or 0) < before then
       drop_lease(KEYS[2], KEYS[4], id, job)
       make_ready_front(KEYS[1], KEYS[5], id, job)
       orphans = orphans + 1

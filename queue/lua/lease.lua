@@ -58,7 +58,7 @@ if ids then
   -- An ID the list held twice is leased once, as when each read saw the write before it.
   local taken = {}
   for n, id in ipairs(ids) do
-    local job = not taken[id] and raws[n] and decode_job(raws[n])
+    local job = not taken[id] and raws[n] and decode_record(raws[n])
     if job == nil then
       -- Popped from the list, it would be in no set: it goes to dead, and the jobs beside it are leased.
       bury_unreadable(KEYS[1], KEYS[12], id, raws[n], now)
@@ -67,11 +67,13 @@ if ids then
     -- A ready id without a record was purged while it waited; there is nothing to run.
     if job and job.state == 'ready' then
       taken[id] = true
-      if tonumber(job.epoch) == 0 then
+      -- A fraction of an epoch (a hand edit) never matched the whole one a worker is told.
+      local epoch = counter(job.epoch)
+      if epoch == 0 then
         floor = floor or tonumber(redis.call('GET', KEYS[11]) or '0')
-        job.epoch = floor
+        epoch = floor
       end
-      job.epoch = job.epoch + 1
+      job.epoch = epoch + 1
       -- Runs count the leases, from 1: the epoch does not (a reused ID starts above its old job's epochs).
       job.runs = (tonumber(job.runs) or 0) + 1
       job.state = 'active'

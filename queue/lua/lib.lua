@@ -19,23 +19,38 @@ local function whole(v)
   return math.floor(v)
 end
 
--- Decodes a job's record, nil when it is not a JSON object. The fields the scripts count and compare with are
--- read as whole numbers whatever a hand edit or another version left in them (a word, null, a fraction): a
--- script that stops midway on one record keeps the writes it made before (Redis undoes none), which left a
--- failed job in no set at all, and a fraction of an epoch never matched the epoch a worker was told.
-local function decode_job(raw)
+-- Decodes a job's record, nil when it is not a JSON object: a script that stopped on one record midway would
+-- keep the writes it made before (Redis undoes none). The two scripts every job passes through use this
+-- alone; decode_job is for the rest.
+local function decode_record(raw)
   local ok, job = pcall(cjson.decode, raw)
-  if not ok or type(job) ~= 'table' then
-    return nil
+  if ok and type(job) == 'table' then
+    return job
   end
-  for _, f in ipairs({'epoch', 'runs', 'failures', 'stalls', 'max_attempts', 'max_stalls'}) do
-    job[f] = whole(job[f]) or 0
+  return nil
+end
+
+-- A record's counter as a whole number: a word or null (a hand edit, another version) is 0, a fraction is cut.
+local function counter(v)
+  if type(v) == 'number' and v % 1 == 0 then
+    return v
   end
-  for _, f in ipairs({'created_at', 'ready_at', 'run_at', 'leased_at', 'finished_at', 'lease_seq'}) do
-    job[f] = whole(job[f])
-  end
-  if type(job.owner) ~= 'string' then
-    job.owner = nil
+  return whole(v) or 0
+end
+
+local counters = {'epoch', 'runs', 'failures', 'stalls', 'max_attempts', 'max_stalls'}
+
+-- decode_record, with the counters the scripts count and compare with read by counter(): a word among them
+-- stopped fail.lua after it had dropped the lease, leaving the job active in no set.
+local function decode_job(raw)
+  local job = decode_record(raw)
+  if job then
+    for i = 1, #counters do
+      job[counters[i]] = counter(job[counters[i]])
+    end
+    if type(job.owner) ~= 'string' then
+      job.owner = nil
+    end
   end
   return job
 end

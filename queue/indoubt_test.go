@@ -102,3 +102,30 @@ func TestLeasesOfLostAnswersCountAsHeldUntilHandedBack(t *testing.T) {
 		t.Fatalf("ready jobs after the hand back: %+v, %v; want all 6", s.Counts, err)
 	}
 }
+
+// After a lease call whose answer was lost, the next asks for half as many jobs, down to one, and answered
+// calls let the size grow back until it is no longer limited.
+func TestALostLeaseAnswerHalvesTheNextCall(t *testing.T) {
+	t.Parallel()
+	var s leaseSize
+	if n := s.of(8); n != 8 {
+		t.Fatalf("unlimited: asked %d of 8 free", n)
+	}
+	var asked []int
+	for range 5 {
+		n := s.of(8)
+		asked = append(asked, n)
+		s.lost(n)
+	}
+	if fmt.Sprint(asked) != "[8 4 2 1 1]" {
+		t.Fatalf("calls after lost answers asked for %v; want [8 4 2 1 1]", asked)
+	}
+	asked = asked[:0]
+	for range 5 {
+		s.answered(8)
+		asked = append(asked, s.of(8))
+	}
+	if fmt.Sprint(asked) != "[2 4 8 8 8]" || s.limit != 0 {
+		t.Fatalf("calls after answered ones asked for %v (limit %d); want [2 4 8 8 8], unlimited", asked, s.limit)
+	}
+}

@@ -68,7 +68,12 @@ func (q *Queue) Job(ctx context.Context, id string) (*Job, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("queue: get job %q: %w", id, err)
 	}
-	return readJob(rec.Val(), []byte(payload.Val()))
+	j, err := readJob(rec.Val(), []byte(payload.Val()))
+	if err != nil {
+		return nil, err
+	}
+	j.ID = id // the hash field, which every script keys the job by
+	return j, nil
 }
 
 // DeadJobs lists dead jobs, most recently dead first, skipping offset and returning at most limit.

@@ -118,7 +118,7 @@ func (r *record) job(payload []byte) *Job {
 // readJob is decodeJob for those who show a job rather than run it (the inspector, the answer to an enqueue of
 // an ID that exists): a record that does not decode whole is read field by field, and a field that does not
 // decode is left at its zero value. A bad field, written by hand or by another version, then hides only
-// itself, not the job, nor the page of jobs it is listed on.
+// itself, not the job, nor the page of jobs it is listed on. Its callers give the job its ID.
 func readJob(raw string, payload []byte) (*Job, error) {
 	j, err := decodeJob(raw, payload)
 	if err == nil {
@@ -126,7 +126,8 @@ func readJob(raw string, payload []byte) (*Job, error) {
 	}
 	var fields map[string]json.RawMessage
 	if json.Unmarshal([]byte(raw), &fields) != nil {
-		return nil, err
+		// Not even an object: the job is shown with what its record is, for an operator to purge or mend.
+		return &Job{Payload: payload, LastError: fmt.Sprintf("unreadable record: %.100q", raw)}, nil
 	}
 	var r record
 	for name, value := range fields {

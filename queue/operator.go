@@ -58,7 +58,7 @@ func (q *Queue) jobsByID(ctx context.Context, ids []string) ([]*Job, error) {
 		return nil, fmt.Errorf("queue: read jobs: %w", err)
 	}
 	out := make([]*Job, 0, len(ids))
-	for _, c := range recs {
+	for i, c := range recs {
 		if c.Err() != nil {
 			continue
 		}
@@ -66,6 +66,7 @@ func (q *Queue) jobsByID(ctx context.Context, ids []string) ([]*Job, error) {
 		if err != nil {
 			return nil, err
 		}
+		j.ID = ids[i] // the hash field, which every script keys the job by
 		out = append(out, j)
 	}
 	return out, nil

@@ -491,6 +491,7 @@ func (c *enqueueCall) result() (*EnqueueResult, error) {
 		if err != nil {
 			return nil, err
 		}
+		job.ID = c.id
 		return &EnqueueResult{Job: job, Duplicate: true}, nil
 	}
 	// The record stored is the one sent plus what enqueue.lua appends, so there is nothing to decode.

@@ -569,8 +569,11 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
-		edit   func(rec map[string]any) // nil: the record is cut short, no longer JSON
-		fails  bool                     // the handler fails the bad job for good
+		edit   func(rec map[string]any)                               // nil: the record is cut short, no longer JSON
+		raw    string                                                 // the record instead, when set
+		delay  time.Duration                                          // the bad job's, so that the lease meets it among the due delayed jobs
+		keys   func(ctx context.Context, rdb *redis.Client, q *Queue) // edits of the queue's other keys
+		fails  bool                                                   // the handler fails the bad job for good
 		state  JobState
 		reason string // in the bad job's DeadReason
 		runs   int32  // of the bad job's handler
@@ -586,6 +589,23 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 		// What the scripts can read and the worker cannot (a string for the trace's map): dead, with the reason.
 		{name: "a field only Lua reads", edit: func(r map[string]any) { r["trace"] = "not an object" },
 			state: StateDead, reason: "decode job record"},
+		// A second outside tester's: JSON that is no job record, a delayed job's record, epochs out of range,
+		// and an epoch floor that is not a number.
+		{name: "a JSON array", raw: "[]", state: StateDead, reason: "unreadable record"},
+		{name: "an empty object", raw: "{}", state: StateDead, reason: "unreadable record"},
+		{name: "a state not ours", edit: func(r map[string]any) { r["state"] = "DEL" }, state: StateDead,
+			reason: "unreadable record"},
+		{name: "a delayed job's record not JSON", delay: 300 * time.Millisecond, state: StateDead,
+			reason: "unreadable record"},
+		{name: "an epoch past what cjson writes whole", edit: func(r map[string]any) { r["epoch"] = 1e15 },
+			state: StateDead, reason: "an epoch of"},
+		{name: "a negative epoch", edit: func(r map[string]any) { r["epoch"] = -5 }, state: StateCompleted, runs: 1},
+		{name: "an epoch floor that is a word", edit: func(map[string]any) {},
+			keys: func(ctx context.Context, rdb *redis.Client, q *Queue) {
+				if err := rdb.Set(ctx, q.keys.epochFloor, "abc", 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}, state: StateCompleted, runs: 1},
 		{name: "another job's id", edit: func(r map[string]any) { r["id"] = "someone-else" },
 			state: StateCompleted, runs: 1},
 	} {
@@ -593,7 +613,7 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 			t.Parallel()
 			q, rdb := newQueue(t, &Options{RetainCompleted: 100})
 			ctx := context.Background()
-			mustEnqueue(t, q, NewJob{ID: "bad", Kind: "k"})
+			mustEnqueue(t, q, NewJob{ID: "bad", Kind: "k", Delay: tc.delay})
 			for i := range 5 {
 				mustEnqueue(t, q, NewJob{ID: fmt.Sprintf("good-%d", i), Kind: "k"})
 			}
@@ -611,8 +631,14 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 				b, _ := json.Marshal(rec)
 				edited = string(b)
 			}
+			if tc.raw != "" {
+				edited = tc.raw
+			}
 			if err := rdb.HSet(ctx, q.keys.jobs, "bad", edited).Err(); err != nil {
 				t.Fatal(err)
+			}
+			if tc.keys != nil {
+				tc.keys(ctx, rdb, q)
 			}
 			var mu sync.Mutex
 			runs := map[string]int32{}
@@ -640,6 +666,9 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 					t.Errorf("job %s ran %d times", id, n)
 				}
 			}
+			if n := runs["bad"]; n != tc.runs {
+				t.Errorf("the bad job ran %d times; want %d", n, tc.runs)
+			}
 			if j := mustJob(t, q, "bad"); j.State != tc.state {
 				t.Fatalf("the bad job went on to %s", j.State)
 			}
@@ -651,6 +680,67 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 				t.Fatalf("jobs left to run: %+v", st.Counts)
 			}
 		})
+	}
+}
+
+// A stray entry of the delayed set (a hand edit) brings back no job that is running, completed or dead: the
+// lease made ready whatever it named, and a completed job ran a second time (a second outside tester). A dead
+// job buried as unreadable is purged, and not requeued unmended.
+func TestStrayDelayedEntriesRunNoJobAgain(t *testing.T) {
+	t.Parallel()
+	q, rdb := newQueue(t, &Options{RetainCompleted: 100})
+	ctx := context.Background()
+	var mu sync.Mutex
+	runs := map[string]int{}
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		mu.Lock()
+		runs[j.ID]++
+		mu.Unlock()
+		if j.ID == "dies" {
+			return Permanent(errors.New("no"))
+		}
+		return nil
+	}), nil)
+	mustEnqueue(t, q, NewJob{ID: "done"})
+	mustEnqueue(t, q, NewJob{ID: "dies"})
+	waitState(t, q, "done", StateCompleted, 5*time.Second)
+	waitState(t, q, "dies", StateDead, 5*time.Second)
+	if err := rdb.ZAdd(ctx, q.keys.delayed, redisZ(0, "done"), redisZ(0, "dies")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, q, NewJob{ID: "after"}) // a lease call, which promotes due delayed jobs, comes for it
+	waitState(t, q, "after", StateCompleted, 5*time.Second)
+	time.Sleep(300 * time.Millisecond)
+	mu.Lock()
+	if runs["done"] != 1 || runs["dies"] != 1 {
+		t.Fatalf("runs after stray delayed entries: %v; want done and dies once each", runs)
+	}
+	mu.Unlock()
+	if j := mustJob(t, q, "dies"); j.State != StateDead {
+		t.Fatalf("the dead job is %s", j.State)
+	}
+
+	// An unreadable record, buried: requeue leaves it, purge clears it.
+	mustEnqueue(t, q, NewJob{ID: "broken", Delay: time.Hour})
+	if err := rdb.HSet(ctx, q.keys.jobs, "broken", "[1,2]").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.ZAdd(ctx, q.keys.delayed, redisZ(0, "broken")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustEnqueue(t, q, NewJob{ID: "after2"})
+	j := waitState(t, q, "broken", StateDead, 5*time.Second)
+	if !strings.Contains(j.DeadReason, "unreadable record") {
+		t.Fatalf("buried as %q", j.DeadReason)
+	}
+	if n, err := q.RequeueDead(ctx, "broken"); err != nil || n != 0 {
+		t.Fatalf("requeue of an unreadable record: %d, %v; want it left dead until mended", n, err)
+	}
+	if n, err := q.PurgeDead(ctx, "broken"); err != nil || n != 1 {
+		t.Fatalf("purge of an unreadable record: %d, %v; want 1", n, err)
+	}
+	if _, err := q.Job(ctx, "broken"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("after the purge: %v; want not found", err)
 	}
 }
 

@@ -80,7 +80,7 @@ batched('HSET', KEYS[1], saved, 2)
 batched('ZADD', KEYS[5], done, 2)
 batched('ZADD', KEYS[6], seen, 2)
 
-if top > 0 and top > tonumber(redis.call('GET', KEYS[7]) or '0') then
+if top > 0 and top > epoch_floor(KEYS[7]) then
   redis.call('SET', KEYS[7], top)
 end
 

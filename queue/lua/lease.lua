@@ -29,9 +29,14 @@ local wid = ARGV[1]
 
 local due = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 1000)
 for _, id in ipairs(due) do
-  local job = load_job(KEYS[1], id)
-  if job then
+  local raw = redis.call('HGET', KEYS[1], id)
+  local job = raw and decode_job(raw)
+  -- Only a delayed job is made ready: an entry left for a job that is running, completed or dead (a hand
+  -- edit) ran it again.
+  if job and job.state == 'delayed' then
     make_ready(KEYS[1], KEYS[3], id, job, now)
+  elseif raw and not job then
+    bury_unreadable(KEYS[1], KEYS[12], id, raw, now)
   end
   redis.call('ZREM', KEYS[4], id)
 end
@@ -65,12 +70,17 @@ if ids then
       taken[id] = true
     end
     -- A ready id without a record was purged while it waited; there is nothing to run.
+    if job and job.state == 'ready' and counter(job.epoch) >= max_epoch then
+      bury_unreadable(KEYS[1], KEYS[12], id, raws[n], now, 'an epoch of ' .. tostring(job.epoch))
+      taken[id] = true
+      job = nil
+    end
     if job and job.state == 'ready' then
       taken[id] = true
       -- A fraction of an epoch (a hand edit) never matched the whole one a worker is told.
       local epoch = counter(job.epoch)
       if epoch == 0 then
-        floor = floor or tonumber(redis.call('GET', KEYS[11]) or '0')
+        floor = floor or epoch_floor(KEYS[11])
         epoch = floor
       end
       job.epoch = epoch + 1

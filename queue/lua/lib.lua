@@ -22,21 +22,30 @@ end
 -- Decodes a job's record, nil when it is not a JSON object: a script that stopped on one record midway would
 -- keep the writes it made before (Redis undoes none). The two scripts every job passes through use this
 -- alone; decode_job is for the rest.
+local states = {ready = true, delayed = true, active = true, completed = true, dead = true}
+
 local function decode_record(raw)
   local ok, job = pcall(cjson.decode, raw)
-  if ok and type(job) == 'table' then
+  -- A JSON array, an empty object or a record without a state of ours is no job a script can place: it was
+  -- taken off the ready list and put nowhere.
+  if ok and type(job) == 'table' and states[job.state] then
     return job
   end
   return nil
 end
 
--- A record's counter as a whole number: a word or null (a hand edit, another version) is 0, a fraction is cut.
+-- A record's counter as a whole number: a word, null or a number below 0 (a hand edit, another version) is
+-- 0, a fraction is cut.
 local function counter(v)
-  if type(v) == 'number' and v % 1 == 0 then
+  if type(v) == 'number' and v % 1 == 0 and v >= 0 then
     return v
   end
-  return whole(v) or 0
+  return math.max(whole(v) or 0, 0)
 end
+
+-- Epochs stay below this: cjson writes numbers with 14 significant digits, and an epoch it rounded never
+-- matched the one the worker was told, so the job was leased again every second, never run.
+local max_epoch = 1e13
 
 local counters = {'epoch', 'runs', 'failures', 'stalls', 'max_attempts', 'max_stalls'}
 
@@ -63,14 +72,21 @@ local function load_job(jobs_key, id)
   return decode_job(raw)
 end
 
--- Sends a job whose record is not a JSON object to dead, with a record that says so and keeps the old one
--- whole (unreadable_record), for an operator to mend and requeue: it cannot be run, nor left where it was.
-local function bury_unreadable(keys_jobs, keys_dead, id, raw, now)
+-- Sends a job whose record no script can place (not a JSON object, no state of ours, an epoch out of range)
+-- to dead, with a record that says so and keeps the old one whole (unreadable_record), for an operator to
+-- mend: it cannot be run, nor left where it was. requeue_dead.lua leaves it dead until it is mended.
+local function bury_unreadable(keys_jobs, keys_dead, id, raw, now, why)
   local shown = string.sub(raw, 1, 100)
   redis.call('HSET', keys_jobs, id, cjson.encode({id = id, state = 'dead', epoch = 0, failures = 0, stalls = 0,
     max_attempts = 0, max_stalls = 0, finished_at = now, unreadable_record = raw,
-    dead_reason = 'unreadable record (not a JSON object), kept in unreadable_record: ' .. shown}))
+    dead_reason = 'unreadable record (' .. (why or 'not a job record') .. '), kept in unreadable_record: ' ..
+      shown}))
   redis.call('ZADD', keys_dead, now, id)
+end
+
+-- The epoch floor (see lease.lua) as a whole number, whatever a hand edit left in the key.
+local function epoch_floor(key)
+  return math.max(whole(redis.call('GET', key)) or 0, 0)
 end
 
 local function save_job(jobs_key, id, job)
@@ -154,7 +170,7 @@ end
 
 -- The fence: a lease is the caller's only while the job is active under the epoch the caller was given.
 local function holds(job, epoch)
-  return job ~= nil and job.state == 'active' and tonumber(job.epoch) == tonumber(epoch)
+  return job ~= nil and job.state == 'active' and counter(job.epoch) == tonumber(epoch)
 end
 
 -- The identity of the Redis server running the script. Client IDs are only unique within one server run, so a

@@ -9,8 +9,12 @@
 local n = 0
 local top = 0
 for _, id in ipairs(ARGV) do
-  local job = load_job(KEYS[1], id)
-  if job and job.state == 'dead' then
+  local raw = redis.call('HGET', KEYS[1], id)
+  local job = raw and decode_job(raw)
+  -- A dead entry whose record no script can read, or that has none (hand edits), is purged too: nothing
+  -- else can clear it.
+  if (job and job.state == 'dead') or (not job and redis.call('ZSCORE', KEYS[3], id)) then
+    job = job or {epoch = 0}
     redis.call('ZREM', KEYS[3], id)
     redis.call('HDEL', KEYS[1], id)
     redis.call('HDEL', KEYS[2], id)
@@ -18,7 +22,7 @@ for _, id in ipairs(ARGV) do
     top = math.max(top, tonumber(job.epoch))
   end
 end
-if top > 0 and top > tonumber(redis.call('GET', KEYS[4]) or '0') then
+if top > 0 and top > epoch_floor(KEYS[4]) then
   redis.call('SET', KEYS[4], top)
 end
 return n

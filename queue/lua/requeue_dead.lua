@@ -9,7 +9,9 @@ local now = now_ms()
 local n = 0
 for _, id in ipairs(ARGV) do
   local job = load_job(KEYS[1], id)
-  if job and job.state == 'dead' then
+  -- A record buried as unreadable (lib.lua) stays dead until an operator mends it: run as it is, it has no
+  -- kind, no attempts and no epoch of its own.
+  if job and job.state == 'dead' and job.unreadable_record == nil then
     redis.call('ZREM', KEYS[2], id)
     job.failures = 0
     job.stalls = 0

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -576,7 +577,7 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 		fails  bool                                                   // the handler fails the bad job for good
 		state  JobState
 		reason string // in the bad job's DeadReason
-		runs   int32  // of the bad job's handler
+		runs   int    // of the bad job's handler
 	}{
 		{name: "not JSON", state: StateDead, reason: "unreadable record"},
 		// The worker cannot decode it; the script that buries it reads the word as 0.
@@ -640,12 +641,8 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 			if tc.keys != nil {
 				tc.keys(ctx, rdb, q)
 			}
-			var mu sync.Mutex
-			runs := map[string]int32{}
-			runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
-				mu.Lock()
-				runs[j.ID]++
-				mu.Unlock()
+			runs := &runCount{}
+			runWorker(t, q, runs.handler(func(j *Job) error {
 				if j.ID == "bad" && tc.fails {
 					return Permanent(errors.New("broken"))
 				}
@@ -659,14 +656,13 @@ func TestHandEditedRecordsNeitherLoseNorTrapJobs(t *testing.T) {
 				t.Fatalf("the bad job is %s for %q; want %q in its reason", j.State, j.DeadReason, tc.reason)
 			}
 			time.Sleep(1500 * time.Millisecond) // past a heartbeat, which handed back what it did not know
-			mu.Lock()
-			defer mu.Unlock()
-			for id, n := range runs {
-				if want := int32(1); id != "bad" && n != want || id == "bad" && n != tc.runs {
+			counts := runs.snapshot()
+			for id, n := range counts {
+				if id != "bad" && n != 1 {
 					t.Errorf("job %s ran %d times", id, n)
 				}
 			}
-			if n := runs["bad"]; n != tc.runs {
+			if n := counts["bad"]; n != tc.runs {
 				t.Errorf("the bad job ran %d times; want %d", n, tc.runs)
 			}
 			if j := mustJob(t, q, "bad"); j.State != tc.state {
@@ -690,12 +686,8 @@ func TestStrayDelayedEntriesRunNoJobAgain(t *testing.T) {
 	t.Parallel()
 	q, rdb := newQueue(t, &Options{RetainCompleted: 100})
 	ctx := context.Background()
-	var mu sync.Mutex
-	runs := map[string]int{}
-	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
-		mu.Lock()
-		runs[j.ID]++
-		mu.Unlock()
+	runs := &runCount{}
+	runWorker(t, q, runs.handler(func(j *Job) error {
 		if j.ID == "dies" {
 			return Permanent(errors.New("no"))
 		}
@@ -711,11 +703,9 @@ func TestStrayDelayedEntriesRunNoJobAgain(t *testing.T) {
 	mustEnqueue(t, q, NewJob{ID: "after"}) // a lease call, which promotes due delayed jobs, comes for it
 	waitState(t, q, "after", StateCompleted, 5*time.Second)
 	time.Sleep(300 * time.Millisecond)
-	mu.Lock()
-	if runs["done"] != 1 || runs["dies"] != 1 {
-		t.Fatalf("runs after stray delayed entries: %v; want done and dies once each", runs)
+	if counts := runs.snapshot(); counts["done"] != 1 || counts["dies"] != 1 {
+		t.Fatalf("runs after stray delayed entries: %v; want done and dies once each", counts)
 	}
-	mu.Unlock()
 	if j := mustJob(t, q, "dies"); j.State != StateDead {
 		t.Fatalf("the dead job is %s", j.State)
 	}
@@ -962,6 +952,31 @@ func TestCheckRedisWarnsAboutRiskySettings(t *testing.T) {
 	if got := strings.Contains(warnings, "--appendonly yes"); got != (aof != "yes") {
 		t.Errorf("appendonly %q: warnings %q", aof, warnings)
 	}
+}
+
+// runCount counts the runs of each job ID by a handler.
+type runCount struct {
+	mu   sync.Mutex
+	runs map[string]int
+}
+
+// handler counts each run, then answers what then answers.
+func (c *runCount) handler(then func(*Job) error) Handler {
+	return HandlerFunc(func(ctx context.Context, j *Job) error {
+		c.mu.Lock()
+		if c.runs == nil {
+			c.runs = map[string]int{}
+		}
+		c.runs[j.ID]++
+		c.mu.Unlock()
+		return then(j)
+	})
+}
+
+func (c *runCount) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.runs)
 }
 
 func ids(jobs []*Job) []string {

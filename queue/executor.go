@@ -189,10 +189,7 @@ func (w *Worker) livePairsLocked() []any {
 // OnJobDone hears of it as "dead", with what could be read of the job, so that an alert on dead jobs sees it.
 func (w *Worker) bury(ctx context.Context, l leased, err error) {
 	w.log.ErrorContext(ctx, "undecodable job leased; it is sent to dead", "job", l.id, "epoch", l.epoch, "err", err)
-	job, rerr := readJob(l.record, []byte(l.payload))
-	if rerr != nil {
-		job = &Job{}
-	}
+	job := readJob(l.record, []byte(l.payload))
 	job.ID, job.Epoch, job.State = l.id, l.epoch, StateActive
 	outcome, ferr := w.fail(job, Permanent(err))
 	if ferr != nil {

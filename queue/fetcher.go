@@ -40,9 +40,9 @@ func (w *Worker) freeSlots() (free int, probe bool) {
 }
 
 // leaseSize halves the jobs a lease call asks for after a call whose answer was lost, down to one, and
-// doubles them back after each answered call that leased any. An outside tester's four jobs of 200 MB took longer to send
-// than a lease call waits: every call was lost, the heartbeat handed its jobs back, the next call asked for
-// the four again, and no job ran.
+// doubles them back after each answered call that leased any. An outside tester's four jobs of 200 MB took
+// longer to send than a lease call waits: every call was lost, the heartbeat handed its jobs back, the next
+// call asked for the four again, and no job ran.
 type leaseSize struct{ limit int }
 
 func (s *leaseSize) of(free int) int {

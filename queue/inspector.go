@@ -68,10 +68,7 @@ func (q *Queue) Job(ctx context.Context, id string) (*Job, error) {
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("queue: get job %q: %w", id, err)
 	}
-	j, err := readJob(rec.Val(), []byte(payload.Val()))
-	if err != nil {
-		return nil, err
-	}
+	j := readJob(rec.Val(), []byte(payload.Val()))
 	j.ID = id // the hash field, which every script keys the job by
 	return j, nil
 }

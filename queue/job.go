@@ -119,20 +119,19 @@ func (r *record) job(payload []byte) *Job {
 // an ID that exists): a record that does not decode whole is read field by field, and a field that does not
 // decode is left at its zero value. A bad field, written by hand or by another version, then hides only
 // itself, not the job, nor the page of jobs it is listed on. Its callers give the job its ID.
-func readJob(raw string, payload []byte) (*Job, error) {
-	j, err := decodeJob(raw, payload)
-	if err == nil {
-		return j, nil
+func readJob(raw string, payload []byte) *Job {
+	if j, err := decodeJob(raw, payload); err == nil {
+		return j
 	}
 	var fields map[string]json.RawMessage
 	if json.Unmarshal([]byte(raw), &fields) != nil {
 		// Not even an object: the job is shown with what its record is, for an operator to purge or mend.
-		return &Job{Payload: payload, LastError: fmt.Sprintf("unreadable record: %.100q", raw)}, nil
+		return &Job{Payload: payload, LastError: fmt.Sprintf("unreadable record: %.100q", raw)}
 	}
 	var r record
 	for name, value := range fields {
 		one, _ := json.Marshal(map[string]json.RawMessage{name: value})
 		_ = json.Unmarshal(one, &r)
 	}
-	return r.job(payload), nil
+	return r.job(payload)
 }

@@ -62,10 +62,7 @@ func (q *Queue) jobsByID(ctx context.Context, ids []string) ([]*Job, error) {
 		if c.Err() != nil {
 			continue
 		}
-		j, err := readJob(c.Val(), nil)
-		if err != nil {
-			return nil, err
-		}
+		j := readJob(c.Val(), nil)
 		j.ID = ids[i] // the hash field, which every script keys the job by
 		out = append(out, j)
 	}

@@ -487,10 +487,7 @@ func (c *enqueueCall) result() (*EnqueueResult, error) {
 	}
 	if !c.added {
 		// The payload stored is the first enqueue's; hand that back rather than the caller's.
-		job, err := readJob(c.dupRaw, c.stored)
-		if err != nil {
-			return nil, err
-		}
+		job := readJob(c.dupRaw, c.stored)
 		job.ID = c.id
 		return &EnqueueResult{Job: job, Duplicate: true}, nil
 	}

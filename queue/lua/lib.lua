@@ -19,11 +19,11 @@ local function whole(v)
   return math.floor(v)
 end
 
+local states = {ready = true, delayed = true, active = true, completed = true, dead = true}
+
 -- Decodes a job's record, nil when it is not a JSON object: a script that stopped on one record midway would
 -- keep the writes it made before (Redis undoes none). The two scripts every job passes through use this
 -- alone; decode_job is for the rest.
-local states = {ready = true, delayed = true, active = true, completed = true, dead = true}
-
 local function decode_record(raw)
   local ok, job = pcall(cjson.decode, raw)
   -- A JSON array, an empty object or a record without a state of ours is no job a script can place: it was

@@ -63,6 +63,10 @@ type Claimed struct {
 	// then of a pause of it (0: none): the request that performs the row at once need not ask again.
 	PauseAsked string
 	PauseLeft  time.Duration
+	// Destination is providers.Destination of Payload once the dispatcher has worked it out ("": not yet).
+	// A delivery asks for it at the claim's hold-back, the call and the attempt log, and a webhook's takes a
+	// decode of its payload each time: decoding it once cut a gateway's CPU a webhook (issue 32).
+	Destination string
 }
 
 // InterruptedLease is a lease that ran out before its holder recorded an outcome.

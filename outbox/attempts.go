@@ -20,7 +20,7 @@ func (d *Dispatcher) recordAttempt(t *effectType, r dedup.Claimed, start time.Ti
 	if d.cfg.Attempts == nil {
 		return
 	}
-	dest := providers.Destination(t.Provider, r.Payload)
+	dest := destination(t, &r)
 	if !called {
 		owner := r.Interrupted.Owner
 		if owner == "" {

@@ -82,7 +82,7 @@ func (d *Dispatcher) deliverBatch(ctx context.Context, t *effectType, batch []*b
 			d.apply(b.log, t, r, act)
 			continue
 		}
-		br := d.breakers.get(t, r.Tenant, providers.Destination(t.Provider, r.Payload))
+		br := d.breakers.get(t, r.Tenant, destination(t, &b.r))
 		if _, ok := groups[br]; !ok {
 			order = append(order, br)
 		}

@@ -39,6 +39,7 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 		attribute.String("effect.stable_id", stableID)))
 	defer span.End()
 	log := d.log.With("type", t.Name, "effect", r.EffectID, "tenant", r.Tenant, "key", r.Key, "attempt", nextAttempt(r))
+	destination(t, &r)
 
 	if r.Rescued {
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
@@ -61,6 +62,14 @@ func (d *Dispatcher) deliver(ctx context.Context, t *effectType, r dedup.Claimed
 		act, accepted = decide(ev, r, t.policy), ev.at
 	}
 	d.applyUnder(log, t, r, act, lc, accepted)
+}
+
+// destination is where r is delivered (providers.Destination), worked out once and kept in r.
+func destination(t *effectType, r *dedup.Claimed) string {
+	if r.Destination == "" {
+		r.Destination = providers.Destination(t.Provider, r.Payload)
+	}
+	return r.Destination
 }
 
 // leaseForCall makes sure that r's lease leaves room for a whole call and the record of its outcome before the
@@ -99,7 +108,7 @@ func (d *Dispatcher) leaseForCall(log *slog.Logger, t *effectType, r dedup.Claim
 func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectType, r dedup.Claimed,
 	stableID string, lc *leaseClock, inRequest bool) (ev event, recorded bool) {
 	del := delivery(r)
-	dest := providers.Destination(t.Provider, r.Payload)
+	dest := destination(t, &r)
 	// A destination that asked the fleet to wait after this row was claimed is not called: the row waits
 	// with it, uncharged, as a row its breaker refuses.
 	// The fleet's table is asked again first (pausedFor, forced): rows of a paused destination reach this

@@ -136,6 +136,7 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 		return Performed{}, err
 	}
 	ctx = context.WithoutCancel(ctx)
+	destination(t, &r)
 	log := d.rowLog(t, r).With("attempt", nextAttempt(r), "performed", "in request")
 	if r.Rescued {
 		d.metrics.Rescued.WithLabelValues(t.Name).Inc()
@@ -187,7 +188,7 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 // (holdBack); a request's own attempt takes its token here, so that the dedup proxy's calls count against
 // the limit with the dispatcher's.
 func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.Claimed) (string, time.Duration) {
-	dest := providers.Destination(t.Provider, r.Payload)
+	dest := destination(t, &r)
 	now := time.Now()
 	if left := d.pausedFor(t, dest, now, false); left > 0 {
 		return HeldByPause, left

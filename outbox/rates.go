@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/oncegate/oncegate/dedup"
-	"github.com/oncegate/oncegate/providers"
 )
 
 // Fleet-wide limits and pauses per effect type and destination (issue 31).
@@ -229,8 +228,8 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		d.pauses.note(t.Name, dest, now.Add(left), true)
 	}
 	dests := make([]string, len(rows))
-	for i, r := range rows {
-		dests[i] = providers.Destination(t.Provider, r.Payload)
+	for i := range rows {
+		dests[i] = destination(t, &rows[i]) // kept in the row for its delivery
 	}
 	var keep, back []dedup.Claimed
 	var delays []time.Duration

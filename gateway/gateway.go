@@ -148,7 +148,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		store = store.WithBodiesApart()
 	}
 	store = store.WithGroupCommit(groupCommit)
-	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics))
+	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics), map[string]*pgxpool.Pool{"main": pool, "outcomes": outcomes})
 	w := newWaiters()
 	attempts := dedup.NewAttemptLog(pool, 0, log)
 	d, err := outbox.New(pool, outbox.Config{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -34,7 +35,7 @@ type metrics struct {
 	connectionsClosed *prometheus.CounterVec
 }
 
-func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
+func newMetrics(store *dedup.Store, scrapeTimeout time.Duration, pools map[string]*pgxpool.Pool) *metrics {
 	m := &metrics{
 		registry:   prometheus.NewRegistry(),
 		dispatcher: outbox.NewMetrics(),
@@ -91,6 +92,7 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration) *metrics {
 	m.registry.MustRegister(m.held, m.heldCut, m.connections, m.connectionsClosed)
 	m.registry.MustRegister(m.effectsCreated, m.replays, m.proxied, m.keyReuses, m.rateLimited, m.notificationsWorking,
 		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout}, groupCommitCollector{store: store},
+		poolCollector(pools),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registry.MustRegister(m.dispatcher.Collectors()...)
 	return m
@@ -152,5 +154,49 @@ func (c groupCommitCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(groupRows, prometheus.CounterValue, float64(s.Requests), kind)
 		ch <- prometheus.MustNewConstMetric(groupLargest, prometheus.GaugeValue, float64(s.Largest), kind)
 		ch <- prometheus.MustNewConstMetric(groupSplit, prometheus.CounterValue, float64(s.Split), kind)
+	}
+}
+
+// poolCollector reads the gateway's connection pools (pgxpool.Stat) when /metrics is scraped, by pool: "main"
+// (requests, claims, the dispatcher's reads and writes) and "outcomes" (the outcomes of calls made outside
+// the database, database.go). A request that waits for a connection waits in none of the statements'
+// timings: empty acquires and their wait are where a pool too small for the load shows.
+type poolCollector map[string]*pgxpool.Pool
+
+var (
+	poolConns = prometheus.NewDesc("oncegate_db_pool_connections",
+		"Connections of the gateway's pool, by pool (main, outcomes) and state: in_use, idle or opening.", []string{"pool", "state"}, nil)
+	poolMax = prometheus.NewDesc("oncegate_db_pool_max_connections",
+		"The most connections the pool opens (pool_max_conns for main).", []string{"pool"}, nil)
+	poolAcquires = prometheus.NewDesc("oncegate_db_pool_acquires_total",
+		"Connections taken from the pool, by pool.", []string{"pool"}, nil)
+	poolEmptyAcquires = prometheus.NewDesc("oncegate_db_pool_empty_acquires_total",
+		"Connections asked of the pool when none was idle: each waited for one to be freed or opened.", []string{"pool"}, nil)
+	poolEmptyWait = prometheus.NewDesc("oncegate_db_pool_empty_acquire_wait_seconds_total",
+		"Time spent waiting by those asks; over oncegate_db_pool_empty_acquires_total, the mean wait.", []string{"pool"}, nil)
+	poolCanceled = prometheus.NewDesc("oncegate_db_pool_canceled_acquires_total",
+		"Asks for a connection given up before one came (their context ended).", []string{"pool"}, nil)
+)
+
+func (poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{poolConns, poolMax, poolAcquires, poolEmptyAcquires, poolEmptyWait, poolCanceled} {
+		ch <- d
+	}
+}
+
+func (c poolCollector) Collect(ch chan<- prometheus.Metric) {
+	for name, p := range c {
+		if p == nil {
+			continue
+		}
+		st := p.Stat()
+		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.AcquiredConns()), name, "in_use")
+		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.IdleConns()), name, "idle")
+		ch <- prometheus.MustNewConstMetric(poolConns, prometheus.GaugeValue, float64(st.ConstructingConns()), name, "opening")
+		ch <- prometheus.MustNewConstMetric(poolMax, prometheus.GaugeValue, float64(st.MaxConns()), name)
+		ch <- prometheus.MustNewConstMetric(poolAcquires, prometheus.CounterValue, float64(st.AcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolEmptyAcquires, prometheus.CounterValue, float64(st.EmptyAcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolEmptyWait, prometheus.CounterValue, st.EmptyAcquireWaitTime().Seconds(), name)
+		ch <- prometheus.MustNewConstMetric(poolCanceled, prometheus.CounterValue, float64(st.CanceledAcquireCount()), name)
 	}
 }

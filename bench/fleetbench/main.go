@@ -294,8 +294,10 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 
 	// Fairness: the quiet tenant alone, then beside the noisy tenant's backlog of the same type.
 	direct0 := directClaims(gws[0].url)
+	asks0, waited0 := poolWaits(gws[0].url)
 	alone50, alone := quietLatency(gws[0].url, "fair", fair, "alone")
 	direct1 := directClaims(gws[0].url)
+	asks1, waited1 := poolWaits(gws[0].url)
 	_, err = db.Exec(ctx, `
 		WITH e AS (
 			INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
@@ -307,6 +309,11 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 	must(err)
 	busy50, busy := quietLatency(gws[0].url, "fair", fair, "busy")
 	direct2 := directClaims(gws[0].url)
+	asks2, waited2 := poolWaits(gws[0].url)
+	// A request, a claim or an outcome that found the pool empty waited for a connection before its statement.
+	fmt.Printf("the posting gateway's pool: %.0f asks found no idle connection alone (%.1f ms waited in all), "+
+		"%.0f busy (%.1f ms in all, %.2f ms each)\n", asks1-asks0, (waited1-waited0)*1000, asks2-asks1,
+		(waited2-waited1)*1000, (waited2-waited1)*1000/max(1, asks2-asks1))
 	fmt.Printf("quiet tenant: claimed by ID by the gateway that created them (without a claim round): %v of %d alone, %v of %d busy\n",
 		direct1-direct0, *quiet, direct2-direct1, *quiet)
 	// Where the quiet tenant's time goes, for both phases: from its effect's creation to its attempt's start
@@ -433,21 +440,39 @@ func quietLatency(base, typ string, r *receiver, phase string) (p50, p99 time.Du
 // directClaims reads a gateway's count of new effects of type fair that it claimed by their ID
 // (oncegate_direct_claims_total).
 func directClaims(base string) float64 {
+	return metric(base, "oncegate_direct_claims_total{", `result="claimed"`, `type="fair"`)
+}
+
+// metric reads from a gateway's /metrics the first sample whose line starts with prefix and holds every
+// label of labels; 0 when there is none.
+func metric(base, prefix string, labels ...string) float64 {
 	resp, err := http.Get(base + "/metrics")
 	must(err)
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+next:
 	for sc.Scan() {
 		line := sc.Text()
-		if strings.HasPrefix(line, "oncegate_direct_claims_total{") && strings.Contains(line, `result="claimed"`) &&
-			strings.Contains(line, `type="fair"`) {
-			v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
-			must(err)
-			return v
+		if !strings.HasPrefix(line, prefix) {
+			continue
 		}
+		for _, l := range labels {
+			if !strings.Contains(line, l) {
+				continue next
+			}
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		must(err)
+		return v
 	}
 	return 0
+}
+
+// poolWaits reads a gateway's asks for a connection of its main pool that found none idle, and their wait.
+func poolWaits(base string) (asks, waited float64) {
+	return metric(base, "oncegate_db_pool_empty_acquires_total{", `pool="main"`),
+		metric(base, "oncegate_db_pool_empty_acquire_wait_seconds_total{", `pool="main"`)
 }
 
 // gateway is a running gateway process.

@@ -112,11 +112,18 @@ func (g *Gateway) fail(w http.ResponseWriter, r *http.Request, err error) {
 	p := problemFor(err)
 	var reused *dedup.KeyReusedError
 	var on *subjectError
+	tenant, _ := r.Context().Value(tenantKey{}).(string) // none before authentication
+	key := r.Header.Get("Idempotency-Key")
 	switch {
+	case r.Context().Err() != nil && errors.Is(err, r.Context().Err()):
+		// The client hung up (or its server's deadline passed) while the request waited: nothing failed that
+		// an operator must look into, and the client, if it retries with its key, gets the one effect.
+		g.log.Info("the client went away before its answer; the request stopped", "path", r.URL.Path,
+			"tenant", tenant, "key", key, "err", err)
 	case p.kind == probUnavailable:
-		g.log.Warn("database unavailable", "path", r.URL.Path, "err", err)
+		g.log.Warn("database unavailable", "path", r.URL.Path, "tenant", tenant, "key", key, "err", err)
 	case p.kind == probInternal:
-		g.log.Error("request failed", "path", r.URL.Path, "err", err)
+		g.log.Error("request failed", "path", r.URL.Path, "tenant", tenant, "key", key, "err", err)
 	case errors.As(err, &reused) && errors.As(err, &on):
 		g.metrics.keyReuses.WithLabelValues(on.typ).Inc()
 	}

@@ -1,9 +1,14 @@
 package gateway
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/oncegate/oncegate/dedup"
@@ -55,5 +60,35 @@ func TestAReusedKeyReadsTheSameOnEveryRoute(t *testing.T) {
 	}
 	if proxied.status != 422 || proxied.body["detail"] != want("reused-proxied") || proxied.body["field"] != "Idempotency-Key" {
 		t.Errorf("/v1/proxy: %d %s", proxied.status, proxied.raw)
+	}
+}
+
+// A client that hangs up while its request waits (on a stalled database, a held slot) stops the request, and
+// that is logged as what it is, with the tenant and the key, not as the gateway's failure; the gateway's own
+// failures name them too.
+func TestAClientThatHungUpIsNotAFailure(t *testing.T) {
+	var buf bytes.Buffer
+	g := &Gateway{log: slog.New(slog.NewJSONHandler(&buf, nil))}
+	request := func(ctx context.Context) *http.Request {
+		r := httptest.NewRequest("POST", "/v1/effects", nil).WithContext(context.WithValue(ctx, tenantKey{}, "acme"))
+		r.Header.Set("Idempotency-Key", "k1")
+		return r
+	}
+	gone, hangUp := context.WithCancel(context.Background())
+	hangUp()
+	g.fail(httptest.NewRecorder(), request(gone), fmt.Errorf("dedup: record effect: %w", context.Canceled))
+	g.fail(httptest.NewRecorder(), request(context.Background()), errors.New("dedup: record effect: boom"))
+	lines := bytes.Split(bytes.TrimSpace(buf.Bytes()), []byte("\n"))
+	if len(lines) != 2 {
+		t.Fatalf("%d lines:\n%s", len(lines), buf.String())
+	}
+	for i, want := range []string{"INFO", "ERROR"} {
+		var rec map[string]any
+		if err := json.Unmarshal(lines[i], &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec["level"] != want || rec["tenant"] != "acme" || rec["key"] != "k1" {
+			t.Errorf("line %d: %v; want %s with the tenant and the key", i, rec, want)
+		}
 	}
 }

@@ -131,7 +131,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 			o, recorded = d.attemptTx(actx, log, txp, t, r, del)
 		} else {
 			o = func() providers.Outcome {
-				defer d.keepLease(r, lc)() // stopped even when the provider panics (recoverDelivery)
+				defer d.keepLease(log, r, lc)() // stopped even when the provider panics (recoverDelivery)
 				return t.Provider.Deliver(actx, del)
 			}()
 		}
@@ -148,7 +148,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	}
 	answered := time.Now()
 	if out.Kind == providers.KindRetry && out.Throttled != 0 && out.RetryAfter > 0 && ctx.Err() == nil {
-		d.pauseDestination(t, dest, out.RetryAfter, out.Throttled)
+		d.pauseDestination(log, t, dest, out.RetryAfter, out.Throttled)
 	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
 	// The attempt log and the metric say what the attempt came to, as decide will finish it.

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -71,7 +72,7 @@ func (d *Dispatcher) extendLease(r dedup.Claimed, c *leaseClock, timeout time.Du
 // keepLease extends r's lease while a provider call runs long: a third of the lease into the call, and every
 // third after, so that the call's answer finds at least two thirds of a lease left to be recorded in. A call
 // that ends sooner, as most do, costs nothing. It returns the function that stops it.
-func (d *Dispatcher) keepLease(r dedup.Claimed, c *leaseClock) (stop func()) {
+func (d *Dispatcher) keepLease(log *slog.Logger, r dedup.Claimed, c *leaseClock) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -84,7 +85,7 @@ func (d *Dispatcher) keepLease(r dedup.Claimed, c *leaseClock) (stop func()) {
 				return
 			case <-tick.C:
 				if err := d.extendLease(r, c, every); err != nil {
-					d.log.Debug("extending the lease of a delivery in flight failed", "effect", r.EffectID, "err", err)
+					log.Debug("extending the lease of a delivery in flight failed", "err", err)
 				}
 			}
 		}

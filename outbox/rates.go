@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	_ "embed"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"slices"
@@ -351,18 +352,19 @@ func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []tim
 	}
 }
 
-// pauseDestination pauses dest of t for every gateway for wait, as the destination asked with status.
-func (d *Dispatcher) pauseDestination(t *effectType, dest string, wait time.Duration, status int) {
+// pauseDestination pauses dest of t for every gateway for wait, as the destination asked with status in its
+// answer to the delivery that log is about.
+func (d *Dispatcher) pauseDestination(log *slog.Logger, t *effectType, dest string, wait time.Duration, status int) {
 	d.pauses.note(t.Name, dest, time.Now().Add(wait), false)
 	d.wakeAfter(t, wait)
 	ctx, cancel := d.dbContext()
 	defer cancel()
 	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner); err != nil {
-		d.log.Error("recording a destination's pause failed; only this gateway holds it", "type", t.Name,
-			"destination", dest, "err", err)
+		log.Error("recording a destination's pause failed; only this gateway holds it", "destination", dest,
+			"err", err)
 		return
 	}
 	d.pauses.note(t.Name, dest, time.Now().Add(wait), true)
-	d.log.Warn("the destination asked to wait: paused for every gateway", "type", t.Name, "destination", dest,
-		"status", status, "for", wait.String())
+	log.Warn("the destination asked to wait: paused for every gateway", "destination", dest, "status", status,
+		"for", wait.String())
 }

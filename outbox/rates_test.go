@@ -1,9 +1,12 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -312,4 +315,50 @@ func TestADeliveryWorksOutItsDestinationOnce(t *testing.T) {
 	if n := p.asked.Load(); n != 50 {
 		t.Fatalf("the destinations of 50 deliveries were worked out %d times", n)
 	}
+}
+
+// The warning that a destination paused the fleet names the delivery whose answer asked for it (type,
+// effect, tenant, key, attempt), as every other line about a delivery does: an outside tester found it named
+// only the type and the destination.
+func TestAPauseIsLoggedWithTheDeliveryThatAskedForIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("hook", "a", 1)
+	p := &routed{throttle: "a", after: time.Second}
+	var logs syncLog
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4}}})
+	d.log = slog.New(slog.NewJSONHandler(&logs, nil))
+	f.start(d)
+	var rec map[string]any
+	testenv.Eventually(t, 10*time.Second, "the pause's warning", func() bool {
+		for _, line := range logs.lines() {
+			if strings.Contains(line, "paused for every gateway") {
+				return json.Unmarshal([]byte(line), &rec) == nil
+			}
+		}
+		return false
+	})
+	for _, k := range []string{"type", "effect", "tenant", "key", "attempt", "destination", "status", "for"} {
+		if _, ok := rec[k]; !ok {
+			t.Errorf("the warning has no %s: %v", k, rec)
+		}
+	}
+}
+
+// syncLog is a log's lines, written by many goroutines.
+type syncLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) lines() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
 }

@@ -167,7 +167,8 @@ var (
 	poolConns = prometheus.NewDesc("oncegate_db_pool_connections",
 		"Connections of the gateway's pool, by pool (main, outcomes) and state: in_use, idle or opening.", []string{"pool", "state"}, nil)
 	poolMax = prometheus.NewDesc("oncegate_db_pool_max_connections",
-		"The most connections the pool opens (pool_max_conns for main).", []string{"pool"}, nil)
+		"The most connections the pool opens: for main, pool_max_conns less those kept for outcomes and the partition manager's.",
+		[]string{"pool"}, nil)
 	poolAcquires = prometheus.NewDesc("oncegate_db_pool_acquires_total",
 		"Connections taken from the pool, by pool.", []string{"pool"}, nil)
 	poolEmptyAcquires = prometheus.NewDesc("oncegate_db_pool_empty_acquires_total",

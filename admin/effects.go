@@ -221,11 +221,14 @@ func (s *Service) Effects(ctx context.Context, a Actor, f EffectFilter, p Page) 
 type Attempt struct {
 	// Series counts the sends of the effect: 1 for the first, and one more after each retry, resend or
 	// resolution, whose own row (attempt 0) starts it. Attempt numbers start from 1 in each series.
-	Series     int       `json:"series"`
-	Attempt    int       `json:"attempt"`
-	StartedAt  time.Time `json:"started_at"`
-	Gateway    string    `json:"gateway"`
-	LeaseToken *string   `json:"lease_token"`
+	Series    int       `json:"series"`
+	Attempt   int       `json:"attempt"`
+	StartedAt time.Time `json:"started_at"`
+	Gateway   string    `json:"gateway"`
+	// Destination is where the attempt went (scheme, host and port, as destination ls names it); null on a
+	// row that records a change, and on attempts logged before migration 00012.
+	Destination *string `json:"destination"`
+	LeaseToken  *string `json:"lease_token"`
 	// Outcome: delivered, failed, retry, in_doubt, or interrupted (the gateway died or lost its lease first);
 	// or, for a row that records a change, retried, resent, "resolved delivered" or "resolved failed".
 	Outcome   string   `json:"outcome"`
@@ -356,7 +359,8 @@ func (s *Service) effect(ctx context.Context, tenant, key string) (*EffectDetail
 	}
 	d.AttemptLog, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (Attempt, error) {
 		var at Attempt
-		err := r.Scan(&at.Attempt, &at.StartedAt, &at.Gateway, &at.LeaseToken, &at.Outcome, &at.Error, &at.LatencyMS)
+		err := r.Scan(&at.Attempt, &at.StartedAt, &at.Gateway, &at.Destination, &at.LeaseToken, &at.Outcome, &at.Error,
+			&at.LatencyMS)
 		return at, err
 	})
 	if err != nil {

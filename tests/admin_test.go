@@ -174,6 +174,9 @@ dispatcher: { poll_interval: 100ms, lease_margin: 1s }
 		audit.AttemptLog[0].LeaseToken == nil || !slices.Contains(ids, audit.AttemptLog[0].Gateway) {
 		t.Fatalf("audit:job-1 attempts: %+v (gateways %v)", audit.AttemptLog, ids)
 	}
+	if d := audit.AttemptLog[0].Destination; d == nil || *d != "analytics_events" {
+		t.Errorf("audit:job-1's attempt names destination %v, want the analytics table", d)
+	}
 	killed := audit.AttemptLog[0].Gateway
 	// The webhook: one attempt, interrupted, in the name of the killed gateway and under its lease.
 	if len(notify.AttemptLog) != 1 || notify.AttemptLog[0].Outcome != "interrupted" || notify.AttemptLog[0].Gateway != killed ||

@@ -336,18 +336,18 @@ func effectShow(c *command, args []string) error {
 		}
 		_ = w.Flush()
 		fmt.Fprintln(w)
-		row(w, "ATTEMPT", "STARTED", "GATEWAY", "OUTCOME", "LATENCY MS", "LEASE", "ERROR")
+		row(w, "ATTEMPT", "STARTED", "GATEWAY", "DESTINATION", "OUTCOME", "LATENCY MS", "LEASE", "ERROR")
 		for _, a := range d.AttemptLog {
 			if a.Change() {
 				// A retry, resend or resolution: who and why, then the attempts it started.
-				row(w, fmt.Sprintf("-- send %d", a.Series), a.StartedAt, a.By, a.Outcome, "", "", a.Error)
+				row(w, fmt.Sprintf("-- send %d", a.Series), a.StartedAt, a.By, "", a.Outcome, "", "", a.Error)
 				continue
 			}
 			n := strconv.Itoa(a.Attempt)
 			if a.Series > 1 {
 				n = fmt.Sprintf("%d.%d", a.Series, a.Attempt)
 			}
-			row(w, n, a.StartedAt, a.Gateway, a.Outcome, a.LatencyMS, a.LeaseToken, a.Error)
+			row(w, n, a.StartedAt, a.Gateway, a.Destination, a.Outcome, a.LatencyMS, a.LeaseToken, a.Error)
 		}
 		if len(d.AttemptLog) == 0 {
 			row(w, "(none)")

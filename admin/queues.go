@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -332,6 +333,13 @@ func (s *Service) PurgeDead(ctx context.Context, a Actor, name string, ids []str
 
 func (s *Service) deadAction(ctx context.Context, a Actor, action string, needs Role, name string, ids []string,
 	reason string, do func(*queue.Queue, context.Context, ...string) (int, error)) (BulkResult, error) {
+	// An ID named twice is one job: counted twice, it made a full requeue read as partial (exit 5, 207).
+	seen := make(map[string]bool, len(ids))
+	ids = slices.DeleteFunc(slices.Clone(ids), func(id string) bool {
+		dup := seen[id]
+		seen[id] = true
+		return dup
+	})
 	res := BulkResult{Matched: int64(len(ids))}
 	sorted := append([]string(nil), ids...)
 	sort.Strings(sorted)

@@ -341,8 +341,9 @@ func TestOncegateQueueCommands(t *testing.T) {
 		return len(dead.Jobs) == 1 && dead.Jobs[0].ID == "bad-1"
 	})
 	var res struct{ Applied, Matched int64 }
-	cliJSON(t, env, &res, "dead", "requeue", q.Name(), "bad-1", "--reason", "one more try")
-	if res.Applied != 1 {
+	// Named twice, it is one job, all requeued: not a partial result (an outside tester saw exit 5).
+	cliJSON(t, env, &res, "dead", "requeue", q.Name(), "bad-1", "bad-1", "--reason", "one more try")
+	if res.Applied != 1 || res.Matched != 1 {
 		t.Fatalf("requeue: %+v", res)
 	}
 	testenv.Eventually(t, 10*time.Second, "the requeued job dies again", func() bool {

@@ -106,8 +106,9 @@ func Main(ctx context.Context, args []string, env Env) int {
 	}
 	var ie *admin.InvalidError
 	if errors.As(err, &ie) && ie.Field == strings.ToLower(ie.Field) {
-		// The service names its fields as the CLI's flags are named: say it as a flag.
-		msg = "--" + ie.Field + ": " + ie.Reason
+		// The service names its fields as the CLI's flags are named, but with _ where a flag has -
+		// (max_attempts, --max-attempts): say it as the flag.
+		msg = "--" + strings.ReplaceAll(ie.Field, "_", "-") + ": " + ie.Reason
 	}
 	fmt.Fprintln(env.Stderr, "oncegate: "+Printable(oneLine(msg)))
 	return code

@@ -217,6 +217,11 @@ func TestJobEnqueuePrintsTheID(t *testing.T) {
 		"--reason", "r"); code != cli.ExitUsage || !strings.Contains(errOut, "--payload: not JSON") {
 		t.Fatalf("a payload that is not JSON: exit %d, %s", code, errOut)
 	}
+	// The error names the flag as it is spelt (an outside tester was told --max_attempts).
+	if _, errOut, code = runIn("", "job", "enqueue", q.Name(), "--kind", "signup", "--payload", "{}",
+		"--max-attempts", "-3", "--reason", "r"); code != cli.ExitUsage || !strings.Contains(errOut, "--max-attempts: negative") {
+		t.Fatalf("a negative --max-attempts: exit %d, %s", code, errOut)
+	}
 }
 
 // Issue 31: `destination ls` shows each destination's fleet-wide limit, its rows waiting and its pause.

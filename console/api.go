@@ -48,6 +48,11 @@ func (s *Server) apiFail(w http.ResponseWriter, r *http.Request, err error) {
 	var ie *admin.InvalidError
 	if errors.As(err, &ie) {
 		p.Field = ie.Field
+		if ie.Field == strings.ToUpper(ie.Field) && !strings.Contains(ie.Field, "_") {
+			// The service names a positional argument as the CLI's usage writes it (TYPE, DESTINATION, ID);
+			// here it is the body's member of that name.
+			p.Field = strings.ToLower(ie.Field)
+		}
 	}
 	if st == http.StatusUnauthorized {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="oncegate console"`)

@@ -602,6 +602,11 @@ func TestJSONAPI(t *testing.T) {
 	if code, _, body := e.apiGet(op, "/api/v1/effects?stauts=dead"); code != 400 || !strings.Contains(body, `"field":"stauts"`) {
 		t.Errorf("a misspelt filter: %d %s", code, body)
 	}
+	// A bad body member is named as the body spells it (an outside tester was told "DESTINATION").
+	if code, _, body := e.apiPost(op, "/api/v1/destinations/resume", map[string]any{"type": "hook",
+		"destination": "not a url", "reason": "r"}); code != 400 || !strings.Contains(body, `"field":"destination"`) {
+		t.Errorf("a destination that is no URL: %d %s", code, body)
+	}
 	if code, _, _ := e.apiGet(op, "/api/v1/nope"); code != 404 {
 		t.Errorf("unknown route: %d", code)
 	}

@@ -250,7 +250,9 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 	}
 	if t.Rate == nil {
 		for i, r := range rows {
-			if left := d.pausedFor(t, dests[i], now, false); left > 0 {
+			// A rescued row goes on to its delivery, which logs the interrupted attempt and decides on it
+			// (an at_most_once effect is unknown), and whose call is refused by the pause, uncharged.
+			if left := d.pausedFor(t, dests[i], now, false); left > 0 && !r.Rescued {
 				hand(r, left+rand.N(minRefusedWait), true)
 				rs.wakeAt(now.Add(left + minRefusedWait))
 				continue

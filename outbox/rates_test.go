@@ -362,3 +362,47 @@ func (l *syncLog) lines() []string {
 	defer l.mu.Unlock()
 	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
 }
+
+// A dead gateway's rows to a destination that paused the fleet are rescued during the pause, not after it:
+// the interrupted attempt is counted and logged, an at_most_once effect becomes unknown, and an at_least_once
+// one waits out the pause, uncharged, and is not called meanwhile. An outside tester found such rows left
+// `delivering`, held by the dead gateway, for as long as the pause (up to an hour), since the claims that
+// rescue rows left the paused destination's alone.
+func TestADeadGatewaysRowsAreRescuedBehindAPause(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("most", "a", 1)
+	f.backlog("least", "a", 1)
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, `UPDATE oncegate_outbox SET lease_token = gen_random_uuid(), lease_owner = 'dead',
+		lease_expires_at = now() - interval '1 second';
+		UPDATE oncegate_effects SET status = 'delivering';
+		INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
+		VALUES ('most', 'a', now() + interval '1 hour', 429, 'gw-1', now()),
+		       ('least', 'a', now() + interval '1 hour', 429, 'gw-1', now())`); err != nil {
+		t.Fatal(err)
+	}
+	p := &routed{}
+	attempts := dedup.NewAttemptLog(f.pool, time.Hour, quietLog())
+	f.start(f.dispatcher(Config{Attempts: attempts, Types: []EffectType{
+		{Name: "most", Provider: p, OnCrash: AtMostOnce}, {Name: "least", Provider: p, OnCrash: AtLeastOnce}}}))
+	testenv.Eventually(t, 10*time.Second, "both rows rescued", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE type = 'most' AND status = 'unknown'`) == 1 &&
+			pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_outbox WHERE type = 'least' AND lease_owner IS NULL
+				AND run_at > now() + interval '50 minutes'`) == 1
+	})
+	if err := attempts.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effect_attempts WHERE outcome = 'interrupted'
+		AND gateway = 'dead'`); n != 2 {
+		t.Fatalf("%d interrupted attempts logged in the dead gateway's name, want 2", n)
+	}
+	if n := pgtest.Count(t, f.pool, `SELECT e.attempts + o.interrupted FROM oncegate_effects e
+		JOIN oncegate_outbox o ON o.effect_id = e.id WHERE e.type = 'least'`); n != 1 {
+		t.Fatalf("the waiting effect counts %d attempts, want its interrupted one", n)
+	}
+	if c := p.snapshot("a"); len(c) != 0 {
+		t.Fatalf("the paused destination was called %d times", len(c))
+	}
+}

@@ -1,7 +1,6 @@
 package outbox
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -325,13 +324,13 @@ func TestAPauseIsLoggedWithTheDeliveryThatAskedForIt(t *testing.T) {
 	f := newFixture(t)
 	f.backlog("hook", "a", 1)
 	p := &routed{throttle: "a", after: time.Second}
-	var logs syncLog
+	var logs lockedBuffer
 	d := f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4}}})
 	d.log = slog.New(slog.NewJSONHandler(&logs, nil))
 	f.start(d)
 	var rec map[string]any
 	testenv.Eventually(t, 10*time.Second, "the pause's warning", func() bool {
-		for _, line := range logs.lines() {
+		for _, line := range strings.Split(logs.String(), "\n") {
 			if strings.Contains(line, "paused for every gateway") {
 				return json.Unmarshal([]byte(line), &rec) == nil
 			}
@@ -343,24 +342,6 @@ func TestAPauseIsLoggedWithTheDeliveryThatAskedForIt(t *testing.T) {
 			t.Errorf("the warning has no %s: %v", k, rec)
 		}
 	}
-}
-
-// syncLog is a log's lines, written by many goroutines.
-type syncLog struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) lines() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Split(strings.TrimSpace(l.b.String()), "\n")
 }
 
 // A dead gateway's rows to a destination that paused the fleet are rescued during the pause, not after it:

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"sort"
 	"sync"
 	"time"
 
@@ -333,17 +332,11 @@ func (s *Service) PurgeDead(ctx context.Context, a Actor, name string, ids []str
 
 func (s *Service) deadAction(ctx context.Context, a Actor, action string, needs Role, name string, ids []string,
 	reason string, do func(*queue.Queue, context.Context, ...string) (int, error)) (BulkResult, error) {
-	// An ID named twice is one job: counted twice, it made a full requeue read as partial (exit 5, 207).
-	seen := make(map[string]bool, len(ids))
-	ids = slices.DeleteFunc(slices.Clone(ids), func(id string) bool {
-		dup := seen[id]
-		seen[id] = true
-		return dup
-	})
+	// A set of IDs, sorted for the audit: an ID named twice is one job (counted twice, it made a full requeue
+	// read as partial, exit 5 and 207).
+	ids = slices.Compact(slices.Sorted(slices.Values(ids)))
 	res := BulkResult{Matched: int64(len(ids))}
-	sorted := append([]string(nil), ids...)
-	sort.Strings(sorted)
-	named := mustJSON(map[string][]string{"ids": sorted})
+	named := mustJSON(map[string][]string{"ids": ids})
 	if err := s.allowAudited(ctx, a, needs, Audit{Action: action, Target: name, Filter: named, Reason: reason}); err != nil {
 		return res, err
 	}

@@ -83,6 +83,35 @@ func (b *breaker) refusedWait(now time.Time, open bool, openFor time.Duration) t
 	return max(until.Sub(now), minRefusedWait) + rand.N(openFor/4+1)
 }
 
+// refuses reports whether this gateway's breaker of t's deliveries for tenant to dest would refuse a call
+// now, and if so how long a row it refuses waits (refusedWait): open and not yet due its probe, or half-open
+// with its one probe in flight or let through already (probing: the destinations of one claim's hold-back
+// that were given theirs). A destination without a breaker here refuses nothing. Asked before a limited
+// type's rows take their tokens, so that rows the breaker would refuse spend none of the fleet's.
+func (s *breakerSet) refuses(t *effectType, tenant, dest string, now time.Time, probing map[breakerKey]bool) (time.Duration, bool) {
+	k := breakerKey{t.Name, tenant, dest}
+	s.mu.Lock()
+	b := s.byKey[k]
+	s.mu.Unlock()
+	if b == nil {
+		return 0, false
+	}
+	b.mu.Lock()
+	state, openUntil := b.state, b.openUntil
+	b.mu.Unlock()
+	switch {
+	case state == gobreaker.StateOpen && now.Before(openUntil):
+		return b.refusedWait(now, true, t.BreakerOpenFor), true
+	case state == gobreaker.StateOpen, state == gobreaker.StateHalfOpen:
+		// Its probe's turn: the first row goes, as the breaker lets one call through; the rest wait for it.
+		if b.inflight.Load() > 0 || probing[k] {
+			return b.refusedWait(now, false, t.BreakerOpenFor), true
+		}
+		probing[k] = true
+	}
+	return 0, false
+}
+
 // breakerSet holds a dispatcher's breakers.
 type breakerSet struct {
 	max     int

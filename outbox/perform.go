@@ -221,6 +221,10 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 		d.pauses.set(t.Name, dest, ms, now)
 		return HeldByPause, time.Duration(*ms) * time.Millisecond
 	}
+	if _, refused := d.breakers.refuses(t, r.Tenant, dest, now, map[breakerKey]bool{}); refused {
+		// This gateway's breaker refuses the call (attempt answers the request so): no token is spent on it.
+		return "", 0
+	}
 	// The wait eats into the row's lease, which keepLease first extends a third of a lease into the call: a
 	// third at most, so that the call starts with two thirds left.
 	deadline := now.Add(min(inRequestTokenWait, t.lease/3))

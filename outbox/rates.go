@@ -30,7 +30,8 @@ import (
 // and takes no more rows of each than the tokens its bucket holds: one destination's backlog never holds
 // back the type's others, and a claim seldom takes rows it must hand back. The cost: a limited type's claim
 // is two statements (the claim, then the take), and of gateways racing for the same token the losers hand
-// their rows back (one write). Unlimited types take no extra statement.
+// their rows back (one write). Unlimited types take no extra statement. Rows that this gateway's breaker would
+// refuse are held back before the take (breakerSet.refuses): a token is spent only on a call that can be made.
 //
 // A destination that answers 429 or 503 with Retry-After pauses itself for the whole fleet: the gateway that
 // got the answer writes oncegate_destination_pauses (pause.sql), and every claim of the type reads that
@@ -260,12 +261,30 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 			keep = append(keep, r)
 		}
 	} else {
+		// Rows that this gateway's breaker would refuse wait for it here, uncharged, and take no token: taken
+		// first, the tokens went on calls never made, and the rest of the fleet had fewer of them. A rescued
+		// row goes on to its delivery, which decides on its interrupted attempt first.
+		probing := map[breakerKey]bool{}
+		var open []dedup.Claimed
+		var openDests []string
+		for i, r := range rows {
+			if wait, refused := d.breakers.refuses(t, r.Tenant, dests[i], now, probing); refused && !r.Rescued {
+				hand(r, wait, false)
+				continue
+			}
+			open, openDests = append(open, r), append(openDests, dests[i])
+		}
+		rows, dests = open, openDests
 		need := map[string]int{}
 		for _, dest := range dests {
 			need[dest] = min(need[dest]+1, t.Rate.Burst)
 		}
 		names := slices.Sorted(maps.Keys(need))
-		got, err := d.takeTokens(ctx, t, names, need)
+		var got map[string]grant
+		var err error
+		if len(names) > 0 {
+			got, err = d.takeTokens(ctx, t, names, need)
+		}
 		if err != nil {
 			d.log.Warn("taking delivery tokens failed; the claim's rows go back uncharged", "type", t.Name,
 				"err", err, "in", failedTakeWait.String())

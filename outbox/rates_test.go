@@ -387,3 +387,75 @@ func TestADeadGatewaysRowsAreRescuedBehindAPause(t *testing.T) {
 		t.Fatalf("the paused destination was called %d times", len(c))
 	}
 }
+
+// downRoutes is routed whose destination "down" fails every call, as a destination that is down does.
+type downRoutes struct {
+	routed
+	down atomic.Int64
+}
+
+func (p *downRoutes) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
+	if p.Destination(d.Payload) == "down" {
+		p.down.Add(1)
+		return providers.Retry(fmt.Errorf("503"))
+	}
+	return p.routed.Deliver(ctx, d)
+}
+
+// Rows that a gateway's open breaker keeps from their destination take none of the fleet's tokens for it:
+// they are held back before the take, uncharged, as the breaker would refuse them after it. Taken first, the
+// tokens were spent on calls never made (an outside test's bucket counted 20 takes a second while 8 calls
+// reached the destination), and the other gateways, whose breakers were closed, got fewer of them.
+func TestAnOpenBreakerSpendsNoneOfTheFleetsTokens(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("hook", "down", 30)
+	p := &downRoutes{}
+	d := f.run(EffectType{Name: "hook", Provider: p, Concurrency: 1, Rate: &Rate{PerSecond: 50, Burst: 5},
+		BreakerFailures: 3, BreakerOpenFor: time.Hour, Retry: backoffPolicy(time.Millisecond)})
+	testenv.Eventually(t, 20*time.Second, "every row waits for the open breaker", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_outbox
+			WHERE run_at < now() + interval '10 minutes' OR lease_token IS NOT NULL`) == 0
+	})
+	if s := d.breakers.state("hook", "t", "down"); s != "open" {
+		t.Fatalf("the breaker is %q, want open", s)
+	}
+	calls := p.down.Load()
+	taken := pgtest.Count(t, f.pool, `SELECT taken FROM oncegate_rate_buckets WHERE type = 'hook' AND destination = 'down'`)
+	charged := pgtest.Count(t, f.pool, `SELECT sum(attempts) FROM oncegate_effects`)
+	t.Logf("%d calls, %d tokens taken, %d attempts charged", calls, taken, charged)
+	if calls != 3 || charged != 3 {
+		t.Fatalf("%d calls and %d attempts charged; the breaker opens after 3", calls, charged)
+	}
+	if int64(taken) > calls {
+		t.Fatalf("%d tokens taken for %d calls: rows behind the open breaker spent the fleet's tokens", taken, calls)
+	}
+}
+
+// A request's own attempt (the dedup proxy) behind the gateway's open breaker takes no token either: the
+// breaker refuses it, and its token would have been spent on no call.
+func TestARequestBehindAnOpenBreakerSpendsNoToken(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	p := &downRoutes{}
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 1,
+		Rate: &Rate{PerSecond: 50, Burst: 5}, BreakerFailures: 3, BreakerOpenFor: time.Hour,
+		Retry: backoffPolicy(time.Hour)}}})
+	f.start(d)
+	for i := range 10 {
+		ne := dedup.NewEffect{Tenant: "t", Key: fmt.Sprintf("k%d", i), Type: "hook", Payload: json.RawMessage(`{"to":"down"}`),
+			Destination: "down"}
+		if _, err := d.PerformNew(context.Background(), ne, []byte{byte(i)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := p.down.Load()
+	taken := pgtest.Count(t, f.pool, `SELECT taken FROM oncegate_rate_buckets WHERE type = 'hook' AND destination = 'down'`)
+	t.Logf("10 requests: %d calls, %d tokens taken", calls, taken)
+	if calls != 3 {
+		t.Fatalf("%d calls; the breaker opens after 3", calls)
+	}
+	if int64(taken) > calls {
+		t.Fatalf("%d tokens taken for %d calls: requests behind the open breaker spent the fleet's tokens", taken, calls)
+	}
+}

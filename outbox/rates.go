@@ -268,6 +268,15 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		var open []dedup.Claimed
 		var openDests []string
 		for i, r := range rows {
+			if r.Rescued && (decide(event{stage: stageClaimed}, r, t.policy).kind != actDeliver ||
+				d.pausedFor(t, dests[i], now, false) > 0) {
+				// A rescued row is decided on before any call (claim_limited.sql claims it whatever its
+				// destination's pause or tokens): one that will not be called (at_most_once, or its attempts
+				// used up) needs no token, and one to a paused destination is refused by the pause after
+				// its interrupted attempt is logged, and waits it out uncharged.
+				keep = append(keep, r)
+				continue
+			}
 			if wait, refused := d.breakers.refuses(t, r.Tenant, dests[i], now, probing); refused && !r.Rescued {
 				hand(r, wait, false)
 				continue

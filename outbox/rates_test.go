@@ -351,6 +351,17 @@ func TestAPauseIsLoggedWithTheDeliveryThatAskedForIt(t *testing.T) {
 // rescue rows left the paused destination's alone.
 func TestADeadGatewaysRowsAreRescuedBehindAPause(t *testing.T) {
 	t.Parallel()
+	rescuedBehindAPause(t, nil)
+}
+
+// So are a limited type's, which its claims (claim_limited.sql) left alone as well: a rescued row takes no
+// token to have its interrupted attempt decided on, and one that is to be called again waits out the pause.
+func TestADeadGatewaysRowsAreRescuedBehindAPauseOfALimitedType(t *testing.T) {
+	t.Parallel()
+	rescuedBehindAPause(t, &Rate{PerSecond: 50, Burst: 5})
+}
+
+func rescuedBehindAPause(t *testing.T, rate *Rate) {
 	f := newFixture(t)
 	f.backlog("most", "a", 1)
 	f.backlog("least", "a", 1)
@@ -366,7 +377,8 @@ func TestADeadGatewaysRowsAreRescuedBehindAPause(t *testing.T) {
 	p := &routed{}
 	attempts := dedup.NewAttemptLog(f.pool, time.Hour, quietLog())
 	f.start(f.dispatcher(Config{Attempts: attempts, Types: []EffectType{
-		{Name: "most", Provider: p, OnCrash: AtMostOnce}, {Name: "least", Provider: p, OnCrash: AtLeastOnce}}}))
+		{Name: "most", Provider: p, OnCrash: AtMostOnce, Rate: rate},
+		{Name: "least", Provider: p, OnCrash: AtLeastOnce, Rate: rate}}}))
 	testenv.Eventually(t, 10*time.Second, "both rows rescued", func() bool {
 		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE type = 'most' AND status = 'unknown'`) == 1 &&
 			pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_outbox WHERE type = 'least' AND lease_owner IS NULL

@@ -35,17 +35,24 @@ WITH RECURSIVE tenants AS (
     FROM tenants
     WHERE tenants.tenant IS NOT NULL
 ), heads AS (
-    SELECT h.effect_id, h.destination, h.run_at, row_number() OVER (PARTITION BY t.tenant ORDER BY h.run_at) AS k,
+    SELECT h.effect_id, h.destination, h.run_at, h.rescue,
+        row_number() OVER (PARTITION BY t.tenant ORDER BY h.run_at) AS k,
         random() AS draw
     FROM tenants t
     CROSS JOIN LATERAL (
         -- The tenant's first $2 open rows among its first $2 × 8 due rows (one range of
         -- oncegate_outbox_tenant_due, as in claim.sql): the walk stops at the $2nd open row.
         WITH fast AS (
-            SELECT w.effect_id, w.destination, w.run_at
+            SELECT w.effect_id, w.destination, w.run_at, w.rescue
             FROM (
                 SELECT o.effect_id, o.destination, o.run_at,
-                    NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+                    coalesce(o.lease_expires_at > '-infinity'::timestamptz, false) AS rescue,
+                    -- A lease that ran out (not one handed back, '-infinity') is rescued whatever its
+                    -- destination's pause or tokens, as in claim.sql: its gateway died, and the rescue counts
+                    -- the interrupted attempt and decides on it (an at_most_once effect is unknown) without a
+                    -- call; a row to be called again then waits for its pause or its token, uncharged.
+                    o.lease_expires_at > '-infinity'::timestamptz
+                    OR NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                         WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
                     AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                         WHERE b.type = $1 AND b.destination = o.destination
@@ -109,14 +116,15 @@ WITH RECURSIVE tenants AS (
             ) names
             WHERE held.yes
         )
-        SELECT u.effect_id, u.destination, u.run_at
+        SELECT u.effect_id, u.destination, u.run_at, u.rescue
         FROM (
-            SELECT fast.effect_id, fast.destination, fast.run_at FROM fast
+            SELECT fast.effect_id, fast.destination, fast.run_at, fast.rescue FROM fast
             UNION
-            SELECT r.effect_id, r.destination, r.run_at
+            SELECT r.effect_id, r.destination, r.run_at, r.rescue
             FROM dests
             CROSS JOIN LATERAL (
-                SELECT o.effect_id, o.destination, o.run_at
+                SELECT o.effect_id, o.destination, o.run_at,
+                    coalesce(o.lease_expires_at > '-infinity'::timestamptz, false) AS rescue
                 FROM oncegate_outbox o
                 WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination = dests.destination
                   AND o.run_at <= now()
@@ -126,10 +134,11 @@ WITH RECURSIVE tenants AS (
             ) r
             UNION
             -- Rows that name no destination count as a destination of their own, never held back.
-            SELECT n.effect_id, n.destination, n.run_at
+            SELECT n.effect_id, n.destination, n.run_at, n.rescue
             FROM held
             CROSS JOIN LATERAL (
-                SELECT o.effect_id, o.destination, o.run_at
+                SELECT o.effect_id, o.destination, o.run_at,
+                    coalesce(o.lease_expires_at > '-infinity'::timestamptz, false) AS rescue
                 FROM oncegate_outbox o
                 WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NULL
                   AND o.run_at <= now()
@@ -145,17 +154,20 @@ WITH RECURSIVE tenants AS (
     ) h
     WHERE t.tenant IS NOT NULL AND t.tenant <> ALL ($5::text[])
     UNION ALL
-    SELECT h.effect_id, h.destination, h.run_at, row_number() OVER (ORDER BY h.run_at) AS k, random() AS draw
-    FROM (SELECT o.effect_id, o.destination, o.run_at
+    SELECT h.effect_id, h.destination, h.run_at, h.rescue, row_number() OVER (ORDER BY h.run_at) AS k,
+        random() AS draw
+    FROM (SELECT o.effect_id, o.destination, o.run_at,
+                coalesce(o.lease_expires_at > '-infinity'::timestamptz, false) AS rescue
           -- The first $2 × 8 due rows, as in claim.sql, whatever $5 (claim.sql says why).
-          FROM (SELECT o.effect_id, o.run_at, o.destination
+          FROM (SELECT o.effect_id, o.run_at, o.destination, o.lease_expires_at
                 FROM oncegate_outbox o
                 WHERE o.type = $1 AND o.tenant IS NULL
                   AND o.run_at <= now()
                   AND (o.lease_expires_at IS NULL OR o.lease_expires_at < now())
                 ORDER BY o.tenant, o.run_at
                 LIMIT $2 * 8) o
-          WHERE NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
+          WHERE o.lease_expires_at > '-infinity'::timestamptz
+            OR NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                 WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
             AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                 WHERE b.type = $1 AND b.destination = o.destination
@@ -163,21 +175,23 @@ WITH RECURSIVE tenants AS (
           ORDER BY o.run_at
           LIMIT $2) h
 ), cand AS (
-    SELECT heads.effect_id, heads.destination, heads.k, heads.draw
+    SELECT heads.effect_id, heads.destination, heads.rescue, heads.k, heads.draw
     FROM heads
     WHERE NOT EXISTS (SELECT 1 FROM oncegate_paused_types p WHERE p.type = $1)
     ORDER BY heads.k, heads.draw
     LIMIT $2 * 4
 ), ranked AS (
-    SELECT cand.effect_id, cand.k, cand.draw,
-        row_number() OVER (PARTITION BY cand.destination ORDER BY cand.k, cand.draw) AS kd,
+    SELECT cand.effect_id, cand.rescue, cand.k, cand.draw,
+        row_number() OVER (PARTITION BY cand.destination, cand.rescue ORDER BY cand.k, cand.draw) AS kd,
         coalesce((SELECT floor(extract(epoch FROM now() - greatest(b.tat, now()))::float8 * b.per_second + b.burst + 1e-9)
             FROM oncegate_rate_buckets b WHERE b.type = $1 AND b.destination = cand.destination), $6::integer) AS room
     FROM cand
 ), due AS (
     -- A probe of the primary key a row, in the round's order, and the update by it: claim.sql says why.
     SELECT o.effect_id, o.rescued, o.prev_owner, o.prev_token, o.prev_expires
-    FROM (SELECT ranked.effect_id FROM ranked WHERE ranked.kd <= ranked.room ORDER BY ranked.k, ranked.draw) h
+    -- A rescue takes no room: it is decided on before any call, which then takes its token.
+    FROM (SELECT ranked.effect_id FROM ranked WHERE ranked.kd <= ranked.room OR ranked.rescue
+          ORDER BY ranked.k, ranked.draw) h
     CROSS JOIN LATERAL (
         SELECT o.effect_id, o.lease_expires_at IS NOT NULL AS rescued, o.lease_owner AS prev_owner,
             o.lease_token AS prev_token, o.lease_expires_at AS prev_expires

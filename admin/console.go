@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -99,6 +100,18 @@ func (s *Service) CreateToken(ctx context.Context, a Actor, name string, role Ro
 
 // RevokeToken revokes every live token named name, and their sessions. Needs the admin role; audited.
 func (s *Service) RevokeToken(ctx context.Context, a Actor, name, reason string) (int64, error) {
+	return s.revokeToken(ctx, a, name, nil, reason)
+}
+
+// RevokeTokenID revokes the live token named name whose id is id (Token.ID), and its sessions: a rotation,
+// which leaves the holder's other tokens alive. A NotFoundError when name has no live token of that id.
+// Needs the admin role; audited.
+func (s *Service) RevokeTokenID(ctx context.Context, a Actor, name string, id int64, reason string) error {
+	_, err := s.revokeToken(ctx, a, name, &id, reason)
+	return err
+}
+
+func (s *Service) revokeToken(ctx context.Context, a Actor, name string, id *int64, reason string) (int64, error) {
 	if err := s.allow(ctx, a, "token.revoke", RoleAdmin, name); err != nil {
 		return 0, err
 	}
@@ -113,13 +126,21 @@ func (s *Service) RevokeToken(ctx context.Context, a Actor, name, reason string)
 	}
 	var n int64
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		if err := tx.QueryRow(ctx, tokenRevokeSQL, name).Scan(&n); err != nil {
+		if err := tx.QueryRow(ctx, tokenRevokeSQL, name, id).Scan(&n); err != nil {
 			return dbError("revoke the token", err)
+		}
+		if n == 0 && id != nil {
+			return &NotFoundError{What: fmt.Sprintf("live token %d named %q", *id, name)}
 		}
 		if n == 0 {
 			return &NotFoundError{What: fmt.Sprintf("live token named %q", name)}
 		}
-		_, err := s.audit(ctx, tx, a, Audit{Action: "token.revoke", Target: name, Count: n, Reason: reason})
+		var filter json.RawMessage
+		if id != nil {
+			filter = mustJSON(map[string]any{"token_id": *id})
+		}
+		_, err := s.audit(ctx, tx, a, Audit{Action: "token.revoke", Target: name, Count: n, Reason: reason,
+			Filter: filter})
 		return err
 	})
 	return n, err

@@ -74,7 +74,7 @@ const usage = `usage: oncegate <noun> <verb> [args] [flags]
   console [--listen 127.0.0.1:8090] [--jaeger-url U] [--read-only] [--refresh 5s] [--secure-cookie]
                  the web console (docs/console.md); REDIS_URL is optional for it
   token  create NAME --role viewer|operator|admin   prints the new token once; only its hash is kept
-  token  ls [-o json] | token revoke NAME --reason R (ends its console sessions too)
+  token  ls [-o json] | token revoke NAME --reason R [--id ID] (ends its console sessions too)
 
 Every command but console and token: -o table|json, --operator NAME (default $ONCEGATE_OPERATOR, else the OS
 user), --role viewer|operator|admin (default $ONCEGATE_ROLE, else operator). Token commands act as an admin

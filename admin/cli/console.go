@@ -132,10 +132,11 @@ func tokenLs(c *command, args []string) error {
 	})
 }
 
-// tokenRevoke is `oncegate token revoke NAME --reason R`: it ends the token's console sessions too.
+// tokenRevoke is `oncegate token revoke NAME --reason R [--id ID]`: it ends the token's console sessions too.
 func tokenRevoke(c *command, args []string) error {
 	tokenCommand(c)
 	reason := c.fs.String("reason", "", "why (required; goes to the audit log)")
+	id := c.fs.Int64("id", 0, "revoke only the token with this ID (`token ls`), not every token of NAME: a rotation")
 	if err := c.parse(args, 1, 1, "NAME (the token's)"); err != nil {
 		return err
 	}
@@ -145,7 +146,18 @@ func tokenRevoke(c *command, args []string) error {
 	if err := c.connect(true, false); err != nil {
 		return err
 	}
-	n, err := c.svc.RevokeToken(c.ctx, c.actor, c.pos[0], *reason)
+	given := false
+	c.fs.Visit(func(f *flag.Flag) { given = given || f.Name == "id" })
+	if *id < 0 || *id == 0 && given {
+		return usagef("--id: %d is no token's ID: `token ls` lists them", *id)
+	}
+	var n int64 = 1
+	var err error
+	if *id > 0 {
+		err = c.svc.RevokeTokenID(c.ctx, c.actor, c.pos[0], *id, *reason)
+	} else {
+		n, err = c.svc.RevokeToken(c.ctx, c.actor, c.pos[0], *reason)
+	}
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,10 @@ package cli_test
 
 import (
 	"context"
+	"encoding/json"
+	"maps"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -69,5 +73,73 @@ func TestTokenCommands(t *testing.T) {
 		if code != cli.ExitUsage || out != "" || strings.Count(errOut, "\n") != 1 || !strings.Contains(errOut, tc.want) {
 			t.Errorf("%q: exit %d, stdout %q, stderr %q; want exit 2 and one line with %q", tc.args, code, out, errOut, tc.want)
 		}
+	}
+}
+
+// A token is rotated by making its holder a new one and revoking the old by its id (`token ls`): revoked by
+// name alone, the new token went with it, as every live token of a name does.
+func TestTokenRotationRevokesTheOldTokenOnly(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Database(t)
+	run := func(args ...string) (int, string, string) {
+		var out, errOut strings.Builder
+		code := cli.Main(context.Background(), args, cli.Env{Stdout: &out, Stderr: &errOut,
+			Getenv: func(k string) string {
+				return map[string]string{"DATABASE_URL": dbURL, "ONCEGATE_OPERATOR": "lead"}[k]
+			}})
+		return code, out.String(), errOut.String()
+	}
+	ids := func() map[string]bool { // live token ids
+		_, out, _ := run("token", "ls", "-o", "json")
+		var ts []admin.Token
+		if err := json.Unmarshal([]byte(out), &ts); err != nil {
+			t.Fatalf("token ls -o json: %v: %s", err, out)
+		}
+		live := map[string]bool{}
+		for _, tk := range ts {
+			if tk.RevokedAt == nil {
+				live[strconv.FormatInt(tk.ID, 10)] = true
+			}
+		}
+		return live
+	}
+	for range 2 {
+		if code, _, errOut := run("token", "create", "ann", "--role", "operator"); code != 0 {
+			t.Fatalf("create: %d %s", code, errOut)
+		}
+	}
+	if code, _, _ := run("token", "create", "bob", "--role", "viewer"); code != 0 {
+		t.Fatal("create bob")
+	}
+	before := ids()
+	old := slices.Min(slices.Collect(maps.Keys(before))) // ann's first
+	code, out, errOut := run("token", "revoke", "ann", "--id", old, "--reason", "rotated")
+	if code != 0 || !strings.Contains(out, "revoked 1 token") {
+		t.Fatalf("revoke --id: %d %q %s", code, out, errOut)
+	}
+	after := ids()
+	if len(after) != 2 || after[old] {
+		t.Fatalf("live tokens after revoking %s: %v (before: %v)", old, after, before)
+	}
+	// An id of another name's token, or of no token, revokes nothing: not found.
+	_, out, _ = run("token", "ls", "-o", "json")
+	var ts []admin.Token
+	_ = json.Unmarshal([]byte(out), &ts)
+	bob := ""
+	for _, tk := range ts {
+		if tk.Name == "bob" {
+			bob = strconv.FormatInt(tk.ID, 10)
+		}
+	}
+	for _, id := range []string{bob, old, "987654"} {
+		if code, _, errOut := run("token", "revoke", "ann", "--id", id, "--reason", "x"); code != 3 {
+			t.Fatalf("revoke ann --id %s: exit %d %s, want 3 (no live token of ann's with that id)", id, code, errOut)
+		}
+	}
+	if code, _, errOut := run("token", "revoke", "ann", "--id", "zero", "--reason", "x"); code != 2 || !strings.Contains(errOut, "--id") {
+		t.Fatalf("revoke --id zero: %d %s, want a usage error naming --id", code, errOut)
+	}
+	if len(ids()) != 2 {
+		t.Fatal("a refused revoke revoked a token")
 	}
 }

@@ -14,12 +14,10 @@ import (
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
 )
 
-// `oncegate token create | ls | revoke`, as cmd/oncegate runs them: commands of the one table, with its
-// errors and exit codes.
-func TestTokenCommands(t *testing.T) {
-	t.Parallel()
-	dbURL := pgtest.Database(t)
-	run := func(args ...string) (int, string, string) {
+// tokenCLI runs the CLI as cmd/oncegate does, on the database at dbURL, as the operator "lead", and returns
+// its exit code, stdout and stderr.
+func tokenCLI(dbURL string) func(args ...string) (int, string, string) {
+	return func(args ...string) (int, string, string) {
 		var out, errOut strings.Builder
 		code := cli.Main(context.Background(), args, cli.Env{Stdout: &out, Stderr: &errOut,
 			Getenv: func(k string) string {
@@ -27,6 +25,13 @@ func TestTokenCommands(t *testing.T) {
 			}})
 		return code, out.String(), errOut.String()
 	}
+}
+
+// `oncegate token create | ls | revoke`, as cmd/oncegate runs them: commands of the one table, with its
+// errors and exit codes.
+func TestTokenCommands(t *testing.T) {
+	t.Parallel()
+	run := tokenCLI(pgtest.Database(t))
 	code, out, _ := run("token", "create", "ann", "--role", "operator")
 	if code != 0 || !strings.HasPrefix(out, admin.TokenPrefix) || len(strings.TrimSpace(out)) != len(admin.TokenPrefix)+43 {
 		t.Fatalf("create: %d %q", code, out)
@@ -80,15 +85,7 @@ func TestTokenCommands(t *testing.T) {
 // name alone, the new token went with it, as every live token of a name does.
 func TestTokenRotationRevokesTheOldTokenOnly(t *testing.T) {
 	t.Parallel()
-	dbURL := pgtest.Database(t)
-	run := func(args ...string) (int, string, string) {
-		var out, errOut strings.Builder
-		code := cli.Main(context.Background(), args, cli.Env{Stdout: &out, Stderr: &errOut,
-			Getenv: func(k string) string {
-				return map[string]string{"DATABASE_URL": dbURL, "ONCEGATE_OPERATOR": "lead"}[k]
-			}})
-		return code, out.String(), errOut.String()
-	}
+	run := tokenCLI(pgtest.Database(t))
 	ids := func() map[string]bool { // live token ids
 		_, out, _ := run("token", "ls", "-o", "json")
 		var ts []admin.Token

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -370,10 +372,24 @@ type DestinationRate struct {
 	// Waiting counts its rows not being delivered now: due, waiting for a retry, a token or a pause.
 	Waiting int64 `json:"waiting"`
 	// PausedUntil is set while it asked the fleet to wait (a 429 or 503 with Retry-After): until when, the
-	// status it answered, and the gateway that got the answer.
+	// status it answered, and the gateway that got the answer (of the longest pause, when several tenants
+	// are paused).
 	PausedUntil  *time.Time `json:"paused_until"`
 	PausedStatus *int       `json:"paused_status"`
 	PausedBy     *string    `json:"paused_by"`
+	// PausedTenants are the tenants whose rows the pause holds, sorted: a pause is the tenant's whose
+	// delivery got the answer. "" is every tenant (a row that names none, or a gateway older than migration
+	// 00028). Empty when it is not paused.
+	PausedTenants []string `json:"paused_tenants,omitempty"`
+}
+
+// PausedFor names the tenants a destination's pause holds (Destination.PausedTenants): "every tenant" for a
+// pause of them all, else the tenants, comma-separated.
+func PausedFor(tenants []string) string {
+	if len(tenants) == 0 || slices.Contains(tenants, "") {
+		return "every tenant"
+	}
+	return strings.Join(tenants, ", ")
 }
 
 // DestinationWindow is how far back DestinationRates looks.
@@ -398,7 +414,7 @@ func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationR
 		var buckets []int64
 		err := r.Scan(&d.Type, &d.Destination, &d.Attempts, &d.Delivered, &d.Failed, &d.Retried, &d.InDoubt,
 			&buckets, &d.LastAttempt, &d.PerSecond, &d.LimitPerSecond, &d.LimitBurst, &d.Waiting, &d.PausedUntil,
-			&d.PausedStatus, &d.PausedBy)
+			&d.PausedStatus, &d.PausedBy, &d.PausedTenants)
 		if d.Attempts > 0 {
 			d.SuccessRate = float64(d.Delivered) / float64(d.Attempts)
 		}

@@ -53,11 +53,12 @@ type Claimed struct {
 	// database began the lease, so LeasedAt plus the lease's length never overstates how long it runs. The
 	// dispatcher keeps trying to record an outcome, and extends the lease, against that bound.
 	LeasedAt time.Time
-	// DestinationPauses are the destinations of the row's type that asked the whole fleet to wait (a 429 or
-	// 503 with Retry-After), with the time left by the database's clock when the row was claimed. One map,
-	// shared by every row of a claim: the claim reads it once, and only when a row it claims names no
-	// destination (the rows that name one are left out while their destination is paused).
-	DestinationPauses map[string]time.Duration
+	// DestinationPauses are the pauses of the row's type's destinations that the whole fleet keeps (a 429 or
+	// 503 with Retry-After), for the tenants of the claim's rows and for every tenant, with the time left by
+	// the database's clock when the row was claimed. One slice, shared by every row of a claim: the claim
+	// reads it once, and for an unlimited type only when a row it claims names no destination or is rescued
+	// (the rows that name one are left out while their destination is paused for their tenant).
+	DestinationPauses []DestinationPause
 	// PauseAsked is the destination whose pause for the fleet the statement that leased the row asked about
 	// ("": none was asked; CreateLeased asks for a new effect that names one), and PauseLeft what was left
 	// then of a pause of it (0: none): the request that performs the row at once need not ask again.
@@ -132,6 +133,28 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Claimed, error) {
 		}
 	}
 	return kept, nil
+}
+
+// DestinationPause is a destination's pause that a claim read: the tenant whose rows it holds ("": every
+// tenant's, migration 00028), and the time left.
+type DestinationPause struct {
+	Tenant, Destination string
+	Left                time.Duration
+}
+
+// destinationPauses reads a claim's [tenant, destination, ms left] triples.
+func destinationPauses(triples [][]any) []DestinationPause {
+	out := make([]DestinationPause, 0, len(triples))
+	for _, v := range triples {
+		if len(v) != 3 {
+			continue
+		}
+		tenant, _ := v[0].(string)
+		dest, _ := v[1].(string)
+		ms, _ := v[2].(float64)
+		out = append(out, DestinationPause{Tenant: tenant, Destination: dest, Left: time.Duration(ms) * time.Millisecond})
+	}
+	return out
 }
 
 // readOrHandBack runs read, the read that follows a claim of rows, within readBound; when it fails, the rows
@@ -247,13 +270,13 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 	if err != nil {
 		return nil, translate("claim "+p.Type, err)
 	}
-	var pauses map[string]time.Duration
+	var pauses []DestinationPause
 	out, err := pgx.CollectRows(rs, func(r pgx.CollectableRow) (Claimed, error) {
 		var c Claimed
 		var tenant, prevOwner *string
 		var prevToken pgtype.UUID
 		var prevExpires pgtype.Timestamptz
-		var paused map[string]int64
+		var paused [][]any
 		err := r.Scan(&c.EffectID, &c.Token, &c.Rescued, &tenant, &c.Type, &c.Trace, &prevOwner, &prevToken,
 			&prevExpires, &c.InterruptedAttempts, &paused)
 		if tenant != nil {
@@ -263,10 +286,7 @@ func (s *Store) claimLeases(ctx context.Context, p ClaimParams) ([]Claimed, erro
 		}
 		if len(paused) > 0 {
 			if pauses == nil {
-				pauses = make(map[string]time.Duration, len(paused))
-				for d, ms := range paused {
-					pauses[d] = time.Duration(ms) * time.Millisecond
-				}
+				pauses = destinationPauses(paused)
 			}
 			c.DestinationPauses = pauses
 		}

@@ -65,10 +65,15 @@ func (r *Rate) interval() time.Duration { return time.Duration(float64(time.Seco
 // failedTakeWait is how long the rows of a claim whose take of tokens failed wait: no token, no call.
 const failedTakeWait = time.Second
 
-type pauseKey struct{ typ, dest string }
+// pauseKey names a pause: of destination dest of effect type typ, for tenant ("": for every tenant).
+type pauseKey struct{ typ, tenant, dest string }
 
 // pauses is what a dispatcher knows of the fleet's paused destinations: from its claims and its own
 // attempts. It is checked once more right before each call, so a row claimed before a pause began waits too.
+// A pause is the tenant's whose delivery got the 429 or 503 (migration 00028): another tenant's rows to the
+// same destination go on, as one tenant's breaker holds no other back; a pause of every tenant ("") is one a
+// row that names no tenant got, or a gateway older than 00028 wrote. A row waits for its tenant's pause and
+// for every tenant's, the longer.
 // A pause the fleet's table holds may be lifted there by an operator (`oncegate destination resume`): such a
 // pause is asked of the table again, at most every pauseRecheck, when a row of its destination comes up,
 // and the gateway that got the 429 calls the destination again too. Rows of a paused destination seldom come
@@ -89,15 +94,15 @@ type pause struct {
 // destination come up: how soon an operator's lift reaches a gateway that holds the pause itself.
 const pauseRecheck = time.Second
 
-// note keeps a pause of dest of typ until until; kept says that the fleet's table holds it (and since when it
-// was last read from there: now).
-func (p *pauses) note(typ, dest string, until time.Time, kept bool) {
+// note keeps a pause of dest of typ for tenant until until; kept says that the fleet's table holds it (and
+// since when it was last read from there: now).
+func (p *pauses) note(typ, tenant, dest string, until time.Time, kept bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.at == nil {
 		p.at = map[pauseKey]*pause{}
 	}
-	k := pauseKey{typ, dest}
+	k := pauseKey{typ, tenant, dest}
 	e := p.at[k]
 	if e == nil {
 		e = &pause{}
@@ -111,19 +116,21 @@ func (p *pauses) note(typ, dest string, until time.Time, kept bool) {
 	}
 }
 
-// set makes the pause of dest of typ what the fleet's table says: ms left, or none when ms is nil.
-func (p *pauses) set(typ, dest string, ms *int64, now time.Time) {
+// set makes what holds tenant's rows to dest of typ what the fleet's table says (pause_left.sql: the
+// tenant's pause or every tenant's, the longer): ms left, or none when ms is nil, which lifts both.
+func (p *pauses) set(typ, tenant, dest string, ms *int64, now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	k := pauseKey{typ, dest}
 	if ms == nil {
-		delete(p.at, k)
+		delete(p.at, pauseKey{typ, tenant, dest})
+		delete(p.at, pauseKey{typ, "", dest})
 		return
 	}
 	if p.at == nil {
 		p.at = map[pauseKey]*pause{}
 	}
-	p.at[k] = &pause{until: now.Add(time.Duration(*ms) * time.Millisecond), kept: true, checked: now}
+	p.at[pauseKey{typ, tenant, dest}] = &pause{until: now.Add(time.Duration(*ms) * time.Millisecond), kept: true,
+		checked: now}
 }
 
 // stale has the fleet's table asked again about every pause of typ it holds, at the next row of each that
@@ -139,46 +146,56 @@ func (p *pauses) stale(typ string) {
 	}
 }
 
-// left returns how long dest of typ is still paused, zero when it is not, and whether the fleet's table is
-// to be asked again (the caller that gets true asks; the others go by what is known meanwhile).
-func (p *pauses) left(typ, dest string, now time.Time, force bool) (time.Duration, bool) {
+// left returns how long tenant's rows to dest of typ are still paused (by the tenant's pause or every
+// tenant's), zero when they are not, and whether the fleet's table is to be asked again (the caller that gets
+// true asks; the others go by what is known meanwhile).
+func (p *pauses) left(typ, tenant, dest string, now time.Time, force bool) (time.Duration, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	k := pauseKey{typ, dest}
-	e, ok := p.at[k]
-	if !ok {
-		return 0, false
+	var left time.Duration
+	ask := false
+	keys := []pauseKey{{typ, "", dest}, {typ, tenant, dest}}
+	if tenant == "" {
+		keys = keys[:1]
 	}
-	if !e.until.After(now) {
-		delete(p.at, k)
-		return 0, false
+	for _, k := range keys {
+		e, ok := p.at[k]
+		if !ok {
+			continue
+		}
+		if !e.until.After(now) {
+			delete(p.at, k)
+			continue
+		}
+		if e.kept && (force || now.Sub(e.checked) >= pauseRecheck) {
+			e.checked = now
+			ask = true
+		}
+		left = max(left, e.until.Sub(now))
 	}
-	if e.kept && (force || now.Sub(e.checked) >= pauseRecheck) {
-		e.checked = now
-		return e.until.Sub(now), true
-	}
-	return e.until.Sub(now), false
+	return left, ask
 }
 
-// pausedFor returns how long dest of t is still paused, zero when it is not: as this gateway knows it, asked
-// of the fleet's table again when that is due (pauses), or at once with force when the table holds the
-// pause. Should the table not answer, what is known holds.
-func (d *Dispatcher) pausedFor(t *effectType, dest string, now time.Time, force bool) time.Duration {
-	left, ask := d.pauses.left(t.Name, dest, now, force)
+// pausedFor returns how long tenant's rows to dest of t are still paused, zero when they are not: as this
+// gateway knows it, asked of the fleet's table again when that is due (pauses), or at once with force when
+// the table holds the pause. Should the table not answer, what is known holds.
+func (d *Dispatcher) pausedFor(t *effectType, tenant, dest string, now time.Time, force bool) time.Duration {
+	left, ask := d.pauses.left(t.Name, tenant, dest, now, force)
 	if !ask {
 		return left
 	}
 	ctx, cancel := d.dbContext()
 	defer cancel()
 	var ms *int64
-	if err := d.pool.QueryRow(ctx, pauseLeftSQL, t.Name, dest).Scan(&ms); err != nil {
+	if err := d.pool.QueryRow(ctx, pauseLeftSQL, t.Name, dest, tenant).Scan(&ms); err != nil {
 		d.log.Warn("asking whether a paused destination is paused still failed; it stays paused here",
-			"type", t.Name, "destination", dest, "err", err)
+			"type", t.Name, "destination", dest, "tenant", tenant, "err", err)
 		return left
 	}
-	d.pauses.set(t.Name, dest, ms, now)
+	d.pauses.set(t.Name, tenant, dest, ms, now)
 	if ms == nil {
-		d.log.Info("a destination's pause was lifted: it is called again", "type", t.Name, "destination", dest)
+		d.log.Info("a destination's pause was lifted: it is called again", "type", t.Name, "destination", dest,
+			"tenant", tenant)
 		return 0
 	}
 	return time.Duration(*ms) * time.Millisecond
@@ -226,8 +243,8 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		return rows, 0
 	}
 	now := time.Now()
-	for dest, left := range rows[0].DestinationPauses {
-		d.pauses.note(t.Name, dest, now.Add(left), true)
+	for _, p := range rows[0].DestinationPauses {
+		d.pauses.note(t.Name, p.Tenant, p.Destination, now.Add(p.Left), true)
 	}
 	dests := make([]string, len(rows))
 	for i := range rows {
@@ -253,7 +270,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		for i, r := range rows {
 			// A rescued row goes on to its delivery, which logs the interrupted attempt and decides on it
 			// (an at_most_once effect is unknown), and whose call is refused by the pause, uncharged.
-			if left := d.pausedFor(t, dests[i], now, false); left > 0 && !r.Rescued {
+			if left := d.pausedFor(t, r.Tenant, dests[i], now, false); left > 0 && !r.Rescued {
 				hand(r, left+rand.N(minRefusedWait), true)
 				rs.wakeAt(now.Add(left + minRefusedWait))
 				continue
@@ -269,12 +286,19 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		var openDests []string
 		for i, r := range rows {
 			if r.Rescued && (decide(event{stage: stageClaimed}, r, t.policy).kind != actDeliver ||
-				d.pausedFor(t, dests[i], now, false) > 0) {
+				d.pausedFor(t, r.Tenant, dests[i], now, false) > 0) {
 				// A rescued row is decided on before any call (claim_limited.sql claims it whatever its
 				// destination's pause or tokens): one that will not be called (at_most_once, or its attempts
 				// used up) needs no token, and one to a paused destination is refused by the pause after
 				// its interrupted attempt is logged, and waits it out uncharged.
 				keep = append(keep, r)
+				continue
+			}
+			// A pause of the row's tenant (the take below knows only every tenant's): the claim left such rows
+			// out, so this is one claimed as the pause began, or a row that names no destination.
+			if left := d.pausedFor(t, r.Tenant, dests[i], now, false); left > 0 && !r.Rescued {
+				hand(r, left+rand.N(minRefusedWait), true)
+				rs.wakeAt(now.Add(left + minRefusedWait))
 				continue
 			}
 			if wait, refused := d.breakers.refuses(t, r.Tenant, dests[i], now, probing); refused && !r.Rescued {
@@ -306,7 +330,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 			for i, r := range rows {
 				g := got[dests[i]]
 				if g.paused {
-					d.pauses.note(t.Name, dests[i], now.Add(g.next), true)
+					d.pauses.note(t.Name, "", dests[i], now.Add(g.next), true)
 					hand(r, g.next+rand.N(minRefusedWait), true)
 					continue
 				}
@@ -382,19 +406,19 @@ func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []tim
 	}
 }
 
-// pauseDestination pauses dest of t for every gateway for wait, as the destination asked with status in its
-// answer to the delivery that log is about.
-func (d *Dispatcher) pauseDestination(log *slog.Logger, t *effectType, dest string, wait time.Duration, status int) {
-	d.pauses.note(t.Name, dest, time.Now().Add(wait), false)
+// pauseDestination pauses dest of t for tenant's rows ("": every tenant's), for every gateway, for wait, as
+// the destination asked with status in its answer to the delivery that log is about.
+func (d *Dispatcher) pauseDestination(log *slog.Logger, t *effectType, tenant, dest string, wait time.Duration, status int) {
+	d.pauses.note(t.Name, tenant, dest, time.Now().Add(wait), false)
 	d.wakeAfter(t, wait)
 	ctx, cancel := d.dbContext()
 	defer cancel()
-	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner); err != nil {
+	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner, tenant); err != nil {
 		log.Error("recording a destination's pause failed; only this gateway holds it", "destination", dest,
 			"err", err)
 		return
 	}
-	d.pauses.note(t.Name, dest, time.Now().Add(wait), true)
-	log.Warn("the destination asked to wait: paused for every gateway", "destination", dest, "status", status,
-		"for", wait.String())
+	d.pauses.note(t.Name, tenant, dest, time.Now().Add(wait), true)
+	log.Warn("the destination asked to wait: this tenant's deliveries to it are paused for every gateway",
+		"destination", dest, "status", status, "for", wait.String())
 }

@@ -471,3 +471,52 @@ func TestARequestBehindAnOpenBreakerSpendsNoToken(t *testing.T) {
 		t.Fatalf("%d tokens taken for %d calls: requests behind the open breaker spent the fleet's tokens", taken, calls)
 	}
 }
+
+// tenantRow records one effect of typ for tenant to dest, as the gateway writes it.
+func (f *fixture) tenantRow(typ, tenant, key, dest string) {
+	f.t.Helper()
+	if _, err := f.pool.Exec(context.Background(), `WITH e AS (
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, stable_id)
+		VALUES ($2, $3, $1, '\x00', json_build_object('to', $4::text), 'eff_' || $2 || $3)
+		RETURNING id, type, tenant)
+		INSERT INTO oncegate_outbox (effect_id, type, destination, tenant) SELECT id, type, $4, tenant FROM e`,
+		typ, tenant, key, dest); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// One tenant's 429 with Retry-After pauses that tenant's deliveries to the destination, for every gateway,
+// and not another tenant's: a receiver shared by tenants (a chat service's incoming webhooks, limited per
+// hook) that tells one of them to wait an hour said nothing of the others, and SPEC's isolation forbids one
+// tenant stopping another. An outside tester's beta waited, pending and unexplained, until an operator lifted
+// alpha's pause.
+func TestOneTenantsPauseDoesNotHoldAnother(t *testing.T) {
+	t.Parallel()
+	for _, rate := range []*Rate{nil, {PerSecond: 50, Burst: 5}} {
+		t.Run(fmt.Sprintf("limited=%v", rate != nil), func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			f.tenantRow("hook", "alpha", "a1", "d")
+			p := &routed{throttle: "d", after: time.Hour}
+			d := f.run(EffectType{Name: "hook", Provider: p, Rate: rate})
+			testenv.Eventually(t, 10*time.Second, "alpha's pause recorded", func() bool {
+				return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_destination_pauses
+					WHERE type = 'hook' AND destination = 'd' AND until > now() + interval '50 minutes'`) == 1
+			})
+			f.tenantRow("hook", "alpha", "a2", "d")
+			f.tenantRow("hook", "beta", "b1", "d")
+			d.Wake()
+			testenv.Eventually(t, 10*time.Second, "beta's effect delivered beside alpha's pause", func() bool {
+				return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects
+					WHERE tenant = 'beta' AND status = 'delivered'`) == 1
+			})
+			time.Sleep(300 * time.Millisecond)
+			if n := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE tenant = 'alpha' AND attempts > 0`); n != 1 {
+				t.Fatalf("%d of alpha's effects attempted; want only the one that got the 429", n)
+			}
+			if c := p.snapshot("d"); len(c) != 2 {
+				t.Fatalf("%d calls to d; want alpha's throttled one and beta's", len(c))
+			}
+		})
+	}
+}

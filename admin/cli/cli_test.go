@@ -234,6 +234,9 @@ func TestDestinationLsShowsLimitsWaitingRowsAndPauses(t *testing.T) {
 		VALUES ('hook', 'api.example', now(), 1, 50, 10);
 		INSERT INTO oncegate_destination_pauses (type, destination, until, status, paused_by, paused_at)
 		VALUES ('hook', 'api.example', now() + interval '5 minutes', 429, 'gw-1', now());
+		INSERT INTO oncegate_destination_pauses (type, destination, tenant, until, status, paused_by, paused_at)
+		VALUES ('hook', 'chat.example', 'beta', now() + interval '5 minutes', 429, 'gw-1', now()),
+		       ('hook', 'chat.example', 'acme', now() + interval '9 minutes', 503, 'gw-2', now());
 		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination)
 		SELECT g, 'hook', 'acme', 'api.example' FROM generate_series(1, 3) g`); err != nil {
 		t.Fatal(err)
@@ -242,7 +245,9 @@ func TestDestinationLsShowsLimitsWaitingRowsAndPauses(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	for _, want := range []string{"api.example", "50/s burst 10", "(429)", "  3  "} {
+	// A pause is a tenant's (migration 00028): the table says whose, and with several the longest's status.
+	for _, want := range []string{"api.example", "50/s burst 10", "(429) for every tenant", "  3  ",
+		"(503) for acme, beta"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("destination ls lacks %q:\n%s", want, out)
 		}

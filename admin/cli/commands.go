@@ -936,6 +936,7 @@ func destinationLs(c *command, args []string) error {
 				if d.PausedStatus != nil {
 					paused += fmt.Sprintf(" (%d)", *d.PausedStatus)
 				}
+				paused += " for " + admin.PausedFor(d.PausedTenants)
 			}
 			row(w, d.Type, d.Destination, limit, fmt.Sprintf("%.1f/s", d.PerSecond), d.Waiting, paused, d.Attempts,
 				fmt.Sprintf("%.1f%%", 100*d.SuccessRate))

@@ -29,7 +29,11 @@ WITH m AS MATERIALIZED (
     WHERE destination IS NOT NULL AND lease_token IS NULL
     GROUP BY type, destination
 ), paused AS (
-    SELECT * FROM oncegate_destination_pauses WHERE until > now()
+    -- A pause is a tenant's, or every tenant's ('', migration 00028): the longest, and whose they are.
+    SELECT type, destination, max(until) AS until, (array_agg(status ORDER BY until DESC))[1] AS status,
+        (array_agg(paused_by ORDER BY until DESC))[1] AS paused_by, array_agg(tenant ORDER BY tenant) AS tenants
+    FROM oncegate_destination_pauses WHERE until > now()
+    GROUP BY type, destination
 ), keys AS (
     SELECT type, destination FROM rolled
     UNION SELECT type, destination FROM waiting
@@ -37,7 +41,8 @@ WITH m AS MATERIALIZED (
 )
 SELECT k.type, k.destination, coalesce(r.attempts, 0), coalesce(r.delivered, 0), coalesce(r.failed, 0),
     coalesce(r.retried, 0), coalesce(r.in_doubt, 0), r.latency_buckets, r.last_minute,
-    coalesce(r.per_second, 0)::float8, rb.per_second, rb.burst, coalesce(w.rows, 0), p.until, p.status, p.paused_by
+    coalesce(r.per_second, 0)::float8, rb.per_second, rb.burst, coalesce(w.rows, 0), p.until, p.status, p.paused_by,
+    p.tenants
 FROM keys k
 LEFT JOIN rolled r USING (type, destination)
 LEFT JOIN waiting w USING (type, destination)

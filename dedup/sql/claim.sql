@@ -28,7 +28,7 @@
 -- first rows are all paused has its other destinations' rows found by destination, a probe each, not by
 -- walking the paused backlog (an index probe a row, every claim while the pause lasted).
 -- `paused` is the same on every row, and set only when a row names no destination: the destinations of the
--- type that asked every gateway to wait, with the milliseconds left, by the database's clock, for the rows
+-- type that asked every gateway to wait (a pause is its tenant's, or every tenant's: migration 00028), with the milliseconds left, by the database's clock, for the rows
 -- that name no destination (written before it was
 -- kept, or sent back by a retry), which the dispatcher hands back, uncharged, by the destination it reads
 -- from their payloads; asked here, the pause costs unlimited types no statement of their own. It is set too when
@@ -59,7 +59,8 @@ WITH RECURSIVE tenants AS (
                     -- uncalled. Left out, such rows stayed delivering under the dead gateway for the pause.
                     o.lease_expires_at > '-infinity'::timestamptz
                     OR NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                        WHERE p.type = $1 AND p.destination = o.destination AND p.until > now()) AS open
+                        WHERE p.type = $1 AND p.destination = o.destination AND p.tenant IN ('', o.tenant)
+                          AND p.until > now()) AS open
                 FROM oncegate_outbox o
                 WHERE o.type = $1
                   AND (o.tenant, o.run_at) >= (t.tenant, '-infinity'::timestamptz)
@@ -95,7 +96,8 @@ WITH RECURSIVE tenants AS (
                            WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NOT NULL
                            ORDER BY o.destination LIMIT 1) d
                      CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now()) AS open) f)
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.tenant IN ('', t.tenant)
+                              AND p.until > now()) AS open) f)
                     UNION ALL
                     SELECT d.destination, f.open, names.found + f.open::integer, names.n + 1
                     FROM names
@@ -103,7 +105,8 @@ WITH RECURSIVE tenants AS (
                             WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination > names.destination
                             ORDER BY o.destination LIMIT 1) AS destination) d
                     CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now()) AS open) f
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.tenant IN ('', t.tenant)
+                              AND p.until > now()) AS open) f
                     WHERE names.destination IS NOT NULL AND names.found < $2 AND names.n < 10000
                 )
                 SELECT names.destination FROM names WHERE names.destination IS NOT NULL AND names.open
@@ -162,7 +165,8 @@ WITH RECURSIVE tenants AS (
                 ORDER BY o.tenant, o.run_at
                 LIMIT $2 * 8) o
           WHERE NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
+                WHERE p.type = $1 AND p.destination = o.destination AND p.tenant = ''
+                  AND p.until > now())
           ORDER BY o.run_at
           LIMIT $2) h
 ), due AS (
@@ -203,8 +207,11 @@ SELECT claimed.effect_id, claimed.lease_token, claimed.rescued, claimed.tenant, 
     -- Read only when a row names no destination, or is rescued (whatever its destination's pause): an outside
     -- test's 10,000 paused destinations, aggregated at every claim, cut the type's deliveries from 300 a
     -- second to 13 to 44.
-    (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)
+    -- [tenant ('': every tenant), destination, ms left] of each pause of the claimed rows' tenants.
+    (SELECT jsonb_agg(jsonb_build_array(p.tenant, p.destination,
+            ceil(extract(epoch FROM p.until - now()) * 1000)::bigint))
      FROM oncegate_destination_pauses p
      WHERE p.type = $1 AND p.until > now()
+       AND (p.tenant = '' OR p.tenant IN (SELECT c.tenant FROM claimed c))
        AND EXISTS (SELECT 1 FROM claimed c WHERE c.destination IS NULL OR c.rescued)) AS paused
 FROM claimed

@@ -53,7 +53,8 @@ WITH RECURSIVE tenants AS (
                     -- call; a row to be called again then waits for its pause or its token, uncharged.
                     o.lease_expires_at > '-infinity'::timestamptz
                     OR NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                        WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
+                        WHERE p.type = $1 AND p.destination = o.destination AND p.tenant IN ('', o.tenant)
+                          AND p.until > now())
                     AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                         WHERE b.type = $1 AND b.destination = o.destination
                           AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open
@@ -95,7 +96,8 @@ WITH RECURSIVE tenants AS (
                            WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination IS NOT NULL
                            ORDER BY o.destination LIMIT 1) d
                      CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.tenant IN ('', t.tenant)
+                              AND p.until > now())
                         AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                             WHERE b.type = $1 AND b.destination = d.destination
                               AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open) f)
@@ -106,7 +108,8 @@ WITH RECURSIVE tenants AS (
                             WHERE o.type = $1 AND o.tenant = t.tenant AND o.destination > names.destination
                             ORDER BY o.destination LIMIT 1) AS destination) d
                     CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                            WHERE p.type = $1 AND p.destination = d.destination AND p.until > now())
+                            WHERE p.type = $1 AND p.destination = d.destination AND p.tenant IN ('', t.tenant)
+                              AND p.until > now())
                         AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                             WHERE b.type = $1 AND b.destination = d.destination
                               AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open) f
@@ -168,7 +171,8 @@ WITH RECURSIVE tenants AS (
                 LIMIT $2 * 8) o
           WHERE o.lease_expires_at > '-infinity'::timestamptz
             OR NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                WHERE p.type = $1 AND p.destination = o.destination AND p.until > now())
+                WHERE p.type = $1 AND p.destination = o.destination AND p.tenant = ''
+                  AND p.until > now())
             AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                 WHERE b.type = $1 AND b.destination = o.destination
                   AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
@@ -218,6 +222,9 @@ WITH RECURSIVE tenants AS (
 -- No effect is read here: claim.sql says why.
 SELECT claimed.effect_id, claimed.lease_token, claimed.rescued, claimed.tenant, claimed.type, claimed.trace,
     claimed.prev_owner, claimed.prev_token, claimed.prev_expires, claimed.interrupted,
-    (SELECT jsonb_object_agg(p.destination, ceil(extract(epoch FROM p.until - now()) * 1000)::bigint)
-     FROM oncegate_destination_pauses p WHERE p.type = $1 AND p.until > now()) AS paused
+    (SELECT jsonb_agg(jsonb_build_array(p.tenant, p.destination,
+            ceil(extract(epoch FROM p.until - now()) * 1000)::bigint))
+     FROM oncegate_destination_pauses p
+     WHERE p.type = $1 AND p.until > now()
+       AND (p.tenant = '' OR p.tenant IN (SELECT c.tenant FROM claimed c))) AS paused
 FROM claimed

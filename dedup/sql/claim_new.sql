@@ -4,7 +4,7 @@
 -- backlog's rows, 4 to 16 ms each on busy cores, and then a claim of its own (issue 31).
 --
 -- The row is taken only as claim.sql would take it: due, never leased, its type not paused by an operator,
--- its destination not paused by the fleet. SKIP LOCKED: a claim of another gateway that holds the row has it.
+-- its destination not paused by the fleet for its tenant. SKIP LOCKED: a claim of another gateway that holds the row has it.
 -- One probe of the outbox's primary key; no effect is read (claim.sql says why).
 --
 -- Exactly one row comes back: the lease's columns (NULL when the row was not taken), and `paused`, set when
@@ -13,7 +13,8 @@ WITH cur AS (
     SELECT o.effect_id,
         EXISTS (SELECT 1 FROM oncegate_paused_types p WHERE p.type = $2)
             OR EXISTS (SELECT 1 FROM oncegate_destination_pauses p
-                WHERE p.type = $2 AND p.destination = o.destination AND p.until > now()) AS paused
+                WHERE p.type = $2 AND p.destination = o.destination AND p.tenant IN ('', o.tenant)
+                  AND p.until > now()) AS paused
     FROM oncegate_outbox o
     WHERE o.effect_id = $1 AND o.type = $2
       AND o.run_at <= now()

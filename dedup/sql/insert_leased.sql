@@ -52,8 +52,9 @@ SELECT true AS created, {{written}}, queued.lease_token,
     -- What is left of a pause of the destination for the fleet (oncegate_destination_pauses), by the
     -- database's clock, asked here rather than by a statement of its own before the call (an unlimited type's
     -- request asked it in a second round trip).
-    (SELECT ceil(extract(epoch FROM p.until - now()) * 1000)::bigint FROM oncegate_destination_pauses p
-     WHERE p.type = $3 AND p.destination = $15 AND p.until > now()) AS paused_ms
+    -- The tenant's pause or every tenant's (migration 00028), the longer.
+    (SELECT ceil(extract(epoch FROM max(p.until) - now()) * 1000)::bigint FROM oncegate_destination_pauses p
+     WHERE p.type = $3 AND p.destination = $15 AND p.tenant IN ('', $1) AND p.until > now()) AS paused_ms
 FROM effect JOIN queued ON queued.effect_id = effect.id
 UNION ALL
 SELECT false, {{columns}}, NULL::uuid, NULL::bigint FROM oncegate_effects

@@ -11,7 +11,8 @@ WITH back AS (
     SET run_at = CASE
             WHEN $7::boolean AND o.destination IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM oncegate_destination_pauses p
-                WHERE p.type = o.type AND p.destination = o.destination AND p.until > now())
+                WHERE p.type = o.type AND p.destination = o.destination AND p.tenant IN ('', o.tenant)
+                  AND p.until > now())
             THEN now()
             ELSE now() + make_interval(secs => $3::double precision / 1000)
         END,

@@ -1,10 +1,12 @@
--- Pauses destination $2 of effect type $1 for every gateway for $3 ms from now, by the database's clock: it
--- answered $4 (429 or 503) with a Retry-After. A later answer never shortens a pause another gateway set, so
--- that a destination that said "an hour" to one call is not called again a second later by another.
+-- Pauses destination $2 of effect type $1 for tenant $6 ('' for every tenant: a row that names none) for every
+-- gateway, for $3 ms from now by the database's clock: it answered $4 (429 or 503) with a Retry-After to that
+-- tenant's delivery. Another tenant's rows to the destination go on (migration 00028). A later answer never
+-- shortens a pause another gateway set, so that a destination that said "an hour" to one call is not called
+-- again a second later by another.
 -- $5 the gateway whose attempt got the answer
-INSERT INTO oncegate_destination_pauses AS p (type, destination, until, status, paused_by, paused_at)
-VALUES ($1, $2, now() + make_interval(secs => $3::double precision / 1000), $4, $5, now())
-ON CONFLICT (type, destination) DO UPDATE
+INSERT INTO oncegate_destination_pauses AS p (type, destination, tenant, until, status, paused_by, paused_at)
+VALUES ($1, $2, $6, now() + make_interval(secs => $3::double precision / 1000), $4, $5, now())
+ON CONFLICT (type, destination, tenant) DO UPDATE
 SET until = greatest(p.until, EXCLUDED.until),
     status = CASE WHEN EXCLUDED.until > p.until THEN EXCLUDED.status ELSE p.status END,
     paused_by = CASE WHEN EXCLUDED.until > p.until THEN EXCLUDED.paused_by ELSE p.paused_by END,

@@ -6,15 +6,17 @@
 -- GCRA: a bucket is the time its next call is due, tat; at now it has floor((now - max(tat, now)) * $4 + $5)
 -- tokens, and each one granted moves tat on by 1/$4. The row is locked by ON CONFLICT DO UPDATE, whose SET
 -- reads its latest committed version: takes from several gateways queue on the row, never grant a token twice.
--- A destination that asked the fleet to wait (oncegate_destination_pauses) takes none.
+-- A destination that asked the fleet to wait for every tenant (oncegate_destination_pauses) takes none.
 --
 -- Per destination: granted, how many of its rows may be attempted now; next_ms, in ms from now by the
 -- database's clock, when its next token is due (the end of its pause when it is paused); left, the tokens
 -- it has now; paused.
 WITH want AS (
     SELECT w.destination, w.n,
+        -- Every tenant's pause: a tenant's own (migration 00028) the dispatcher holds its rows back for before
+        -- the take, as the claim that left them out knew it.
         (SELECT p.until FROM oncegate_destination_pauses p
-         WHERE p.type = $1 AND p.destination = w.destination AND p.until > now()) AS paused_until
+         WHERE p.type = $1 AND p.destination = w.destination AND p.tenant = '' AND p.until > now()) AS paused_until
     FROM unnest($2::text[], $3::integer[]) AS w (destination, n)
 ), taken AS (
     INSERT INTO oncegate_rate_buckets AS b (type, destination, tat, granted, per_second, burst, taken)

@@ -608,3 +608,63 @@ func madeAhead(t *testing.T, rep partitions.Report, now time.Time, tables ...str
 		}
 	}
 }
+
+// The replays' and attempts' partitions of a range wait while its effects' partition could not be retired:
+// their Keep asks whether an effect of the range is stored, and an effects' partition pending detach is
+// invisible to that question, though its effects are still there (and go back if one is retried). An outside
+// tester saw a pass whose FINALIZE timed out behind a reader drop the replays' partition of that very range.
+// The pass reports as finalized only a detach it finished.
+func TestTablesAfterAnEffectsPartitionThatCouldNotGoWait(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool, e, now := minuteEffects(t)
+	// The effect's partition is [base-7m, base-6m); a first pass whose horizon is its lower bound retires every
+	// partition before it, so that it is the oldest when the reader holds the table.
+	base := now.Truncate(time.Minute)
+	at := base.Add(-7*time.Minute + time.Second)
+	id := e.add("old", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
+	replays := partitionOf(t, pool, "oncegate_effect_replays", id)
+	later := base.Add(-4 * time.Minute)
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 0),
+		Interval: time.Minute, Retention: 3 * time.Minute, Retries: 1, Now: func() time.Time { return later }})
+	if _, err := m.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(t, pool, partitionOf(t, pool, "oncegate_effects", id)) || !exists(t, pool, replays) {
+		t.Fatal("the first pass retired the effect's partitions")
+	}
+
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx) //nolint:errcheck
+	if _, err := reader.Exec(ctx, "SELECT count(*) FROM oncegate_effects"); err != nil {
+		t.Fatal(err)
+	}
+	later = now.Add(10 * time.Minute)
+	for pass := range 2 {
+		rep, err := m.Pass(ctx)
+		later = later.Add(5 * time.Minute)
+		if err == nil {
+			t.Fatalf("pass %d: the detach did not wait for the reader", pass)
+		}
+		if !exists(t, pool, replays) {
+			t.Fatalf("pass %d dropped %s while its effects' partition was pending detach (dropped %v)", pass,
+				replays, rep.Dropped)
+		}
+		if len(rep.Finalized) > 0 {
+			t.Fatalf("pass %d reports %v finalized; its FINALIZE timed out", pass, rep.Finalized)
+		}
+	}
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := m.Pass(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exists(t, pool, replays) {
+		t.Fatalf("once the reader was gone, the pass kept %s (dropped %v)", replays, rep.Dropped)
+	}
+}

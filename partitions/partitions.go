@@ -403,7 +403,15 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 	}
 	for _, t := range m.cfg.Tables {
 		if err := m.table(ctx, t, &rep); err != nil {
-			errs = append(errs, err) // the next table's retirement is its own
+			errs = append(errs, err)
+			if t.Name == Effects.Name {
+				// The other tables' Keep asks whether an effect of a range is stored, and an effects' partition
+				// left pending detach (its FINALIZE timed out behind a reader) hides its effects from that
+				// question though they are still there: a pass dropped the replays' partition of that very
+				// range (an outside test). They wait for the next pass.
+				break
+			}
+			// Otherwise the next table's retirement is its own.
 		}
 	}
 	return rep, errors.Join(append(errs, m.short(ctx, &rep))...)
@@ -533,11 +541,11 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 	// Interrupted detaches first: a table with a pending detach refuses another detach.
 	for _, p := range ps {
 		if p.pending {
-			rep.Finalized = append(rep.Finalized, p.name)
 			dropped, err := m.retire(ctx, t, p, true, rep)
 			if err != nil {
 				return err
 			}
+			rep.Finalized = append(rep.Finalized, p.name)
 			if dropped {
 				rep.Dropped = append(rep.Dropped, p.name)
 			} else {

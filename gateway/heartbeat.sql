@@ -3,7 +3,8 @@
 -- the fleet of the last day, and so are the destinations' per-minute counts older than a day, pauses that
 -- ended over an hour ago and delivery-limit buckets unused for a day. $1 id (the dispatcher's owner name), $2 address, $3 version, $4 started at,
 -- $5 breakers (JSON array of outbox.BreakerState), $6 the effect types it delivers, $7 the requests each
--- tenant holds open in it (JSON object)
+-- tenant holds open in it (JSON object), $8 the partition settings it runs with (NULL: it manages none;
+-- migration 00029)
 WITH gone AS (
     DELETE FROM oncegate_gateways WHERE last_seen < now() - interval '1 day' AND id <> $1
 ), old_minutes AS (
@@ -17,7 +18,9 @@ WITH gone AS (
     -- a webhook type's thousand passing hosts leave no rows behind.
     DELETE FROM oncegate_rate_buckets WHERE updated_at < now() - interval '1 day'
 )
-INSERT INTO oncegate_gateways AS g (id, address, version, started_at, last_seen, breakers, types, held)
-VALUES ($1, $2, $3, $4, now(), $5::jsonb, $6::text[], $7::jsonb)
+INSERT INTO oncegate_gateways AS g (id, address, version, started_at, last_seen, breakers, types, held,
+    partition_settings)
+VALUES ($1, $2, $3, $4, now(), $5::jsonb, $6::text[], $7::jsonb, $8)
 ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, version = EXCLUDED.version, last_seen = now(),
-    breakers = EXCLUDED.breakers, types = EXCLUDED.types, held = EXCLUDED.held
+    breakers = EXCLUDED.breakers, types = EXCLUDED.types, held = EXCLUDED.held,
+    partition_settings = EXCLUDED.partition_settings

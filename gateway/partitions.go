@@ -65,14 +65,31 @@ func (g *Gateway) managePartitions(ctx context.Context) {
 		}
 		url = g.cfg.DatabaseURL
 	}
-	m, err := partitions.New(partitions.Config{ConnString: url, Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, time.Duration(g.cfg.Retention.Payloads)),
-		Interval: time.Duration(p.Interval), Ahead: p.Ahead,
-		Retention: time.Duration(g.cfg.Retention.Keys), Logger: g.log})
+	pc := g.cfg.partitionConfig()
+	pc.ConnString, pc.Logger, pc.Fleet, pc.Owner = url, g.log, true, g.dispatcher.Owner()
+	m, err := partitions.New(pc)
 	if err != nil {
 		g.log.Error("partitions: the manager cannot run", "err", err)
 		return
 	}
 	m.Run(ctx)
+}
+
+// partitionConfig is the partition manager's configuration from the gateway's, without where it connects.
+func (c *Config) partitionConfig() partitions.Config {
+	return partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys,
+		time.Duration(c.Retention.Payloads)), Interval: time.Duration(c.Partitions.Interval), Ahead: c.Partitions.Ahead,
+		Retention: time.Duration(c.Retention.Keys)}
+}
+
+// partitionSettings is what this gateway's heartbeat says it runs partitions with (partitions.Config.Settings),
+// nil when it manages none: the fleet's settings change only once no gateway alive runs with them.
+func (c *Config) partitionSettings() *string {
+	if c.Partitions.Disabled {
+		return nil
+	}
+	s := c.partitionConfig().Settings()
+	return &s
 }
 
 // purgeInterval is the dispatcher's: the row-by-row purge runs (at its default pace) only where partitions

@@ -60,6 +60,7 @@ var (
 	detachSQL    = sqlFile("detach")
 	finalizeSQL  = sqlFile("finalize")
 	dropSQL      = sqlFile("drop")
+	settingsSQL  = sqlFile("settings")
 )
 
 // Table is a table partitioned by RANGE on a timestamptz column or on an effect id.
@@ -198,6 +199,36 @@ type Config struct {
 	Logger *slog.Logger
 	// Now defaults to time.Now; tests move the clock.
 	Now func() time.Time
+	// Fleet, when set, makes every pass run with the fleet's settings only (Settings: the interval, ahead and
+	// retentions), kept in oncegate_partition_settings (migration 00029): the first manager's become the
+	// fleet's; a manager whose own differ runs no pass (ErrOtherSettings) while a gateway alive, by its
+	// heartbeat's partition_settings, runs with the fleet's, and takes them over once none does. Owner names
+	// this gateway in that table. The gateway sets it; unset, a manager runs with its own (tests).
+	Fleet bool
+	Owner string
+	// LiveWithin is how recent a gateway's heartbeat must be for it to count as alive. Defaults to
+	// DefaultLiveWithin.
+	LiveWithin time.Duration
+}
+
+// DefaultLiveWithin is three of the gateway's heartbeats (5 s each).
+const DefaultLiveWithin = 15 * time.Second
+
+// ErrOtherSettings is returned by Pass when the fleet runs with other partition settings than this manager's
+// (Config.Fleet) and a gateway alive runs with them: the pass did nothing.
+var ErrOtherSettings = errors.New("partitions: the fleet's partition settings are not this gateway's")
+
+// Settings is what a pass's shape depends on, as one text: the interval, how many ahead, the retention, and
+// each table's own retention. Two managers with the same Settings make and retire the same partitions.
+func (c Config) Settings() string {
+	c = c.WithDefaults()
+	s := fmt.Sprintf("interval=%s ahead=%d retention=%s", c.Interval, c.Ahead, c.Retention)
+	for _, t := range c.Tables {
+		if t.Retention > 0 {
+			s += fmt.Sprintf(" %s=%s", t.Name, t.Retention)
+		}
+	}
+	return s
 }
 
 // WithDefaults returns the config with its unset fields defaulted.
@@ -222,6 +253,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.LiveWithin <= 0 {
+		c.LiveWithin = DefaultLiveWithin
 	}
 	return c
 }
@@ -303,15 +337,26 @@ func New(cfg Config) (*Manager, error) {
 // of max_connections), and whichever gateway takes the lock next does the next pass as well.
 func (m *Manager) Run(ctx context.Context) {
 	defer m.Close()
+	var said time.Time // when ErrOtherSettings was last logged
 	for {
 		began := time.Now()
 		rep, err := m.Pass(ctx)
 		rep.Took = time.Since(began)
 		m.Close()
+		next := m.cfg.Every
 		switch {
 		case ctx.Err() != nil:
 			return
 		case errors.Is(err, ErrNotHeld):
+		case errors.Is(err, ErrOtherSettings):
+			// Asked again soon, not a quarter of an interval later (six hours for days): the settings are taken
+			// over once the last gateway with the fleet's is gone. Said every ten minutes, not at every ask.
+			next = min(next, 2*m.cfg.LiveWithin)
+			if time.Since(said) >= 10*time.Minute {
+				said = time.Now()
+				m.cfg.Logger.Error("partitions: this gateway's settings are not the fleet's; it leaves partitions "+
+					"to the gateways that run with the fleet's", "err", err)
+			}
 		case err != nil:
 			m.cfg.Logger.Warn("partitions: pass failed; trying again at the next", "err", err,
 				"next_in", m.cfg.Every.String())
@@ -319,7 +364,7 @@ func (m *Manager) Run(ctx context.Context) {
 		default:
 			m.logReport(rep)
 		}
-		t := time.NewTimer(m.cfg.Every)
+		t := time.NewTimer(next)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -387,6 +432,11 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 		}
 		m.conn = conn
 	}
+	if m.cfg.Fleet {
+		if err := m.settle(ctx); err != nil {
+			return Report{}, err
+		}
+	}
 	var rep Report
 	// Partitions ahead first, for every table, whatever happens to retirement after: an insert needs its
 	// partition, while retiring one can wait. A reader holding a table makes a detach (or its FINALIZE) time
@@ -415,6 +465,36 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 		}
 	}
 	return rep, errors.Join(append(errs, m.short(ctx, &rep))...)
+}
+
+// Settings is the settings this manager runs passes with (Config.Settings).
+func (m *Manager) Settings() string { return m.cfg.Settings() }
+
+// settle makes sure that the pass runs with the fleet's settings (Config.Fleet): it records this manager's
+// as the fleet's when there are none yet, or when no gateway alive runs with the fleet's any more, and
+// returns ErrOtherSettings while one does.
+func (m *Manager) settle(ctx context.Context) error {
+	mine := m.cfg.Settings()
+	var fleet, by *string
+	var at *time.Time
+	var holders int
+	var ours bool
+	if err := m.conn.QueryRow(ctx, settingsSQL, mine, m.cfg.Owner, m.cfg.LiveWithin.Seconds()).
+		Scan(&fleet, &by, &at, &holders, &ours); err != nil {
+		return fmt.Errorf("partitions: the fleet's settings: %w", err)
+	}
+	switch {
+	case ours && fleet == nil:
+		m.cfg.Logger.Info("partitions: the fleet runs with this gateway's partition settings", "settings", mine)
+	case ours && *fleet != mine:
+		m.cfg.Logger.Warn("partitions: the fleet's partition settings are this gateway's now: no gateway alive "+
+			"runs with the old ones", "settings", mine, "were", *fleet, "set_by", *by)
+	case !ours:
+		return fmt.Errorf("%w: this gateway's are %q, the fleet's %q (set by %s at %s) and %d gateways alive run "+
+			"with them; it makes and retires no partition until none does (docs/storage.md)", ErrOtherSettings,
+			mine, *fleet, *by, at.UTC().Format(time.RFC3339), holders)
+	}
+	return nil
 }
 
 // short notes in rep.Short the tables whose newest partition ends less than one interval ahead.

@@ -375,3 +375,58 @@ func TestAttemptsOfAStoredEffectKeepTheirPartition(t *testing.T) {
 		t.Fatalf("after the purge: kept %v, dropped %v: want %s dropped", rep.Kept, rep.Dropped, oldest)
 	}
 }
+
+// A manager runs passes only with the fleet's partition settings: a gateway started with another interval
+// (an outside tester's, with the default day, beside a fleet of minutes, made a partition of 15 hours that
+// the fleet then filled) makes and retires nothing while a gateway alive runs with the fleet's, and takes
+// them over once none does: a rolling change of settings takes effect when the last old gateway is gone.
+func TestAManagerWithOtherSettingsLeavesPartitionsAlone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	if _, err := pool.Exec(ctx, `CREATE TABLE events (at timestamptz NOT NULL) PARTITION BY RANGE (at)`); err != nil {
+		t.Fatal(err)
+	}
+	beat := func(id, settings string, ago time.Duration) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO oncegate_gateways (id, started_at, last_seen, partition_settings)
+			VALUES ($1, now(), now() - make_interval(secs => $3), $2)
+			ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen, partition_settings = EXCLUDED.partition_settings`,
+			id, settings, ago.Seconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	minutes := partitions.Config{Interval: time.Minute, Fleet: true, Owner: "gw-1"}
+	days := partitions.Config{Interval: 24 * time.Hour, Retention: 72 * time.Hour, Fleet: true, Owner: "gw-2"}
+	m1, m2 := manager(t, url, minutes), manager(t, url, days)
+	if _, err := m1.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m1.Close()
+	made := list(t, pool, "events")
+	beat("gw-1", m1.Settings(), 0)
+	beat("gw-2", m2.Settings(), 0)
+
+	rep, err := m2.Pass(ctx)
+	m2.Close()
+	if !errors.Is(err, partitions.ErrOtherSettings) || len(rep.Created)+len(rep.Dropped) > 0 {
+		t.Fatalf("a manager with a day's interval beside a live gateway with minutes: %v, created %v", err, rep.Created)
+	}
+	if after := list(t, pool, "events"); len(after) != len(made) {
+		t.Fatalf("the other manager changed the partitions: %d, then %d", len(made), len(after))
+	}
+	// gw-1 is gone (its heartbeat older than LiveWithin): the days take over, and the minutes' manager, should
+	// it come back with gw-2 alive, defers to them.
+	beat("gw-1", m1.Settings(), time.Minute)
+	if _, err := m2.Pass(ctx); err != nil {
+		t.Fatalf("with no gateway alive on the fleet's settings: %v", err)
+	}
+	m2.Close()
+	if _, err := m1.Pass(ctx); !errors.Is(err, partitions.ErrOtherSettings) {
+		t.Fatalf("the minutes' manager after the change: %v, want ErrOtherSettings", err)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_partition_settings WHERE set_by = 'gw-2'`); n != 1 {
+		t.Fatal("the fleet's settings are not gw-2's")
+	}
+}

@@ -1,0 +1,21 @@
+-- Settles the settings a pass runs with, under the manager's lock (migration 00029): the fleet's, in
+-- oncegate_partition_settings. $1 this manager's settings, $2 its gateway, $3 the seconds within which a
+-- gateway's heartbeat counts it alive. The first manager's settings become the fleet's; a manager whose own
+-- differ takes the fleet's over only when no gateway alive runs with them (a rolling change is through).
+-- Returns the fleet's settings before (NULL: none yet), who set them and when, how many gateways alive run
+-- with them, and whether this manager's are the fleet's now.
+WITH cur AS (
+    SELECT settings, set_by, set_at FROM oncegate_partition_settings WHERE one
+), holders AS (
+    SELECT count(*) AS n FROM oncegate_gateways g
+    WHERE g.partition_settings = (SELECT settings FROM cur)
+      AND g.last_seen > now() - make_interval(secs => $3::double precision)
+), put AS (
+    INSERT INTO oncegate_partition_settings AS s (one, settings, set_by, set_at)
+    VALUES (true, $1, $2, now())
+    ON CONFLICT (one) DO UPDATE SET settings = EXCLUDED.settings, set_by = EXCLUDED.set_by, set_at = EXCLUDED.set_at
+    WHERE s.settings <> EXCLUDED.settings AND (SELECT n FROM holders) = 0
+    RETURNING settings
+)
+SELECT (SELECT settings FROM cur), (SELECT set_by FROM cur), (SELECT set_at FROM cur),
+    (SELECT n FROM holders)::int, EXISTS (SELECT FROM put) OR (SELECT settings FROM cur) = $1

@@ -166,6 +166,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"retention: { payloads: -1s }", `"-1s" is not a duration`},
 		{"retention: { payloads: 1h }\npartitions: { disabled: true }", "retention.payloads needs the partition manager"},
 		{"partitions: { interval: 1500ms }", "partitions.interval must be a whole number of seconds, at least 1s, and partitions.ahead not negative (0 is the default, 3)"},
+		{"partitions: { ahead: 100000 }", "partitions.ahead (100000) must be at most 100"},
 		{"timeouts: { read: 21s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m1s"},
 		{"timeouts: { database: 10s }", "timeouts.write (1m0s) must be at least timeouts.read + the longest wait (30s) + twice timeouts.database = 1m5s"},
 		{"effect_types:\n  w:\n    provider: webhook\n    webhook: { url: 'https://h/x', secrets: [" + testSecret + ", whsec_MDEyMzQ1Njc4OWFiY2RlZg==] }", "effect_types.w: webhook: webhook: secrets[1]: want whsec_"},
@@ -458,7 +459,10 @@ func TestDeliveryRateIsCheckedAndDefaulted(t *testing.T) {
 			"secret: 'whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=' }, rate: " + rate + " } }\n"
 	}
 	for _, c := range []struct{ rate, want string }{
-		{"{ per_second: 0 }", "effect_types.w: rate.per_second is required: the calls a second to one destination, from 0.001"},
+		{"{ per_second: 0 }", "effect_types.w: rate.per_second is required, and not 0: the calls a second to one destination, from 0.001"},
+		{"{ per_second: unlimited }", `effect_types.w.rate.per_second: "unlimited" (line 2): want a number`},
+		{"{ per_second: '10' }", `effect_types.w.rate.per_second: "10" (line 2): want a number`},
+		{"{ per_second: 50, burst: 1e20 }", `effect_types.w.rate.burst: "1e20" (line 2): too large`},
 		{"{ per_second: -5 }", "effect_types.w: rate.per_second: -5"},
 		{"{ burst: 10 }", "effect_types.w: rate.per_second is required"},
 		{"{ per_second: 1e-300 }", "effect_types.w: rate.per_second: 1e-300: want calls a second to one destination, from 0.001"},
@@ -479,5 +483,20 @@ func TestDeliveryRateIsCheckedAndDefaulted(t *testing.T) {
 	}
 	if r := outboxRate(cfg.EffectTypes["w"].Rate); r == nil || r.PerSecond != 2.5 || r.Burst != 2 {
 		t.Fatalf("the dispatcher's rate %+v", r)
+	}
+}
+
+// A number from the environment is a number: `per_second: ${RATE}` was refused as a string (the parser had
+// read "${RATE}"), and a secret that looks like a number stays the secret.
+func TestANumberFromTheEnvironmentIsANumber(t *testing.T) {
+	t.Setenv("ONCEGATE_TEST_RATE", "50")
+	cfg := tenantsYAML + "effect_types:\n  w:\n    provider: webhook\n    webhook: { url: 'https://h.example/x', " +
+		"secret: 'whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=' }\n    rate:\n      per_second: ${ONCEGATE_TEST_RATE}\n"
+	c, err := Load(writeConfig(t, cfg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := c.EffectTypes["w"].Rate; r == nil || r.PerSecond != 50 {
+		t.Fatalf("rate %+v, want 50 a second", r)
 	}
 }

@@ -28,6 +28,9 @@ const (
 
 	// MaxGroupCommitBatch bounds group_commit.max_batch: a batch's arrays are one statement's parameters.
 	MaxGroupCommitBatch = 1000
+	// MaxPartitionsAhead bounds partitions.ahead: a pass makes every table's partitions ahead in one
+	// transaction.
+	MaxPartitionsAhead = 100
 
 	// MinAPIKeyLength is the shortest plain API key accepted: `gateway keygen` makes keys of 46 characters.
 	MinAPIKeyLength = 32
@@ -145,6 +148,7 @@ func (c *Config) WithDefaults() *Config {
 	}
 	o.Retry = o.Retry.withDefaults()
 	def(&o.Retention.Keys, DefaultRetention)
+	// partitions.interval 0 is the default too, as retention.keys 0 is (docs/configuration.md).
 	def(&o.Partitions.Interval, partitions.DefaultInterval)
 	defInt(&o.Partitions.Ahead, partitions.DefaultAhead)
 	if o.Limits.MaxBody == 0 {

@@ -71,6 +71,7 @@ var envRef = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)(:-([^}]*))?\}`)
 // as empty, a missing secret became an empty credential, silently.
 func expand(n *yaml.Node) error {
 	var missing []string
+	was := n.Value
 	if n.Kind == yaml.ScalarNode {
 		n.Value = envRef.ReplaceAllStringFunc(n.Value, func(ref string) string {
 			m := envRef.FindStringSubmatch(ref)
@@ -87,6 +88,11 @@ func expand(n *yaml.Node) error {
 	if len(missing) > 0 {
 		return fmt.Errorf("line %d: ${%s} is not set in the environment (write ${%s:-} where empty is meant)",
 			n.Line, missing[0], missing[0])
+	}
+	if n.Kind == yaml.ScalarNode && n.Style == 0 && n.Value != was {
+		// A plain scalar is what its value says once expanded: `per_second: ${RATE}` is a number, which the
+		// parser, reading "${RATE}", had taken for a string (every number from the environment was refused).
+		n.Tag = ""
 	}
 	for _, c := range n.Content {
 		if err := expand(c); err != nil {
@@ -201,12 +207,23 @@ func checkKnown(n *yaml.Node, t reflect.Type, path string) error {
 				return err
 			}
 		}
-	case n.Kind == yaml.ScalarNode && isInt(t.Kind()) && n.ShortTag() == "!!float" &&
+	case n.Kind == yaml.ScalarNode && (isInt(t.Kind()) || isFloat(t.Kind())) &&
 		!reflect.PointerTo(t).Implements(reflect.TypeFor[yaml.Unmarshaler]()):
+		// A plain number field: the decoder's own error for `per_second: unlimited` or `burst: 1e20` names a
+		// line and a Go type, not the field (an outside test).
+		tag := n.ShortTag()
+		if tag != "!!int" && tag != "!!float" {
+			return fmt.Errorf("%s: %q (line %d): want a number", path, n.Value, n.Line)
+		}
+		if !isInt(t.Kind()) {
+			break
+		}
 		// The YAML decoder cuts 1.5 down to 1 for a whole-number field, silently (an outside test's
 		// `burst: 1.5` started a gateway with a burst of 1).
 		if f, err := strconv.ParseFloat(n.Value, 64); err != nil || f != math.Trunc(f) {
 			return fmt.Errorf("%s: %q (line %d): want a whole number", path, n.Value, n.Line)
+		} else if math.Abs(f) >= 1<<62 {
+			return fmt.Errorf("%s: %q (line %d): too large", path, n.Value, n.Line)
 		}
 	}
 	return nil
@@ -220,6 +237,8 @@ func isInt(k reflect.Kind) bool {
 	}
 	return false
 }
+
+func isFloat(k reflect.Kind) bool { return k == reflect.Float32 || k == reflect.Float64 }
 
 func join(path, k string) string {
 	if path == "" {

@@ -61,6 +61,12 @@ func (c *Config) validate() error {
 		return errors.New("partitions.interval must be a whole number of seconds, at least 1s, and partitions.ahead " +
 			"not negative (0 is the default, 3)")
 	}
+	// A pass makes every table's partitions ahead in one transaction, a lock on each: 100 ahead is 400
+	// tables, and an outside tester's 100,000 started without a word.
+	if c.Partitions.Ahead > MaxPartitionsAhead {
+		return fmt.Errorf("partitions.ahead (%d) must be at most %d: a pass makes them all in one transaction, "+
+			"four tables each", c.Partitions.Ahead, MaxPartitionsAhead)
+	}
 	if c.Retention.Payloads < 0 || c.Retention.Payloads > c.Retention.Keys {
 		return fmt.Errorf("retention.payloads (%v) must be at most retention.keys (%v): a body goes before its "+
 			"effect, not after", time.Duration(c.Retention.Payloads), time.Duration(c.Retention.Keys))
@@ -220,8 +226,8 @@ func (t EffectType) validate() error {
 
 func (r DeliveryRate) validate(path string) error {
 	if r.PerSecond == 0 {
-		return fmt.Errorf("%s.per_second is required: the calls a second to one destination, from %v to %d "+
-			"(leave rate out for no limit)", path, MinRate, MaxDeliveryRate)
+		return fmt.Errorf("%s.per_second is required, and not 0: the calls a second to one destination, from %v "+
+			"to %d (leave rate out for no limit)", path, MinRate, MaxDeliveryRate)
 	}
 	// Below MinRate a burst's worth of time passes what Postgres's timestamps hold: every take of tokens
 	// failed (an outside test's 1e-300 started, then delivered nothing).

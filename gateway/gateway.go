@@ -53,6 +53,10 @@ type Gateway struct {
 	providers  *providers.Registry
 	// heard is set while the notification self-check passes (notify.go); until then, the gateway polls fast.
 	heard atomic.Bool
+	// managing is set once this gateway runs the partition manager: its heartbeat then says which settings
+	// it runs with (partitionSettings). A gateway that runs none (behind a pooler without ddl_url) must not
+	// hold the fleet's settings alive, or a change of them would wait for it while no one makes partitions.
+	managing atomic.Bool
 	// replicationSeen is the ReplicationState last logged (replication.go).
 	replicationSeen atomic.Value
 	// syncReplication is set while the database makes commits wait for a synchronous standby: a replay then

@@ -65,6 +65,6 @@ func (g *Gateway) writeHeartbeat(ctx context.Context, addr string, started time.
 	breakers, _ := json.Marshal(g.dispatcher.Breakers())
 	held, _ := json.Marshal(g.held.snapshot())
 	_, err := g.pool.Exec(ctx, heartbeatSQL, g.dispatcher.Owner(), addr, Version(), started, string(breakers),
-		slices.Sorted(maps.Keys(g.cfg.EffectTypes)), string(held), g.cfg.partitionSettings())
+		slices.Sorted(maps.Keys(g.cfg.EffectTypes)), string(held), g.partitionSettings())
 	return err
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // heldMetric reads one tenant's oncegate_held_requests from /metrics.
@@ -317,4 +319,36 @@ func TestShedOnlyTheTenantHoldingTheMost(t *testing.T) {
 	if !h.shedOne() || alphaWait.Err() == nil || betaWait.Err() != nil {
 		t.Fatalf("shed: alpha's wait %v, beta's %v; want alpha's ended and beta's not", alphaWait.Err(), betaWait.Err())
 	}
+}
+
+// The heartbeat says which partition settings the gateway's manager runs with (migration 00029), and none
+// while it runs no manager: the fleet's settings change only when no gateway alive runs with them, and a
+// gateway that makes no partitions must not hold them.
+func TestTheHeartbeatSaysWhichPartitionSettingsItsManagerRunsWith(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, func(c *Config) { c.Dispatcher.Disabled = true })
+	settings := func() *string {
+		t.Helper()
+		if err := h.g.writeHeartbeat(t.Context(), "127.0.0.1:1", time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		var s *string
+		if err := h.pool.QueryRow(t.Context(), `SELECT partition_settings FROM oncegate_gateways WHERE id = $1`,
+			h.g.dispatcher.Owner()).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	testenv.Eventually(t, 10*time.Second, "the partition manager runs", h.g.managing.Load)
+	// Asked until it holds: the gateway's own heartbeat, begun before, may land after this test's write.
+	var last *string
+	testenv.Eventually(t, 10*time.Second, "the heartbeat names the manager's settings", func() bool {
+		last = settings()
+		return last != nil && strings.Contains(*last, "interval=")
+	})
+	h.g.managing.Store(false)
+	testenv.Eventually(t, 10*time.Second, "the heartbeat of a gateway running no manager names none", func() bool {
+		last = settings()
+		return last == nil
+	})
 }

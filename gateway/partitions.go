@@ -72,6 +72,8 @@ func (g *Gateway) managePartitions(ctx context.Context) {
 		g.log.Error("partitions: the manager cannot run", "err", err)
 		return
 	}
+	g.managing.Store(true)
+	defer g.managing.Store(false)
 	m.Run(ctx)
 }
 
@@ -83,12 +85,13 @@ func (c *Config) partitionConfig() partitions.Config {
 }
 
 // partitionSettings is what this gateway's heartbeat says it runs partitions with (partitions.Config.Settings),
-// nil when it manages none: the fleet's settings change only once no gateway alive runs with them.
-func (c *Config) partitionSettings() *string {
-	if c.Partitions.Disabled {
+// nil when it runs no partition manager: the fleet's settings change only once no gateway alive runs with
+// them.
+func (g *Gateway) partitionSettings() *string {
+	if g.cfg.Partitions.Disabled || !g.managing.Load() {
 		return nil
 	}
-	s := c.partitionConfig().Settings()
+	s := g.cfg.partitionConfig().Settings()
 	return &s
 }
 

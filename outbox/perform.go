@@ -229,7 +229,7 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 	// third at most, so that the call starts with two thirds left.
 	deadline := now.Add(min(inRequestTokenWait, t.lease/3))
 	for {
-		got, err := d.takeTokens(ctx, t, []string{dest}, map[string]int{dest: 1})
+		got, err := d.takeTokens(ctx, t, r.Tenant, []string{dest}, map[string]int{dest: 1})
 		if err != nil {
 			d.log.Warn("taking a delivery token for a request's own attempt failed; it is not sent now",
 				"type", t.Name, "destination", dest, "err", err)
@@ -238,7 +238,7 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 		g := got[dest]
 		switch {
 		case g.paused:
-			d.pauses.note(t.Name, "", dest, time.Now().Add(g.next), true)
+			d.pauses.note(t.Name, r.Tenant, dest, time.Now().Add(g.next), true)
 			return HeldByPause, g.next
 		case g.granted > 0:
 			return "", 0

@@ -316,7 +316,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		var got map[string]grant
 		var err error
 		if len(names) > 0 {
-			got, err = d.takeTokens(ctx, t, names, need)
+			got, err = d.takeTokens(ctx, t, "", names, need)
 		}
 		if err != nil {
 			d.log.Warn("taking delivery tokens failed; the claim's rows go back uncharged", "type", t.Name,
@@ -369,14 +369,14 @@ type grant struct {
 }
 
 // takeTokens takes, for each destination of names, up to need of it of t's tokens, in one statement.
-func (d *Dispatcher) takeTokens(ctx context.Context, t *effectType, names []string, need map[string]int) (map[string]grant, error) {
+func (d *Dispatcher) takeTokens(ctx context.Context, t *effectType, tenant string, names []string, need map[string]int) (map[string]grant, error) {
 	ns := make([]int32, len(names))
 	for i, n := range names {
 		ns[i] = int32(need[n])
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
 	defer cancel()
-	rows, err := d.pool.Query(cctx, takeTokensSQL, t.Name, names, ns, t.Rate.PerSecond, t.Rate.Burst)
+	rows, err := d.pool.Query(cctx, takeTokensSQL, t.Name, names, ns, t.Rate.PerSecond, t.Rate.Burst, tenant)
 	if err != nil {
 		return nil, err
 	}

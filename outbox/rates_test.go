@@ -520,3 +520,32 @@ func TestOneTenantsPauseDoesNotHoldAnother(t *testing.T) {
 		})
 	}
 }
+
+// A request's own attempt (the dedup proxy) to a limited type waits for its tenant's pause that another
+// gateway recorded, and not for another tenant's: the take of its token asks the fleet's table for both.
+func TestARequestWaitsForItsTenantsPauseOnly(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if _, err := f.pool.Exec(context.Background(), `INSERT INTO oncegate_destination_pauses
+		(type, destination, tenant, until, status, paused_by, paused_at)
+		VALUES ('hook', 'd', 'alpha', now() + interval '1 hour', 429, 'elsewhere', now())`); err != nil {
+		t.Fatal(err)
+	}
+	p := &routed{}
+	d := f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Rate: &Rate{PerSecond: 50, Burst: 5},
+		Retry: backoffPolicy(time.Hour)}}})
+	f.start(d)
+	for _, tenant := range []string{"alpha", "beta"} {
+		ne := dedup.NewEffect{Tenant: tenant, Key: "k", Type: "hook", Payload: json.RawMessage(`{"to":"d"}`), Destination: "d"}
+		if _, err := d.PerformNew(context.Background(), ne, []byte{1}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if c := p.snapshot("d"); len(c) != 1 {
+		t.Fatalf("%d calls to d; want beta's only (alpha's tenant is paused there)", len(c))
+	}
+	if n := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE tenant = 'alpha' AND status = 'pending'
+		AND attempts = 0`); n != 1 {
+		t.Fatal("alpha's effect is not waiting, uncharged")
+	}
+}

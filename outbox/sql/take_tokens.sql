@@ -1,7 +1,7 @@
 -- Takes delivery tokens of effect type $1 for a claim's rows, per destination, from the buckets every gateway
 -- shares (oncegate_rate_buckets, migration 00015), in one statement. $2 the destinations, sorted (buckets are
 -- locked in that order, so two gateways' takes never deadlock), $3 how many rows of each the claim holds, at
--- most $5; $4 the limit's rate a second, $5 its burst.
+-- most $5; $4 the limit's rate a second, $5 its burst; $6 the tenant whose own pauses count too ('': none).
 --
 -- GCRA: a bucket is the time its next call is due, tat; at now it has floor((now - max(tat, now)) * $4 + $5)
 -- tokens, and each one granted moves tat on by 1/$4. The row is locked by ON CONFLICT DO UPDATE, whose SET
@@ -13,10 +13,12 @@
 -- it has now; paused.
 WITH want AS (
     SELECT w.destination, w.n,
-        -- Every tenant's pause: a tenant's own (migration 00028) the dispatcher holds its rows back for before
-        -- the take, as the claim that left them out knew it.
-        (SELECT p.until FROM oncegate_destination_pauses p
-         WHERE p.type = $1 AND p.destination = w.destination AND p.tenant = '' AND p.until > now()) AS paused_until
+        -- Every tenant's pause, and tenant $6's ('' for none: a claim's rows, whose tenants' own pauses
+        -- (migration 00028) the dispatcher holds them back for before the take, as the claim that left them
+        -- out knew them; a request's own attempt names its tenant).
+        (SELECT max(p.until) FROM oncegate_destination_pauses p
+         WHERE p.type = $1 AND p.destination = w.destination AND p.tenant IN ('', $6) AND p.until > now())
+            AS paused_until
     FROM unnest($2::text[], $3::integer[]) AS w (destination, n)
 ), taken AS (
     INSERT INTO oncegate_rate_buckets AS b (type, destination, tat, granted, per_second, burst, taken)

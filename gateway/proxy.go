@@ -335,7 +335,7 @@ func transientAnswer(p *outbox.Performed) func(w http.ResponseWriter, replayed b
 				writeProblem(w, probDestinationLimited, "", "the effect type's rate left no call to the upstream "+
 					"free; nothing was sent")
 			case outbox.HeldByPause:
-				writeProblem(w, probDestinationPaused, "", "the upstream asked every gateway to wait; nothing was sent")
+				writeProblem(w, probDestinationPaused, "", "the upstream asked every gateway to wait with this tenant's calls; nothing was sent")
 			default:
 				writeProblem(w, probBreakerOpen, "", "the upstream's circuit breaker is open; nothing was sent")
 			}

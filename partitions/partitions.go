@@ -218,14 +218,19 @@ const DefaultLiveWithin = 15 * time.Second
 // (Config.Fleet) and a gateway alive runs with them: the pass did nothing.
 var ErrOtherSettings = errors.New("partitions: the fleet's partition settings are not this gateway's")
 
-// Settings is what a pass's shape depends on, as one text: the interval, how many ahead, the retention, and
-// each table's own retention. Two managers with the same Settings make and retire the same partitions.
+// Settings is what a pass's shape depends on, as one text, in the gateway configuration's words: the
+// interval, how many ahead, the retention, and each table's own retention (the bodies': retention.payloads).
+// Two managers with the same Settings make and retire the same partitions.
 func (c Config) Settings() string {
 	c = c.WithDefaults()
-	s := fmt.Sprintf("interval=%s ahead=%d retention=%s", c.Interval, c.Ahead, c.Retention)
+	s := fmt.Sprintf("partitions.interval=%s partitions.ahead=%d retention.keys=%s", c.Interval, c.Ahead, c.Retention)
 	for _, t := range c.Tables {
 		if t.Retention > 0 {
-			s += fmt.Sprintf(" %s=%s", t.Name, t.Retention)
+			name := t.Name + ".retention"
+			if t.Name == Bodies.Name {
+				name = "retention.payloads"
+			}
+			s += fmt.Sprintf(" %s=%s", name, t.Retention)
 		}
 	}
 	return s

@@ -129,14 +129,7 @@ func TestEffectsMigrationIsOnlineAndKeepsEveryEffect(t *testing.T) {
 	}
 	// A reader holds the effects table (a report, pg_dump, a psql BEGIN left open) while the upgrade starts:
 	// the upgrade waits for it, and writes go on meanwhile rather than queueing behind the upgrade's wait.
-	reader, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Rollback(ctx) //nolint:errcheck
-	if _, err := reader.Exec(ctx, "SELECT count(*) FROM oncegate_effects"); err != nil {
-		t.Fatal(err)
-	}
+	reader := pgtest.Reader(t, pool, "oncegate_effects")
 	began := time.Now()
 	upDone := make(chan error, 1)
 	go func() { _, err := migrations.Up(ctx, db, nil); upDone <- err }()

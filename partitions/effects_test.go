@@ -245,14 +245,7 @@ func TestAReaderHoldingTheEffectsDoesNotStopPartitionsAhead(t *testing.T) {
 	at := now.Add(-9 * time.Minute)
 	e.add("old", seeded{at: at, finished: &at, expires: at.Add(time.Minute)})
 
-	reader, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Rollback(ctx) //nolint:errcheck
-	if _, err := reader.Exec(ctx, "SELECT count(*) FROM oncegate_effects"); err != nil {
-		t.Fatal(err)
-	}
+	pgtest.Reader(t, pool, "oncegate_effects")
 	// Ten minutes on: every table needs new partitions, and old ones are past retention.
 	later := now.Add(10 * time.Minute)
 	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys, dedup.RestorePartitionKeys, 0), Interval: time.Minute,
@@ -634,14 +627,7 @@ func TestTablesAfterAnEffectsPartitionThatCouldNotGoWait(t *testing.T) {
 		t.Fatal("the first pass retired the effect's partitions")
 	}
 
-	reader, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reader.Rollback(ctx) //nolint:errcheck
-	if _, err := reader.Exec(ctx, "SELECT count(*) FROM oncegate_effects"); err != nil {
-		t.Fatal(err)
-	}
+	reader := pgtest.Reader(t, pool, "oncegate_effects")
 	later = now.Add(10 * time.Minute)
 	for pass := range 2 {
 		rep, err := m.Pass(ctx)

@@ -249,6 +249,22 @@ func Count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 	return n
 }
 
+// Reader begins a transaction that reads table and stays open, holding it as a report, pg_dump or a psql BEGIN
+// left open does, until the test ends or the caller rolls it back.
+func Reader(t testing.TB, pool *pgxpool.Pool, table string) pgx.Tx {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	return tx
+}
+
 // EmptyDatabase creates an empty database for the test, with no schema at all, and returns its URL: for tests
 // of migrating. It is dropped when the test ends.
 func EmptyDatabase(t testing.TB) string {

@@ -61,16 +61,7 @@ func TestPinnedStatementsAreRunPinned(t *testing.T) {
 // pinnedTx begins a transaction behind pin.sql (as pinned runs its statements), rolled back when the test ends.
 func pinnedTx(t *testing.T, pool *pgxpool.Pool) pgx.Tx {
 	t.Helper()
-	ctx := context.Background()
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	if _, err := tx.Exec(ctx, pinSQL); err != nil {
-		t.Fatal(err)
-	}
-	return tx
+	return pgtest.Tx(t, pool, pinSQL)
 }
 
 // TestPinnedStatementsPlanIndexScansOnEmptyTables: behind pin.sql, even the generic plan made while the

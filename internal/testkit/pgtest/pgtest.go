@@ -249,9 +249,8 @@ func Count(t testing.TB, pool *pgxpool.Pool, query string, args ...any) int {
 	return n
 }
 
-// Reader begins a transaction that reads table and stays open, holding it as a report, pg_dump or a psql BEGIN
-// left open does, until the test ends or the caller rolls it back.
-func Reader(t testing.TB, pool *pgxpool.Pool, table string) pgx.Tx {
+// Tx begins a transaction that runs stmt and stays open until the test ends or the caller ends it.
+func Tx(t testing.TB, pool *pgxpool.Pool, stmt string) pgx.Tx {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
@@ -259,10 +258,17 @@ func Reader(t testing.TB, pool *pgxpool.Pool, table string) pgx.Tx {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tx.Rollback(ctx) })
-	if _, err := tx.Exec(ctx, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize()); err != nil {
+	if _, err := tx.Exec(ctx, stmt); err != nil {
 		t.Fatal(err)
 	}
 	return tx
+}
+
+// Reader begins a transaction that reads table and stays open, holding it as a report, pg_dump or a psql BEGIN
+// left open does, until the test ends or the caller rolls it back.
+func Reader(t testing.TB, pool *pgxpool.Pool, table string) pgx.Tx {
+	t.Helper()
+	return Tx(t, pool, "SELECT count(*) FROM "+pgx.Identifier{table}.Sanitize())
 }
 
 // EmptyDatabase creates an empty database for the test, with no schema at all, and returns its URL: for tests

@@ -266,98 +266,93 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 		backDests = append(backDests, at[r.EffectID])
 		inPlace = append(inPlace, place)
 	}
-	if t.Rate == nil {
-		for i, r := range rows {
-			// A rescued row goes on to its delivery, which logs the interrupted attempt and decides on it
-			// (an at_most_once effect is unknown), and whose call is refused by the pause, uncharged.
-			if left := d.pausedFor(t, r.Tenant, dests[i], now, false); left > 0 && !r.Rescued {
-				hand(r, left+rand.N(minRefusedWait), true)
-				rs.wakeAt(now.Add(left + minRefusedWait))
-				continue
-			}
+	// The rows that may go, for a limited type, once they have their tokens.
+	var open []dedup.Claimed
+	var openDests []string
+	probing := map[breakerKey]bool{}
+	for i, r := range rows {
+		left := d.pausedFor(t, r.Tenant, dests[i], now, false)
+		switch {
+		case r.Rescued && (t.Rate == nil || left > 0 || decide(event{stage: stageClaimed}, r, t.policy).kind != actDeliver):
+			// A rescued row goes on to its delivery, which logs the interrupted attempt and decides on it (an
+			// at_most_once effect, or one whose attempts are used up, is unknown, uncalled), and whose call a
+			// pause refuses, uncharged. Claimed whatever its destination's pause or tokens (claim.sql,
+			// claim_limited.sql), it takes a token only to be called.
 			keep = append(keep, r)
-		}
-	} else {
-		// Rows that this gateway's breaker would refuse wait for it here, uncharged, and take no token: taken
-		// first, the tokens went on calls never made, and the rest of the fleet had fewer of them. A rescued
-		// row goes on to its delivery, which decides on its interrupted attempt first.
-		probing := map[breakerKey]bool{}
-		var open []dedup.Claimed
-		var openDests []string
-		for i, r := range rows {
-			if r.Rescued && (decide(event{stage: stageClaimed}, r, t.policy).kind != actDeliver ||
-				d.pausedFor(t, r.Tenant, dests[i], now, false) > 0) {
-				// A rescued row is decided on before any call (claim_limited.sql claims it whatever its
-				// destination's pause or tokens): one that will not be called (at_most_once, or its attempts
-				// used up) needs no token, and one to a paused destination is refused by the pause after
-				// its interrupted attempt is logged, and waits it out uncharged.
-				keep = append(keep, r)
-				continue
-			}
-			// A pause of the row's tenant (the take below knows only every tenant's): the claim left such rows
-			// out, so this is one claimed as the pause began, or a row that names no destination.
-			if left := d.pausedFor(t, r.Tenant, dests[i], now, false); left > 0 && !r.Rescued {
-				hand(r, left+rand.N(minRefusedWait), true)
-				rs.wakeAt(now.Add(left + minRefusedWait))
-				continue
-			}
-			if wait, refused := d.breakers.refuses(t, r.Tenant, dests[i], now, probing); refused && !r.Rescued {
+		case r.Rescued:
+			open, openDests = append(open, r), append(openDests, dests[i])
+		case left > 0:
+			// Paused for the row's tenant (a limited type's take asks only every tenant's pauses): the claims
+			// leave such rows out, so this one was claimed as the pause began, or names no destination.
+			hand(r, left+rand.N(minRefusedWait), true)
+			rs.wakeAt(now.Add(left + minRefusedWait))
+		case t.Rate == nil:
+			keep = append(keep, r)
+		default:
+			// A row that this gateway's breaker would refuse waits for it here, uncharged, and takes no token:
+			// taken first, the tokens went on calls never made, and the rest of the fleet had fewer of them.
+			if wait, refused := d.breakers.refuses(t, r.Tenant, dests[i], now, probing); refused {
 				hand(r, wait, false)
 				continue
 			}
 			open, openDests = append(open, r), append(openDests, dests[i])
 		}
-		rows, dests = open, openDests
-		need := map[string]int{}
-		for _, dest := range dests {
-			need[dest] = min(need[dest]+1, t.Rate.Burst)
-		}
-		names := slices.Sorted(maps.Keys(need))
-		var got map[string]grant
-		var err error
-		if len(names) > 0 {
-			got, err = d.takeTokens(ctx, t, "", names, need)
-		}
-		if err != nil {
-			d.log.Warn("taking delivery tokens failed; the claim's rows go back uncharged", "type", t.Name,
-				"err", err, "in", failedTakeWait.String())
-			for _, r := range rows {
-				hand(r, failedTakeWait, false)
-			}
-			rs.wakeAt(now.Add(failedTakeWait))
-		} else {
-			used := map[string]int{}
-			for i, r := range rows {
-				g := got[dests[i]]
-				if g.paused {
-					d.pauses.note(t.Name, "", dests[i], now.Add(g.next), true)
-					hand(r, g.next+rand.N(minRefusedWait), true)
-					continue
-				}
-				k := used[dests[i]]
-				used[dests[i]]++
-				if k < g.granted {
-					keep = append(keep, r)
-					continue
-				}
-				hand(r, g.next+time.Duration(k-g.granted)*t.Rate.interval(), true)
-			}
-			// A jitter of up to a quarter interval keeps the gateways of a fleet from all asking for the same
-			// token at the same instant; more would leave tokens of a small burst unused.
-			for _, g := range got {
-				switch {
-				case g.paused:
-					rs.wakeAt(now.Add(g.next + minRefusedWait))
-				case g.left < 1:
-					rs.wakeAt(now.Add(g.next + rand.N(t.Rate.interval()/4+1)))
-				}
-			}
-		}
+	}
+	if len(open) > 0 {
+		keep = append(keep, d.takeFor(ctx, t, rs, now, open, openDests, hand)...)
 	}
 	if len(back) > 0 {
 		d.deferRows(t, back, delays, backDests, inPlace)
 	}
 	return keep, len(back)
+}
+
+// takeFor takes the tokens of a limited type's rows (dests their destinations) and returns those that got
+// one; hand hands back the others, each until its token is due, or its destination's pause ends.
+func (d *Dispatcher) takeFor(ctx context.Context, t *effectType, rs *rateState, now time.Time, rows []dedup.Claimed,
+	dests []string, hand func(r dedup.Claimed, wait time.Duration, place bool)) []dedup.Claimed {
+	need := map[string]int{}
+	for _, dest := range dests {
+		need[dest] = min(need[dest]+1, t.Rate.Burst)
+	}
+	got, err := d.takeTokens(ctx, t, "", slices.Sorted(maps.Keys(need)), need)
+	if err != nil {
+		d.log.Warn("taking delivery tokens failed; the claim's rows go back uncharged", "type", t.Name,
+			"err", err, "in", failedTakeWait.String())
+		for _, r := range rows {
+			hand(r, failedTakeWait, false)
+		}
+		rs.wakeAt(now.Add(failedTakeWait))
+		return nil
+	}
+	var keep []dedup.Claimed
+	used := map[string]int{}
+	for i, r := range rows {
+		g := got[dests[i]]
+		if g.paused {
+			d.pauses.note(t.Name, "", dests[i], now.Add(g.next), true)
+			hand(r, g.next+rand.N(minRefusedWait), true)
+			continue
+		}
+		k := used[dests[i]]
+		used[dests[i]]++
+		if k < g.granted {
+			keep = append(keep, r)
+			continue
+		}
+		hand(r, g.next+time.Duration(k-g.granted)*t.Rate.interval(), true)
+	}
+	// A jitter of up to a quarter interval keeps the gateways of a fleet from all asking for the same token at
+	// the same instant; more would leave tokens of a small burst unused.
+	for _, g := range got {
+		switch {
+		case g.paused:
+			rs.wakeAt(now.Add(g.next + minRefusedWait))
+		case g.left < 1:
+			rs.wakeAt(now.Add(g.next + rand.N(t.Rate.interval()/4+1)))
+		}
+	}
+	return keep
 }
 
 // grant is one destination's answer to a take of tokens.

@@ -320,6 +320,9 @@ func TestConcurrentEnqueuesOfFiftyIDsMakeFiftyJobs(t *testing.T) {
 	q, rdb := newQueue(t, nil)
 	hook := &scriptHook{}
 	rdb.AddHook(hook)
+	// Every caller waits before the first batch goes, so that they meet in batches whatever the machine's
+	// load: left to the scheduler, a CI run's busy machine once ran the 200 one after the other.
+	waiting, release := holdBatch(t, q)
 	const callers, distinct = 200, 50
 	results := make([]*EnqueueResult, callers)
 	start := make(chan struct{})
@@ -337,6 +340,8 @@ func TestConcurrentEnqueuesOfFiftyIDsMakeFiftyJobs(t *testing.T) {
 		})
 	}
 	close(start)
+	testenv.Eventually(t, 10*time.Second, "callers waiting", func() bool { return waiting() == callers })
+	release()
 	wg.Wait()
 	if t.Failed() {
 		return

@@ -114,7 +114,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	// The fleet's table is asked again first (pausedFor, forced): rows of a paused destination reach this
 	// point only when claimed before the pause, or after an operator lifted it.
 	if !inRequest {
-		if left := d.pausedFor(t, r.Tenant, dest, time.Now(), true); left > 0 {
+		if left := d.pausedFor(t, pauseTenant(r), dest, time.Now(), true); left > 0 {
 			return event{stage: stageRefused, wait: left + rand.N(minRefusedWait), paused: true}, false
 		}
 	}
@@ -148,7 +148,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	}
 	answered := time.Now()
 	if out.Kind == providers.KindRetry && out.Throttled != 0 && out.RetryAfter > 0 && ctx.Err() == nil {
-		d.pauseDestination(log, t, r.Tenant, dest, out.RetryAfter, out.Throttled)
+		d.pauseDestination(log, t, pauseTenant(r), dest, out.RetryAfter, out.Throttled)
 	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
 	// The attempt log and the metric say what the attempt came to, as decide will finish it.

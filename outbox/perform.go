@@ -190,7 +190,7 @@ func (d *Dispatcher) Perform(ctx context.Context, r dedup.Claimed) (Performed, e
 func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.Claimed) (string, time.Duration) {
 	dest := destination(t, &r)
 	now := time.Now()
-	if left := d.pausedFor(t, r.Tenant, dest, now, false); left > 0 {
+	if left := d.pausedFor(t, pauseTenant(r), dest, now, false); left > 0 {
 		return HeldByPause, left
 	}
 	if t.Rate == nil && r.PauseAsked != "" && r.PauseAsked == dest {
@@ -199,7 +199,7 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 			return "", 0
 		}
 		ms := r.PauseLeft.Milliseconds()
-		d.pauses.set(t.Name, r.Tenant, dest, &ms, now)
+		d.pauses.set(t.Name, pauseTenant(r), dest, &ms, now)
 		return HeldByPause, r.PauseLeft
 	}
 	if t.Rate == nil {
@@ -210,7 +210,7 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 		qctx, cancel := d.dbContext()
 		defer cancel()
 		var ms *int64
-		if err := d.pool.QueryRow(qctx, pauseLeftSQL, t.Name, dest, r.Tenant).Scan(&ms); err != nil {
+		if err := d.pool.QueryRow(qctx, pauseLeftSQL, t.Name, dest, pauseTenant(r)).Scan(&ms); err != nil {
 			d.log.Warn("asking whether a request's destination is paused failed; it is called", "type", t.Name,
 				"destination", dest, "err", err)
 			return "", 0
@@ -218,7 +218,7 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 		if ms == nil {
 			return "", 0
 		}
-		d.pauses.set(t.Name, r.Tenant, dest, ms, now)
+		d.pauses.set(t.Name, pauseTenant(r), dest, ms, now)
 		return HeldByPause, time.Duration(*ms) * time.Millisecond
 	}
 	if _, refused := d.breakers.refuses(t, r.Tenant, dest, now, map[breakerKey]bool{}); refused {
@@ -229,7 +229,7 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 	// third at most, so that the call starts with two thirds left.
 	deadline := now.Add(min(inRequestTokenWait, t.lease/3))
 	for {
-		got, err := d.takeTokens(ctx, t, r.Tenant, []string{dest}, map[string]int{dest: 1})
+		got, err := d.takeTokens(ctx, t, pauseTenant(r), []string{dest}, map[string]int{dest: 1})
 		if err != nil {
 			d.log.Warn("taking a delivery token for a request's own attempt failed; it is not sent now",
 				"type", t.Name, "destination", dest, "err", err)
@@ -238,7 +238,7 @@ func (d *Dispatcher) holdInRequest(ctx context.Context, t *effectType, r dedup.C
 		g := got[dest]
 		switch {
 		case g.paused:
-			d.pauses.note(t.Name, r.Tenant, dest, time.Now().Add(g.next), true)
+			d.pauses.note(t.Name, pauseTenant(r), dest, time.Now().Add(g.next), true)
 			return HeldByPause, g.next
 		case g.granted > 0:
 			return "", 0

@@ -176,6 +176,17 @@ func (p *pauses) left(typ, tenant, dest string, now time.Time, force bool) (time
 	return left, ask
 }
 
+// pauseTenant is the tenant whose pauses hold r, and whose pause an answer to r records: "" (every tenant)
+// for a row whose outbox row names no tenant (dedup.Claimed.Untenanted), as the claims read it, though its
+// effect has one. Keyed by the effect's tenant, such a row's 429 paused nothing the claims saw, and every
+// gateway kept calling (tests.TestFleetHoldsADestinationsRateAndItsRetryAfter).
+func pauseTenant(r dedup.Claimed) string {
+	if r.Untenanted {
+		return ""
+	}
+	return r.Tenant
+}
+
 // pausedFor returns how long tenant's rows to dest of t are still paused, zero when they are not: as this
 // gateway knows it, asked of the fleet's table again when that is due (pauses), or at once with force when
 // the table holds the pause. Should the table not answer, what is known holds.
@@ -271,7 +282,7 @@ func (d *Dispatcher) holdBack(ctx context.Context, t *effectType, rs *rateState,
 	var openDests []string
 	probing := map[breakerKey]bool{}
 	for i, r := range rows {
-		left := d.pausedFor(t, r.Tenant, dests[i], now, false)
+		left := d.pausedFor(t, pauseTenant(r), dests[i], now, false)
 		switch {
 		case r.Rescued && (t.Rate == nil || left > 0 || decide(event{stage: stageClaimed}, r, t.policy).kind != actDeliver):
 			// A rescued row goes on to its delivery, which logs the interrupted attempt and decides on it (an

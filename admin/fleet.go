@@ -381,6 +381,9 @@ type DestinationRate struct {
 	// delivery got the answer. "" is every tenant (a row that names none, or a gateway older than migration
 	// 00028). Empty when it is not paused.
 	PausedTenants []string `json:"paused_tenants,omitempty"`
+	// Probing is set when the pause's end has passed and its rows wait for one call, its probe, to find the
+	// destination ready (a 429 again sets the next pause).
+	Probing bool `json:"probing,omitempty"`
 }
 
 // PausedFor names the tenants a destination's pause holds (Destination.PausedTenants): "every tenant" for a
@@ -414,7 +417,7 @@ func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationR
 		var buckets []int64
 		err := r.Scan(&d.Type, &d.Destination, &d.Attempts, &d.Delivered, &d.Failed, &d.Retried, &d.InDoubt,
 			&buckets, &d.LastAttempt, &d.PerSecond, &d.LimitPerSecond, &d.LimitBurst, &d.Waiting, &d.PausedUntil,
-			&d.PausedStatus, &d.PausedBy, &d.PausedTenants)
+			&d.PausedStatus, &d.PausedBy, &d.PausedTenants, &d.Probing)
 		if d.Attempts > 0 {
 			d.SuccessRate = float64(d.Delivered) / float64(d.Attempts)
 		}

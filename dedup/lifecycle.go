@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/oncegate/oncegate/effect"
+	"github.com/oncegate/oncegate/internal/notifier"
 )
 
 // Lease names a claimed outbox row and the token that fences every write to it: only the current holder's
@@ -328,6 +329,71 @@ func (s *Store) ClaimNew(ctx context.Context, id int64, p ClaimParams) (c Claime
 		c.InterruptedAttempts = *interrupted
 	}
 	return c, true, false, nil
+}
+
+// Probe names the probe of a destination's pause (migration 00030): the pause of Destination of effect type
+// Type for Tenant ("": every tenant's), and the probe's token.
+type Probe struct {
+	Type, Destination, Tenant string
+	Token                     [16]byte
+}
+
+// ClaimProbe takes the probe of pr's pause, whose end has passed, for p.Owner (claim_probe.sql, pinned as the
+// claims are: a plan made on an empty outbox walked it whole): it leases the
+// pause's oldest waiting row for p.Lease, reads its payload as Claim does, and notes in the pause that the
+// probe is out, the rows held hold past its lease. ok is false when no row was taken: another gateway has the
+// probe, or the pause is gone, or no row waits for it, in which case the pause is lifted (lifted).
+// p.Limit, p.SkipTenants and p.Burst are not read.
+func (s *Store) ClaimProbe(ctx context.Context, pr Probe, p ClaimParams, hold time.Duration) (c Claimed, ok, lifted bool, err error) {
+	sent := time.Now()
+	var eid *int64
+	var token pgtype.UUID
+	var tenant, typ *string
+	var interrupted *int
+	rs, err := pinned(ctx, s.db, claimProbeSQL, pr.Type, pr.Destination, pr.Tenant, p.Owner, p.Lease.Milliseconds(),
+		uuidArg(pr.Token), hold.Milliseconds())
+	if err == nil {
+		_, err = pgx.CollectExactlyOneRow(rs, func(r pgx.CollectableRow) (struct{}, error) {
+			return struct{}{}, r.Scan(&eid, &token, &tenant, &typ, &c.Trace, &interrupted, &lifted)
+		})
+	}
+	if err != nil {
+		return Claimed{}, false, false, translate("claim the probe of a pause of "+pr.Type, err)
+	}
+	if eid == nil {
+		return Claimed{}, false, lifted, nil
+	}
+	c.EffectID, c.Token, c.Type, c.LeasedAt, c.Destination = *eid, token.Bytes, *typ, sent, pr.Destination
+	if tenant != nil {
+		c.Tenant = *tenant
+	} else {
+		c.Untenanted = true
+	}
+	if interrupted != nil {
+		c.InterruptedAttempts = *interrupted
+	}
+	rows := []Claimed{c}
+	if err := s.readOrHandBack(ctx, rows, p.Lease, func(ctx context.Context) error {
+		return s.readPayloads(ctx, rows)
+	}); err != nil {
+		return Claimed{}, false, false, err
+	}
+	if rows[0].Payload == nil { // an operator's retry took the row meanwhile
+		return Claimed{}, false, false, nil
+	}
+	return rows[0], true, false, nil
+}
+
+// EndProbe ends probe pr (probe_end.sql): lift, the destination answered without asking to wait, lifts the
+// pause for every gateway and wakes their claims of pr.Type; otherwise the probe made no call and is freed for
+// the next. It reports whether the pause was lifted: false also when pr is no longer the pause's probe.
+func (s *Store) EndProbe(ctx context.Context, pr Probe, lift bool) (bool, error) {
+	tag, err := s.db.Exec(ctx, probeEndSQL, pr.Type, pr.Destination, pr.Tenant, uuidArg(pr.Token), lift,
+		string(notifier.TopicOutbox))
+	if err != nil {
+		return false, translate("end the probe of a pause of "+pr.Type, err)
+	}
+	return tag.RowsAffected() > 0, nil
 }
 
 // Payload reads the payload of a row leased by ClaimLeases. It returns ErrLeaseLost when the lease is no

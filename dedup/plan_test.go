@@ -32,7 +32,7 @@ var planned = []string{"insert", "insert_batch", "get", "get_batch", "fence", "r
 // pinnedStatements are run behind pin.sql (pinned): an UPDATE, DELETE or locking read joined to a batch,
 // whose best plan Postgres finds only from statistics that a queue's tables outrun.
 var pinnedStatements = map[string]string{"claim": "claimSQL", "claim_limited": "claimLimitedSQL", "release": "releaseSQL", "hand_back": "handBackSQL",
-	"finish_batch": "finishBatchSQL", "terminal": "terminalSQL"}
+	"finish_batch": "finishBatchSQL", "terminal": "terminalSQL", "claim_probe": "claimProbeSQL"}
 
 // TestPinnedStatementsAreRunPinned holds the call sites to pinnedStatements: each runs its statement through
 // pinned or pinnedExec, and no statement is in both lists. (Preparing one, in a list of statements as

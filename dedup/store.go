@@ -75,6 +75,8 @@ var (
 	claimSQL         = query("claim")
 	claimLimitedSQL  = query("claim_limited")
 	claimNewSQL      = query("claim_new")
+	claimProbeSQL    = query("claim_probe")
+	probeEndSQL      = sqlFile("probe_end")
 	readPayloadsSQL  = query("read_payloads")
 	leasedEffectsSQL = query("leased_effects")
 	releaseSQL       = query("release")

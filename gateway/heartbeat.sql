@@ -12,7 +12,7 @@ WITH gone AS (
     DELETE FROM oncegate_destination_minutes WHERE minute < now() - interval '1 day'
 ), old_pauses AS (
     -- A destination's pause ended over an hour ago: nothing reads it any more (the console shows live ones).
-    DELETE FROM oncegate_destination_pauses WHERE until < now() - interval '1 hour'
+    DELETE FROM oncegate_destination_pauses WHERE greatest(until, held_until) < now() - interval '1 hour'
 ), old_buckets AS (
     -- A bucket untouched for a day is full again whatever its tat says: deleting it changes no limit, and
     -- a webhook type's thousand passing hosts leave no rows behind.

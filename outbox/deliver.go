@@ -113,7 +113,9 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	// with it, uncharged, as a row its breaker refuses.
 	// The fleet's table is asked again first (pausedFor, forced): rows of a paused destination reach this
 	// point only when claimed before the pause, or after an operator lifted it.
-	if !inRequest {
+	// The probe of a pause that has run out (probe.go) is the one call its destination gets meanwhile.
+	pr, probing := d.probes.take(r.EffectID)
+	if !inRequest && !probing {
 		if left := d.pausedFor(t, pauseTenant(r), dest, time.Now(), true); left > 0 {
 			return event{stage: stageRefused, wait: left + rand.N(minRefusedWait), paused: true}, false
 		}
@@ -142,13 +144,25 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		return o, nil
 	})
 	if open := errors.Is(err, gobreaker.ErrOpenState); open || errors.Is(err, gobreaker.ErrTooManyRequests) {
+		if probing {
+			d.endProbe(log, t, pr, false)
+		}
 		// The row waits, uncharged, until the breaker can let a call through again: handed back at once, it
 		// would be claimed and refused again in a loop while the breaker's probe is in flight.
 		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false
 	}
 	answered := time.Now()
-	if out.Kind == providers.KindRetry && out.Throttled != 0 && out.RetryAfter > 0 && ctx.Err() == nil {
-		d.pauseDestination(log, t, pauseTenant(r), dest, out.RetryAfter, out.Throttled)
+	switch {
+	case out.Kind == providers.KindRetry && out.Throttled != 0 && out.RetryAfter > 0 && ctx.Err() == nil:
+		var asked *dedup.Probe
+		if probing {
+			asked = &pr
+		}
+		d.pauseDestination(log, t, pauseTenant(r), dest, out.RetryAfter, out.Throttled, asked)
+	case probing:
+		// Any other answer: the destination is ready, or failing, which is its breaker's business. A call cut
+		// short by the gateway's shutdown says nothing, and frees the probe for the next gateway.
+		d.endProbe(log, t, pr, ctx.Err() == nil)
 	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
 	// The attempt log and the metric say what the attempt came to, as decide will finish it.

@@ -314,10 +314,13 @@ type Dispatcher struct {
 	types    []*effectType
 	breakers *breakerSet
 	pauses   pauses // the fleet's paused destinations, as this dispatcher knows them (rates.go)
-	metrics  *Metrics
-	log      *slog.Logger
-	wake     chan struct{}
-	freed    chan struct{}
+	probes   probes // the probes of pauses out here (probe.go)
+	// probeWake: a pause this dispatcher set ends (probe.go).
+	probeWake chan struct{}
+	metrics   *Metrics
+	log       *slog.Logger
+	wake      chan struct{}
+	freed     chan struct{}
 	// backlogSeen: a claim came back full (statsLoop).
 	backlogSeen chan struct{}
 
@@ -343,7 +346,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	d := &Dispatcher{pool: pool, store: store.WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
 		log:  c.Logger.With("component", "dispatcher", "owner", c.Owner),
 		wake: make(chan struct{}, 1), freed: make(chan struct{}, 1),
-		backlogSeen: make(chan struct{}, 1)}
+		backlogSeen: make(chan struct{}, 1), probeWake: make(chan struct{}, 1)}
 	d.done = newDoneBatcher(pool, d.log)
 	d.breakers = newBreakerSet(c.MaxBreakers, c.BreakerIdle, d.metrics, d.log)
 	for _, t := range c.Types {
@@ -423,8 +426,11 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	inflight := workers.New(deliveryIdle)
 	defer inflight.Close()
 	d.running.start(ctx, deliveries, inflight)
+	var probing sync.WaitGroup
+	probing.Go(func() { d.probeLoop(ctx, deliveries, inflight) })
 	d.claimLoop(ctx, deliveries, inflight)
 	d.running.stop()
+	probing.Wait()
 
 	drained := make(chan struct{})
 	go func() { inflight.Wait(); close(drained) }()

@@ -22,6 +22,8 @@ type Metrics struct {
 	// waiting for the claim loop (expedite.go), by how it went: claimed, taken (another claim had it first),
 	// paused (its type or destination is), failed (the claim loop has it).
 	Direct *prometheus.CounterVec // oncegate_direct_claims_total{type, result}
+	// Probes counts the calls that ended destinations' pauses: one row's call each, before the rest (probe.go).
+	Probes *prometheus.CounterVec // oncegate_pause_probes_total{type}
 }
 
 // NewMetrics returns a new set of the dispatcher's collectors.
@@ -73,11 +75,16 @@ func NewMetrics() *Metrics {
 				"claimed, taken (another claim had the row first), paused (its type or destination is), " +
 				"failed (left to the claim loop).",
 		}, []string{"type", "result"}),
+		Probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "oncegate_pause_probes_total",
+			Help: "Probes of paused destinations: one row's call that asks, once a pause has run out, whether the " +
+				"destination is ready before the rows that waited for it go.",
+		}, []string{"type"}),
 	}
 }
 
 // Collectors lists the collectors, for prometheus.Registerer.MustRegister.
 func (m *Metrics) Collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.Attempts, m.Finished, m.DispatchLatency, m.BreakerState, m.BreakersOpen,
-		m.Rescued, m.OutcomeRecord, m.OutcomeHandoff, m.LeaseExtensions, m.Direct}
+		m.Rescued, m.OutcomeRecord, m.OutcomeHandoff, m.LeaseExtensions, m.Direct, m.Probes}
 }

@@ -133,6 +133,13 @@ func (p *pauses) set(typ, tenant, dest string, ms *int64, now time.Time) {
 		checked: now}
 }
 
+// lift forgets the pause of dest of typ for tenant: its probe's answer lifted it (probe.go).
+func (p *pauses) lift(typ, tenant, dest string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.at, pauseKey{typ, tenant, dest})
+}
+
 // stale has the fleet's table asked again about every pause of typ it holds, at the next row of each that
 // comes up: a notification of typ may be an operator's lift (`oncegate destination resume`), which this
 // gateway would otherwise hold on to for up to pauseRecheck, and, its rows handed back, until the next poll.
@@ -413,13 +420,17 @@ func (d *Dispatcher) deferRows(t *effectType, rows []dedup.Claimed, delays []tim
 }
 
 // pauseDestination pauses dest of t for tenant's rows ("": every tenant's), for every gateway, for wait, as
-// the destination asked with status in its answer to the delivery that log is about.
-func (d *Dispatcher) pauseDestination(log *slog.Logger, t *effectType, tenant, dest string, wait time.Duration, status int) {
+// the destination asked with status in its answer to the delivery that log is about: probe pr's call when pr
+// is not nil, whose answer sets the next pause whatever the last one was (probe.go).
+func (d *Dispatcher) pauseDestination(log *slog.Logger, t *effectType, tenant, dest string, wait time.Duration,
+	status int, pr *dedup.Probe) {
 	d.pauses.note(t.Name, tenant, dest, time.Now().Add(wait), false)
 	d.wakeAfter(t, wait)
+	time.AfterFunc(wait, d.signalProbe)
 	ctx, cancel := d.dbContext()
 	defer cancel()
-	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner, tenant); err != nil {
+	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner, tenant,
+		probeHold.Milliseconds(), probeArg(pr)); err != nil {
 		log.Error("recording a destination's pause failed; only this gateway holds it", "destination", dest,
 			"err", err)
 		return

@@ -937,6 +937,9 @@ func destinationLs(c *command, args []string) error {
 					paused += fmt.Sprintf(" (%d)", *d.PausedStatus)
 				}
 				paused += " for " + admin.PausedFor(d.PausedTenants)
+				if d.Probing {
+					paused += ", probing"
+				}
 			}
 			row(w, d.Type, d.Destination, limit, fmt.Sprintf("%.1f/s", d.PerSecond), d.Waiting, paused, d.Attempts,
 				fmt.Sprintf("%.1f%%", 100*d.SuccessRate))

@@ -60,7 +60,7 @@ WITH RECURSIVE tenants AS (
                     o.lease_expires_at > '-infinity'::timestamptz
                     OR NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                         WHERE p.type = $1 AND p.destination = o.destination AND p.tenant IN ('', o.tenant)
-                          AND p.until > now()) AS open
+                          AND greatest(p.until, p.held_until) > now()) AS open
                 FROM oncegate_outbox o
                 WHERE o.type = $1
                   AND (o.tenant, o.run_at) >= (t.tenant, '-infinity'::timestamptz)
@@ -97,7 +97,7 @@ WITH RECURSIVE tenants AS (
                            ORDER BY o.destination LIMIT 1) d
                      CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                             WHERE p.type = $1 AND p.destination = d.destination AND p.tenant IN ('', t.tenant)
-                              AND p.until > now()) AS open) f)
+                              AND greatest(p.until, p.held_until) > now()) AS open) f)
                     UNION ALL
                     SELECT d.destination, f.open, names.found + f.open::integer, names.n + 1
                     FROM names
@@ -106,7 +106,7 @@ WITH RECURSIVE tenants AS (
                             ORDER BY o.destination LIMIT 1) AS destination) d
                     CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                             WHERE p.type = $1 AND p.destination = d.destination AND p.tenant IN ('', t.tenant)
-                              AND p.until > now()) AS open) f
+                              AND greatest(p.until, p.held_until) > now()) AS open) f
                     WHERE names.destination IS NOT NULL AND names.found < $2 AND names.n < 10000
                 )
                 SELECT names.destination FROM names WHERE names.destination IS NOT NULL AND names.open
@@ -166,7 +166,7 @@ WITH RECURSIVE tenants AS (
                 LIMIT $2 * 8) o
           WHERE NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                 WHERE p.type = $1 AND p.destination = o.destination AND p.tenant = ''
-                  AND p.until > now())
+                  AND greatest(p.until, p.held_until) > now())
           ORDER BY o.run_at
           LIMIT $2) h
 ), due AS (
@@ -209,9 +209,12 @@ SELECT claimed.effect_id, claimed.lease_token, claimed.rescued, claimed.tenant, 
     -- second to 13 to 44.
     -- [tenant ('': every tenant), destination, ms left] of each pause of the claimed rows' tenants.
     (SELECT jsonb_agg(jsonb_build_array(p.tenant, p.destination,
-            ceil(extract(epoch FROM p.until - now()) * 1000)::bigint))
+            -- Past its end, a pause holds its rows while its probe is out (migration
+            -- 00030): asked again a second later at most.
+            ceil(extract(epoch FROM CASE WHEN p.until > now() THEN p.until
+                ELSE least(p.held_until, now() + interval '1 second') END - now()) * 1000)::bigint))
      FROM oncegate_destination_pauses p
-     WHERE p.type = $1 AND p.until > now()
+     WHERE p.type = $1 AND greatest(p.until, p.held_until) > now()
        AND (p.tenant = '' OR p.tenant IN (SELECT c.tenant FROM claimed c))
        AND EXISTS (SELECT 1 FROM claimed c WHERE c.destination IS NULL OR c.rescued)) AS paused
 FROM claimed

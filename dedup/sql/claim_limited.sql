@@ -54,7 +54,7 @@ WITH RECURSIVE tenants AS (
                     o.lease_expires_at > '-infinity'::timestamptz
                     OR NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                         WHERE p.type = $1 AND p.destination = o.destination AND p.tenant IN ('', o.tenant)
-                          AND p.until > now())
+                          AND greatest(p.until, p.held_until) > now())
                     AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                         WHERE b.type = $1 AND b.destination = o.destination
                           AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open
@@ -97,7 +97,7 @@ WITH RECURSIVE tenants AS (
                            ORDER BY o.destination LIMIT 1) d
                      CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                             WHERE p.type = $1 AND p.destination = d.destination AND p.tenant IN ('', t.tenant)
-                              AND p.until > now())
+                              AND greatest(p.until, p.held_until) > now())
                         AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                             WHERE b.type = $1 AND b.destination = d.destination
                               AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open) f)
@@ -109,7 +109,7 @@ WITH RECURSIVE tenants AS (
                             ORDER BY o.destination LIMIT 1) AS destination) d
                     CROSS JOIN LATERAL (SELECT NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                             WHERE p.type = $1 AND p.destination = d.destination AND p.tenant IN ('', t.tenant)
-                              AND p.until > now())
+                              AND greatest(p.until, p.held_until) > now())
                         AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                             WHERE b.type = $1 AND b.destination = d.destination
                               AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second)) AS open) f
@@ -172,7 +172,7 @@ WITH RECURSIVE tenants AS (
           WHERE o.lease_expires_at > '-infinity'::timestamptz
             OR NOT EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                 WHERE p.type = $1 AND p.destination = o.destination AND p.tenant = ''
-                  AND p.until > now())
+                  AND greatest(p.until, p.held_until) > now())
             AND NOT EXISTS (SELECT 1 FROM oncegate_rate_buckets b
                 WHERE b.type = $1 AND b.destination = o.destination
                   AND b.tat > now() + make_interval(secs => (b.burst - 1) / b.per_second))
@@ -223,8 +223,11 @@ WITH RECURSIVE tenants AS (
 SELECT claimed.effect_id, claimed.lease_token, claimed.rescued, claimed.tenant, claimed.type, claimed.trace,
     claimed.prev_owner, claimed.prev_token, claimed.prev_expires, claimed.interrupted,
     (SELECT jsonb_agg(jsonb_build_array(p.tenant, p.destination,
-            ceil(extract(epoch FROM p.until - now()) * 1000)::bigint))
+            -- Past its end, a pause holds its rows while its probe is out (migration
+            -- 00030): asked again a second later at most.
+            ceil(extract(epoch FROM CASE WHEN p.until > now() THEN p.until
+                ELSE least(p.held_until, now() + interval '1 second') END - now()) * 1000)::bigint))
      FROM oncegate_destination_pauses p
-     WHERE p.type = $1 AND p.until > now()
+     WHERE p.type = $1 AND greatest(p.until, p.held_until) > now()
        AND (p.tenant = '' OR p.tenant IN (SELECT c.tenant FROM claimed c))) AS paused
 FROM claimed

@@ -14,7 +14,7 @@ WITH cur AS (
         EXISTS (SELECT 1 FROM oncegate_paused_types p WHERE p.type = $2)
             OR EXISTS (SELECT 1 FROM oncegate_destination_pauses p
                 WHERE p.type = $2 AND p.destination = o.destination AND p.tenant IN ('', o.tenant)
-                  AND p.until > now()) AS paused
+                  AND greatest(p.until, p.held_until) > now()) AS paused
     FROM oncegate_outbox o
     WHERE o.effect_id = $1 AND o.type = $2
       AND o.run_at <= now()

@@ -53,8 +53,12 @@ SELECT true AS created, {{written}}, queued.lease_token,
     -- database's clock, asked here rather than by a statement of its own before the call (an unlimited type's
     -- request asked it in a second round trip).
     -- The tenant's pause or every tenant's (migration 00028), the longer.
-    (SELECT ceil(extract(epoch FROM max(p.until) - now()) * 1000)::bigint FROM oncegate_destination_pauses p
-     WHERE p.type = $3 AND p.destination = $15 AND p.tenant IN ('', $1) AND p.until > now()) AS paused_ms
+    -- Past its end, a pause holds its rows while its probe is out (migration 00030), a second at a time.
+    (SELECT ceil(extract(epoch FROM max(CASE WHEN p.until > now() THEN p.until
+                ELSE least(p.held_until, now() + interval '1 second') END) - now()) * 1000)::bigint
+     FROM oncegate_destination_pauses p
+     WHERE p.type = $3 AND p.destination = $15 AND p.tenant IN ('', $1)
+       AND greatest(p.until, p.held_until) > now()) AS paused_ms
 FROM effect JOIN queued ON queued.effect_id = effect.id
 UNION ALL
 SELECT false, {{columns}}, NULL::uuid, NULL::bigint FROM oncegate_effects

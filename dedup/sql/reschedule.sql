@@ -12,7 +12,7 @@ WITH back AS (
             WHEN $7::boolean AND o.destination IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM oncegate_destination_pauses p
                 WHERE p.type = o.type AND p.destination = o.destination AND p.tenant IN ('', o.tenant)
-                  AND p.until > now())
+                  AND greatest(p.until, p.held_until) > now())
             THEN now()
             ELSE now() + make_interval(secs => $3::double precision / 1000)
         END,

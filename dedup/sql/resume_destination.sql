@@ -6,7 +6,7 @@
 -- lifted, migration 00028) and the rows made due; no row when the destination was not paused.
 WITH lifted AS (
     DELETE FROM oncegate_destination_pauses
-    WHERE type = $1 AND destination = $2 AND until > now()
+    WHERE type = $1 AND destination = $2 AND greatest(until, held_until) > now()
     RETURNING until, status, paused_by
 ), longest AS (
     SELECT * FROM lifted ORDER BY until DESC LIMIT 1

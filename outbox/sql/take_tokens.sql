@@ -16,8 +16,11 @@ WITH want AS (
         -- Every tenant's pause, and tenant $6's ('' for none: a claim's rows, whose tenants' own pauses
         -- (migration 00028) the dispatcher holds them back for before the take, as the claim that left them
         -- out knew them; a request's own attempt names its tenant).
-        (SELECT max(p.until) FROM oncegate_destination_pauses p
-         WHERE p.type = $1 AND p.destination = w.destination AND p.tenant IN ('', $6) AND p.until > now())
+        -- Past its end, a pause holds its rows while its probe is out (migration 00030), a second at a time.
+        (SELECT max(CASE WHEN p.until > now() THEN p.until ELSE least(p.held_until, now() + interval '1 second') END)
+         FROM oncegate_destination_pauses p
+         WHERE p.type = $1 AND p.destination = w.destination AND p.tenant IN ('', $6)
+           AND greatest(p.until, p.held_until) > now())
             AS paused_until
     FROM unnest($2::text[], $3::integer[]) AS w (destination, n)
 ), taken AS (

@@ -1,0 +1,164 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
+	"github.com/oncegate/oncegate/providers"
+)
+
+// throttling answers 429 with Retry-After to every call until open, then delivers, and notes each call; each
+// answer takes 50 ms.
+type throttling struct {
+	mu    sync.Mutex
+	open  time.Time // zero: set to first + throttleFor at the first call
+	first time.Time
+	calls []time.Time
+	keys  map[string]int
+	for_  time.Duration
+	after time.Duration
+}
+
+func (p *throttling) Validate(json.RawMessage) error { return nil }
+
+// Destination is "a", as the fixture's backlog names it in the outbox.
+func (p *throttling) Destination(json.RawMessage) string { return "a" }
+
+func (p *throttling) Deliver(_ context.Context, d providers.Delivery) providers.Outcome {
+	// A receiver takes a while to answer: the calls made meanwhile do not know what it will say.
+	defer time.Sleep(50 * time.Millisecond)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	if p.first.IsZero() {
+		p.first, p.open, p.keys = now, now.Add(p.for_), map[string]int{}
+	}
+	p.calls = append(p.calls, now)
+	if now.Before(p.open) {
+		o := providers.RetryAfter(p.after, fmt.Errorf("429"))
+		o.Throttled = 429
+		return o
+	}
+	p.keys[d.Key]++
+	return providers.Delivered(nil)
+}
+
+func (p *throttling) snapshot() (time.Time, []time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.first, append([]time.Time(nil), p.calls...)
+}
+
+// A pause's end is one call, not every row that waited for it at once: the first row's call (the probe) asks
+// the destination whether it is ready, and the rest go only once it did not ask to wait again. Two
+// dispatchers share the pause, and one of them makes each probe. Before, the end of the pause let every
+// gateway claim every row in the same instant: an outside test saw 7 calls within 5 ms, and 10 of 31 rows
+// charged an attempt by a receiver that still throttled.
+func TestAPausesEndIsOneCallNotAllItsRows(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("hook", "a", 30)
+	// Throttled for 1.5 s, asking for 1 s each time: the pause set by the first calls ends at 1 s, when one
+	// call asks again and is told to wait another second; at 2 s the next one is let through, and so are the
+	// rest after it.
+	p := &throttling{for_: 1500 * time.Millisecond, after: time.Second}
+	for range 2 {
+		f.start(f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4,
+			Timeout: 5 * time.Second}}}))
+	}
+	testenv.Eventually(t, 30*time.Second, "every effect delivered", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 30
+	})
+	first, calls := p.snapshot()
+	var probes []time.Duration
+	var burst int
+	for _, c := range calls {
+		switch at := c.Sub(first); {
+		case at < 500*time.Millisecond:
+			burst++ // the first claims' calls, in flight as the first 429 came
+		case at < 1900*time.Millisecond:
+			probes = append(probes, at)
+		}
+	}
+	t.Logf("%d calls: %d in the first half second, then %v before the second pause's end", len(calls), burst, probes)
+	if len(probes) != 1 {
+		t.Fatalf("%d calls between the first pause's end and the second's (at %v), want its one probe", len(probes), probes)
+	}
+	if probes[0] < time.Second || probes[0] > 1300*time.Millisecond {
+		t.Fatalf("the probe went %v after the first 429, which asked for 1 s", probes[0])
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, n := range p.keys {
+		if n != 1 {
+			t.Fatalf("%s delivered %d times", k, n)
+		}
+	}
+	// The rows that waited were not charged for the end of the pause: only the calls that got a 429 count.
+	if n := pgtest.Count(t, f.pool, `SELECT coalesce(sum(attempts), 0) FROM oncegate_effects`); n != len(calls) {
+		t.Fatalf("%d attempts charged for %d calls", n, len(calls))
+	}
+	if n := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_destination_pauses`); n != 0 {
+		t.Fatalf("%d pauses left after the probe's delivery lifted it", n)
+	}
+}
+
+// A gateway that took a pause's probe and died leaves it to the next once the probe's lease has run out: the
+// rows stay held until then, and one call goes first as for any probe.
+func TestAProbeWhoseGatewayDiedIsTakenAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("hook", "a", 5)
+	if _, err := f.pool.Exec(context.Background(), `INSERT INTO oncegate_destination_pauses (type, destination,
+		tenant, until, held_until, status, paused_by, paused_at, probe_token, probe_lease, prober)
+		VALUES ('hook', 'a', 't', now() - interval '1 second', now() + interval '1 hour', 429, 'dead', now(),
+			gen_random_uuid(), now() + interval '1500 milliseconds', 'dead')`); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	p := &routed{}
+	f.start(f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4}}}))
+	testenv.Eventually(t, 30*time.Second, "every effect delivered", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 5
+	})
+	calls := p.snapshot("a")
+	t.Logf("first call %v after the start, last %v", calls[0].Sub(start), calls[len(calls)-1].Sub(start))
+	if calls[0].Sub(start) < 1400*time.Millisecond {
+		t.Fatalf("the destination was called %v after the start, while the dead gateway's probe held its rows",
+			calls[0].Sub(start))
+	}
+	if n := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_destination_pauses`); n != 0 {
+		t.Fatalf("%d pauses left after the second probe's delivery", n)
+	}
+}
+
+// The probe of a limited type's pause is one call too, and the rows that waited then go at the type's rate.
+func TestAPausesEndIsOneCallForALimitedType(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("hook", "a", 20)
+	p := &throttling{for_: 1500 * time.Millisecond, after: time.Second}
+	for range 2 {
+		f.start(f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4,
+			Timeout: 5 * time.Second, Rate: &Rate{PerSecond: 100, Burst: 8}}}}))
+	}
+	testenv.Eventually(t, 30*time.Second, "every effect delivered", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 20
+	})
+	first, calls := p.snapshot()
+	var probes []time.Duration
+	for _, c := range calls {
+		if at := c.Sub(first); at >= 500*time.Millisecond && at < 1900*time.Millisecond {
+			probes = append(probes, at)
+		}
+	}
+	if len(probes) != 1 {
+		t.Fatalf("%d calls between the first pause's end and the second's (at %v), want its one probe", len(probes), probes)
+	}
+}

@@ -381,9 +381,13 @@ type DestinationRate struct {
 	// delivery got the answer. "" is every tenant (a row that names none, or a gateway older than migration
 	// 00028). Empty when it is not paused.
 	PausedTenants []string `json:"paused_tenants,omitempty"`
-	// Probing is set when the pause's end has passed and its rows wait for one call, its probe, to find the
-	// destination ready (a 429 again sets the next pause).
-	Probing bool `json:"probing,omitempty"`
+	// Probing is set when a tenant's pause has run out and its rows wait for one call, its probe, to find the
+	// destination ready (a 429 again sets the next pause): ProbingTenants are those tenants ("": every
+	// tenant), and ProbeBy the gateway whose probe is out, nil while none is (the next goes within a second,
+	// or when an operator's pause of the type ends).
+	Probing        bool     `json:"probing,omitempty"`
+	ProbingTenants []string `json:"probing_tenants,omitempty"`
+	ProbeBy        *string  `json:"probe_by,omitempty"`
 }
 
 // PausedFor names the tenants a destination's pause holds (Destination.PausedTenants): "every tenant" for a
@@ -393,6 +397,19 @@ func PausedFor(tenants []string) string {
 		return "every tenant"
 	}
 	return strings.Join(tenants, ", ")
+}
+
+// ProbeState says where a destination's pause that has run out stands (DestinationRate.Probing): its probe
+// out on a gateway, or waiting to go; "" when no pause of it has run out.
+func ProbeState(d DestinationRate) string {
+	switch {
+	case !d.Probing:
+		return ""
+	case d.ProbeBy != nil:
+		return "ended for " + PausedFor(d.ProbingTenants) + ", its probe out on " + *d.ProbeBy
+	default:
+		return "ended for " + PausedFor(d.ProbingTenants) + ", its probe to go"
+	}
 }
 
 // DestinationWindow is how far back DestinationRates looks.
@@ -417,7 +434,8 @@ func (s *Service) DestinationRates(ctx context.Context, a Actor) ([]DestinationR
 		var buckets []int64
 		err := r.Scan(&d.Type, &d.Destination, &d.Attempts, &d.Delivered, &d.Failed, &d.Retried, &d.InDoubt,
 			&buckets, &d.LastAttempt, &d.PerSecond, &d.LimitPerSecond, &d.LimitBurst, &d.Waiting, &d.PausedUntil,
-			&d.PausedStatus, &d.PausedBy, &d.PausedTenants, &d.Probing)
+			&d.PausedStatus, &d.PausedBy, &d.PausedTenants, &d.ProbingTenants, &d.ProbeBy)
+		d.Probing = len(d.ProbingTenants) > 0
 		if d.Attempts > 0 {
 			d.SuccessRate = float64(d.Delivered) / float64(d.Attempts)
 		}

@@ -58,7 +58,8 @@ var funcs = template.FuncMap{
 	"rate": func(perSecond float64, burst int) string {
 		return fmt.Sprintf("%s/s (burst %d)", strconv.FormatFloat(perSecond, 'f', -1, 64), burst)
 	},
-	"pausedFor": admin.PausedFor,
+	"pausedFor":  admin.PausedFor,
+	"probeState": admin.ProbeState,
 	"intp": func(n *int) string {
 		if n == nil {
 			return ""

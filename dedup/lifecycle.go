@@ -384,16 +384,34 @@ func (s *Store) ClaimProbe(ctx context.Context, pr Probe, p ClaimParams, hold ti
 	return rows[0], true, false, nil
 }
 
-// EndProbe ends probe pr (probe_end.sql): lift, the destination answered without asking to wait, lifts the
-// pause for every gateway and wakes their claims of pr.Type; otherwise the probe made no call and is freed for
-// the next. It reports whether the pause was lifted: false also when pr is no longer the pause's probe.
-func (s *Store) EndProbe(ctx context.Context, pr Probe, lift bool) (bool, error) {
-	tag, err := s.db.Exec(ctx, probeEndSQL, pr.Type, pr.Destination, pr.Tenant, uuidArg(pr.Token), lift,
-		string(notifier.TopicOutbox))
+// ProbeEnd is what became of a probe's call (EndProbe).
+type ProbeEnd string
+
+const (
+	// ProbeLift: the destination answered without asking to wait: the pause is lifted for every gateway.
+	ProbeLift ProbeEnd = "lift"
+	// ProbeAgain: the call got no answer to go by (a timeout, a refused connection, a 5xx without
+	// Retry-After): the destination is paused again as long as the last pause was.
+	ProbeAgain ProbeEnd = "again"
+	// ProbeFree: no call was made: the probe is freed for the next.
+	ProbeFree ProbeEnd = "free"
+)
+
+// EndProbe ends probe pr as end says (probe_end.sql), the rows held hold past a new pause. It reports whether
+// the pause was lifted, and how long it now lasts when it was paused again; neither when pr is no longer the
+// pause's probe.
+func (s *Store) EndProbe(ctx context.Context, pr Probe, end ProbeEnd, hold time.Duration) (lifted bool, again time.Duration, err error) {
+	var ms *int64
+	var notified int64
+	err = s.db.QueryRow(ctx, probeEndSQL, pr.Type, pr.Destination, pr.Tenant, uuidArg(pr.Token), string(end),
+		string(notifier.TopicOutbox), hold.Milliseconds()).Scan(&lifted, &ms, &notified)
 	if err != nil {
-		return false, translate("end the probe of a pause of "+pr.Type, err)
+		return false, 0, translate("end the probe of a pause of "+pr.Type, err)
 	}
-	return tag.RowsAffected() > 0, nil
+	if ms != nil {
+		again = time.Duration(*ms) * time.Millisecond
+	}
+	return lifted, again, nil
 }
 
 // Payload reads the payload of a row leased by ClaimLeases. It returns ErrLeaseLost when the lease is no

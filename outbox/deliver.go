@@ -145,7 +145,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	})
 	if open := errors.Is(err, gobreaker.ErrOpenState); open || errors.Is(err, gobreaker.ErrTooManyRequests) {
 		if probing {
-			d.endProbe(log, t, pr, false)
+			d.endProbe(log, t, pr, dedup.ProbeFree)
 		}
 		// The row waits, uncharged, until the breaker can let a call through again: handed back at once, it
 		// would be claimed and refused again in a loop while the breaker's probe is in flight.
@@ -160,9 +160,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 		}
 		d.pauseDestination(log, t, pauseTenant(r), dest, out.RetryAfter, out.Throttled, asked)
 	case probing:
-		// Any other answer: the destination is ready, or failing, which is its breaker's business. A call cut
-		// short by the gateway's shutdown says nothing, and frees the probe for the next gateway.
-		d.endProbe(log, t, pr, ctx.Err() == nil)
+		d.endProbe(log, t, pr, probeEnd(out, ctx.Err() != nil))
 	}
 	d.metrics.DispatchLatency.WithLabelValues(t.Name).Observe(answered.Sub(start).Seconds())
 	// The attempt log and the metric say what the attempt came to, as decide will finish it.

@@ -23,6 +23,9 @@ type throttling struct {
 	keys  map[string]int
 	for_  time.Duration
 	after time.Duration
+	// hangFrom and hangTo, after the first call, bound the calls that get no answer: they wait out their
+	// timeout.
+	hangFrom, hangTo time.Duration
 }
 
 func (p *throttling) Validate(json.RawMessage) error { return nil }
@@ -30,7 +33,7 @@ func (p *throttling) Validate(json.RawMessage) error { return nil }
 // Destination is "a", as the fixture's backlog names it in the outbox.
 func (p *throttling) Destination(json.RawMessage) string { return "a" }
 
-func (p *throttling) Deliver(_ context.Context, d providers.Delivery) providers.Outcome {
+func (p *throttling) Deliver(ctx context.Context, d providers.Delivery) providers.Outcome {
 	// A receiver takes a while to answer: the calls made meanwhile do not know what it will say.
 	defer time.Sleep(50 * time.Millisecond)
 	p.mu.Lock()
@@ -40,6 +43,12 @@ func (p *throttling) Deliver(_ context.Context, d providers.Delivery) providers.
 		p.first, p.open, p.keys = now, now.Add(p.for_), map[string]int{}
 	}
 	p.calls = append(p.calls, now)
+	if at := now.Sub(p.first); at >= p.hangFrom && at < p.hangTo {
+		p.mu.Unlock()
+		<-ctx.Done()
+		p.mu.Lock()
+		return providers.Outcome{Kind: providers.KindRetry, MaybeSent: true, Err: ctx.Err()}
+	}
 	if now.Before(p.open) {
 		o := providers.RetryAfter(p.after, fmt.Errorf("429"))
 		o.Throttled = 429
@@ -145,5 +154,37 @@ func TestAProbeWhoseGatewayDiedIsTakenAgain(t *testing.T) {
 	}
 	if n := pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_destination_pauses`); n != 0 {
 		t.Fatalf("%d pauses left after the second probe's delivery", n)
+	}
+}
+
+// A probe that gets no answer (its call times out) leaves the destination paused, as long as the last pause,
+// as a breaker's failed probe does: lifted, it let every waiting row go at once into a destination that still
+// throttled (an outside test: 15 calls within 7 ms, each charged a 429).
+func TestAProbeWithNoAnswerPausesAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("hook", "a", 20)
+	// The first calls get 429 Retry-After: 1 s; the probe at 1 s hangs until its 300 ms timeout; the destination
+	// is paused again for 1 s, and the probe after that is delivered.
+	p := &throttling{for_: 900 * time.Millisecond, after: time.Second, hangFrom: 900 * time.Millisecond,
+		hangTo: 1600 * time.Millisecond}
+	for range 2 {
+		f.start(f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4,
+			Timeout: 300 * time.Millisecond}}}))
+	}
+	testenv.Eventually(t, 30*time.Second, "every effect delivered", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 20
+	})
+	first, calls := p.snapshot()
+	var mid []time.Duration
+	for _, c := range calls {
+		if at := c.Sub(first); at >= 500*time.Millisecond && at < 2200*time.Millisecond {
+			mid = append(mid, at)
+		}
+	}
+	t.Logf("%d calls; between the first pause's end and the second's: %v", len(calls), mid)
+	if len(mid) != 1 {
+		t.Fatalf("%d calls between the first pause's end and the end of the pause its unanswered probe set (at %v), "+
+			"want the probe alone", len(mid), mid)
 	}
 }

@@ -938,7 +938,7 @@ func destinationLs(c *command, args []string) error {
 				}
 				paused += " for " + admin.PausedFor(d.PausedTenants)
 				if d.Probing {
-					paused += ", probing"
+					paused += "; " + admin.ProbeState(d)
 				}
 			}
 			row(w, d.Type, d.Destination, limit, fmt.Sprintf("%.1f/s", d.PerSecond), d.Waiting, paused, d.Attempts,

@@ -29,11 +29,13 @@ WITH m AS MATERIALIZED (
     WHERE destination IS NOT NULL AND lease_token IS NULL
     GROUP BY type, destination
 ), paused AS (
-    -- A pause is a tenant's, or every tenant's ('', migration 00028): the longest, and whose they are. One
-    -- whose end has passed holds its rows while its probe asks the destination (migration 00030): `probing`.
+    -- A pause is a tenant's, or every tenant's ('', migration 00028): the longest, and whose they are. A
+    -- tenant's pause whose end has passed holds its rows until its probe finds the destination ready
+    -- (migration 00030): those tenants, and the gateway whose probe is out, if one is.
     SELECT type, destination, max(until) AS until, (array_agg(status ORDER BY until DESC))[1] AS status,
         (array_agg(paused_by ORDER BY until DESC))[1] AS paused_by, array_agg(tenant ORDER BY tenant) AS tenants,
-        max(until) <= now() AS probing
+        array_agg(tenant ORDER BY tenant) FILTER (WHERE until <= now()) AS ended,
+        (array_agg(prober ORDER BY tenant) FILTER (WHERE until <= now() AND probe_lease > now()))[1] AS prober
     FROM oncegate_destination_pauses WHERE greatest(until, held_until) > now()
     GROUP BY type, destination
 ), keys AS (
@@ -44,7 +46,7 @@ WITH m AS MATERIALIZED (
 SELECT k.type, k.destination, coalesce(r.attempts, 0), coalesce(r.delivered, 0), coalesce(r.failed, 0),
     coalesce(r.retried, 0), coalesce(r.in_doubt, 0), r.latency_buckets, r.last_minute,
     coalesce(r.per_second, 0)::float8, rb.per_second, rb.burst, coalesce(w.rows, 0), p.until, p.status, p.paused_by,
-    p.tenants, coalesce(p.probing, false)
+    p.tenants, p.ended, p.prober
 FROM keys k
 LEFT JOIN rolled r USING (type, destination)
 LEFT JOIN waiting w USING (type, destination)

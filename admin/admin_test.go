@@ -436,6 +436,42 @@ func TestAttemptHistoryAcrossPartitions(t *testing.T) {
 	}
 }
 
+// A gateway that stood still past its lease and came back records what its call got after another gateway
+// rescued the row and logged that attempt as interrupted, under the same lease token: the history shows the
+// late record, saying so, not both (an outside test saw "1 interrupted" and "1 delivered" side by side), and
+// the effect counts no interrupted attempt.
+func TestALateRecordOfARescuedAttemptReplacesItsInterruptedRow(t *testing.T) {
+	t.Parallel()
+	svc, pool := newService(t)
+	ctx := context.Background()
+	seed(t, pool, "s", 1, effect.StatusDelivered)
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effect_attempts (effect_id, attempt, started_at, gateway,
+			lease_token, outcome, latency_ms)
+		SELECT id, a, now() + s * interval '1 second', g, l::uuid, o, CASE WHEN o <> 'interrupted' THEN 5 END
+		FROM oncegate_effects, (VALUES
+			(1, 0, 'gw-1', '00000000-0000-0000-0000-00000000000a', 'interrupted'),
+			(1, 1, 'gw-1', '00000000-0000-0000-0000-00000000000a', 'delivered'),
+			(2, 2, 'gw-2', '00000000-0000-0000-0000-00000000000b', 'delivered')) AS v (a, s, g, l, o)
+		WHERE key = 's0'`); err != nil {
+		t.Fatal(err)
+	}
+	d, err := svc.Effect(ctx, viv, "acme", "s0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, a := range d.AttemptLog {
+		got = append(got, fmt.Sprintf("%d %s %s", a.Attempt, a.Outcome, strPtr(a.Error)))
+	}
+	want := []string{"1 delivered recorded after its lease had run out: another gateway had rescued the row", "2 delivered "}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("attempt log %q, want %q", got, want)
+	}
+	if d.Interrupted != 0 {
+		t.Fatalf("interrupted %d, want 0: the attempt's own record came", d.Interrupted)
+	}
+}
+
 // Effects whose body expired (retention.payloads) cannot be sent again: a bulk retry leaves them out of its
 // count as well as its changes, so a run that changed everything it counted is complete (not a partial
 // result that automation would run again forever). An adversary's finding: "matched 5, applied 4", exit 5.

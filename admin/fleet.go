@@ -372,8 +372,8 @@ type DestinationRate struct {
 	// Waiting counts its rows not being delivered now: due, waiting for a retry, a token or a pause.
 	Waiting int64 `json:"waiting"`
 	// PausedUntil is set while it asked the fleet to wait (a 429 or 503 with Retry-After): until when, the
-	// status it answered, and the gateway that got the answer (of the longest pause, when several tenants
-	// are paused).
+	// status it answered (0: a pause's probe got no answer, and it was paused again), and the gateway that got
+	// the answer (of the longest pause, when several tenants are paused).
 	PausedUntil  *time.Time `json:"paused_until"`
 	PausedStatus *int       `json:"paused_status"`
 	PausedBy     *string    `json:"paused_by"`

@@ -339,19 +339,18 @@ type Probe struct {
 }
 
 // ClaimProbe takes the probe of pr's pause, whose end has passed, for p.Owner (claim_probe.sql, pinned as the
-// claims are: a plan made on an empty outbox walked it whole): it leases the
-// pause's oldest waiting row for p.Lease, reads its payload as Claim does, and notes in the pause that the
-// probe is out, the rows held hold past its lease. ok is false when no row was taken: another gateway has the
-// probe, or the pause is gone, or no row waits for it, in which case the pause is lifted (lifted).
-// p.Limit, p.SkipTenants and p.Burst are not read.
-func (s *Store) ClaimProbe(ctx context.Context, pr Probe, p ClaimParams, hold time.Duration) (c Claimed, ok, lifted bool, err error) {
+// claims are: a plan made on an empty outbox walked it whole): it leases the pause's oldest waiting row for
+// p.Lease, reads its payload as Claim does, and notes in the pause that the probe is out. ok is false when no
+// row was taken: another gateway has the probe, or the pause is gone, or no row waits for it, in which case
+// the pause is lifted (lifted). p.Limit, p.SkipTenants and p.Burst are not read.
+func (s *Store) ClaimProbe(ctx context.Context, pr Probe, p ClaimParams) (c Claimed, ok, lifted bool, err error) {
 	sent := time.Now()
 	var eid *int64
 	var token pgtype.UUID
 	var tenant, typ *string
 	var interrupted *int
 	rs, err := pinned(ctx, s.db, claimProbeSQL, pr.Type, pr.Destination, pr.Tenant, p.Owner, p.Lease.Milliseconds(),
-		uuidArg(pr.Token), hold.Milliseconds())
+		uuidArg(pr.Token))
 	if err == nil {
 		_, err = pgx.CollectExactlyOneRow(rs, func(r pgx.CollectableRow) (struct{}, error) {
 			return struct{}{}, r.Scan(&eid, &token, &tenant, &typ, &c.Trace, &interrupted, &lifted)
@@ -397,14 +396,13 @@ const (
 	ProbeFree ProbeEnd = "free"
 )
 
-// EndProbe ends probe pr as end says (probe_end.sql), the rows held hold past a new pause. It reports whether
-// the pause was lifted, and how long it now lasts when it was paused again; neither when pr is no longer the
-// pause's probe.
-func (s *Store) EndProbe(ctx context.Context, pr Probe, end ProbeEnd, hold time.Duration) (lifted bool, again time.Duration, err error) {
+// EndProbe ends probe pr as end says (probe_end.sql). It reports whether the pause was lifted, and how long it
+// now lasts when it was paused again; neither when pr is no longer the pause's probe.
+func (s *Store) EndProbe(ctx context.Context, pr Probe, end ProbeEnd) (lifted bool, again time.Duration, err error) {
 	var ms *int64
 	var notified int64
 	err = s.db.QueryRow(ctx, probeEndSQL, pr.Type, pr.Destination, pr.Tenant, uuidArg(pr.Token), string(end),
-		string(notifier.TopicOutbox), hold.Milliseconds()).Scan(&lifted, &ms, &notified)
+		string(notifier.TopicOutbox)).Scan(&lifted, &ms, &notified)
 	if err != nil {
 		return false, 0, translate("end the probe of a pause of "+pr.Type, err)
 	}

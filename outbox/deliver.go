@@ -124,7 +124,7 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 	b.inflight.Add(1)
 	defer b.inflight.Add(-1)
 	start := time.Now()
-	out, err := b.cb.Execute(func() (providers.Outcome, error) {
+	call := func() (providers.Outcome, error) {
 		b.noteCall(time.Now().Add(t.Timeout))
 		actx, cancel := stall.Default().WithTimeout(ctx, t.Timeout)
 		defer cancel()
@@ -142,11 +142,17 @@ func (d *Dispatcher) attempt(ctx context.Context, log *slog.Logger, t *effectTyp
 			return o, errBreakerFailure
 		}
 		return o, nil
-	})
+	}
+	var out providers.Outcome
+	var err error
+	if probing {
+		// The pause's one call goes whatever this gateway's breaker says, and is not counted there: a failed
+		// probe pauses the destination again (probeEnd), which paces the calls as an open breaker would (probe.go).
+		out, _ = call()
+	} else {
+		out, err = b.cb.Execute(call)
+	}
 	if open := errors.Is(err, gobreaker.ErrOpenState); open || errors.Is(err, gobreaker.ErrTooManyRequests) {
-		if probing {
-			d.endProbe(log, t, pr, dedup.ProbeFree)
-		}
 		// The row waits, uncharged, until the breaker can let a call through again: handed back at once, it
 		// would be claimed and refused again in a loop while the breaker's probe is in flight.
 		return event{stage: stageRefused, wait: b.refusedWait(time.Now(), open, t.BreakerOpenFor)}, false

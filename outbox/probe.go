@@ -31,8 +31,15 @@ import (
 //     once the probe's lease has run out.
 //
 // Every gateway looks for pauses due for their probe at least every probePoll, and the gateway that got the
-// 429 at its end; one of them takes each probe (claim_probe.sql). Should none take it (every gateway older
-// than 00030), the rows go probeHold after the pause's end, all at once, as before.
+// 429 at its end; one of them takes each probe (claim_probe.sql). The rows stay held until a probe's answer
+// lifts the pause, however long no probe can go (the type paused by an operator, the fleet down): with a
+// hold of some seconds instead, an outside test's held rows all went at once into a failing receiver when an
+// operator's pause of the type ended, and when a fleet stopped longer than the hold came back. A gateway
+// older than 00030 reads the pause's end alone, and claims the rows then, as it always did.
+//
+// The probe is the pause's one call: its breaker neither refuses nor counts it (attempt). Counted, its
+// failures opened every gateway's breaker within a few pauses of a failing destination, and the probes, then
+// refused, stopped for the breakers' open period after the destination had recovered.
 //
 // A probe of a limited type takes no token: one call a pause, beside the limit.
 
@@ -41,11 +48,6 @@ var probesDueSQL string
 
 // probePoll is the longest a dispatcher goes without asking whether a pause of its types is due for its probe.
 const probePoll = time.Second
-
-// probeHold is how long a pause's rows stay held past its end, and past a probe's lease, with no answer from
-// a probe: long enough for a gateway to take the probe and make its call, short enough that rows do not wait
-// long should no gateway take it.
-const probeHold = 10 * time.Second
 
 // probes are the probes out in this dispatcher, by the effect ID of their row.
 type probes struct {
@@ -147,7 +149,7 @@ func (d *Dispatcher) probeDue(ctx, deliveries context.Context, inflight *workers
 func (d *Dispatcher) startProbe(ctx, deliveries context.Context, inflight *workers.Pool, t *effectType, pr dedup.Probe) {
 	_, _ = rand.Read(pr.Token[:])
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.ClaimTimeout)
-	r, ok, lifted, err := d.store.ClaimProbe(cctx, pr, dedup.ClaimParams{Type: t.Name, Owner: d.cfg.Owner, Lease: t.lease}, probeHold)
+	r, ok, lifted, err := d.store.ClaimProbe(cctx, pr, dedup.ClaimParams{Type: t.Name, Owner: d.cfg.Owner, Lease: t.lease})
 	cancel()
 	log := d.log.With("type", t.Name, "destination", pr.Destination, "tenant", pr.Tenant)
 	switch {
@@ -187,7 +189,7 @@ func (d *Dispatcher) startProbe(ctx, deliveries context.Context, inflight *worke
 func (d *Dispatcher) endProbe(log *slog.Logger, t *effectType, pr dedup.Probe, end dedup.ProbeEnd) {
 	ctx, cancel := d.dbContext()
 	defer cancel()
-	lifted, again, err := d.store.EndProbe(ctx, pr, end, probeHold)
+	lifted, again, err := d.store.EndProbe(ctx, pr, end)
 	switch {
 	case err != nil:
 		log.Warn("ending a paused destination's probe failed; the next probe goes when its lease runs out", "err", err)
@@ -220,7 +222,7 @@ func probeEnd(out providers.Outcome, stopping bool) dedup.ProbeEnd {
 	}
 }
 
-// probeArg is pause.sql's $8: the token of the probe whose call got the answer, NULL for any other call.
+// probeArg is pause.sql's $7: the token of the probe whose call got the answer, NULL for any other call.
 func probeArg(pr *dedup.Probe) pgtype.UUID {
 	if pr == nil {
 		return pgtype.UUID{}

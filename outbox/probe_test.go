@@ -188,3 +188,71 @@ func TestAProbeWithNoAnswerPausesAgain(t *testing.T) {
 			"want the probe alone", len(mid), mid)
 	}
 }
+
+// A pause whose end passed long ago with no probe taken (an operator paused the type meanwhile, or the fleet
+// was down) still ends with one call: its rows stay held until a probe's answer. With a hold of ten seconds
+// past the pause's end, an outside test's held rows all went at once into a failing receiver when the
+// operator resumed the type 13 s on, and when a fleet stopped for 16 s came back.
+func TestAPauseLongEndedStillEndsWithOneCall(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("hook", "a", 20)
+	// 429 with Retry-After: 1 s to the first calls; delivered once the type is resumed 12 s on.
+	p := &throttling{for_: 500 * time.Millisecond, after: time.Second}
+	for range 2 {
+		f.start(f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4,
+			Timeout: 5 * time.Second}}}))
+	}
+	testenv.Eventually(t, 10*time.Second, "the pause", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_destination_pauses`) == 1
+	})
+	if _, err := f.store.PauseType(context.Background(), "hook", "operator alice", "test"); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := p.snapshot()
+	time.Sleep(time.Until(first.Add(12 * time.Second)))
+	resumed := time.Now()
+	if _, err := f.store.ResumeType(context.Background(), "hook"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "every effect delivered", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 20
+	})
+	_, calls := p.snapshot()
+	var after []time.Time
+	for _, c := range calls {
+		if c.After(resumed) {
+			after = append(after, c)
+		}
+	}
+	var together []time.Duration
+	for _, c := range after {
+		if c.Sub(after[0]) < 40*time.Millisecond {
+			together = append(together, c.Sub(resumed))
+		}
+	}
+	t.Logf("first call %v after the type's resume; within 40 ms of it: %v", after[0].Sub(resumed), together)
+	if len(together) != 1 {
+		t.Fatalf("%d calls within 40 ms of the first after the resume (at %v), want the probe alone", len(together), together)
+	}
+}
+
+// A probe's call is neither refused nor counted by its gateway's breaker: a destination that fails its probes
+// is paused again at each (TestAProbeWithNoAnswerPausesAgain), and once it recovers the rows go at once.
+// Counted, the failed probes opened every gateway's breaker (here at the first failure), and the probes then
+// stopped for the breakers' open period: an outside test's rows went 30 s after the receiver had recovered.
+func TestFailedProbesDoNotOpenTheBreaker(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.backlog("hook", "a", 20)
+	// 429 for 1 s at first; the probes of the next 1.5 s get no answer (their 300 ms timeout); then delivered.
+	p := &throttling{for_: 500 * time.Millisecond, after: time.Second, hangFrom: 500 * time.Millisecond,
+		hangTo: 2 * time.Second}
+	start := time.Now()
+	f.start(f.dispatcher(Config{Types: []EffectType{{Name: "hook", Provider: p, Concurrency: 4,
+		Timeout: 300 * time.Millisecond, BreakerFailures: 1, BreakerOpenFor: time.Minute}}}))
+	testenv.Eventually(t, 20*time.Second, "every effect delivered, well within the breaker's minute", func() bool {
+		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 20
+	})
+	t.Logf("every effect delivered %v after the start", time.Since(start).Round(10*time.Millisecond))
+}

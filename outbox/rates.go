@@ -430,7 +430,7 @@ func (d *Dispatcher) pauseDestination(log *slog.Logger, t *effectType, tenant, d
 	ctx, cancel := d.dbContext()
 	defer cancel()
 	if _, err := d.pool.Exec(ctx, pauseSQL, t.Name, dest, wait.Milliseconds(), status, d.cfg.Owner, tenant,
-		probeHold.Milliseconds(), probeArg(pr)); err != nil {
+		probeArg(pr)); err != nil {
 		log.Error("recording a destination's pause failed; only this gateway holds it", "destination", dest,
 			"err", err)
 		return

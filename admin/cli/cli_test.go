@@ -238,8 +238,8 @@ func TestDestinationLsShowsLimitsWaitingRowsAndPauses(t *testing.T) {
 		VALUES ('hook', 'chat.example', 'beta', now() + interval '5 minutes', 429, 'gw-1', now()),
 		       ('hook', 'chat.example', 'acme', now() + interval '9 minutes', 503, 'gw-2', now());
 		INSERT INTO oncegate_destination_pauses (type, destination, tenant, until, held_until, status, paused_by, paused_at)
-		VALUES ('hook', 'slow.example', 'acme', now() - interval '1 second', now() + interval '9 seconds', 429, 'gw-1', now()),
-		       ('hook', 'api.example', 'beta', now() - interval '1 second', now() + interval '9 seconds', 429, 'gw-1', now());
+		VALUES ('hook', 'slow.example', 'acme', now() - interval '1 second', 'infinity', 0, 'gw-1', now()),
+		       ('hook', 'api.example', 'beta', now() - interval '1 second', 'infinity', 429, 'gw-1', now());
 		UPDATE oncegate_destination_pauses SET probe_token = gen_random_uuid(), prober = 'gw-3',
 			probe_lease = now() + interval '5 seconds' WHERE tenant = 'beta' AND destination = 'api.example';
 		INSERT INTO oncegate_outbox (effect_id, type, tenant, destination)
@@ -253,7 +253,7 @@ func TestDestinationLsShowsLimitsWaitingRowsAndPauses(t *testing.T) {
 	// A pause is a tenant's (migration 00028): the table says whose, and with several the longest's status. One
 	// that ended holds its rows while its probe asks the destination (migration 00030).
 	for _, want := range []string{"api.example", "50/s burst 10", "(429) for every tenant", "  3  ",
-		"(503) for acme, beta", "(429) for acme; ended for acme, its probe to go",
+		"(503) for acme, beta", "(its probe got no answer) for acme; ended for acme, its probe to go",
 		"(429) for every tenant; ended for beta, its probe out on gw-3"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("destination ls lacks %q:\n%s", want, out)

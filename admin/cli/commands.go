@@ -933,7 +933,10 @@ func destinationLs(c *command, args []string) error {
 			paused := ""
 			if d.PausedUntil != nil {
 				paused = d.PausedUntil.UTC().Format(time.RFC3339)
-				if d.PausedStatus != nil {
+				switch {
+				case d.PausedStatus != nil && *d.PausedStatus == 0:
+					paused += " (its probe got no answer)"
+				case d.PausedStatus != nil:
 					paused += fmt.Sprintf(" (%d)", *d.PausedStatus)
 				}
 				paused += " for " + admin.PausedFor(d.PausedTenants)

@@ -26,9 +26,9 @@ import (
 //     before (probeEnd);
 //   - any other answer (delivered, or a failure the destination answered itself) lifts the pause, and a
 //     notification wakes every gateway's claims of the type;
-//   - a probe that made no call (its breaker refused it, the gateway stopped, the row was not to be called) is
-//     freed for the next one at once; a gateway that dies with its probe out leaves it to the next gateway
-//     once the probe's lease has run out.
+//   - a probe that made no call (the gateway stopped, the row was not to be called) is freed for the next one
+//     at once; a gateway that dies with its probe out leaves it to the next gateway once the probe's lease has
+//     run out.
 //
 // Every gateway looks for pauses due for their probe at least every probePoll, and the gateway that got the
 // 429 at its end; one of them takes each probe (claim_probe.sql). The rows stay held until a probe's answer
@@ -205,12 +205,13 @@ func (d *Dispatcher) endProbe(log *slog.Logger, t *effectType, pr dedup.Probe, e
 	}
 }
 
-// probeEnd is what the outcome of probe's call does to its pause (besides a 429 or 503 with Retry-After,
-// which sets the next pause): an answer from the destination lifts it, delivered or a failure it answered
-// itself (a failing destination is its breaker's business); no answer to go by (a timeout, a refused
-// connection, a 5xx) keeps it, as a breaker's failed probe does: lifted, such a probe let every waiting row
-// go at once into a destination that still throttled (an outside test: 15 calls in 7 ms, each charged a
-// 429). A call that the gateway's shutdown cut short says nothing: the probe is freed.
+// probeEnd is what the outcome of a probe's call does to its pause (besides a 429 or 503 with Retry-After,
+// which sets the next pause): an answer that shows the destination up lifts it, delivered or a permanent
+// failure it answered itself; no answer to go by (a timeout, a refused connection, a 5xx, what a breaker
+// counts as a failure: destinationFailure) pauses it again, as a breaker's failed half-open call opens it
+// again: lifted, such a probe let every waiting row go at once into a destination that still throttled (an
+// outside test: 15 calls in 7 ms, each charged a 429). A call that the gateway's shutdown cut short says
+// nothing: the probe is freed.
 func probeEnd(out providers.Outcome, stopping bool) dedup.ProbeEnd {
 	switch {
 	case stopping:

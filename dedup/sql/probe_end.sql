@@ -4,7 +4,8 @@
 --   'again': the probe got no answer it could go by (a timeout, a refused connection, a 5xx without
 --     Retry-After): the destination is paused again as long as the last pause was (1 s to 1 h), as a breaker
 --     whose half-open call fails opens again; the status becomes 0: no answer;
---   'free': the probe made no call (a breaker refused it, the gateway stopped): freed for the next at once.
+--   'free': the probe made no call (the gateway stopped, the row was not to be called): freed for the next
+--     at once.
 -- A pause whose probe is no longer $4 (its lease ran out and another gateway took it, an operator lifted the
 -- pause) is left alone. Returns the ms the pause now lasts, NULL when it was lifted or left alone.
 WITH lifted AS (

@@ -356,6 +356,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 			tx: isTx, maxAttempts: t.MaxAttempts, retryDelay: t.Retry.Delay},
 			batchTx: isBatchTx && c.GroupCommit.MaxBatch > 1, kind: providerKind(t)}
 		d.metrics.BreakersOpen.WithLabelValues(t.Name).Set(0)
+		// Known from the start, as Prometheus's guidance has it, so that a rate of it is 0, not missing, until
+		// the type's first pause ends.
+		d.metrics.Probes.WithLabelValues(t.Name)
 		d.types = append(d.types, et)
 	}
 	return d, nil

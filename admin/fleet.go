@@ -23,7 +23,9 @@ type Gateway struct {
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 	LastSeen  time.Time `json:"last_seen"`
-	// Alive is whether it was seen within Config.GatewayGoneAfter, by the database's clock.
+	// StoppedAt is when it stopped gracefully (migration 00031); nil while it runs, or when it was killed.
+	StoppedAt *time.Time `json:"stopped_at,omitempty"`
+	// Alive is whether it was seen within Config.GatewayGoneAfter, by the database's clock, and has not stopped.
 	Alive    bool                  `json:"alive"`
 	Breakers []outbox.BreakerState `json:"breakers"`
 	// HeldRequests is, by tenant, the requests it held open in the gateway (waits, proxied waiters, slow
@@ -73,13 +75,14 @@ func (s *Service) Gateways(ctx context.Context, a Actor, f FleetFilter) (*Fleet,
 	all, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Gateway, error) {
 		var g Gateway
 		var breakers, held string
-		if err := r.Scan(&g.ID, &g.Address, &g.Version, &g.StartedAt, &g.LastSeen, &breakers, &held, &now); err != nil {
+		if err := r.Scan(&g.ID, &g.Address, &g.Version, &g.StartedAt, &g.LastSeen, &breakers, &held, &now,
+			&g.StoppedAt); err != nil {
 			return g, err
 		}
 		if err := json.Unmarshal([]byte(held), &g.HeldRequests); err != nil {
 			return g, fmt.Errorf("gateway %s: held requests: %w", g.ID, err)
 		}
-		g.Alive = now.Sub(g.LastSeen) <= s.cfg.GatewayGoneAfter
+		g.Alive = now.Sub(g.LastSeen) <= s.cfg.GatewayGoneAfter && g.StoppedAt == nil
 		if err := json.Unmarshal([]byte(breakers), &g.Breakers); err != nil {
 			return g, fmt.Errorf("gateway %s: breakers: %w", g.ID, err)
 		}

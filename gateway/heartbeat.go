@@ -13,6 +13,9 @@ import (
 //go:embed heartbeat.sql
 var heartbeatSQL string
 
+//go:embed stopped.sql
+var stoppedSQL string
+
 // HeartbeatInterval is how often a gateway writes its row in oncegate_gateways. `oncegate gateway ls` counts
 // a gateway not seen for three intervals as gone.
 const HeartbeatInterval = 5 * time.Second
@@ -40,6 +43,18 @@ func (g *Gateway) heartbeat(ctx context.Context, addr string) {
 		case <-t.C:
 			beat()
 		}
+	}
+}
+
+// markStopped says in this gateway's heartbeat row that it has stopped, once its loops have ended: the fleet
+// counts it gone at once (the connection budget, the partition manager's settings, `gateway ls`), where its
+// last heartbeat alone read as alive for three more intervals. A write that fails leaves that to the clock.
+func (g *Gateway) markStopped() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := g.pool.Exec(ctx, stoppedSQL, g.dispatcher.Owner()); err != nil {
+		g.log.Warn("marking the gateway's heartbeat row stopped failed; the fleet counts it gone in three heartbeats",
+			"err", err)
 	}
 }
 

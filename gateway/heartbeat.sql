@@ -12,7 +12,13 @@ WITH gone AS (
     DELETE FROM oncegate_destination_minutes WHERE minute < now() - interval '1 day'
 ), old_pauses AS (
     -- A destination's pause ended over an hour ago: nothing reads it any more (the console shows live ones).
-    DELETE FROM oncegate_destination_pauses WHERE greatest(until, held_until) < now() - interval '1 hour'
+    -- One that holds its rows until a probe's answer (migration 00030) and ended over a day ago with no row
+    -- left to probe (no gateway delivers its type any more) is gone too.
+    DELETE FROM oncegate_destination_pauses p
+    WHERE greatest(p.until, p.held_until) < now() - interval '1 hour'
+       OR (p.until < now() - interval '1 day' AND NOT EXISTS (
+            SELECT FROM oncegate_outbox o
+            WHERE o.type = p.type AND o.destination = p.destination AND (p.tenant = '' OR o.tenant = p.tenant)))
 ), old_buckets AS (
     -- A bucket untouched for a day is full again whatever its tat says: deleting it changes no limit, and
     -- a webhook type's thousand passing hosts leave no rows behind.
@@ -22,5 +28,5 @@ INSERT INTO oncegate_gateways AS g (id, address, version, started_at, last_seen,
     partition_settings)
 VALUES ($1, $2, $3, $4, now(), $5::jsonb, $6::text[], $7::jsonb, $8)
 ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, version = EXCLUDED.version, last_seen = now(),
-    breakers = EXCLUDED.breakers, types = EXCLUDED.types, held = EXCLUDED.held,
+    breakers = EXCLUDED.breakers, types = EXCLUDED.types, held = EXCLUDED.held, stopped_at = NULL,
     partition_settings = EXCLUDED.partition_settings

@@ -75,6 +75,7 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	stopAnnounce()
 	stopBG()
 	wg.Wait()
+	g.markStopped()
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

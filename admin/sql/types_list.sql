@@ -15,7 +15,8 @@ WITH RECURSIVE t AS (
 )
 SELECT k.type, p.paused_by, p.paused_at, p.reason,
     (SELECT count(*) FROM oncegate_gateways g
-     WHERE k.type = ANY (g.types) AND g.last_seen > now() - make_interval(secs => $1))::int AS gateways
+     WHERE k.type = ANY (g.types) AND g.last_seen > now() - make_interval(secs => $1)
+       AND g.stopped_at IS NULL)::int AS gateways
 FROM known k
 LEFT JOIN oncegate_paused_types p ON p.type = k.type
 ORDER BY k.type

@@ -10,6 +10,7 @@ WITH cur AS (
     SELECT count(*) AS n FROM oncegate_gateways g
     WHERE g.partition_settings = (SELECT settings FROM cur)
       AND g.last_seen > now() - make_interval(secs => $3::double precision)
+      AND g.stopped_at IS NULL -- stopped gracefully (migration 00031)
 ), put AS (
     INSERT INTO oncegate_partition_settings AS s (one, settings, set_by, set_at)
     VALUES (true, $1, $2, now())

@@ -23,8 +23,9 @@ type Gateway struct {
 	Version   string    `json:"version"`
 	StartedAt time.Time `json:"started_at"`
 	LastSeen  time.Time `json:"last_seen"`
-	// StoppedAt is when it stopped gracefully (migration 00031); nil while it runs, or when it was killed.
-	StoppedAt *time.Time `json:"stopped_at,omitempty"`
+	// StoppedAt is when its graceful stop began (migration 00031): it may still be finishing the deliveries
+	// in flight, but takes no new work. Nil while it runs, and when it was killed.
+	StoppedAt *time.Time `json:"stopped_at"`
 	// Alive is whether it was seen within Config.GatewayGoneAfter, by the database's clock, and has not stopped.
 	Alive    bool                  `json:"alive"`
 	Breakers []outbox.BreakerState `json:"breakers"`
@@ -383,14 +384,14 @@ type DestinationRate struct {
 	// PausedTenants are the tenants whose rows the pause holds, sorted: a pause is the tenant's whose
 	// delivery got the answer. "" is every tenant (a row that names none, or a gateway older than migration
 	// 00028). Empty when it is not paused.
-	PausedTenants []string `json:"paused_tenants,omitempty"`
+	PausedTenants []string `json:"paused_tenants"`
 	// Probing is set when a tenant's pause has run out and its rows wait for one call, its probe, to find the
 	// destination ready (a 429 again sets the next pause): ProbingTenants are those tenants ("": every
 	// tenant), and ProbeBy the gateway whose probe is out, nil while none is (the next goes within a second,
 	// or when an operator's pause of the type ends).
-	Probing        bool     `json:"probing,omitempty"`
-	ProbingTenants []string `json:"probing_tenants,omitempty"`
-	ProbeBy        *string  `json:"probe_by,omitempty"`
+	Probing        bool     `json:"probing"`
+	ProbingTenants []string `json:"probing_tenants"`
+	ProbeBy        *string  `json:"probe_by"`
 }
 
 // PausedFor names the tenants a destination's pause holds (Destination.PausedTenants): "every tenant" for a

@@ -46,16 +46,19 @@ func (g *Gateway) heartbeat(ctx context.Context, addr string) {
 	}
 }
 
-// markStopped says in this gateway's heartbeat row that it has stopped, once its loops have ended: the fleet
-// counts it gone at once (the connection budget, the partition manager's settings, `gateway ls`), where its
-// last heartbeat alone read as alive for three more intervals. A write that fails leaves that to the clock.
-func (g *Gateway) markStopped() {
+// markStopped says in this gateway's heartbeat row that it is stopping, and reports whether the write went
+// through: the fleet counts it gone at once (the connection budget, the partition manager's settings,
+// `gateway ls`), where its last heartbeat alone read as alive for three more intervals. A write that fails
+// is tried again once the stop is done, and failing then too leaves it to the clock.
+func (g *Gateway) markStopped() bool {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	if _, err := g.pool.Exec(ctx, stoppedSQL, g.dispatcher.Owner()); err != nil {
 		g.log.Warn("marking the gateway's heartbeat row stopped failed; the fleet counts it gone in three heartbeats",
 			"err", err)
+		return false
 	}
+	return true
 }
 
 // Version is the gateway binary's version: its module version, else its VCS revision, else "devel".

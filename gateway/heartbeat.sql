@@ -28,5 +28,5 @@ INSERT INTO oncegate_gateways AS g (id, address, version, started_at, last_seen,
     partition_settings)
 VALUES ($1, $2, $3, $4, now(), $5::jsonb, $6::text[], $7::jsonb, $8)
 ON CONFLICT (id) DO UPDATE SET address = EXCLUDED.address, version = EXCLUDED.version, last_seen = now(),
-    breakers = EXCLUDED.breakers, types = EXCLUDED.types, held = EXCLUDED.held, stopped_at = NULL,
+    breakers = EXCLUDED.breakers, types = EXCLUDED.types, held = EXCLUDED.held,
     partition_settings = EXCLUDED.partition_settings

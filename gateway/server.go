@@ -67,6 +67,10 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	case <-ctx.Done():
 	case err = <-served:
 	}
+	// Stopped for the fleet as the stop begins: the drain that follows takes no new work, and may last as long
+	// as the longest delivery in flight, while its heartbeats end with the loops below; marked at its end, a
+	// draining gateway read as alive, then as killed.
+	marked := g.markStopped()
 	sctx, cancel := context.WithTimeout(context.Background(), time.Duration(g.cfg.Timeouts.Shutdown))
 	defer cancel()
 	if serr := srv.Shutdown(sctx); serr != nil {
@@ -75,7 +79,9 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	stopAnnounce()
 	stopBG()
 	wg.Wait()
-	g.markStopped()
+	if !marked {
+		g.markStopped()
+	}
 	if errors.Is(err, http.ErrServerClosed) {
 		err = nil
 	}

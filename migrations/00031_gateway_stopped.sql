@@ -1,7 +1,7 @@
 -- +goose Up
 
--- A gateway that stops gracefully says so in its heartbeat row (stopped_at), so that the fleet stops counting
--- it at once: before, its row read as alive for three heartbeats (15 s) after it had gone. A rolling restart
+-- A gateway that stops gracefully says so in its heartbeat row (stopped_at) as its stop begins, so that the
+-- fleet stops counting it at once, while it drains: before, its row read as alive for three heartbeats (15 s) after it had gone. A rolling restart
 -- of N gateways so counted 2N, and each new gateway warned that the fleet's pools could ask Postgres for more
 -- connections than it allows; and a partition manager with new settings waited those 15 s more to take them
 -- over (an outside test: 24 s after a SIGTERM, against 16 s after a SIGKILL). The row stays for the day, as a

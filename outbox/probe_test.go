@@ -58,6 +58,17 @@ func (p *throttling) Deliver(ctx context.Context, d providers.Delivery) provider
 	return providers.Delivered(nil)
 }
 
+// callsIn returns the calls made from from to to after first, as offsets from first.
+func callsIn(first time.Time, calls []time.Time, from, to time.Duration) []time.Duration {
+	var in []time.Duration
+	for _, c := range calls {
+		if at := c.Sub(first); at >= from && at < to {
+			in = append(in, at)
+		}
+	}
+	return in
+}
+
 func (p *throttling) snapshot() (time.Time, []time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -95,16 +106,8 @@ func pauseEndsWithOneCall(t *testing.T, rate *Rate) {
 		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 30
 	})
 	first, calls := p.snapshot()
-	var probes []time.Duration
-	var burst int
-	for _, c := range calls {
-		switch at := c.Sub(first); {
-		case at < 500*time.Millisecond:
-			burst++ // the first claims' calls, in flight as the first 429 came
-		case at < 1900*time.Millisecond:
-			probes = append(probes, at)
-		}
-	}
+	burst := len(callsIn(first, calls, 0, 500*time.Millisecond)) // the first claims', in flight as the first 429 came
+	probes := callsIn(first, calls, 500*time.Millisecond, 1900*time.Millisecond)
 	t.Logf("%d calls: %d in the first half second, then %v before the second pause's end", len(calls), burst, probes)
 	if len(probes) != 1 {
 		t.Fatalf("%d calls between the first pause's end and the second's (at %v), want its one probe", len(probes), probes)
@@ -176,12 +179,7 @@ func TestAProbeWithNoAnswerPausesAgain(t *testing.T) {
 		return pgtest.Count(t, f.pool, `SELECT count(*) FROM oncegate_effects WHERE status = 'delivered'`) == 20
 	})
 	first, calls := p.snapshot()
-	var mid []time.Duration
-	for _, c := range calls {
-		if at := c.Sub(first); at >= 500*time.Millisecond && at < 2200*time.Millisecond {
-			mid = append(mid, at)
-		}
-	}
+	mid := callsIn(first, calls, 500*time.Millisecond, 2200*time.Millisecond)
 	t.Logf("%d calls; between the first pause's end and the second's: %v", len(calls), mid)
 	if len(mid) != 1 {
 		t.Fatalf("%d calls between the first pause's end and the end of the pause its unanswered probe set (at %v), "+

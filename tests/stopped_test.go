@@ -100,15 +100,6 @@ effect_types:
 	time.Sleep(time.Second)
 	const warning = "the gateways' pools together can ask Postgres for more connections than it allows"
 	if strings.Contains(second.Log(), warning) {
-		t.Fatalf("the gateway that replaced a stopped one warned of both pools: %s", lineIn(second.Log(), warning))
+		t.Fatalf("the gateway that replaced a stopped one warned of both pools: %s", grepLines(second.Log(), warning))
 	}
-}
-
-func lineIn(s, sub string) string {
-	for _, l := range strings.Split(s, "\n") {
-		if strings.Contains(l, sub) {
-			return l
-		}
-	}
-	return ""
 }

@@ -104,13 +104,13 @@ type RateLimit struct {
 	// RequestsPerSecond is the sustained request rate, or Unlimited. Defaults to DefaultTenantRequestsPerSecond.
 	RequestsPerSecond PerSecond `yaml:"requests_per_second"`
 	// RequestBurst is how many requests may come at once. Defaults to DefaultTenantRequestBurst.
-	RequestBurst int `yaml:"request_burst"`
+	RequestBurst int `yaml:"request_burst" oncegate:"positive"`
 	// BytesPerSecond is the sustained rate of body bytes, or Unlimited. Defaults to
 	// DefaultTenantBytesPerSecond.
 	BytesPerSecond ByteRate `yaml:"bytes_per_second"`
 	// ByteBurst is how many body bytes may come at once; at least limits.max_body, so the largest body
 	// accepted can pass. Defaults to DefaultTenantByteBurst.
-	ByteBurst ByteSize `yaml:"byte_burst"`
+	ByteBurst ByteSize `yaml:"byte_burst" oncegate:"positive"`
 }
 
 // RateScope says who holds a tenant's request rate: "gateway" or "fleet".

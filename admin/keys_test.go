@@ -24,7 +24,7 @@ func TestOperatorByKeySeesTheKeysNewEffect(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `WITH o AS (DELETE FROM oncegate_outbox RETURNING effect_id)
-		UPDATE oncegate_effects SET status = 'dead', finished_at = now() WHERE id IN (SELECT effect_id FROM o)`); err != nil {
+		UPDATE oncegate_effects SET status = 'dead', finished_at = now() - interval '25 hours' WHERE id IN (SELECT effect_id FROM o)`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `UPDATE oncegate_keys SET expires_at = now() - interval '1 second'`); err != nil {

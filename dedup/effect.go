@@ -10,7 +10,7 @@
 // which of any number of concurrent requests with one key creates the effect; every other request, and every
 // later one while the key is held, gets the effect the key points at back (a replay) or, if it carried another
 // request under the same key, a KeyReusedError. A key is held until its retention, counted from its effect's
-// creation (WithRetention), has passed and its effect is terminal; then the next Create claims it again, in
+// creation (WithRetention), has passed and its effect has been terminal as long; then the next Create claims it again, in
 // the same statement, for a new effect with a new stable id, and of concurrent Creates one does
 // (docs/storage.md). Every read by key is of the effect the key points at now. The effect and its
 // outbox row are written in one statement, so an accepted effect always has an outbox row and a refused one

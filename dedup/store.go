@@ -202,7 +202,8 @@ var (
 	_ DBTX = pgx.Tx(nil)
 )
 
-// DefaultRetention is how long a key is kept, counted from the creation of its effect, unless the store is
+// DefaultRetention is how long a key is kept, counted from the creation of its effect and at least as long
+// after the effect finished, unless the store is
 // given another (WithRetention).
 const DefaultRetention = 24 * time.Hour
 
@@ -232,8 +233,8 @@ func (s *Store) WithBodiesApart() *Store {
 }
 
 // WithRetention returns the store with keys kept for d, counted from the creation of their effects: a key
-// Create claims expires then, and the next Create under it after that, its effect terminal, makes a new
-// effect (oncegate_keys). 0 is DefaultRetention.
+// Create claims expires then, and the next Create under it after that, its effect terminal for d too (SPEC
+// §2), makes a new effect (oncegate_keys). 0 is DefaultRetention.
 func (s *Store) WithRetention(d time.Duration) *Store {
 	c := *s
 	c.retention = d

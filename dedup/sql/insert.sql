@@ -3,7 +3,9 @@
 --
 -- The key is held while it has not expired (expires_at, NULL never) or its effect is not terminal (it has an
 -- outbox row: the row is written with the effect and by a retry, and deleted only in the statements that make
--- the effect terminal, finish.sql, finish_batch.sql and resolve.sql). A held key inserts nothing and returns
+-- the effect terminal, finish.sql, finish_batch.sql and resolve.sql) or finished less than the retention ago
+-- (SPEC §2; oncegate_finished_within, migration 00032, asked last, so only of a key on its way to be
+-- re-claimed: an effect retried past its key's expiry keeps its key for retention after it). A held key inserts nothing and returns
 -- the stored effect with created false, so that a replay costs one statement and writes nothing, not even a
 -- row lock (issue 14): `held` reads the key as this statement's snapshot has it, and the insert into
 -- oncegate_keys then has no row to try. A free key (none, or expired with a terminal effect) is claimed by the
@@ -32,7 +34,8 @@
 WITH held AS (
     SELECT k.effect_id,
         k.expires_at IS NULL OR k.expires_at >= now()
-            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0) AS held
+            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+            OR oncegate_finished_within(k.effect_id, make_interval(secs => $14::double precision / 1000)) AS held
     FROM oncegate_keys k
     WHERE k.tenant = $1 AND k.key = $2
 ), claimed AS (
@@ -44,6 +47,7 @@ WITH held AS (
     SET effect_id = EXCLUDED.effect_id, fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at
     WHERE k.effect_id = (SELECT held.effect_id FROM held) AND k.expires_at < now()
         AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+        AND NOT oncegate_finished_within(k.effect_id, EXCLUDED.expires_at - now())
     RETURNING k.effect_id
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch,

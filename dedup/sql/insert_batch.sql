@@ -37,7 +37,8 @@ WITH input AS (
     FROM input LEFT JOIN LATERAL (
         SELECT k.effect_id,
             k.expires_at IS NULL OR k.expires_at >= now()
-                OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0) AS held
+                OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+                OR oncegate_finished_within(k.effect_id, make_interval(secs => input.retention::double precision / 1000)) AS held
         FROM oncegate_keys k
         WHERE k.tenant = input.tenant AND k.key = input.key
     ) k ON true
@@ -57,6 +58,7 @@ WITH input AS (
         AND k.effect_id = (SELECT seen.effect_id FROM input JOIN seen USING (ord)
             WHERE input.tenant = k.tenant AND input.key = k.key LIMIT 1)
         AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+        AND NOT oncegate_finished_within(k.effect_id, EXCLUDED.expires_at - now())
     RETURNING k.tenant, k.key, k.effect_id
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, trace_id, tags,

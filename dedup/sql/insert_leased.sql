@@ -16,7 +16,8 @@
 WITH held AS (
     SELECT k.effect_id,
         k.expires_at IS NULL OR k.expires_at >= now()
-            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0) AS held
+            OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+            OR oncegate_finished_within(k.effect_id, make_interval(secs => $13::double precision / 1000)) AS held
     FROM oncegate_keys k
     WHERE k.tenant = $1 AND k.key = $2
 ), claimed AS (
@@ -29,6 +30,7 @@ WITH held AS (
     SET effect_id = EXCLUDED.effect_id, fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at
     WHERE k.effect_id = (SELECT held.effect_id FROM held) AND k.expires_at < now()
         AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
+        AND NOT oncegate_finished_within(k.effect_id, EXCLUDED.expires_at - now())
     RETURNING k.effect_id
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, status, trace_id, tags,

@@ -65,13 +65,13 @@ var DefaultGroupCommit = GroupCommit{MaxBatch: DefaultMaxBatch, Parallel: Defaul
 // batch: each batch runs in a transaction of its own.
 func (s *Store) WithGroupCommit(gc GroupCommit) *Store {
 	if gc.MaxBatch <= 1 {
-		return &Store{db: s.db, retention: s.retention, apart: s.apart}
+		return &Store{db: s.db, retention: s.retention, apart: s.apart, follow: s.follow}
 	}
 	gc.Parallel = max(gc.Parallel, 1)
 	if gc.Timeout <= 0 {
 		gc.Timeout = DefaultBatchTimeout
 	}
-	return &Store{db: s.db, retention: s.retention, apart: s.apart, batcher: newBatcher(s.db, gc)}
+	return &Store{db: s.db, retention: s.retention, apart: s.apart, follow: s.follow, batcher: newBatcher(s.db, gc)}
 }
 
 // finishDB is where Finishes are recorded: the Outcomes connections for a batch that holds an External

@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -212,7 +213,31 @@ type Store struct {
 	db        DBTX
 	retention time.Duration // of the keys it claims; 0 is DefaultRetention
 	apart     bool          // bodies are written to oncegate_effect_bodies (WithBodiesApart)
+	follow    *Follow       // when set, its retention and placement win over the two above (Following)
 	batcher   *batcher      // nil: every Create is a statement of its own
+}
+
+// Follow is a key retention and a placement of bodies that change while stores write by them (Following):
+// a gateway's follow its fleet's settings (partitions.Fleet), so that every gateway on a database writes
+// keys that expire alike and bodies that go alike, whatever its own configuration says (an outside test:
+// a gateway started with a retention of 1 minute beside a fleet of 3 wrote keys of a minute, and a job run
+// again after two made a second effect). Until Set, the stores write by their own.
+type Follow struct {
+	retention atomic.Int64 // milliseconds; 0: not set
+	apart     atomic.Bool
+}
+
+// Set makes the stores that follow f write keys held for retention and, when apart, bodies apart.
+func (f *Follow) Set(retention time.Duration, apart bool) {
+	f.apart.Store(apart)
+	f.retention.Store(max(retention, time.Millisecond).Milliseconds())
+}
+
+// Following returns the store writing by f once f is set.
+func (s *Store) Following(f *Follow) *Store {
+	c := *s
+	c.follow = f
+	return &c
 }
 
 // NewStore returns a store on db, usually a *pgxpool.Pool.
@@ -220,7 +245,7 @@ func NewStore(db DBTX) *Store { return &Store{db: db} }
 
 // WithTx returns the store's operations inside tx: they commit or roll back with it.
 func (s *Store) WithTx(tx pgx.Tx) *Store {
-	return &Store{db: tx, retention: s.retention, apart: s.apart}
+	return &Store{db: tx, retention: s.retention, apart: s.apart, follow: s.follow}
 }
 
 // WithBodiesApart returns the store writing the payloads (and later the stored answers) of the effects it
@@ -242,7 +267,22 @@ func (s *Store) WithRetention(d time.Duration) *Store {
 }
 
 // keyRetention is the store's key retention in milliseconds, as the insert statements take it.
-func (s *Store) keyRetention() int64 { return cmp.Or(s.retention, DefaultRetention).Milliseconds() }
+func (s *Store) keyRetention() int64 {
+	if s.follow != nil {
+		if ms := s.follow.retention.Load(); ms > 0 {
+			return ms
+		}
+	}
+	return cmp.Or(s.retention, DefaultRetention).Milliseconds()
+}
+
+// bodiesApart says whether the bodies of the effects the store creates go to oncegate_effect_bodies.
+func (s *Store) bodiesApart() bool {
+	if s.follow != nil && s.follow.retention.Load() > 0 {
+		return s.follow.apart.Load()
+	}
+	return s.apart
+}
 
 // NewEffect is a request for an effect.
 type NewEffect struct {
@@ -351,10 +391,10 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 			defer s.batcher.creates.releaseInline(false)
 		}
 		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination), s.keyRetention(), s.apart)))
+			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination), s.keyRetention(), s.bodiesApart())))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID,
-		retention: s.keyRetention(), apart: s.apart})
+		retention: s.keyRetention(), apart: s.bodiesApart()})
 	switch {
 	case err != nil:
 		return nil, err
@@ -480,7 +520,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 		}
 		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
 			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms), orNil(ne.JobQueue), orNil(ne.Destination),
-			s.keyRetention(), s.apart)))
+			s.keyRetention(), s.bodiesApart())))
 		var taken *takenError
 		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
 			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)

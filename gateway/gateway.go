@@ -36,19 +36,24 @@ import (
 	"github.com/oncegate/oncegate/internal/tenantlimit"
 	"github.com/oncegate/oncegate/migrations"
 	"github.com/oncegate/oncegate/outbox"
+	"github.com/oncegate/oncegate/partitions"
 	"github.com/oncegate/oncegate/providers"
 )
 
 // Gateway is the HTTP API and the dispatcher over one database.
 type Gateway struct {
-	cfg        *Config
-	log        *slog.Logger
-	pool       *pgxpool.Pool
-	outcomes   *pgxpool.Pool // nil: outcomes share pool (database.go, newOutcomePool)
-	probe      *poolerProbe
-	budgetMu   sync.Mutex
-	budget     connBudget // the fleet's connections as last judged (connbudget.go)
-	store      *dedup.Store
+	cfg      *Config
+	log      *slog.Logger
+	pool     *pgxpool.Pool
+	outcomes *pgxpool.Pool // nil: outcomes share pool (database.go, newOutcomePool)
+	probe    *poolerProbe
+	budgetMu sync.Mutex
+	budget   connBudget // the fleet's connections as last judged (connbudget.go)
+	store    *dedup.Store
+	// follow holds the fleet's retentions, which the store and the dispatcher's write by (followFleet);
+	// followed is the last of them this gateway logged.
+	follow     *dedup.Follow
+	followed   atomic.Pointer[partitions.Retentions]
 	dispatcher *outbox.Dispatcher
 	providers  *providers.Registry
 	// heard is set while the notification self-check passes (notify.go); until then, the gateway polls fast.
@@ -147,11 +152,13 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		groupCommit.Outcomes = outcomes
 	}
 	types := cfg.outboxTypes(reg)
+	// The fleet's retentions, once known, win over this gateway's own (followFleet).
+	follow := &dedup.Follow{}
 	store := dedup.NewStore(pool).WithRetention(time.Duration(cfg.Retention.Keys))
 	if cfg.Retention.Payloads > 0 {
 		store = store.WithBodiesApart()
 	}
-	store = store.WithGroupCommit(groupCommit)
+	store = store.Following(follow).WithGroupCommit(groupCommit)
 	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics), map[string]*pgxpool.Pool{"main": pool, "outcomes": outcomes})
 	w := newWaiters()
 	attempts := dedup.NewAttemptLog(pool, 0, log)
@@ -161,6 +168,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		Owner:       opts.DispatcherOwner,
 		Retention:   time.Duration(cfg.Retention.Keys),
 		BodiesApart: cfg.Retention.Payloads > 0,
+		Follow:      follow,
 		// The partition manager retires effects by dropping their partitions; the row-by-row purge is for a
 		// gateway whose partitions something else keeps (partitions.disabled).
 		PurgeInterval: cfg.purgeInterval(),
@@ -180,7 +188,7 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		_ = reg.Close()
 		return nil, err
 	}
-	g := &Gateway{cfg: cfg, log: log, pool: pool, outcomes: outcomes, probe: probe, store: store, dispatcher: d, providers: reg,
+	g := &Gateway{cfg: cfg, log: log, pool: pool, outcomes: outcomes, probe: probe, store: store, follow: follow, dispatcher: d, providers: reg,
 		waiters: w, metrics: m, registry: m.registry, replays: dedup.NewReplayLog(pool, 0, log), attempts: attempts,
 		newEffects: notifier.NewBatcher(pool, notifier.TopicOutbox, notifyInterval, log), noServerSpans: opts.NoServerSpans}
 	m.registry.MustRegister(replicationCollector{g: g, timeout: time.Duration(cfg.Timeouts.Metrics)})

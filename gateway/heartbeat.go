@@ -32,6 +32,7 @@ func (g *Gateway) heartbeat(ctx context.Context, addr string) {
 			g.log.Warn("writing the gateway's heartbeat row failed", "err", err)
 		}
 		g.checkConnections(wctx)
+		g.followFleet(wctx)
 	}
 	beat()
 	t := time.NewTicker(HeartbeatInterval)

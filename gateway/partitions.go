@@ -147,3 +147,38 @@ func sharesServerConnections(ctx context.Context, url string) (bool, error) {
 	}
 	return false, nil
 }
+
+// followFleet has this gateway's requests, and its proxy's, write by the fleet's retentions
+// (partitions.Fleet): a key held for the fleet's retention.keys, a body kept apart when the fleet keeps bodies
+// apart. A gateway whose own settings differ leaves partitions to the fleet's manager (ErrOtherSettings);
+// before this, its requests still wrote by its own, keys of a minute among the fleet's of three, and bodies
+// in rows the fleet's retention.payloads was meant to empty (an outside test). Read at the start and at every
+// heartbeat, so that a change of the fleet's settings (a rolling change taken over) reaches every gateway
+// within one. A read that fails keeps what was read before. With partitions.disabled the gateway keeps its
+// own: it purges row by row, and bodies apart need a manager.
+func (g *Gateway) followFleet(ctx context.Context) {
+	if g.cfg.Partitions.Disabled {
+		return
+	}
+	r, ok, err := partitions.Fleet(ctx, g.pool)
+	if err != nil {
+		if ctx.Err() == nil {
+			g.log.Warn("partitions: reading the fleet's retentions failed; requests write by the ones read before",
+				"err", err)
+		}
+		return
+	}
+	if !ok {
+		return // no manager has run yet: this gateway's own are the first
+	}
+	g.follow.Set(r.Keys, r.Payloads > 0)
+	if prev := g.followed.Swap(&r); prev != nil && *prev == r {
+		return
+	}
+	own := partitions.Retentions{Keys: time.Duration(g.cfg.Retention.Keys), Payloads: time.Duration(g.cfg.Retention.Payloads)}
+	if r != own {
+		g.log.Warn("partitions: this gateway's requests write by the fleet's retentions, not by its own "+
+			"configuration's (docs/storage.md)", "retention.keys", r.Keys.String(), "retention.payloads",
+			r.Payloads.String(), "own_retention.keys", own.Keys.String(), "own_retention.payloads", own.Payloads.String())
+	}
+}

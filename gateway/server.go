@@ -40,6 +40,12 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	l = gate
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopBG()
+	// The first request writes by the fleet's retentions already; the heartbeat reads them again.
+	func() {
+		fctx, cancel := context.WithTimeout(bg, 2*time.Second)
+		defer cancel()
+		g.followFleet(fctx)
+	}()
 	// New effects are announced until the last request has been answered, and what is queued then is sent.
 	announce, stopAnnounce := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopAnnounce()

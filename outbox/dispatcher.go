@@ -131,6 +131,9 @@ type Config struct {
 	// BodiesApart: the effects the dispatcher creates (the dedup proxy's) keep their payloads and answers in
 	// oncegate_effect_bodies (dedup.Store.WithBodiesApart; the gateway's retention.payloads).
 	BodiesApart bool
+	// Follow, when set, overrides Retention's keys and BodiesApart for the effects the dispatcher creates, as
+	// it changes: the fleet's settings, which the gateway follows (dedup.Follow).
+	Follow *dedup.Follow
 	// PurgeInterval is how often expired effects are purged, row by row. Defaults to DefaultPurgeInterval;
 	// negative: never (retention drops partitions instead: package partitions).
 	PurgeInterval time.Duration
@@ -342,6 +345,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Dispatcher, error) {
 	store := dedup.NewStore(pool).WithRetention(c.Retention)
 	if c.BodiesApart {
 		store = store.WithBodiesApart()
+	}
+	if c.Follow != nil {
+		store = store.Following(c.Follow)
 	}
 	d := &Dispatcher{pool: pool, store: store.WithGroupCommit(c.GroupCommit), cfg: c, metrics: c.Metrics,
 		log:  c.Logger.With("component", "dispatcher", "owner", c.Owner),

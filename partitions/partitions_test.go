@@ -419,6 +419,13 @@ func TestAManagerWithOtherSettingsLeavesPartitionsAlone(t *testing.T) {
 	// gw-1 is gone (its heartbeat older than LiveWithin): the days take over, and the minutes' manager, should
 	// it come back with gw-2 alive, defers to them.
 	beat("gw-1", m1.Settings(), time.Minute)
+	if _, err := m2.Pass(ctx); !errors.Is(err, partitions.ErrOtherSettings) {
+		t.Fatalf("settings recorded a moment ago, their gateway's heartbeat perhaps not yet written: %v, want ErrOtherSettings", err)
+	}
+	m2.Close()
+	if _, err := pool.Exec(ctx, `UPDATE oncegate_partition_settings SET set_at = now() - interval '1 minute'`); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := m2.Pass(ctx); err != nil {
 		t.Fatalf("with no gateway alive on the fleet's settings: %v", err)
 	}

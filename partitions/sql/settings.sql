@@ -2,7 +2,7 @@
 -- oncegate_partition_settings. $1 this manager's settings, $2 its gateway, $3 the seconds within which a
 -- gateway's heartbeat counts it alive. The first manager's settings become the fleet's; a manager whose own
 -- differ takes the fleet's over only when no gateway alive runs with them (a rolling change is through).
--- Returns the fleet's settings before (NULL: none yet), who set them and when, how many gateways alive run
+-- This manager's settings go into its gateway's row at once (advertised). Returns the fleet's settings before (NULL: none yet), who set them and when, how many gateways alive run
 -- with them, and whether this manager's are the fleet's now.
 WITH cur AS (
     SELECT settings, set_by, set_at FROM oncegate_partition_settings WHERE one
@@ -16,7 +16,16 @@ WITH cur AS (
     VALUES (true, $1, $2, now())
     ON CONFLICT (one) DO UPDATE SET settings = EXCLUDED.settings, set_by = EXCLUDED.set_by, set_at = EXCLUDED.set_at
     WHERE s.settings <> EXCLUDED.settings AND (SELECT n FROM holders) = 0
+        -- Settings recorded less than a heartbeat's liveness ago may have a manager alive whose gateway's
+        -- heartbeat does not say so yet (advertised, below, finds no row before the gateway's first beat).
+        AND s.set_at < now() - make_interval(secs => $3::double precision)
     RETURNING settings
+), advertised AS (
+    -- This gateway's heartbeat says the same from its next beat on; its first, written as the gateway
+    -- started, before the manager ran, named none, so a gateway started within a heartbeat of the fleet's
+    -- first found no gateway alive with the fleet's settings and took them over (an outside test's canary).
+    UPDATE oncegate_gateways SET partition_settings = $1
+    WHERE id = $2 AND partition_settings IS DISTINCT FROM $1 AND stopped_at IS NULL
 )
 SELECT (SELECT settings FROM cur), (SELECT set_by FROM cur), (SELECT set_at FROM cur),
     (SELECT n FROM holders)::int, EXISTS (SELECT FROM put) OR (SELECT settings FROM cur) = $1

@@ -1,0 +1,66 @@
+package partitions
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+var fleetSQL = sqlFile("fleet")
+
+// Retentions are the two retentions of a fleet's settings that every gateway's requests write by, whether
+// or not it runs the manager: how long a key is held (retention.keys) and how long a body is kept apart
+// (retention.payloads; 0: bodies stay in their effects' rows).
+type Retentions struct {
+	Keys, Payloads time.Duration
+}
+
+// Querier is what Fleet reads with: a pool, a connection or a transaction.
+type Querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Fleet reads the fleet's retentions from oncegate_partition_settings. ok is false while no manager has
+// recorded settings (a new database, or every gateway with partitions.disabled): each gateway then writes
+// with its own.
+func Fleet(ctx context.Context, q Querier) (r Retentions, ok bool, err error) {
+	var s string
+	if err := q.QueryRow(ctx, fleetSQL).Scan(&s); errors.Is(err, pgx.ErrNoRows) {
+		return Retentions{}, false, nil
+	} else if err != nil {
+		return Retentions{}, false, fmt.Errorf("partitions: the fleet's settings: %w", err)
+	}
+	r, err = ParseRetentions(s)
+	return r, err == nil, err
+}
+
+// ParseRetentions reads the retentions out of a Config.Settings text.
+func ParseRetentions(settings string) (Retentions, error) {
+	var r Retentions
+	var keys bool
+	for _, f := range strings.Fields(settings) {
+		name, v, _ := strings.Cut(f, "=")
+		var dst *time.Duration
+		switch name {
+		case "retention.keys":
+			dst, keys = &r.Keys, true
+		case "retention.payloads":
+			dst = &r.Payloads
+		default:
+			continue
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil || d < 0 {
+			return Retentions{}, fmt.Errorf("partitions: the fleet's settings %q: %s is not a duration", settings, name)
+		}
+		*dst = d
+	}
+	if !keys {
+		return Retentions{}, fmt.Errorf("partitions: the fleet's settings %q name no retention.keys", settings)
+	}
+	return r, nil
+}

@@ -10,6 +10,7 @@
 //	    next call it gets from any gateway.
 //	  - quiet tenant: the p99 of a quiet tenant's effects of an unlimited type (from the POST to the receiver)
 //	    while another tenant has -backlog effects of the same type waiting, over the p99 when it is alone.
+//	    The type's concurrency is the gateway's default unless -concurrency sets it.
 //
 // Before that line, a line of its own for a limited type: the quiet tenant's effects to one destination while
 // the other tenant's -backlog effects wait for another destination of the type, held at its 50/s.
@@ -51,6 +52,7 @@ var (
 	quiet   = flag.Int("quiet", 200, "the quiet tenant's effects in each fairness phase, one at a time")
 	poolMax = flag.Int("pool-max-conns", 30, "each gateway's pool_max_conns")
 	slow    = flag.Duration("log-slow-plans", 0, "when set, Postgres logs the plan of every statement in the benchmark's database slower than this (auto_explain)")
+	fairC   = flag.Int("concurrency", 0, "the concurrency of the fairness phase's type in each gateway (0: the gateway's default, 16)")
 )
 
 const (
@@ -182,8 +184,7 @@ effect_types:
     webhook: { url: "%s/in", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
     rate: { per_second: %v, burst: 10 }
   fair:
-    provider: webhook
-    concurrency: 64
+    provider: webhook%s
     webhook: { url: "%s/in", secret: "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=", allow_private_networks: true }
   side:
     provider: webhook
@@ -193,7 +194,7 @@ effect_types:
       allowed_hosts: ["%s", "%s"] }
     rate: { per_second: %v, burst: 10 }
 dispatcher: { poll_interval: 100ms, lease_margin: 1s }
-`, gwURL, apiKey, quietKey, limited.srv.URL, limit, fair.srv.URL, side.srv.URL, side.srv.URL, held.srv.URL, limit)), 0o600))
+`, gwURL, apiKey, quietKey, limited.srv.URL, limit, fairConcurrency(), fair.srv.URL, side.srv.URL, side.srv.URL, held.srv.URL, limit)), 0o600))
 
 	// The schema comes with the first gateway; the backlog goes in before the others start.
 	gws = append(gws, startGateway(cfg, "--no-dispatch"))
@@ -509,4 +510,12 @@ func must(err error) {
 	if err != nil {
 		log.Fatal(err)
 	}
+}
+
+// fairConcurrency is the fairness type's concurrency line of the configuration: none for the default.
+func fairConcurrency() string {
+	if *fairC == 0 {
+		return ""
+	}
+	return fmt.Sprintf("\n    concurrency: %d", *fairC)
 }

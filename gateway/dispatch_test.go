@@ -153,7 +153,7 @@ func TestRetentionPurgesOnlyExpiredTerminalEffects(t *testing.T) {
 	t.Parallel()
 	h := startGateway(t, func(c *Config) {
 		c.Retention.Keys = Duration(time.Hour)
-		c.EffectTypes["stuck"] = failingType("never", &Retry{BaseDelay: Duration(time.Hour)}, Breaker{Failures: 100})
+		c.EffectTypes["stuck"] = failingType("never", &Retry{BaseDelay: Duration(time.Hour), MaxDelay: Duration(time.Hour)}, Breaker{Failures: 100})
 	})
 	for _, k := range []string{"old", "recent"} {
 		h.post(k, analytics(k))

@@ -27,40 +27,75 @@ func LoadDev(path string) (*Config, error) { return load(path, true) }
 
 func load(path string, dev bool) (*Config, error) {
 	c := Config{Dev: dev}
+	var root *yaml.Node
 	if path != "" {
 		raw, err := os.ReadFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("config: %w", err)
 		}
-		if err := parse(raw, &c); err != nil {
+		if root, err = parse(raw, &c); err != nil {
 			return nil, fmt.Errorf("config %s: %w", path, err)
 		}
 	}
 	out := c.WithDefaults()
 	if err := out.validate(); err != nil {
+		if line := lineOf(root, err.Error()); line > 0 {
+			return nil, fmt.Errorf("config %s: %w (line %d)", path, err, line)
+		}
 		return nil, fmt.Errorf("config: %w", err)
 	}
 	return out, nil
 }
 
-func parse(raw []byte, c *Config) error {
+func parse(raw []byte, c *Config) (*yaml.Node, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(raw, &root); err != nil {
-		return err
+		return nil, err
 	}
 	if len(root.Content) == 0 {
-		return nil // an empty file: all defaults
+		return nil, nil // an empty file: all defaults
 	}
 	if err := expand(&root); err != nil {
-		return err
+		return nil, err
 	}
 	if err := hoistTypeKnobs(root.Content[0]); err != nil {
-		return err
+		return nil, err
 	}
 	if err := checkKnown(root.Content[0], reflect.TypeOf(Config{}), ""); err != nil {
-		return err
+		return nil, err
 	}
-	return root.Content[0].Decode(c)
+	return root.Content[0], root.Content[0].Decode(c)
+}
+
+// fieldPath is the dotted path a check's error starts with (`limits.tenant_rate.requests_per_second: …`).
+var fieldPath = regexp.MustCompile(`^[a-z_]+(\.[A-Za-z0-9_-]+)*`)
+
+// lineOf finds the line of the deepest key of the file that the path at the start of a check's error names:
+// the checks after parsing (a rate below its floor, two retentions at odds) read the decoded configuration,
+// which has no lines, and an outside tester looked for their field in vain. 0: not found in the file (a
+// default's fault, or no file).
+func lineOf(root *yaml.Node, msg string) int {
+	if root == nil {
+		return 0
+	}
+	line, n := 0, root
+	for _, seg := range strings.Split(fieldPath.FindString(msg), ".") {
+		if n.Kind != yaml.MappingNode {
+			break
+		}
+		next := -1
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			if n.Content[i].Value == seg {
+				next = i
+				break
+			}
+		}
+		if next < 0 {
+			break
+		}
+		line, n = n.Content[next].Line, n.Content[next+1]
+	}
+	return line
 }
 
 // envRef is ${VAR}, or ${VAR:-default}, whose default is used when VAR is unset or empty (as a shell does).
@@ -249,7 +284,7 @@ func checkPositive(n *yaml.Node, f reflect.StructField, path string) error {
 	if err := n.Decode(v.Interface()); err != nil {
 		return nil // checkKnown, or the decoder, says what is wrong with it
 	}
-	if v.Elem().IsZero() {
+	if isInt(v.Elem().Kind()) && v.Elem().Int() <= 0 {
 		return fmt.Errorf("%s: %q (line %d): want at least 1 (leave it out for the default)", path, n.Value, n.Line)
 	}
 	return nil

@@ -203,6 +203,11 @@ func (r Retry) validate(path string) error {
 	if r.MaxAttempts < 0 || r.BaseDelay < 0 || r.MaxDelay < 0 {
 		return fmt.Errorf("%s: max_attempts, base_delay and max_delay must be positive", path)
 	}
+	if r.BaseDelay > r.MaxDelay {
+		// The back-off would wait max_delay from the first retry on: not what base_delay says.
+		return fmt.Errorf("%[1]s.base_delay (%[2]v) must be at most %[1]s.max_delay (%[3]v)", path,
+			time.Duration(r.BaseDelay), time.Duration(r.MaxDelay))
+	}
 	return nil
 }
 

@@ -325,6 +325,10 @@ func (r *Report) spend(kind, table string, began time.Time) {
 type Manager struct {
 	cfg  Config
 	conn *pgx.Conn // holds the lock while the manager works
+	// was is the fleet's retentions before the last takeover of its settings, a floor under this pass's own
+	// until wasUntil (settle): what was stored under them was promised them.
+	was      Retentions
+	wasUntil time.Time
 }
 
 // New returns a manager; it connects when it runs.
@@ -475,25 +479,55 @@ func (m *Manager) Pass(ctx context.Context) (Report, error) {
 // Settings is the settings this manager runs passes with (Config.Settings).
 func (m *Manager) Settings() string { return m.cfg.Settings() }
 
+// retention is how long t's partitions are kept past their range in this pass: t's own retention, or, until
+// the longest retention of the fleet's settings before the last takeover has passed since it, that one's
+// where it is longer. A takeover is no decision to shorten what is stored: an outside tester's canary took a
+// fleet's settings over 20 s after the last gateway with them was SIGKILLed, and dropped effects the fleet
+// had promised to keep for two minutes more.
+func (m *Manager) retention(t Table) time.Duration {
+	r := t.retention(m.cfg)
+	if !m.cfg.Now().Before(m.wasUntil) {
+		return r
+	}
+	was := m.was.Keys
+	if t.Name == Bodies.Name && m.was.Payloads > 0 {
+		was = m.was.Payloads
+	}
+	return max(r, was)
+}
+
 // settle makes sure that the pass runs with the fleet's settings (Config.Fleet): it records this manager's
 // as the fleet's when there are none yet, or when no gateway alive runs with the fleet's any more, and
 // returns ErrOtherSettings while one does.
 func (m *Manager) settle(ctx context.Context) error {
 	mine := m.cfg.Settings()
-	var fleet, by *string
-	var at *time.Time
+	var fleet, by, was *string
+	var at, takenAt *time.Time
 	var holders int
 	var ours bool
 	if err := m.conn.QueryRow(ctx, settingsSQL, mine, m.cfg.Owner, m.cfg.LiveWithin.Seconds()).
-		Scan(&fleet, &by, &at, &holders, &ours); err != nil {
+		Scan(&fleet, &by, &at, &holders, &ours, &was, &takenAt); err != nil {
 		return fmt.Errorf("partitions: the fleet's settings: %w", err)
+	}
+	m.was, m.wasUntil = Retentions{}, time.Time{}
+	if ours && was != nil && takenAt != nil {
+		if r, err := ParseRetentions(*was); err != nil {
+			m.cfg.Logger.Warn("partitions: the fleet's settings before the last takeover cannot be read; "+
+				"this pass keeps to the fleet's own", "err", err)
+		} else if until := takenAt.Add(max(r.Keys, r.Payloads)); m.cfg.Now().Before(until) {
+			m.was, m.wasUntil = r, until
+		}
 	}
 	switch {
 	case ours && fleet == nil:
 		m.cfg.Logger.Info("partitions: the fleet runs with this gateway's partition settings", "settings", mine)
 	case ours && *fleet != mine:
-		m.cfg.Logger.Warn("partitions: the fleet's partition settings are this gateway's now: no gateway alive "+
-			"runs with the old ones", "settings", mine, "were", *fleet, "set_by", *by)
+		log := m.cfg.Logger.With("settings", mine, "were", *fleet, "set_by", *by)
+		if !m.wasUntil.IsZero() {
+			// What was stored under the old ones keeps their retentions where longer (retention).
+			log = log.With("old_retentions_kept_until", m.wasUntil.UTC().Format(time.RFC3339))
+		}
+		log.Warn("partitions: the fleet's partition settings are this gateway's now: no gateway alive runs with the old ones")
 	case !ours:
 		return fmt.Errorf("%w: this gateway's are %q, the fleet's %q (set by %s at %s) and %d gateways alive run "+
 			"with them; it makes and retires no partition until none does (docs/storage.md)", ErrOtherSettings,
@@ -671,7 +705,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		rep.Dropped = append(rep.Dropped, name)
 	}
 
-	horizon := now.Add(-t.retention(m.cfg))
+	horizon := now.Add(-m.retention(t))
 	for _, p := range ps {
 		if p.pending || p.upper == nil || p.upper.After(horizon) {
 			continue
@@ -695,7 +729,7 @@ func (m *Manager) table(ctx context.Context, t Table, rep *Report) error {
 		}
 		if t.FreeKeys != nil {
 			began := time.Now()
-			freed, held, err := t.FreeKeys(ctx, m.conn, p.name, t.retention(m.cfg))
+			freed, held, err := t.FreeKeys(ctx, m.conn, p.name, m.retention(t))
 			rep.spend("keys", t.Name, began)
 			rep.Freed += freed
 			if err != nil {
@@ -938,7 +972,7 @@ func (m *Manager) pendingDetach(ctx context.Context, name string) (bool, error) 
 // ask runs one of a table's boolean queries (Keep, Stray) about a partition.
 func (m *Manager) ask(ctx context.Context, q string, t Table, p partition) (bool, error) {
 	q = strings.NewReplacer("{{lower}}", t.literal(p.lower), "{{upper}}", t.literal(p.upper),
-		"{{retention_ms}}", fmt.Sprint(t.retention(m.cfg).Milliseconds())).Replace(q)
+		"{{retention_ms}}", fmt.Sprint(m.retention(t).Milliseconds())).Replace(q)
 	var yes bool
 	err := m.conn.QueryRow(ctx, expand(q, t.Name, p.name)).Scan(&yes)
 	return yes, err

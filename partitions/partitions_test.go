@@ -437,3 +437,44 @@ func TestAManagerWithOtherSettingsLeavesPartitionsAlone(t *testing.T) {
 		t.Fatal("the fleet's settings are not gw-2's")
 	}
 }
+
+// A takeover that shortens a retention keeps what was stored under the longer one for as long as it promised.
+// An outside tester SIGKILLed the last gateway running with the fleet's 3 minutes; a canary with 1 minute took
+// the settings over 20 s later and, in the same pass, dropped partitions of effects delivered 85 to 95 s
+// before, which the fleet had promised to keep for 3 minutes (and the restarted gateway could not take the
+// settings back). Now the old settings' retentions stay a floor until the longest of them has passed since
+// the takeover.
+func TestATakeoverThatShortensRetentionKeepsWhatWasPromised(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, pool := eventsDB(t, time.Now().Add(-10*time.Minute))
+	made := list(t, pool, "events")
+	long := manager(t, url, partitions.Config{Retention: time.Hour, Fleet: true, Owner: "gw-1"})
+	if _, err := long.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	long.Close()
+	// gw-1 is gone (no heartbeat), and the settings were recorded long enough ago to be taken over.
+	if _, err := pool.Exec(ctx, `UPDATE oncegate_partition_settings SET set_at = now() - interval '1 minute'`); err != nil {
+		t.Fatal(err)
+	}
+	short := manager(t, url, partitions.Config{Retention: 3 * time.Minute, Fleet: true, Owner: "gw-2"})
+	rep, err := short.Pass(ctx)
+	short.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_partition_settings WHERE set_by = 'gw-2'`); n != 1 {
+		t.Fatal("gw-2 did not take the fleet's settings over")
+	}
+	if len(rep.Dropped) > 0 || len(list(t, pool, "events")) < len(made) {
+		t.Fatalf("the takeover's pass dropped %v: stored under an hour's retention, 6 to 10 minutes old", rep.Dropped)
+	}
+	// An hour after the takeover, the fleet's 3 minutes are the whole rule.
+	if _, err := pool.Exec(ctx, `UPDATE oncegate_partition_settings SET set_at = now() - interval '61 minutes'`); err != nil {
+		t.Fatal(err)
+	}
+	if rep, err = short.Pass(ctx); err != nil || len(rep.Dropped) == 0 {
+		t.Fatalf("an hour after the takeover: dropped %v, %v; want the partitions past 3 minutes", rep.Dropped, err)
+	}
+}

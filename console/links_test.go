@@ -68,6 +68,11 @@ func TestRetryMatchingAndNextPageKeepTheFilter(t *testing.T) {
 		t.Fatal(err)
 	}
 	retryable := "status IN ('failed', 'dead', 'unknown')"
+	var failedKey string
+	if err := e.db.QueryRow(t.Context(), "SELECT key FROM oncegate_effects WHERE status = 'failed' ORDER BY id LIMIT 1").
+		Scan(&failedKey); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		list   string
 		where  string
@@ -83,6 +88,10 @@ func TestRetryMatchingAndNextPageKeepTheFilter(t *testing.T) {
 			url.Values{"job": {jobID}}},
 		{"/effects?q=order-0-&status=failed", "key LIKE 'order-0-%' AND status = 'failed'",
 			url.Values{"key_prefix": {"order-0-"}, "status": {"failed"}}},
+		// A search (by key, tag or recipient) narrows the run as it narrows the list: its form dropped it, and
+		// an outside tester's run retried every failed effect of every tenant, where the dry run counted 12.
+		{"/effects?search=" + url.QueryEscape(failedKey) + "&status=failed", "key = '" + failedKey + "' AND status = 'failed'",
+			url.Values{"search": {failedKey}, "status": {"failed"}}},
 	} {
 		code, _, body := e.get(c, tc.list)
 		if code != 200 {

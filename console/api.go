@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"slices"
@@ -116,7 +117,27 @@ type actionBody struct {
 	DryRun *bool               `json:"dry_run"`
 }
 
-func readBody(r *http.Request) (actionBody, error) {
+// actionMembers are the members each change reads from its body: actionBody holds every change's, and a
+// member of another change's was taken and ignored, so that `{"tenant": "alpha"}` to destinations/resume
+// lifted every tenant's pause, and to types/pause paused the type for everyone (an outside test).
+var actionMembers = map[string][]string{
+	"effect/reveal":          {"tenant", "key"},
+	"job/reveal":             {"queue", "ids"},
+	"effect/retry":           {"tenant", "key", "reason"},
+	"effect/resolve":         {"tenant", "key", "as", "reason"},
+	"effects/retry-matching": {"filter", "dry_run", "reason"},
+	"types/pause":            {"type", "reason"},
+	"types/resume":           {"type", "reason"},
+	"destinations/resume":    {"type", "destination", "reason"},
+	"queues/pause":           {"queue", "reason"},
+	"queues/resume":          {"queue", "reason"},
+	"job/enqueue":            {"queue", "job", "delay", "reason"},
+	"dead/requeue":           {"queue", "ids", "reason"},
+	"dead/purge":             {"queue", "ids", "reason"},
+}
+
+// readBody reads a change's body, refusing a member that is not one of members, naming it and them.
+func readBody(r *http.Request, members []string) (actionBody, error) {
 	var b actionBody
 	raw, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, 1<<20))
 	if err != nil {
@@ -139,6 +160,16 @@ func readBody(r *http.Request) (actionBody, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
 		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + err.Error()}
+	}
+	var present map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &present); err != nil {
+		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + err.Error()}
+	}
+	for _, k := range slices.Sorted(maps.Keys(present)) {
+		if !slices.Contains(members, k) {
+			return b, &admin.InvalidError{Field: k, Reason: "not a member of this change's body: its members are " +
+				strings.Join(members, ", ")}
+		}
 	}
 	return b, nil
 }
@@ -184,8 +215,12 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 		mux.Handle("GET /api/v1/"+pattern, s.api(false, h))
 	}
 	postAs := func(mutates bool, pattern string, h func(r *http.Request, a admin.Actor, b actionBody) (any, error)) {
+		members, ok := actionMembers[pattern]
+		if !ok {
+			panic("console: no actionMembers for " + pattern)
+		}
 		mux.Handle("POST /api/v1/"+pattern, s.api(mutates, func(r *http.Request, a admin.Actor) (any, error) {
-			b, err := readBody(r)
+			b, err := readBody(r, members)
 			if err != nil {
 				return nil, err
 			}

@@ -607,6 +607,17 @@ func TestJSONAPI(t *testing.T) {
 		"destination": "not a url", "reason": "r"}); code != 400 || !strings.Contains(body, `"field":"destination"`) {
 		t.Errorf("a destination that is no URL: %d %s", code, body)
 	}
+	// A member of another change's body is refused, not ignored: destinations/resume lifts every tenant's
+	// pause, whatever tenant the caller named (an outside test).
+	if code, _, body := e.apiPost(op, "/api/v1/destinations/resume", map[string]any{"type": "hook",
+		"destination": "http://127.0.0.1:1", "reason": "r", "tenant": "alpha"}); code != 400 ||
+		!strings.Contains(body, `"field":"tenant"`) {
+		t.Errorf("a tenant named to destinations/resume: %d %s", code, body)
+	}
+	if code, _, body := e.apiPost(op, "/api/v1/types/pause", map[string]any{"type": "email", "reason": "r",
+		"tenant": "alpha"}); code != 400 || !strings.Contains(body, `"field":"tenant"`) {
+		t.Errorf("a tenant named to types/pause: %d %s", code, body)
+	}
 	if code, _, _ := e.apiGet(op, "/api/v1/nope"); code != 404 {
 		t.Errorf("unknown route: %d", code)
 	}

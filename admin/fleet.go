@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -319,6 +320,13 @@ func (s *Service) ResumeDestination(ctx context.Context, a Actor, typ, dest, rea
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, &InvalidError{Field: "DESTINATION", Reason: fmt.Sprintf("%q: want the receiver's URL, "+
 			"such as https://hooks.example.com (`oncegate destination ls` lists the paused ones)", dest)}
+	}
+	if p := u.Port(); p != "" {
+		// safehttp.Destination reads a port it cannot parse as the scheme's: `:99999` named http://…:80, a
+		// destination nobody typed (an outside test).
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+			return nil, &InvalidError{Field: "DESTINATION", Reason: fmt.Sprintf("%q: port %s: want 1 to 65535", dest, p)}
+		}
 	}
 	name := safehttp.Destination(u)
 	if err := s.prepareChange(ctx, a, "destination.resume", typ+" "+name, reason); err != nil {

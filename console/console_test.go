@@ -607,6 +607,11 @@ func TestJSONAPI(t *testing.T) {
 		"destination": "not a url", "reason": "r"}); code != 400 || !strings.Contains(body, `"field":"destination"`) {
 		t.Errorf("a destination that is no URL: %d %s", code, body)
 	}
+	// A port past 65535 named another destination, the scheme's port (an outside test).
+	if code, _, body := e.apiPost(op, "/api/v1/destinations/resume", map[string]any{"type": "hook",
+		"destination": "http://127.0.0.1:99999", "reason": "r"}); code != 400 || !strings.Contains(body, "want 1 to 65535") {
+		t.Errorf("a port past 65535: %d %s", code, body)
+	}
 	// A member of another change's body is refused, not ignored: destinations/resume lifts every tenant's
 	// pause, whatever tenant the caller named (an outside test).
 	if code, _, body := e.apiPost(op, "/api/v1/destinations/resume", map[string]any{"type": "hook",

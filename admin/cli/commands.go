@@ -804,7 +804,13 @@ func gatewayLs(c *command, args []string) error {
 					open++
 				}
 			}
-			row(w, g.ID, g.Address, g.Version, g.StartedAt, g.LastSeen, g.Alive, fmt.Sprintf("%d of %d", open, len(g.Breakers)),
+			// A gateway stopped gracefully and one gone silent (killed, cut off) are both not alive; on call,
+			// the difference matters (the console's Fleet page says "stopped" too).
+			var alive any = g.Alive
+			if !g.Alive && g.StoppedAt != nil {
+				alive = "false (stopped)"
+			}
+			row(w, g.ID, g.Address, g.Version, g.StartedAt, g.LastSeen, alive, fmt.Sprintf("%d of %d", open, len(g.Breakers)),
 				heldCell(g.HeldRequests))
 		}
 	})
@@ -967,8 +973,13 @@ func destinationResume(c *command, args []string) error {
 		return err
 	}
 	return c.out(lifted, func(w *tabwriter.Writer) {
-		fmt.Fprintf(w, "destination.resume %s %s: done (it was paused until %s by a %d to %s); rows waiting for a retry made due now: %d\n",
-			lifted.Type, lifted.Destination, lifted.Until.UTC().Format(time.RFC3339), lifted.Status, lifted.PausedBy, lifted.Due)
+		// Status 0 is a pause a probe set again for want of an answer (destination ls says so too).
+		by := fmt.Sprintf("by a %d to %s", lifted.Status, lifted.PausedBy)
+		if lifted.Status == 0 {
+			by = fmt.Sprintf("set again by %s: its probe got no answer", lifted.PausedBy)
+		}
+		fmt.Fprintf(w, "destination.resume %s %s: done (it was paused until %s, %s); rows waiting for a retry made due now: %d\n",
+			lifted.Type, lifted.Destination, lifted.Until.UTC().Format(time.RFC3339), by, lifted.Due)
 	})
 }
 

@@ -493,7 +493,8 @@ type insertion struct {
 	// retention is the key's, in milliseconds (Store.keyRetention): each request's own, as a batch may hold
 	// the requests of stores that share a batcher (WithRetention).
 	retention int64
-	apart     bool // its body goes to oncegate_effect_bodies (Store.WithBodiesApart)
+	hold      int64 // the key's hold after its effect finished, in milliseconds (Store.keyHold)
+	apart     bool  // its body goes to oncegate_effect_bodies (Store.WithBodiesApart)
 	span      trace.SpanContext
 	done      chan insertResult // buffered: the batch never waits for a request that gave up
 }
@@ -599,9 +600,9 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 	tenants, keys, types := make([]string, n), make([]string, n), make([]string, n)
 	fps, payloads, traces, ids := make([][]byte, n), make([]string, n), make([]*string, n), make([]string, n)
 	tags, terms, dests := make([]*string, n), make([]*string, n), make([]*string, n)
-	retentions, apart := make([]int64, n), make([]bool, n)
+	retentions, holds, apart := make([]int64, n), make([]int64, n), make([]bool, n)
 	for i, in := range batch {
-		retentions[i], apart[i] = in.retention, in.apart
+		retentions[i], holds[i], apart[i] = in.retention, in.hold, in.apart
 		dests[i] = orNil(in.ne.Destination)
 		tenants[i], keys[i], types[i], fps[i], payloads[i], ids[i] = in.ne.Tenant, in.ne.Key, in.ne.Type, in.fp,
 			string(in.ne.Payload), in.stableID
@@ -612,7 +613,7 @@ func (b *batcher) insertMany(ctx context.Context, batch []*insertion) (created m
 		tags[i], terms[i] = jsonList(in.ne.Tags), jsonList(in.ne.Terms)
 	}
 	rows, err := b.db.Query(ctx, insertBatchSQL, tenants, keys, types, fps, payloads, traces, ids, tags, terms, dests,
-		retentions, apart)
+		retentions, apart, holds)
 	if err != nil {
 		return nil, nil, err
 	}

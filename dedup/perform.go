@@ -66,7 +66,7 @@ func (s *Store) CreateLeased(ctx context.Context, ne NewEffect, fingerprint []by
 		var token pgtype.UUID
 		var pausedMS *int64
 		err := s.db.QueryRow(ctx, insertLeasedSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering, orNull(ne.Tags), orNull(ne.Terms), s.keyRetention(), s.bodiesApart(), orNil(ne.Destination)).Scan(&created, &e.ID, &e.Tenant, &e.Key, &e.Type,
+			h.Owner, h.Lease.Milliseconds(), effect.StatusDelivering, orNull(ne.Tags), orNull(ne.Terms), s.keyRetention(), s.bodiesApart(), orNil(ne.Destination), s.keyHold()).Scan(&created, &e.ID, &e.Tenant, &e.Key, &e.Type,
 			&e.Fingerprint, &e.Status, &e.Attempts, &e.Result, &e.LastError, &e.CreatedAt, &e.UpdatedAt,
 			&e.DeliveredAt, &e.NextAttemptAt, &stored, &e.BodyExpired, &token, &pausedMS)
 		existing := &e

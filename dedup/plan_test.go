@@ -179,7 +179,7 @@ func TestBatchStatementsSettleOnTheGenericPlan(t *testing.T) {
 		if _, err := tx.Exec(ctx, insertBatchSQL, two("t", "t"), two(k1, k2), two("typ", "typ"),
 			[][]byte{{0}, {0}}, two("{}", "{}"), []*string{nil, nil}, two("s"+k1, fmt.Sprintf("s%d", i)),
 			[]*string{nil, nil}, []*string{nil, nil}, []*string{nil, nil}, []int64{60000, 60000},
-			[]bool{false, true}); err != nil {
+			[]bool{false, true}, []int64{60000, 60000}); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := tx.Exec(ctx, getBatchSQL, two("t", "t"), two(k1, k2)); err != nil {

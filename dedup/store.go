@@ -224,12 +224,17 @@ type Store struct {
 // again after two made a second effect). Until Set, the stores write by their own.
 type Follow struct {
 	retention atomic.Int64 // milliseconds; 0: not set
+	hold      atomic.Int64 // milliseconds: a key's hold after its effect finished
 	apart     atomic.Bool
 }
 
-// Set makes the stores that follow f write keys held for retention and, when apart, bodies apart.
-func (f *Follow) Set(retention time.Duration, apart bool) {
+// Set makes the stores that follow f write keys held for retention and, when apart, bodies apart, and hold a
+// key for hold after its effect finished (SPEC §2): retention, or longer for a while after a takeover of the
+// fleet's settings shortened it (partitions.Retentions.Hold), so that a key the old settings promised to hold
+// is not re-claimed sooner.
+func (f *Follow) Set(retention, hold time.Duration, apart bool) {
 	f.apart.Store(apart)
+	f.hold.Store(max(hold, retention, time.Millisecond).Milliseconds())
 	f.retention.Store(max(retention, time.Millisecond).Milliseconds())
 }
 
@@ -274,6 +279,15 @@ func (s *Store) keyRetention() int64 {
 		}
 	}
 	return cmp.Or(s.retention, DefaultRetention).Milliseconds()
+}
+
+// keyHold is how long, in milliseconds, a key whose expiry has passed is still held after its effect
+// finished (SPEC §2): the key retention, or the longer hold the store follows.
+func (s *Store) keyHold() int64 {
+	if s.follow != nil && s.follow.retention.Load() > 0 {
+		return s.follow.hold.Load()
+	}
+	return s.keyRetention()
 }
 
 // bodiesApart says whether the bodies of the effects the store creates go to oncegate_effect_bodies.
@@ -391,10 +405,11 @@ func (s *Store) insert(ctx context.Context, ne NewEffect, fp []byte, tc json.Raw
 			defer s.batcher.creates.releaseInline(false)
 		}
 		return inserted(scanCreated(s.db.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc, stableID,
-			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination), s.keyRetention(), s.bodiesApart())))
+			nil, nil, orNull(ne.Tags), orNull(ne.Terms), nil, orNil(ne.Destination), s.keyRetention(), s.bodiesApart(),
+			s.keyHold())))
 	}
 	created, existing, err := s.batcher.insert(ctx, &insertion{ne: ne, fp: fp, trace: tc, stableID: stableID,
-		retention: s.keyRetention(), apart: s.bodiesApart()})
+		retention: s.keyRetention(), hold: s.keyHold(), apart: s.bodiesApart()})
 	switch {
 	case err != nil:
 		return nil, err
@@ -520,7 +535,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 		}
 		e, insertErr = inserted(scanCreated(tx.QueryRow(ctx, insertSQL, ne.Tenant, ne.Key, ne.Type, fp, ne.Payload, tc,
 			stableID, ne.JobID, ne.JobEpoch, orNull(ne.Tags), orNull(ne.Terms), orNil(ne.JobQueue), orNil(ne.Destination),
-			s.keyRetention(), s.bodiesApart())))
+			s.keyRetention(), s.bodiesApart(), s.keyHold())))
 		var taken *takenError
 		if errors.Is(insertErr, pgx.ErrNoRows) || errors.As(insertErr, &taken) {
 			return nil // the key exists: keep the raised fence, and answer as a replay (or a reuse)

@@ -165,6 +165,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		// Checks made after parsing name the line of the deepest key they name that the file has.
 		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\nlimits:\n  tenant_rate:\n    requests_per_second: 0.0001", "limits.tenant_rate.requests_per_second: 0.0001: want at least 0.001 a second, or unlimited (line 6)"},
 		{"tenants:\n  acme:\n    api_keys: [" + testKey + "]\nretry:\n  base_delay: 10s\n  max_delay: 1s", "retry.base_delay (10s) must be at most retry.max_delay (1s) (line 5)"},
+		{"effect_types:\n  x:\n    provider: postgres\n    retry:\n      base_delay: 1h", "retry.base_delay (1h0m0s) must be at most retry.max_delay (10m0s) (line 5)"},
 		{"limits: { tenant_rate: { requests_per_second: 1e-300 } }", "limits.tenant_rate.requests_per_second: 1e-300: want at least 0.001"},
 		{"limits: { tenant_rate: { bytes_per_second: lots } }", `limits.tenant_rate.bytes_per_second: line 1: "lots" is not a positive size like 8MiB or "unlimited"`},
 		{"limits: { max_connections: -5 }", "limits.max_connections must be at least 1"},

@@ -78,8 +78,21 @@ func lineOf(root *yaml.Node, msg string) int {
 	if root == nil {
 		return 0
 	}
+	// `effect_types.x: retry.base_delay (1h0m0s) must be …` names effect_types.x.retry.base_delay: a check of a
+	// part prefixes the part's path to its own (an outside test was given the line of x).
+	var path []string
+	for _, part := range strings.Split(msg, ": ") {
+		p := fieldPath.FindString(part)
+		if p == "" {
+			break
+		}
+		path = append(path, strings.Split(p, ".")...)
+		if p != part {
+			break
+		}
+	}
 	line, n := 0, root
-	for _, seg := range strings.Split(fieldPath.FindString(msg), ".") {
+	for _, seg := range path {
 		if n.Kind != yaml.MappingNode {
 			break
 		}

@@ -171,14 +171,16 @@ func (g *Gateway) followFleet(ctx context.Context) {
 	if !ok {
 		return // no manager has run yet: this gateway's own are the first
 	}
-	g.follow.Set(r.Keys, r.Payloads > 0)
+	g.follow.Set(r.Keys, r.Hold, r.Payloads > 0)
 	if prev := g.followed.Swap(&r); prev != nil && *prev == r {
 		return
 	}
-	own := partitions.Retentions{Keys: time.Duration(g.cfg.Retention.Keys), Payloads: time.Duration(g.cfg.Retention.Payloads)}
+	own := partitions.Retentions{Keys: time.Duration(g.cfg.Retention.Keys), Payloads: time.Duration(g.cfg.Retention.Payloads),
+		Hold: time.Duration(g.cfg.Retention.Keys)}
 	if r != own {
 		g.log.Warn("partitions: this gateway's requests write by the fleet's retentions, not by its own "+
 			"configuration's (docs/storage.md)", "retention.keys", r.Keys.String(), "retention.payloads",
-			r.Payloads.String(), "own_retention.keys", own.Keys.String(), "own_retention.payloads", own.Payloads.String())
+			r.Payloads.String(), "keys_held_after_finish", r.Hold.String(), "own_retention.keys", own.Keys.String(),
+			"own_retention.payloads", own.Payloads.String())
 	}
 }

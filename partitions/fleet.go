@@ -17,6 +17,12 @@ var fleetSQL = sqlFile("fleet")
 // (retention.payloads; 0: bodies stay in their effects' rows).
 type Retentions struct {
 	Keys, Payloads time.Duration
+	// Hold is how long a key is held after its effect finished (SPEC §2): Keys, or, until it has passed since
+	// the last takeover of the fleet's settings, the longer retention.keys of the settings before (Fleet
+	// sets it; ParseRetentions makes it Keys). A key the old settings promised to hold is not re-claimed
+	// sooner because a canary with a shorter retention took the settings over (an outside test: a job run
+	// again 72 s after its late delivery, promised 2 minutes, was delivered twice).
+	Hold time.Duration
 }
 
 // Querier is what Fleet reads with: a pool, a connection or a transaction.
@@ -29,13 +35,22 @@ type Querier interface {
 // with its own.
 func Fleet(ctx context.Context, q Querier) (r Retentions, ok bool, err error) {
 	var s string
-	if err := q.QueryRow(ctx, fleetSQL).Scan(&s); errors.Is(err, pgx.ErrNoRows) {
+	var was *string
+	var setAt, now time.Time
+	if err := q.QueryRow(ctx, fleetSQL).Scan(&s, &was, &setAt, &now); errors.Is(err, pgx.ErrNoRows) {
 		return Retentions{}, false, nil
 	} else if err != nil {
 		return Retentions{}, false, fmt.Errorf("partitions: the fleet's settings: %w", err)
 	}
-	r, err = ParseRetentions(s)
-	return r, err == nil, err
+	if r, err = ParseRetentions(s); err != nil {
+		return Retentions{}, false, err
+	}
+	if was != nil {
+		if old, err := ParseRetentions(*was); err == nil && now.Before(setAt.Add(old.Keys)) {
+			r.Hold = max(r.Hold, old.Keys)
+		}
+	}
+	return r, true, nil
 }
 
 // ParseRetentions reads the retentions out of a Config.Settings text.
@@ -62,5 +77,6 @@ func ParseRetentions(settings string) (Retentions, error) {
 	if !keys {
 		return Retentions{}, fmt.Errorf("partitions: the fleet's settings %q name no retention.keys", settings)
 	}
+	r.Hold = r.Keys
 	return r, nil
 }

@@ -496,16 +496,69 @@ func (m *Manager) retention(t Table) time.Duration {
 	return max(r, was)
 }
 
+// longer says whether the retentions r keep some table's partitions longer than this manager's own do.
+func (m *Manager) longer(r Retentions) bool {
+	for _, t := range m.cfg.Tables {
+		was := r.Keys
+		if t.Name == Bodies.Name && r.Payloads > 0 {
+			was = r.Payloads
+		}
+		if was > t.retention(m.cfg) {
+			return true
+		}
+	}
+	return false
+}
+
+// floor is the retentions a takeover now would keep as a floor (settings.sql's $4), as a settings text: the
+// fleet's settings, each retention raised to an earlier takeover's floor while that is in force. nil: no
+// settings yet, or none to raise (the fleet's own then).
+func (m *Manager) floor(ctx context.Context) (*string, error) {
+	var s string
+	var was *string
+	var setAt, now time.Time
+	if err := m.conn.QueryRow(ctx, fleetSQL).Scan(&s, &was, &setAt, &now); errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("partitions: the fleet's settings: %w", err)
+	}
+	if was == nil {
+		return nil, nil
+	}
+	cur, err1 := ParseRetentions(s)
+	old, err2 := ParseRetentions(*was)
+	if err1 != nil || err2 != nil || !now.Before(setAt.Add(max(old.Keys, old.Payloads))) {
+		return nil, nil
+	}
+	// A body's retention is retention.payloads, or retention.keys without it.
+	bodies := func(r Retentions) time.Duration {
+		if r.Payloads > 0 {
+			return r.Payloads
+		}
+		return r.Keys
+	}
+	f := fmt.Sprintf("retention.keys=%s retention.payloads=%s", max(cur.Keys, old.Keys), max(bodies(cur), bodies(old)))
+	return &f, nil
+}
+
 // settle makes sure that the pass runs with the fleet's settings (Config.Fleet): it records this manager's
 // as the fleet's when there are none yet, or when no gateway alive runs with the fleet's any more, and
 // returns ErrOtherSettings while one does.
 func (m *Manager) settle(ctx context.Context) error {
 	mine := m.cfg.Settings()
+	// Should this manager take the settings over, the floor it records (was): the fleet's settings now, or,
+	// where longer, an earlier takeover's floor still in force. Recording the old settings alone let a second
+	// takeover within the first's window forget the first's longer retention (an outside test: a canary
+	// restarted twice cut the fleet's 2 minutes to 90 s). Read under the manager's lock, as the write is.
+	floor, err := m.floor(ctx)
+	if err != nil {
+		return err
+	}
 	var fleet, by, was *string
 	var at, takenAt *time.Time
 	var holders int
 	var ours bool
-	if err := m.conn.QueryRow(ctx, settingsSQL, mine, m.cfg.Owner, m.cfg.LiveWithin.Seconds()).
+	if err := m.conn.QueryRow(ctx, settingsSQL, mine, m.cfg.Owner, m.cfg.LiveWithin.Seconds(), floor).
 		Scan(&fleet, &by, &at, &holders, &ours, &was, &takenAt); err != nil {
 		return fmt.Errorf("partitions: the fleet's settings: %w", err)
 	}
@@ -514,7 +567,7 @@ func (m *Manager) settle(ctx context.Context) error {
 		if r, err := ParseRetentions(*was); err != nil {
 			m.cfg.Logger.Warn("partitions: the fleet's settings before the last takeover cannot be read; "+
 				"this pass keeps to the fleet's own", "err", err)
-		} else if until := takenAt.Add(max(r.Keys, r.Payloads)); m.cfg.Now().Before(until) {
+		} else if until := takenAt.Add(max(r.Keys, r.Payloads)); m.cfg.Now().Before(until) && m.longer(r) {
 			m.was, m.wasUntil = r, until
 		}
 	}

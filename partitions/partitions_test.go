@@ -470,11 +470,29 @@ func TestATakeoverThatShortensRetentionKeepsWhatWasPromised(t *testing.T) {
 	if len(rep.Dropped) > 0 || len(list(t, pool, "events")) < len(made) {
 		t.Fatalf("the takeover's pass dropped %v: stored under an hour's retention, 6 to 10 minutes old", rep.Dropped)
 	}
-	// An hour after the takeover, the fleet's 3 minutes are the whole rule.
+	// A second takeover within the first's hour keeps the hour: a canary restarted twice cut a fleet's 2
+	// minutes to 90 s (an outside test).
+	if _, err := pool.Exec(ctx, `UPDATE oncegate_partition_settings SET set_at = now() - interval '1 minute'`); err != nil {
+		t.Fatal(err)
+	}
+	shorter := manager(t, url, partitions.Config{Retention: 2 * time.Minute, Fleet: true, Owner: "gw-3"})
+	rep, err = shorter.Pass(ctx)
+	shorter.Close()
+	if err != nil || len(rep.Dropped) > 0 || pgtest.Count(t, pool, `SELECT count(*) FROM oncegate_partition_settings WHERE set_by = 'gw-3'`) != 1 {
+		t.Fatalf("a second takeover within the first's hour: dropped %v, %v", rep.Dropped, err)
+	}
+	// Every gateway's requests hold a key the hour after its effect finished, meanwhile.
+	if r, ok, err := partitions.Fleet(ctx, pool); err != nil || !ok || r.Keys != 2*time.Minute || r.Hold != time.Hour {
+		t.Fatalf("the fleet's retentions after the takeovers: %+v %v %v; want keys 2m, held an hour after finish", r, ok, err)
+	}
+	// An hour after the takeover, the fleet's 2 minutes are the whole rule.
 	if _, err := pool.Exec(ctx, `UPDATE oncegate_partition_settings SET set_at = now() - interval '61 minutes'`); err != nil {
 		t.Fatal(err)
 	}
-	if rep, err = short.Pass(ctx); err != nil || len(rep.Dropped) == 0 {
-		t.Fatalf("an hour after the takeover: dropped %v, %v; want the partitions past 3 minutes", rep.Dropped, err)
+	if rep, err = shorter.Pass(ctx); err != nil || len(rep.Dropped) == 0 {
+		t.Fatalf("an hour after the takeover: dropped %v, %v; want the partitions past 2 minutes", rep.Dropped, err)
+	}
+	if r, _, err := partitions.Fleet(ctx, pool); err != nil || r.Hold != 2*time.Minute {
+		t.Fatalf("the fleet's retentions an hour on: %+v %v; want held 2m after finish", r, err)
 	}
 }

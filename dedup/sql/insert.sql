@@ -29,13 +29,14 @@
 -- $7 the effect's stable id (effect.NewStableID), $8 the asking job's id or NULL, $9 its lease epoch or NULL,
 -- $10 its tags or NULL, $11 its search terms (tags and recipients, lowercased) or NULL, $12 the job's queue
 -- or NULL, $13 its destination (providers.Destination) or NULL, $14 the key's retention in milliseconds, $15
--- whether its payload goes to oncegate_effect_bodies (retention.payloads) rather than into its row.
+-- whether its payload goes to oncegate_effect_bodies (retention.payloads) rather than into its row, $16 the
+-- key's hold after its effect finished in milliseconds (SPEC §2; the retention, or longer after a takeover).
 -- The trace id, for the operator, is the one of the traceparent in $6.
 WITH held AS (
     SELECT k.effect_id,
         k.expires_at IS NULL OR k.expires_at >= now()
             OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
-            OR oncegate_finished_within(k.effect_id, make_interval(secs => $14::double precision / 1000)) AS held
+            OR oncegate_finished_within(k.effect_id, make_interval(secs => $16::double precision / 1000)) AS held
     FROM oncegate_keys k
     WHERE k.tenant = $1 AND k.key = $2
 ), claimed AS (
@@ -47,7 +48,7 @@ WITH held AS (
     SET effect_id = EXCLUDED.effect_id, fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at
     WHERE k.effect_id = (SELECT held.effect_id FROM held) AND k.expires_at < now()
         AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
-        AND NOT oncegate_finished_within(k.effect_id, EXCLUDED.expires_at - now())
+        AND NOT oncegate_finished_within(k.effect_id, make_interval(secs => $16::double precision / 1000))
     RETURNING k.effect_id
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, job_id, job_epoch,

@@ -5,7 +5,8 @@
 -- terms, each a JSON array of strings or NULL (Postgres arrays are rectangular: an array of arrays of
 -- different lengths cannot be passed), $10 destinations (providers.Destination, or NULL), $11 the keys'
 -- retentions in milliseconds, $12 whether each payload goes to oncegate_effect_bodies (retention.payloads)
--- rather than into its effect's row. The trace id, for the operator, is the one of each traceparent; batched requests
+-- rather than into its effect's row, $13 each key's hold after its effect finished in milliseconds (as in
+-- insert.sql). The trace id, for the operator, is the one of each traceparent; batched requests
 -- have no job (a fenced request is not batched). No NOTIFY, as in insert.sql: the gateway announces new
 -- effects after the commit.
 -- Each key is claimed as insert.sql claims one: a key held (as this statement's snapshot has it) inserts
@@ -27,18 +28,18 @@
 WITH input AS (
     SELECT i.*
     FROM (SELECT $1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::text[], $8::text[],
-            $9::text[], $10::text[], $11::bigint[], $12::boolean[] OFFSET 0)
-        a (a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12)
-    CROSS JOIN LATERAL unnest(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12)
+            $9::text[], $10::text[], $11::bigint[], $12::boolean[], $13::bigint[] OFFSET 0)
+        a (a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13)
+    CROSS JOIN LATERAL unnest(a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11, a12, a13)
         WITH ORDINALITY AS i (tenant, key, type, fingerprint, payload, trace, stable_id, tags, terms, destination,
-            retention, apart, ord)
+            retention, apart, hold, ord)
 ), seen AS (
     SELECT input.ord, k.effect_id, coalesce(k.held, false) AS held
     FROM input LEFT JOIN LATERAL (
         SELECT k.effect_id,
             k.expires_at IS NULL OR k.expires_at >= now()
                 OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
-                OR oncegate_finished_within(k.effect_id, make_interval(secs => input.retention::double precision / 1000)) AS held
+                OR oncegate_finished_within(k.effect_id, make_interval(secs => input.hold::double precision / 1000)) AS held
         FROM oncegate_keys k
         WHERE k.tenant = input.tenant AND k.key = input.key
     ) k ON true
@@ -58,7 +59,8 @@ WITH input AS (
         AND k.effect_id = (SELECT seen.effect_id FROM input JOIN seen USING (ord)
             WHERE input.tenant = k.tenant AND input.key = k.key LIMIT 1)
         AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
-        AND NOT oncegate_finished_within(k.effect_id, EXCLUDED.expires_at - now())
+        AND NOT oncegate_finished_within(k.effect_id, make_interval(secs => (SELECT input.hold FROM input
+            WHERE input.tenant = k.tenant AND input.key = k.key LIMIT 1)::double precision / 1000))
     RETURNING k.tenant, k.key, k.effect_id
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, trace_id, tags,

@@ -9,7 +9,7 @@
 -- is not delivered, and this request would deliver it at once, so nothing is recorded, not even the key.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status, $11 tags or
--- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds, $14 whether the payload goes to oncegate_effect_bodies, $15 its destination
+-- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds, $14 whether the payload goes to oncegate_effect_bodies, $15 its destination, $16 the key's hold after its effect finished in milliseconds (as in insert.sql)
 -- (providers.Destination) or NULL, as in insert.sql: the claims skip a paused destination's rows by it, and
 -- an operator's resume of the destination makes them due (resume_destination.sql). The trace id,
 -- for the operator, is the one of the traceparent in $6, as in insert.sql.
@@ -17,7 +17,7 @@ WITH held AS (
     SELECT k.effect_id,
         k.expires_at IS NULL OR k.expires_at >= now()
             OR EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
-            OR oncegate_finished_within(k.effect_id, make_interval(secs => $13::double precision / 1000)) AS held
+            OR oncegate_finished_within(k.effect_id, make_interval(secs => $16::double precision / 1000)) AS held
     FROM oncegate_keys k
     WHERE k.tenant = $1 AND k.key = $2
 ), claimed AS (
@@ -30,7 +30,7 @@ WITH held AS (
     SET effect_id = EXCLUDED.effect_id, fingerprint = EXCLUDED.fingerprint, expires_at = EXCLUDED.expires_at
     WHERE k.effect_id = (SELECT held.effect_id FROM held) AND k.expires_at < now()
         AND NOT EXISTS (SELECT FROM oncegate_outbox o WHERE o.effect_id = k.effect_id OFFSET 0)
-        AND NOT oncegate_finished_within(k.effect_id, EXCLUDED.expires_at - now())
+        AND NOT oncegate_finished_within(k.effect_id, make_interval(secs => $16::double precision / 1000))
     RETURNING k.effect_id
 ), effect AS (
     INSERT INTO oncegate_effects (id, tenant, key, type, fingerprint, payload, stable_id, status, trace_id, tags,

@@ -16,7 +16,9 @@ WITH cur AS (
     INSERT INTO oncegate_partition_settings AS s (one, settings, set_by, set_at)
     VALUES (true, $1, $2, now())
     ON CONFLICT (one) DO UPDATE SET settings = EXCLUDED.settings, set_by = EXCLUDED.set_by, set_at = EXCLUDED.set_at,
-        was = s.settings -- migration 00033: what was stored under them keeps their retentions a while
+        -- migration 00033: what was stored under them keeps their retentions a while. $4: the longest of
+        -- the old settings' and of an older takeover's still in force (Manager.settle), else the old ones.
+        was = coalesce($4, s.settings)
     WHERE s.settings <> EXCLUDED.settings AND (SELECT n FROM holders) = 0
         -- Settings recorded less than a heartbeat's liveness ago may have a manager alive whose gateway's
         -- heartbeat does not say so yet (advertised, below, finds no row before the gateway's first beat).

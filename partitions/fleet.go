@@ -34,23 +34,46 @@ type Querier interface {
 // recorded settings (a new database, or every gateway with partitions.disabled): each gateway then writes
 // with its own.
 func Fleet(ctx context.Context, q Querier) (r Retentions, ok bool, err error) {
-	var s string
-	var was *string
-	var setAt, now time.Time
-	if err := q.QueryRow(ctx, fleetSQL).Scan(&s, &was, &setAt, &now); errors.Is(err, pgx.ErrNoRows) {
-		return Retentions{}, false, nil
-	} else if err != nil {
-		return Retentions{}, false, fmt.Errorf("partitions: the fleet's settings: %w", err)
-	}
-	if r, err = ParseRetentions(s); err != nil {
+	f, ok, err := readFleet(ctx, q)
+	if !ok || err != nil {
 		return Retentions{}, false, err
 	}
-	if was != nil {
-		if old, err := ParseRetentions(*was); err == nil && now.Before(setAt.Add(old.Keys)) {
-			r.Hold = max(r.Hold, old.Keys)
-		}
+	if r, err = ParseRetentions(f.settings); err != nil {
+		return Retentions{}, false, err
+	}
+	if old, ok := f.floor(); ok && f.now.Before(f.setAt.Add(old.Keys)) {
+		r.Hold = max(r.Hold, old.Keys)
 	}
 	return r, true, nil
+}
+
+// fleetRow is the row of oncegate_partition_settings (fleet.sql).
+type fleetRow struct {
+	settings   string
+	was        *string   // the settings before the last takeover, or the floor it kept (Manager.floor)
+	setAt, now time.Time // when the settings were recorded, and now, by the database's clock
+}
+
+// readFleet reads the fleet's settings; ok is false while there are none.
+func readFleet(ctx context.Context, q Querier) (f fleetRow, ok bool, err error) {
+	if err := q.QueryRow(ctx, fleetSQL).Scan(&f.settings, &f.was, &f.setAt, &f.now); errors.Is(err, pgx.ErrNoRows) {
+		return fleetRow{}, false, nil
+	} else if err != nil {
+		return fleetRow{}, false, fmt.Errorf("partitions: the fleet's settings: %w", err)
+	}
+	return f, true, nil
+}
+
+// floor is the retentions of the last takeover's floor, when it is still in force.
+func (f fleetRow) floor() (Retentions, bool) {
+	if f.was == nil {
+		return Retentions{}, false
+	}
+	old, err := ParseRetentions(*f.was)
+	if err != nil || !f.now.Before(f.setAt.Add(max(old.Keys, old.Payloads))) {
+		return Retentions{}, false
+	}
+	return old, true
 }
 
 // ParseRetentions reads the retentions out of a Config.Settings text.

@@ -514,20 +514,13 @@ func (m *Manager) longer(r Retentions) bool {
 // fleet's settings, each retention raised to an earlier takeover's floor while that is in force. nil: no
 // settings yet, or none to raise (the fleet's own then).
 func (m *Manager) floor(ctx context.Context) (*string, error) {
-	var s string
-	var was *string
-	var setAt, now time.Time
-	if err := m.conn.QueryRow(ctx, fleetSQL).Scan(&s, &was, &setAt, &now); errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	} else if err != nil {
-		return nil, fmt.Errorf("partitions: the fleet's settings: %w", err)
+	fr, ok, err := readFleet(ctx, m.conn)
+	if !ok || err != nil {
+		return nil, err
 	}
-	if was == nil {
-		return nil, nil
-	}
-	cur, err1 := ParseRetentions(s)
-	old, err2 := ParseRetentions(*was)
-	if err1 != nil || err2 != nil || !now.Before(setAt.Add(max(old.Keys, old.Payloads))) {
+	old, inForce := fr.floor()
+	cur, err := ParseRetentions(fr.settings)
+	if !inForce || err != nil {
 		return nil, nil
 	}
 	// A body's retention is retention.payloads, or retention.keys without it.

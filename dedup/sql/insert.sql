@@ -3,10 +3,10 @@
 --
 -- The key is held while it has not expired (expires_at, NULL never) or its effect is not terminal (it has an
 -- outbox row: the row is written with the effect and by a retry, and deleted only in the statements that make
--- the effect terminal, finish.sql, finish_batch.sql and resolve.sql) or finished less than the retention ago
--- (SPEC §2; oncegate_finished_within, migration 00032, asked last, so only of a key on its way to be
--- re-claimed: an effect retried past its key's expiry keeps its key for retention after it). A held key inserts nothing and returns
--- the stored effect with created false, so that a replay costs one statement and writes nothing, not even a
+-- the effect terminal, finish.sql, finish_batch.sql and resolve.sql) or finished less than its hold ago ($16;
+-- SPEC §2; oncegate_finished_within, migration 00032, asked last, so only of a key on its way to be
+-- re-claimed: an effect retried past its key's expiry keeps its key that long after it). A held key inserts
+-- nothing and returns the stored effect with created false, so that a replay costs one statement and writes nothing, not even a
 -- row lock (issue 14): `held` reads the key as this statement's snapshot has it, and the insert into
 -- oncegate_keys then has no row to try. A free key (none, or expired with a terminal effect) is claimed by the
 -- insert, which re-claims an expired key with ON CONFLICT ... DO UPDATE: the key then points at the new

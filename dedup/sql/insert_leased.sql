@@ -9,8 +9,9 @@
 -- is not delivered, and this request would deliver it at once, so nothing is recorded, not even the key.
 -- $1 tenant, $2 key, $3 type, $4 fingerprint, $5 payload, $6 trace context (W3C, as JSON) or NULL,
 -- $7 the effect's stable id, $8 lease owner, $9 lease in milliseconds, $10 the delivering status, $11 tags or
--- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds, $14 whether the payload goes to oncegate_effect_bodies, $15 its destination, $16 the key's hold after its effect finished in milliseconds (as in insert.sql)
--- (providers.Destination) or NULL, as in insert.sql: the claims skip a paused destination's rows by it, and
+-- NULL, $12 search terms or NULL (as in insert.sql), $13 the key's retention in milliseconds, $14 whether
+-- the payload goes to oncegate_effect_bodies, $16 the key's hold after its effect finished in milliseconds
+-- (as in insert.sql), $15 its destination (providers.Destination) or NULL, as in insert.sql: the claims skip a paused destination's rows by it, and
 -- an operator's resume of the destination makes them due (resume_destination.sql). The trace id,
 -- for the operator, is the one of the traceparent in $6, as in insert.sql.
 WITH held AS (

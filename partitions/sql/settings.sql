@@ -1,9 +1,10 @@
 -- Settles the settings a pass runs with, under the manager's lock (migration 00029): the fleet's, in
 -- oncegate_partition_settings. $1 this manager's settings, $2 its gateway, $3 the seconds within which a
--- gateway's heartbeat counts it alive. The first manager's settings become the fleet's; a manager whose own
--- differ takes the fleet's over only when no gateway alive runs with them (a rolling change is through).
--- This manager's settings go into its gateway's row at once (advertised). Returns the fleet's settings before (NULL: none yet), who set them and when, how many gateways alive run
--- with them, whether this manager's are the fleet's now, and the fleet's settings before the last takeover
+-- gateway's heartbeat counts it alive, $4 the floor a takeover keeps (Manager.floor) or NULL for the
+-- fleet's settings now. The first manager's settings become the fleet's; a manager whose own differ takes
+-- the fleet's over only when no gateway alive runs with them (a rolling change is through). This manager's
+-- settings go into its gateway's row at once (advertised). Returns the fleet's settings before (NULL: none
+-- yet), who set them and when, how many gateways alive run with them, whether this manager's are the fleet's now, and the fleet's settings before the last takeover
 -- (NULL: none) with when it was.
 WITH cur AS (
     SELECT settings, set_by, set_at, was FROM oncegate_partition_settings WHERE one

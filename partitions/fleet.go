@@ -25,6 +25,15 @@ type Retentions struct {
 	Hold time.Duration
 }
 
+// of is how long r keeps t's partitions: a body's retention.payloads, or retention.keys without it; every
+// other table's retention.keys.
+func (r Retentions) of(t Table) time.Duration {
+	if t.Name == Bodies.Name && r.Payloads > 0 {
+		return r.Payloads
+	}
+	return r.Keys
+}
+
 // Querier is what Fleet reads with: a pool, a connection or a transaction.
 type Querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row

@@ -489,21 +489,13 @@ func (m *Manager) retention(t Table) time.Duration {
 	if !m.cfg.Now().Before(m.wasUntil) {
 		return r
 	}
-	was := m.was.Keys
-	if t.Name == Bodies.Name && m.was.Payloads > 0 {
-		was = m.was.Payloads
-	}
-	return max(r, was)
+	return max(r, m.was.of(t))
 }
 
 // longer says whether the retentions r keep some table's partitions longer than this manager's own do.
 func (m *Manager) longer(r Retentions) bool {
 	for _, t := range m.cfg.Tables {
-		was := r.Keys
-		if t.Name == Bodies.Name && r.Payloads > 0 {
-			was = r.Payloads
-		}
-		if was > t.retention(m.cfg) {
+		if r.of(t) > t.retention(m.cfg) {
 			return true
 		}
 	}
@@ -523,14 +515,8 @@ func (m *Manager) floor(ctx context.Context) (*string, error) {
 	if !inForce || err != nil {
 		return nil, nil
 	}
-	// A body's retention is retention.payloads, or retention.keys without it.
-	bodies := func(r Retentions) time.Duration {
-		if r.Payloads > 0 {
-			return r.Payloads
-		}
-		return r.Keys
-	}
-	f := fmt.Sprintf("retention.keys=%s retention.payloads=%s", max(cur.Keys, old.Keys), max(bodies(cur), bodies(old)))
+	f := fmt.Sprintf("retention.keys=%s retention.payloads=%s", max(cur.Keys, old.Keys),
+		max(cur.of(Bodies), old.of(Bodies)))
 	return &f, nil
 }
 

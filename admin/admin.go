@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -340,12 +341,28 @@ type Audit struct {
 	Outcome string          `json:"outcome"`
 }
 
+// AuditActions are the actions the audit log records, for the filter of AuditLog and the docs' list.
+// Every audited change names one of them; audit refuses any other, so that a new action cannot be written
+// without being listed here (and a filter cannot ask for an action that no entry can have). token.list and
+// the reads that reveal stored bodies are audited too, as refused or done.
+var AuditActions = []string{
+	"effect.retry", "effect.retry-matching", "effect.resolve", "effect.reveal",
+	"type.pause", "type.resume", "destination.resume",
+	"queue.pause", "queue.resume", "dead.requeue", "dead.purge", "job.enqueue", "job.reveal",
+	"console.login", "token.create", "token.revoke", "token.list",
+}
+
+func knownAuditAction(action string) bool { return slices.Contains(AuditActions, action) }
+
 type execer interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // audit appends an entry, on db (the pool, or the transaction of the change it records).
 func (s *Service) audit(ctx context.Context, db execer, a Actor, e Audit) (Audit, error) {
+	if !knownAuditAction(e.Action) {
+		return e, fmt.Errorf("admin: write the audit log: %q is not in AuditActions", e.Action)
+	}
 	e.Actor, e.Role = a.Name, a.Role
 	if e.Outcome == "" {
 		e.Outcome = "done"
@@ -429,6 +446,10 @@ func (s *Service) AuditLog(ctx context.Context, a Actor, f AuditFilter, p Page) 
 	}
 	if err := checkTexts("actor", f.Actor, "action", f.Action); err != nil {
 		return nil, err
+	}
+	if f.Action != "" && !knownAuditAction(f.Action) {
+		return nil, &InvalidError{Field: "action", Reason: fmt.Sprintf("%q is not an audited action: want one of %s",
+			f.Action, strings.Join(AuditActions, ", "))}
 	}
 	rows, err := s.db.Query(ctx, auditListSQL, nullString(f.Actor), nullString(f.Action), nullTime(f.Since), below, limit+1)
 	if err != nil {

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -131,6 +133,33 @@ func TestRetryResolveAndTheirRefusals(t *testing.T) {
 	want := []string{"alice effect.resolve acme/u1 done", "alice effect.resolve acme/u0 done", "viv effect.resolve u0 denied"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("audit log:\n got %q\nwant %q", got, want)
+	}
+}
+
+// A filter by an action no entry can have is a mistake to say, not an empty page: `--action efect.retry`
+// would otherwise read as "nobody retried anything".
+func TestAuditLogRefusesAnActionItDoesNotRecord(t *testing.T) {
+	t.Parallel()
+	svc, _ := newService(t)
+	ctx := context.Background()
+	_, err := svc.AuditLog(ctx, viv, admin.AuditFilter{Action: "efect.retry"}, admin.Page{})
+	if !errors.Is(err, admin.ErrInvalid) || !strings.Contains(err.Error(), "effect.retry-matching") {
+		t.Fatalf("an unknown action: %v", err)
+	}
+	for _, action := range admin.AuditActions {
+		if _, err := svc.AuditLog(ctx, viv, admin.AuditFilter{Action: action}, admin.Page{}); err != nil {
+			t.Fatalf("%s: %v", action, err)
+		}
+	}
+	// The docs list every action the log records.
+	doc, err := os.ReadFile("../docs/cli.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, action := range admin.AuditActions {
+		if !strings.Contains(string(doc), "`"+action+"`") {
+			t.Errorf("docs/cli.md does not name the audited action %s", action)
+		}
 	}
 }
 

@@ -286,8 +286,8 @@ func TestEveryPageRenders(t *testing.T) {
 		{"/queue?name=" + e.queue + "&state=completed", []string{"No completed job"}, nil},
 		{"/fragment/queue?name=" + e.queue + "&state=dead", []string{"job-rows"}, []string{"HX-Request", "true"}},
 		{"/job?queue=" + e.queue + "&id=receipt-1", []string{"receipt-1", "Dead reason", "send-receipt"}, nil},
-		{"/audit", []string{"effect.retry", "token.create", "console.login"}, nil},
-		{"/audit?actor=ann&action=effect.retry&since=1h", []string{"seed"}, nil},
+		{"/audit", []string{"<td>effect.retry</td>", "<td>token.create</td>", "<td>console.login</td>"}, nil},
+		{"/audit?actor=ann&action=effect.retry&since=1h", []string{"seed", "<option selected>effect.retry</option>"}, nil},
 	}
 	admin := e.client("admin")
 	for _, p := range pages {
@@ -310,7 +310,8 @@ func TestEveryPageRenders(t *testing.T) {
 	}
 	// Errors are pages too.
 	for path, st := range map[string]int{"/effect?tenant=acme&key=nope": 404, "/queue?name=nope": 404,
-		"/effects?status=bogus": 400, "/effects?since=yesterday": 400, "/queue?name=" + e.queue + "&state=x": 400} {
+		"/effects?status=bogus": 400, "/effects?since=yesterday": 400, "/queue?name=" + e.queue + "&state=x": 400,
+		"/audit?action=efect.retry": 400} {
 		code, hdr, body := e.get(admin, path)
 		if code != st {
 			t.Errorf("GET %s: %d, want %d", path, code, st)

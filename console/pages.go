@@ -733,16 +733,17 @@ func (s *Server) purgeDead(w http.ResponseWriter, r *http.Request, a admin.Actor
 // ---- audit
 
 type auditData struct {
-	Filter admin.AuditFilter
-	Since  string
-	Query  string
-	Page   *admin.AuditPage
+	Filter  admin.AuditFilter
+	Actions []string
+	Since   string
+	Query   string
+	Page    *admin.AuditPage
 }
 
 func (s *Server) audit(w http.ResponseWriter, r *http.Request, a admin.Actor) {
 	v := r.URL.Query()
 	d := auditData{Filter: admin.AuditFilter{Actor: strings.TrimSpace(v.Get("actor")),
-		Action: strings.TrimSpace(v.Get("action"))}, Since: v.Get("since")}
+		Action: strings.TrimSpace(v.Get("action"))}, Actions: admin.AuditActions, Since: v.Get("since")}
 	var err error
 	if d.Filter.Since, err = parseSince(d.Since); err != nil {
 		s.fail(w, r, a, err)

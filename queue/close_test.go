@@ -100,3 +100,52 @@ func waitLines(t *testing.T, p *proctest.Proc, prefix string, want ...string) {
 		}
 	}
 }
+
+// A close hands a job back only once its handler returned, so that the job never starts on another worker
+// while it still runs here. Handed back first and cancelled after, a handler that stopped at once overlapped
+// the next run by 41 ms, and one with cleanup to do (a call to finish, a file to close) by all of it.
+func TestGracefulCloseHandsAJobBackOnlyAfterItsHandlerReturned(t *testing.T) {
+	t.Parallel()
+	result := reliability.Record(t, "Queue",
+		"A SIGTERMed worker's handler outlives the drain and takes 400 ms to stop once cancelled; another worker waits",
+		"The job is handed back only once the handler returned: the other worker's run starts after it, with no attempt or stall counted")
+	q, rdb := newQueue(t, nil)
+	const cleanup = 400 * time.Millisecond
+	w := proctest.ReExec(t, "worker", "WORKER_QUEUE="+q.name, "REDIS_URL="+testenv.RedisURL(),
+		"WORKER_HANDLER=linger", "WORKER_SLEEP="+cleanup.String(), "WORKER_DRAIN=500ms")
+	w.WaitLine("ready ", 10*time.Second)
+	mustEnqueue(t, q, NewJob{ID: "j"})
+	w.WaitLine("start j 1", 10*time.Second)
+
+	// Another worker waits for the job, and notes whether the first run had returned when it got it.
+	next := make(chan string, 1)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		returned, err := rdb.Get(ctx, "returned:"+q.name+":"+j.ID).Result()
+		if err == redis.Nil {
+			returned = "not yet"
+		}
+		select {
+		case next <- fmt.Sprintf("epoch %d; the first run returned: %s", j.Epoch, returned):
+		default:
+		}
+		return nil
+	}), nil)
+	t.Cleanup(func() { rdb.Del(context.Background(), "returned:"+q.name+":j") })
+	w.Signal(syscall.SIGTERM)
+	select {
+	case got := <-next:
+		if got != "epoch 2; the first run returned: 1" {
+			t.Fatalf("the job ran again with %s", got)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the job did not run again within 30 s of the close")
+	}
+	if err := w.Wait(20 * time.Second); err != nil {
+		t.Fatalf("worker exited with %v", err)
+	}
+	j := waitState(t, q, "j", StateCompleted, 10*time.Second)
+	if j.Failures != 0 || j.Stalls != 0 {
+		t.Errorf("a job handed back at close counted %d failures, %d stalls", j.Failures, j.Stalls)
+	}
+	result("the next run (epoch 2) started after the first had returned; no failure, no stall")
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -36,8 +37,13 @@ type run struct {
 
 func (w *Worker) launch(ctx context.Context, l leased, leasedAt time.Time) {
 	k := runKey{id: l.id, epoch: l.epoch}
+	w.calls.Add(1)
 	w.handlers.Go(func() {
+		called := sync.OnceFunc(w.calls.Done)
+		defer called()
+		unrecorded := false
 		if job, err := decodeJob(l.record, []byte(l.payload)); err != nil {
+			called()
 			w.bury(ctx, l, err)
 		} else {
 			// The lease's own ID and epoch are the job's: every script keys it by the hash field, and a record
@@ -46,11 +52,15 @@ func (w *Worker) launch(ctx context.Context, l leased, leasedAt time.Time) {
 			// The enqueue's trace context, read once for both of the job's spans.
 			ctx := w.q.opts.Propagator.Extract(ctx, propagation.MapCarrier(job.TraceContext))
 			w.traceLease(ctx, job, leasedAt)
-			w.runJob(ctx, job)
+			unrecorded = w.runJob(ctx, job, called)
 		}
 		w.mu.Lock()
 		r := w.runs[k]
-		delete(w.runs, k)
+		// A run a close stopped, or whose outcome it could not record, still holds its lease: it stays for
+		// the close to hand its job back at once, rather than leave it leased to a worker that is gone.
+		if !unrecorded || !w.closing.Load() {
+			delete(w.runs, k)
+		}
 		w.mu.Unlock()
 		if r != nil {
 			r.cancel(nil)
@@ -68,7 +78,9 @@ func (w *Worker) slotFreed() {
 }
 
 // runJob runs the handler under a span of its own, child of ctx's (the enqueue's), and records the outcome.
-func (w *Worker) runJob(ctx context.Context, job *Job) {
+// called is called as the handler returns. It reports whether the run still holds its lease with nothing
+// recorded: a close stopped it, or its outcome could not be recorded before the close.
+func (w *Worker) runJob(ctx context.Context, job *Job, called func()) (unrecorded bool) {
 	ctx, span := w.q.tracer.Start(ctx, "queue.handle "+job.Kind, trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(attribute.String("messaging.system", "oncegate"),
 			attribute.String("messaging.destination.name", w.q.name),
@@ -86,6 +98,7 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 		}
 	}()
 	err := w.call(ctx, job)
+	called()
 	took = time.Since(started)
 	w.mu.Lock()
 	if r := w.runs[runKey{id: job.ID, epoch: job.Epoch}]; r != nil {
@@ -94,10 +107,15 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 	w.mu.Unlock()
 	w.slotFreed()
 	if cause := context.Cause(ctx); cause != nil {
-		// The lease was lost or handed back at close: the job is someone else's now, there is nothing to record.
+		// The lease was lost (the job is someone else's now), or a close stopped the handler (its job is
+		// handed back): there is nothing to record either way.
 		w.log.InfoContext(ctx, "handler stopped", "job", job.ID, "epoch", job.Epoch, "cause", cause, "err", err)
+		if errors.Is(cause, ErrLeaseLost) {
+			outcome = "lease_lost"
+			return false
+		}
 		outcome = "stopped"
-		return
+		return true
 	}
 	if err == nil {
 		err = w.complete(job)
@@ -114,10 +132,11 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 		case err != nil:
 			w.log.ErrorContext(ctx, "completion not recorded by the end of the drain; the job is handed back and "+
 				"will run again", "job", job.ID, "err", err)
+			return true
 		default:
 			outcome = "completed"
 		}
-		return
+		return false
 	}
 	span.RecordError(err)
 	span.SetStatus(codes.Error, err.Error())
@@ -129,6 +148,7 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 	case ferr != nil:
 		w.log.ErrorContext(ctx, "failure not recorded by the end of the drain; the job is handed back and will "+
 			"run again", "job", job.ID, "err", err, "record_err", ferr)
+		return true
 	case result == "dead":
 		w.log.ErrorContext(ctx, "job is dead", "job", job.ID, "attempt", job.Attempt, "err", err)
 		outcome = "dead"
@@ -136,6 +156,7 @@ func (w *Worker) runJob(ctx context.Context, job *Job) {
 		w.log.InfoContext(ctx, "job failed; will retry", "job", job.ID, "attempt", job.Attempt, "err", err)
 		outcome = "retry"
 	}
+	return false
 }
 
 // call runs the handler, turning a panic into an error so that one bad job cannot kill the process and

@@ -35,8 +35,9 @@ type Job struct {
 	// job's first lease starts above every epoch of the jobs of its queue that completed or were purged, so an
 	// ID enqueued again never holds an epoch that its earlier job held (a worker may still be running that).
 	Epoch int64
-	// Runs counts the times the job was leased to a handler, this one included: 1 on its first run, 2 after
-	// a retry or a stall. Unlike Epoch, it starts from 1 for a new job under a reused ID, and a requeue of a
+	// Runs counts the times the job was leased, this one included: 1 on its first run, 2 after a retry or a
+	// stall. A lease handed back before its handler ran (one the replicas did not acknowledge in time, see
+	// Options.Replicas) counts too. Unlike Epoch, it starts from 1 for a new job under a reused ID, and a requeue of a
 	// dead job keeps counting. 0 for a job not yet run (and for jobs leased before runs were counted).
 	Runs int
 	// Attempt is the 1-based number of the attempt a handler is running: failed attempts so far plus one.

@@ -91,6 +91,7 @@ func TestLostLeaseCancelsExactlyThatRun(t *testing.T) {
 		"Only the stale run (epoch 1) is cancelled; epoch 2 completes; both hold a slot until they return")
 	q, _ := newQueue(t, nil)
 	log := newRunLog()
+	var outcomes sync.Map // "<id><epoch>" → what OnJobDone heard
 	releaseStale, releaseFresh := make(chan struct{}), make(chan struct{})
 	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
 		log.start(j)
@@ -110,7 +111,8 @@ func TestLostLeaseCancelsExactlyThatRun(t *testing.T) {
 			}
 		}
 		return nil
-	}), &WorkerConfig{Concurrency: 2, SweepInterval: 50 * time.Millisecond})
+	}), &WorkerConfig{Concurrency: 2, SweepInterval: 50 * time.Millisecond,
+		OnJobDone: func(j *Job, outcome string, _ time.Duration) { outcomes.Store(fmt.Sprint(j.ID, j.Epoch), outcome) }})
 	var staleOnce, freshOnce sync.Once
 	endStale := func() { staleOnce.Do(func() { close(releaseStale) }) }
 	endFresh := func() { freshOnce.Do(func() { close(releaseFresh) }) }
@@ -147,6 +149,14 @@ func TestLostLeaseCancelsExactlyThatRun(t *testing.T) {
 	}
 	endStale()
 	waitState(t, q, "third", StateCompleted, 10*time.Second)
+	// Metrics hear of the stale run as a lost lease, not as a close ("stopped"), whichever noticed first.
+	testenv.Eventually(t, 10*time.Second, "OnJobDone never heard of epoch 1", func() bool {
+		_, ok := outcomes.Load("job1")
+		return ok
+	})
+	if o, _ := outcomes.Load("job1"); o != "lease_lost" {
+		t.Errorf("OnJobDone heard of the stale run as %v, want lease_lost", o)
+	}
 	result("epoch 1 cancelled (lease lost), epoch 2 completed, third job waited for a slot")
 }
 

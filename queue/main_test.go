@@ -30,7 +30,8 @@ func TestMain(m *testing.M) {
 // workerProcess is a real worker process for crash tests. It prints "start <id> <epoch>" on stdout when a
 // handler starts and "done <id> <epoch>" when one returns, and runs until SIGTERM (a graceful close) or
 // SIGKILL. It talks to REDIS_URL, or to the Redis Cluster at WORKER_CLUSTER (comma-separated addresses).
-// WORKER_HANDLER says what handlers do: "block" waits for their context, "sleep" sleeps WORKER_SLEEP
+// WORKER_HANDLER says what handlers do: "block" waits for their context, "linger" waits for it and then takes
+// WORKER_SLEEP to return (setting returned:<queue>:<id> in Redis as it does), "sleep" sleeps WORKER_SLEEP
 // ignoring the context, "hog" spends WORKER_SLEEP in BLPOP calls on the caller's own Redis client (as a handler
 // that waits on a list would, holding a pooled connection each), "ok" returns at once. A job whose payload is
 // "fail" then fails, so that a test can see both outcomes recorded. WORKER_REPLICAS sets Options.Replicas.
@@ -65,6 +66,14 @@ func workerProcess() int {
 		switch mode {
 		case "block":
 			<-ctx.Done()
+			return context.Cause(ctx)
+		case "linger":
+			// Stops when told, after WORKER_SLEEP of cleanup, and says so in Redis as it returns.
+			<-ctx.Done()
+			time.Sleep(env("WORKER_SLEEP", time.Second))
+			if err := rdb.Set(context.Background(), "returned:"+q.name+":"+job.ID, job.Epoch, time.Hour).Err(); err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
 			return context.Cause(ctx)
 		case "sleep":
 			time.Sleep(env("WORKER_SLEEP", time.Second))

@@ -931,7 +931,7 @@ func TestInvalidInputIsRefused(t *testing.T) {
 	// A negative setting was read as "the default" without a word (an outside tester's finding).
 	for name, c := range map[string]WorkerConfig{"Concurrency": {Concurrency: -5},
 		"HeartbeatInterval": {HeartbeatInterval: -time.Second}, "DrainTimeout": {DrainTimeout: -time.Second},
-		"LeaseTTL": {LeaseTTL: -time.Second}} {
+		"StopGrace": {StopGrace: -time.Second}, "LeaseTTL": {LeaseTTL: -time.Second}} {
 		if _, err := NewWorker(q, HandlerFunc(func(context.Context, *Job) error { return nil }), &c); err == nil ||
 			!strings.Contains(err.Error(), name) {
 			t.Errorf("a negative %s: %v, want refused naming it", name, err)

@@ -22,6 +22,7 @@ const (
 	DefaultSweepInterval     = 100 * time.Millisecond
 	DefaultReconnectGrace    = 500 * time.Millisecond
 	DefaultDrainTimeout      = 10 * time.Second
+	DefaultStopGrace         = 5 * time.Second
 	DefaultIdleBlock         = time.Second
 )
 
@@ -58,6 +59,11 @@ type WorkerConfig struct {
 	// included, before it hands their jobs back. It bounds the close whether or not Redis answers: see Run.
 	// Defaults to DefaultDrainTimeout.
 	DrainTimeout time.Duration
+	// StopGrace is how long a graceful close, once DrainTimeout is up, waits for the handlers it then cancels
+	// to return before it hands their jobs back: a job is handed back only once its handler has returned, so
+	// that it never starts on another worker beside it, unless the handler ignores its context past StopGrace.
+	// Defaults to DefaultStopGrace.
+	StopGrace time.Duration
 	// IdleBlock bounds one blocking wait for new jobs, and so how long Run takes to notice its context ended
 	// while idle. Defaults to DefaultIdleBlock.
 	IdleBlock time.Duration
@@ -67,7 +73,9 @@ type WorkerConfig struct {
 	// Logger defaults to the queue's logger.
 	Logger *slog.Logger
 	// OnJobDone, when set, is called after each handler run with the job, what came of it ("completed",
-	// "retry", "dead", "lease_lost", "stopped", "error") and how long the handler took: a hook for metrics.
+	// "retry", "dead", "lease_lost": the lease was lost before its outcome was recorded, "stopped": a graceful
+	// close cancelled it and handed it back, "error": its outcome could not be recorded before the close) and
+	// how long the handler took: a hook for metrics.
 	// A leased job whose record cannot be decoded is sent to dead without a run: it is called for it too,
 	// with "dead", what could be read of the job, and 0.
 	OnJobDone func(job *Job, outcome string, took time.Duration)
@@ -95,6 +103,7 @@ func (c *WorkerConfig) WithDefaults() WorkerConfig {
 	def(&o.SweepInterval, DefaultSweepInterval)
 	def(&o.ReconnectGrace, DefaultReconnectGrace)
 	def(&o.DrainTimeout, DefaultDrainTimeout)
+	def(&o.StopGrace, DefaultStopGrace)
 	def(&o.IdleBlock, DefaultIdleBlock)
 	if o.RetryBase <= 0 || o.RetryMax <= 0 {
 		p := backoff.Policy{Base: o.RetryBase, Max: o.RetryMax}.WithDefaults()
@@ -110,6 +119,9 @@ func (c WorkerConfig) validate() error {
 	}
 	if c.DrainTimeout < 0 {
 		return fmt.Errorf("queue: DrainTimeout %v is negative (0 is the default, %v)", c.DrainTimeout, DefaultDrainTimeout)
+	}
+	if c.StopGrace < 0 {
+		return fmt.Errorf("queue: StopGrace %v is negative (0 is the default, %v)", c.StopGrace, DefaultStopGrace)
 	}
 	const floor = 10 * time.Millisecond
 	for _, d := range []struct {
@@ -172,6 +184,10 @@ type Worker struct {
 
 	completions chan completion
 	handlers    sync.WaitGroup
+	// calls counts the handlers running (from the lease to the handler's return, its outcome's recording
+	// left out): a close hands a job back only once its handler is out. closing is set as the close begins.
+	calls   sync.WaitGroup
+	closing atomic.Bool
 	// records carries the calls that record runs' outcomes (complete, fail). It ends when a graceful close's
 	// drain time is up, so that a close never waits on a Redis that does not answer: the outcomes not
 	// recorded by then are the jobs handed back, or found again by the sweeper. Set by Run.
@@ -211,13 +227,16 @@ func NewWorker(q *Queue, h Handler, cfg *WorkerConfig) (*Worker, error) {
 func (w *Worker) ID() string { return w.id }
 
 // Run leases and runs jobs until ctx ends, then closes gracefully: it stops leasing, waits up to DrainTimeout
-// for running handlers and the recording of their outcomes, hands the jobs still running back to ready at
-// once, cancels their handlers and waits for them to return. A worker runs once.
+// for running handlers and the recording of their outcomes, then cancels the handlers still running, waits up
+// to StopGrace for them to return, and hands their jobs back to ready. A job is handed back only once its
+// handler has returned, so that it does not start on another worker beside it; a handler that ignores its
+// context past StopGrace has its job handed back while it runs (the epoch then tells the two runs apart). A
+// worker runs once.
 //
-// Run returns at most DrainTimeout plus 5 s (the hand back) after ctx ends, whether Redis answers or not,
-// provided handlers return once their context is cancelled. One exception: a lease call or a wait for jobs
-// that was out when ctx ended is waited for, which takes up to 10 s, or IdleBlock + 2 s, when Redis does not
-// answer; a DrainTimeout at least that long hides it.
+// Run returns at most DrainTimeout plus StopGrace plus 5 s (the hand back) after ctx ends, whether Redis answers
+// or not, provided handlers return once their context is cancelled. One exception: a lease call or a wait for
+// jobs that was out when ctx ended is waited for, which takes up to 10 s, or IdleBlock + 2 s, when Redis does
+// not answer; a DrainTimeout at least that long hides it.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
 		return errors.New("queue: worker already started")
@@ -269,6 +288,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		w.fetchLoop(ctx, handlerCtx)
 	}()
 	<-ctx.Done()
+	w.closing.Store(true)
 	drainBy := time.Now().Add(w.cfg.DrainTimeout)
 	drainOver := time.AfterFunc(w.cfg.DrainTimeout, func() { stopRecords(errDrainTimeout) })
 	defer drainOver.Stop()
@@ -286,11 +306,23 @@ func (w *Worker) Run(ctx context.Context) error {
 	select {
 	case <-drained:
 	case <-time.After(time.Until(drainBy)):
-		w.log.Warn("drain timeout: handing unfinished jobs back", "jobs", len(w.livePairs())/2)
+		// Cancelled first and handed back once out: handed back first, a job started on another worker while
+		// its handler here still wound down. A handler stopped by the close records nothing (runJob), and its
+		// job stays among the runs to hand back. Heartbeats go on meanwhile, so the leases hold.
+		w.log.Warn("drain timeout: cancelling the handlers still running, then handing their jobs back",
+			"jobs", len(w.livePairs())/2, "stop_grace", w.cfg.StopGrace)
+		cancelHandlers(errWorkerClosed)
+		called := make(chan struct{})
+		go func() { w.calls.Wait(); close(called) }()
+		select {
+		case <-called:
+		case <-time.After(w.cfg.StopGrace):
+			w.log.Error("handlers still running StopGrace after they were cancelled: their jobs are handed back "+
+				"while they run, and may start elsewhere beside them", "stop_grace", w.cfg.StopGrace)
+		}
 	}
 	// No more heartbeats, then hand back and leave the registry: the liveness connection that closes next is
-	// then not taken for a crash. Handing back before cancelling means a handler that stops early finds its
-	// lease gone and records nothing.
+	// then not taken for a crash.
 	// Closing the connection ends a heartbeat stuck on an unreachable Redis; the registration it leaves is
 	// removed by the release below, long before the reconnect grace could make a sweeper act on it.
 	stopLiveness()
@@ -304,8 +336,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	} else if n > 0 {
 		w.log.Info("handed unfinished jobs back to ready", "jobs", n)
 	}
-	cancelHandlers(errors.New("queue: worker closed"))
-	stopRecords(errors.New("queue: worker closed"))
+	cancelHandlers(errWorkerClosed)
+	stopRecords(errWorkerClosed)
 	// A record still waiting on a Redis that does not answer ends here: closing the client breaks the calls
 	// out on its connections, which a cancelled context does not.
 	_ = w.rdb.Close()
@@ -354,6 +386,9 @@ func (w *Worker) jobReadTimeout() time.Duration { return w.cfg.IdleBlock + 5*tim
 
 // errDrainTimeout ends the recording of outcomes when a graceful close's drain time is up.
 var errDrainTimeout = errors.New("queue: drain timeout")
+
+// errWorkerClosed cancels the handlers still running when a graceful close's drain time is up.
+var errWorkerClosed = errors.New("queue: worker closed")
 
 // jitter returns a random duration in [0, d).
 func jitter(d time.Duration) time.Duration { return time.Duration(rand.Int64N(int64(max(d, 1)))) }

@@ -72,6 +72,8 @@ func run(args []string) error {
 		"Redis set of queue names that the operator's tools list (ONCEGATE_QUEUE_REGISTRY, as for the oncegate CLI)")
 	concurrency := fs.Int("concurrency", 10, "jobs run at once")
 	drain := fs.Duration("drain", queue.DefaultDrainTimeout, "graceful close: how long running jobs may finish")
+	stopGrace := fs.Duration("stop-grace", queue.DefaultStopGrace,
+		"graceful close: how long the jobs still running after --drain have to stop, once cancelled, before they are handed back")
 	work := fs.Duration("work", 0, "time each job spends after its effects (the rest of its work)")
 	wait := fs.Duration("wait", 0, "ask the gateway to answer once each effect is terminal, up to this long")
 	emailType := fs.String("email-type", "welcome-email", "effect type of signup jobs' email")
@@ -124,7 +126,7 @@ func run(args []string) error {
 	reg.MustRegister(queuemetrics.QueueCollector{Queue: q}, collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	onDone, onSweep := m.Hooks(*queueName)
-	w, err := queue.NewWorker(q, h, &queue.WorkerConfig{Concurrency: *concurrency, DrainTimeout: *drain, Logger: log,
+	w, err := queue.NewWorker(q, h, &queue.WorkerConfig{Concurrency: *concurrency, DrainTimeout: *drain, StopGrace: *stopGrace, Logger: log,
 		OnJobDone: onDone, OnSweep: onSweep})
 	if err != nil {
 		return err

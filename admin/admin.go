@@ -250,14 +250,23 @@ func (s *Service) needDB() error {
 }
 
 // needDBUp is for a change made in Redis and audited in Postgres after it: the database must answer first,
-// so that a change is not made with no audit entry to show for it (a database that fails between the ping
-// and the entry is the window left, milliseconds wide).
+// and hold an audit log this role may write, so that a change is not made with no audit entry to show for it
+// (a database that fails between the check and the entry is the window left, milliseconds wide). A database
+// the gateway never migrated let `dead requeue` change Redis, then fail for want of oncegate_audit.
 func (s *Service) needDBUp(ctx context.Context) error {
 	if err := s.needDB(); err != nil {
 		return err
 	}
-	if err := s.db.Ping(ctx); err != nil {
+	var writable *bool
+	err := s.db.QueryRow(ctx, `SELECT has_table_privilege(to_regclass('oncegate_audit'), 'INSERT')`).Scan(&writable)
+	switch {
+	case err != nil:
 		return dbError("reach the database for the audit log, before changing anything", err)
+	case writable == nil:
+		return unavailable("the database has no audit log (oncegate_audit): it is not one a gateway has " +
+			"migrated (`gateway migrate`); nothing was changed")
+	case !*writable:
+		return unavailable("this database role may not write the audit log (oncegate_audit); nothing was changed")
 	}
 	return nil
 }

@@ -77,4 +77,19 @@ func TestARedisChangeNeedsTheAuditLogFirst(t *testing.T) {
 	if _, err := svc.RequeueDead(ctx, alice, q.Name(), []string{"j"}, "db down"); !errors.Is(err, admin.ErrUnavailable) {
 		t.Fatalf("requeue with the database down: %v", err)
 	}
+
+	// A database that answers but has no audit log (one no gateway migrated): an outside tester's `dead
+	// requeue` changed Redis there, then failed for want of the table.
+	_, bare := newService(t)
+	if _, err := bare.Exec(ctx, "DROP TABLE oncegate_audit"); err != nil {
+		t.Fatal(err)
+	}
+	svc = admin.New(admin.Config{DB: bare, Redis: rdb, QueueRegistry: reg})
+	if err := svc.ResumeQueue(ctx, alice, q.Name(), "no audit log"); !errors.Is(err, admin.ErrUnavailable) ||
+		!strings.Contains(err.Error(), "gateway migrate") {
+		t.Fatalf("resume with no audit log: %v", err)
+	}
+	if paused, _, err := q.Paused(ctx); err != nil || !paused {
+		t.Fatalf("the queue was resumed with no audit log: paused %v, %v", paused, err)
+	}
 }

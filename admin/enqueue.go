@@ -83,11 +83,11 @@ func checkNewJob(nj NewJob) error {
 	if strings.TrimSpace(nj.Kind) == "" {
 		return &InvalidError{Field: "kind", Reason: "required: the handler's kind, as the worker registers it"}
 	}
-	if err := checkTexts("kind", nj.Kind, "ID", nj.ID); err != nil {
+	if err := checkTexts("kind", nj.Kind, "id", nj.ID); err != nil {
 		return err
 	}
 	if len(nj.ID) > 512 {
-		return &InvalidError{Field: "ID", Reason: fmt.Sprintf("%d bytes, at most 512", len(nj.ID))}
+		return &InvalidError{Field: "id", Reason: fmt.Sprintf("%d bytes, at most 512", len(nj.ID))}
 	}
 	switch {
 	case len(nj.Payload) == 0:

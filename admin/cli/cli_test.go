@@ -222,6 +222,10 @@ func TestJobEnqueuePrintsTheID(t *testing.T) {
 		"--max-attempts", "-3", "--reason", "r"); code != cli.ExitUsage || !strings.Contains(errOut, "--max-attempts: negative") {
 		t.Fatalf("a negative --max-attempts: exit %d, %s", code, errOut)
 	}
+	if _, errOut, code = runIn("", "job", "enqueue", q.Name(), "--kind", "signup", "--payload", "{}",
+		"--id", strings.Repeat("x", 600), "--reason", "r"); code != cli.ExitUsage || !strings.Contains(errOut, "--id: 600 bytes, at most 512") {
+		t.Fatalf("a 600-byte --id: exit %d, %s", code, errOut)
+	}
 }
 
 // Issue 31: `destination ls` shows each destination's fleet-wide limit, its rows waiting and its pause.

@@ -245,6 +245,17 @@ func TestListFiltersAndPages(t *testing.T) {
 			t.Errorf("%s: %d %s", bad, r.status, r.raw)
 		}
 	}
+	// A query the gateway cannot read whole is refused, not read in part: a mangled cursor was read as none
+	// (the listing started again from its first page), and of a parameter sent twice the first counted.
+	for bad, field := range map[string]string{"limit=1&cursor=%%%": "query", "limit=1&limit=abc": "limit",
+		"cursor=x&cursor=y": "cursor", "type=a;status=dead": "query"} {
+		if r := h.req("GET", "/v1/effects?"+bad, acmeKey, ""); r.status != http.StatusBadRequest || r.body["field"] != field {
+			t.Errorf("%s: %d %s, want 400 naming %s", bad, r.status, r.raw, field)
+		}
+	}
+	if r := h.req("GET", "/v1/effects/e1?wait=1s&wait=2s", acmeKey, ""); r.status != http.StatusBadRequest || r.body["field"] != "wait" {
+		t.Errorf("wait sent twice: %d %s", r.status, r.raw)
+	}
 }
 
 // A job's effects are fenced by its lease epoch: once a request came with epoch 2, epoch 1 starts nothing.

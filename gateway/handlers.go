@@ -38,10 +38,14 @@ type createRequest struct {
 func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	tenant := tenantOf(r)
 	// application/json alone, as openapi.yaml lists it (parameters such as charset=utf-8 are fine): a +json
-	// type is JSON that means something else (merge-patch+json is a patch), which this API does not take.
-	mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	// type is JSON that means something else (merge-patch+json is a patch), which this API does not take. JSON
+	// is UTF-8 (RFC 8259 §8.1): a body said to be in another charset is refused as sent, not read as UTF-8.
+	mt, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil || mt != "application/json" {
 		return refuse(probUnsupportedMedia, "", "send the request body as Content-Type: application/json")
+	}
+	if cs, ok := params["charset"]; ok && !strings.EqualFold(cs, "utf-8") {
+		return refuse(probUnsupportedMedia, "", fmt.Sprintf("the body is said to be in charset %q: send JSON in UTF-8", cs))
 	}
 	if len(r.Header.Values("Idempotency-Key")) > 1 {
 		// Which one would count is a guess a proxy and the gateway could make differently: refuse both.
@@ -335,12 +339,33 @@ func pathKey(r *http.Request) (string, error) {
 // effectPath is the effect's API path: effect.Path, shared with the Go client.
 func effectPath(key string) string { return effect.Path(key) }
 
+// query reads a request's query string, refusing what URL.Query would pass over in silence: a pair that is
+// not validly percent-encoded (a mangled cursor read as none started the listing again from its first page)
+// and a parameter of the handler's sent more than once (which one would count?), as a duplicate header or
+// JSON member is refused. Other parameters are left alone.
+func query(r *http.Request, names ...string) (url.Values, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, invalid("query", fmt.Sprintf("the query string is not validly percent-encoded: %v", err))
+	}
+	for _, name := range names {
+		if len(q[name]) > 1 {
+			return nil, invalid(name, fmt.Sprintf("%s is sent %d times; send it once", name, len(q[name])))
+		}
+	}
+	return q, nil
+}
+
 func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) error {
 	key, err := pathKey(r)
 	if err != nil {
 		return invalid("key", "the key in the path is not validly escaped")
 	}
-	wait, err := parseWait(r.URL.Query().Get("wait"))
+	q, err := query(r, "wait")
+	if err != nil {
+		return err
+	}
+	wait, err := parseWait(q.Get("wait"))
 	if err != nil {
 		return invalid("wait", err.Error())
 	}
@@ -372,7 +397,10 @@ type listResponse struct {
 }
 
 func (g *Gateway) listEffects(w http.ResponseWriter, r *http.Request) error {
-	q := r.URL.Query()
+	q, err := query(r, "status", "type", "cursor", "limit")
+	if err != nil {
+		return err
+	}
 	f := dedup.Filter{Status: effect.Status(q.Get("status")), Type: q.Get("type"), Cursor: q.Get("cursor"),
 		Limit: g.cfg.Limits.PageSize}
 	if f.Status != "" && !f.Status.Valid() {

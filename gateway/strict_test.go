@@ -5,13 +5,16 @@ import (
 	"testing"
 )
 
-// The request body is application/json, as openapi.yaml lists it, with parameters or without: another JSON
-// media type (merge-patch, say) means something else, and is a 415 that records nothing.
+// The request body is application/json, as openapi.yaml lists it, with parameters or without (a charset only
+// if it is UTF-8): another JSON media type (merge-patch, say) means something else, and is a 415 that records
+// nothing.
 func TestOnlyApplicationJSONIsAccepted(t *testing.T) {
 	t.Parallel()
 	h := startGateway(t, nil)
 	for _, ct := range []string{"application/merge-patch+json", "application/problem+json", "application/vnd.api+json",
-		"text/json", "application/jsonx", "application/json-patch+json", ""} {
+		"text/json", "application/jsonx", "application/json-patch+json", "",
+		// JSON is UTF-8 (RFC 8259 §8.1): a body said to be in another charset is not JSON as sent.
+		"application/json; charset=latin1", "application/json; charset=utf-16"} {
 		r := h.req("POST", "/v1/effects", acmeKey, analytics("ct"), "Idempotency-Key: ct-refused", "Content-Type: "+ct)
 		if r.status != http.StatusUnsupportedMediaType || r.body["type"] != "/problems/unsupported-media-type" {
 			t.Errorf("Content-Type %q: %d %s", ct, r.status, r.raw)

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +29,24 @@ var insertBatchSQL string
 
 //go:embed check.sql
 var checkSQL string
+
+//go:embed columns.sql
+var columnsSQL string
+
+// columnTypes are the types each column the insert names may have (format_type's spelling): what holds the
+// value whole. occurred_at as a timestamp without time zone, or a date, would keep less than was sent.
+var columnTypes = map[string][]string{
+	"id":          {"bigint", "integer"},
+	"tenant":      {"text", "character varying"},
+	"key":         {"text", "character varying"},
+	"name":        {"text", "character varying"},
+	"properties":  {"jsonb", "json"},
+	"occurred_at": {"timestamp with time zone"},
+	"effect_id":   {"text", "character varying"},
+}
+
+// columnOrder is the order in which a problem with the columns is told.
+var columnOrder = []string{"id", "tenant", "key", "name", "properties", "occurred_at", "effect_id"}
 
 // DefaultTable is the table a migration creates.
 const DefaultTable = "analytics_events"
@@ -78,7 +97,7 @@ func New(c Config) (*Provider, error) {
 type Payload struct {
 	Name       string          `json:"name"`
 	Properties json.RawMessage `json:"properties,omitempty"`
-	OccurredAt string          `json:"occurred_at,omitempty"` // RFC 3339; defaults to the time of insert
+	OccurredAt string          `json:"occurred_at,omitempty"` // RFC 3339; defaults to when the effect was requested
 	occurred   *time.Time
 }
 
@@ -98,7 +117,8 @@ func parse(raw json.RawMessage) (Payload, error) {
 	}
 	if p.OccurredAt != "" {
 		t, err := time.Parse(time.RFC3339Nano, p.OccurredAt)
-		if err != nil {
+		// Go reads offsets RFC 3339 does not have (+24:00 and beyond: hours are 00 to 23).
+		if _, offset := t.Zone(); err != nil || offset <= -24*3600 || offset >= 24*3600 {
 			return p, providers.Invalid("occurred_at", "%q is not an RFC 3339 time", p.OccurredAt)
 		}
 		p.occurred = &t
@@ -131,6 +151,54 @@ func (p *Provider) Check(ctx context.Context, db providers.Querier) error {
 		return fmt.Errorf("postgres: table %s has no unique index on effect_id alone: add the column and "+
 			"`ALTER TABLE %s ADD UNIQUE (effect_id)` (see migrations/00005_stable_id_per_effect.sql)", p.table, p.quoted)
 	}
+	return p.checkColumns(ctx, db)
+}
+
+// checkColumns reports the columns of the table that cannot take what the insert writes: every one it names,
+// of a type that holds the value whole (id, which it reads back, filled by a default), and no other column
+// that must be given a value.
+func (p *Provider) checkColumns(ctx context.Context, db providers.Querier) error {
+	var described []struct {
+		Name      string `json:"name"`
+		Type      string `json:"type"`
+		NotNull   bool   `json:"not_null"`
+		Defaulted bool   `json:"defaulted"`
+	}
+	if err := db.QueryRow(ctx, columnsSQL, p.quoted).Scan(&described); err != nil {
+		return fmt.Errorf("postgres: table %s: %w: %w", p.table, providers.ErrCannotCheck, err)
+	}
+	type column struct {
+		typ       string
+		defaulted bool
+	}
+	cols := map[string]column{}
+	var extra []string // columns the insert does not name that it would have to
+	for _, d := range described {
+		cols[d.Name] = column{typ: d.Type, defaulted: d.Defaulted}
+		if _, named := columnTypes[d.Name]; !named && d.NotNull && !d.Defaulted {
+			extra = append(extra, d.Name)
+		}
+	}
+	var problems []string
+	for _, want := range columnOrder {
+		c, ok := cols[want]
+		types := columnTypes[want]
+		switch {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("no column %s (%s)", want, types[0]))
+		case !slices.Contains(types, c.typ):
+			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", want, c.typ, strings.Join(types, " or ")))
+		case want == "id" && !c.defaulted:
+			problems = append(problems, "column id has no default: the insert leaves it out and reads it back (make it bigserial or an identity)")
+		}
+	}
+	for _, col := range extra {
+		problems = append(problems, fmt.Sprintf("column %s is NOT NULL without a default, and the insert gives it no value", col))
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("postgres: table %s cannot take events: %s (docs/configuration.md has the table's shape)",
+			p.table, strings.Join(problems, "; "))
+	}
 	return nil
 }
 
@@ -150,7 +218,7 @@ func (p *Provider) DeliverTx(ctx context.Context, tx pgx.Tx, d providers.Deliver
 		props = ev.Properties
 	}
 	var id int64
-	if err := tx.QueryRow(ctx, p.query, d.Tenant, d.Key, ev.Name, props, ev.occurred, d.StableID).Scan(&id); err != nil {
+	if err := tx.QueryRow(ctx, p.query, d.Tenant, d.Key, ev.Name, props, occurredAt(ev, d), d.StableID).Scan(&id); err != nil {
 		var pgErr *pgconn.PgError
 		// Class 22 (data exception) will fail the same way every time; anything else (connection, a missing
 		// table an operator can create) may pass on a later attempt.
@@ -160,6 +228,18 @@ func (p *Provider) DeliverTx(ctx context.Context, tx pgx.Tx, d providers.Deliver
 		return providers.Retry(fmt.Errorf("insert event: %w", err))
 	}
 	return delivered(id)
+}
+
+// occurredAt is the event's time: the payload's occurred_at, else when the effect was requested, the same on
+// every attempt (the time of the insert, a retry's hours later, said when the delivery went, not the event).
+func occurredAt(ev Payload, d providers.Delivery) *time.Time {
+	switch {
+	case ev.occurred != nil:
+		return ev.occurred
+	case !d.CreatedAt.IsZero():
+		return &d.CreatedAt
+	}
+	return nil
 }
 
 func delivered(id int64) providers.Outcome {
@@ -191,8 +271,8 @@ func (p *Provider) DeliverTxBatch(ctx context.Context, tx pgx.Tx, ds []providers
 			s := string(ev.Properties)
 			pr = &s
 		}
-		if ev.occurred != nil {
-			s := ev.occurred.Format(time.RFC3339Nano)
+		if at := occurredAt(ev, d); at != nil {
+			s := at.Format(time.RFC3339Nano)
 			oc = &s
 		}
 		props, occurred = append(props, pr), append(occurred, oc)

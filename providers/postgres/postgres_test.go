@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -163,14 +164,28 @@ func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
 			occurred_at timestamptz, recorded_at timestamptz DEFAULT now(), effect_id text);
 		CREATE UNIQUE INDEX ON old.partial (effect_id, tenant);
 		CREATE TABLE old.good (id bigserial PRIMARY KEY, tenant text, key text, name text, properties jsonb,
-			occurred_at timestamptz, recorded_at timestamptz DEFAULT now(), effect_id text UNIQUE)`); err != nil {
+			occurred_at timestamptz, recorded_at timestamptz DEFAULT now(), effect_id text UNIQUE);
+		CREATE TABLE old.identity (id bigint GENERATED ALWAYS AS IDENTITY, tenant varchar, key text, name text,
+			properties json, occurred_at timestamptz, effect_id text UNIQUE, note text);
+		-- The table an outside tester made from the docs' list of columns: no id, a date, text properties.
+		CREATE TABLE old.shaped (tenant text, key text, name text, properties text, occurred_at date,
+			effect_id text UNIQUE);
+		CREATE TABLE old.noid (id bigint, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamp, effect_id varchar(20) UNIQUE, source text NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
 	for table, want := range map[string]string{
-		"":              "",
-		"old.good":      "",
-		"old.events":    "no unique index on effect_id",
-		"old.partial":   "no unique index on effect_id",
+		"":             "",
+		"old.good":     "",
+		"old.identity": "",
+		"old.events":   "no unique index on effect_id",
+		"old.partial":  "no unique index on effect_id",
+		"old.shaped": "no column id (bigint); column properties is text, want jsonb or json; " +
+			"column occurred_at is date, want timestamp with time zone",
+		"old.noid": "column id has no default: the insert leaves it out and reads it back (make it bigserial or an identity); " +
+			"column occurred_at is timestamp without time zone, want timestamp with time zone; " +
+			"column effect_id is character varying(20), want text or character varying; " +
+			"column source is NOT NULL without a default, and the insert gives it no value",
 		"old.missing":   "does not exist",
 		"no_such_table": "does not exist",
 	} {
@@ -181,6 +196,45 @@ func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
 		err = p.Check(ctx, pool)
 		if want == "" && err != nil || want != "" && (err == nil || !strings.Contains(err.Error(), want)) {
 			t.Errorf("table %q: Check = %v, want %q", table, err, want)
+		}
+	}
+}
+
+// An event without occurred_at happened when its effect was requested, not when a delivery (a retry's,
+// hours later) inserted it: alone and in a batch. An offset RFC 3339 does not have is refused.
+func TestAnEventWithoutATimeHappenedWhenItsEffectWasRequested(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.Pool(t, pgtest.Database(t))
+	ctx := context.Background()
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	requested := time.Date(2026, 11, 29, 8, 30, 0, 123456000, time.UTC)
+	del := func(key string) providers.Delivery {
+		return providers.Delivery{Tenant: "acme", Key: key, Type: "clicks", StableID: effect.NewStableID("acme", key),
+			Payload: json.RawMessage(`{"name":"click"}`), CreatedAt: requested}
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := p.DeliverTx(ctx, tx, del("alone")); o.Kind != providers.KindDelivered {
+		t.Fatalf("alone: %v", o)
+	}
+	if outs, err := p.DeliverTxBatch(ctx, tx, []providers.Delivery{del("b1"), del("b2")}); err != nil ||
+		outs[0].Kind != providers.KindDelivered || outs[1].Kind != providers.KindDelivered {
+		t.Fatalf("batch: %v %v", outs, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := pgtest.Count(t, pool, `SELECT count(*) FROM analytics_events WHERE occurred_at = $1`, requested); n != 3 {
+		t.Fatalf("%d of 3 events happened when their effects were requested", n)
+	}
+	for _, at := range []string{"2026-01-01T00:00:00+24:00", "2026-01-01T00:00:00-24:00", "2026-01-01T00:00:00+99:00"} {
+		if err := p.Validate(json.RawMessage(`{"name":"a","occurred_at":"` + at + `"}`)); err == nil {
+			t.Errorf("occurred_at %s was taken", at)
 		}
 	}
 }

@@ -13,7 +13,7 @@ import (
 func TestCreateEffectStatusCodes(t *testing.T) {
 	t.Parallel()
 	result := reliability.Record(t, "Hostile input", "Every bad request of the API table (keys, JSON, types, payloads, \\\\u0000, sizes, content types, API keys)", "Problem+json with the right status and field; nothing recorded")
-	result("19 bad requests refused, 0 recorded")
+	result("20 bad requests refused, 0 recorded")
 	h := startGateway(t, func(c *Config) { c.Limits.MaxBody = 1024 })
 
 	r := h.post("signup:1", analytics("signup"))
@@ -74,6 +74,7 @@ func TestCreateEffectStatusCodes(t *testing.T) {
 		{"key with a space", `"a b"`, analytics("a"), acmeKey, "", 400, "invalid-request", "Idempotency-Key"},
 		{"key too long", strings.Repeat("k", 256), analytics("a"), acmeKey, "", 400, "invalid-request", "Idempotency-Key"},
 		{"malformed JSON", "k1", `{"type":`, acmeKey, "", 400, "invalid-request", ""},
+		{"a body that is not an object", "k1", `[1]`, acmeKey, "", 400, "invalid-request", ""},
 		{"unknown field", "k1", `{"type":"analytics","payload":{"name":"a"},"extra":1}`, acmeKey, "", 400, "invalid-request", "extra"},
 		{"no type", "k1", `{"payload":{"name":"a"}}`, acmeKey, "", 400, "invalid-request", "type"},
 		{"unknown type", "k1", `{"type":"fax","payload":{"name":"a"}}`, acmeKey, "", 400, "invalid-request", "type"},
@@ -104,6 +105,9 @@ func TestCreateEffectStatusCodes(t *testing.T) {
 		}
 		if c.field != "" && r.body["field"] != c.field {
 			t.Errorf("%s: field %v, want %s (%s)", c.name, r.body["field"], c.field, r.raw)
+		}
+		if d, _ := r.body["detail"].(string); strings.HasPrefix(d, " ") || d == "" {
+			t.Errorf("%s: detail %q says nothing of what is wrong", c.name, d)
 		}
 		if c.status == 401 && !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
 			t.Errorf("%s: WWW-Authenticate %q", c.name, r.header.Get("WWW-Authenticate"))

@@ -201,6 +201,8 @@ func decodeCreate(body []byte) (createRequest, string, error) {
 		switch {
 		case errors.As(err, &syn):
 			return req, "", fmt.Errorf("the body is not valid JSON: %v (at byte %d)", err, syn.Offset)
+		case errors.As(err, &typ) && typ.Field == "":
+			return req, "", fmt.Errorf("the body is a JSON %v, not an object with type and payload", typ.Value)
 		case errors.As(err, &typ):
 			return req, typ.Field, fmt.Errorf("%s has the wrong type: %v", typ.Field, typ.Value)
 		case strings.HasPrefix(err.Error(), "json: unknown field "):

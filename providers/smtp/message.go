@@ -83,6 +83,12 @@ type parsed struct {
 	extra    string   // the payload's headers, folded, sorted by name
 }
 
+// envelopeKey is a mailbox as RCPT compares it: the domain in lower case.
+func envelopeKey(mailbox string) string {
+	at := strings.LastIndexByte(mailbox, '@')
+	return mailbox[:at+1] + strings.ToLower(mailbox[at+1:])
+}
+
 func parse(raw json.RawMessage) (parsed, error) {
 	var p parsed
 	if err := providers.DecodeStrict(raw, &p.Payload); err != nil {
@@ -95,6 +101,9 @@ func parse(raw json.RawMessage) (parsed, error) {
 		return p, providers.Invalid("to", "%d recipients, at most 100", n)
 	}
 	var head strings.Builder
+	// A mailbox named twice (in to and cc, say) is one RCPT: a relay delivers each RCPT, so two were two
+	// copies. Domains compare without case (RFC 5321 §2.4); a local part is the receiver's to read, as sent.
+	enveloped := map[string]bool{}
 	for _, l := range []struct {
 		field, header string
 		in            []string
@@ -106,7 +115,10 @@ func parse(raw json.RawMessage) (parsed, error) {
 				return p, providers.Invalid(fmt.Sprintf("%s[%d]", l.field, i), "%q %s", s, err)
 			}
 			as[i] = a
-			p.rcpts = append(p.rcpts, a.mailbox)
+			if k := envelopeKey(a.mailbox); !enveloped[k] {
+				enveloped[k] = true
+				p.rcpts = append(p.rcpts, a.mailbox)
+			}
 		}
 		if l.header == "" || len(as) == 0 {
 			continue

@@ -121,6 +121,27 @@ func TestMessageAsReceived(t *testing.T) {
 	}
 }
 
+// A mailbox named twice, in to and cc or in another case of its domain, is one RCPT: a relay delivers a
+// copy for each (an outside tester's to: ["a@x.test","A@x.test","a@x.test"] went out as three). The headers
+// keep what was asked.
+func TestAMailboxNamedTwiceIsOneRecipient(t *testing.T) {
+	t.Parallel()
+	srv := smtptest.Start(t)
+	p := newProvider(t, srv, "")
+	d := delivery("twice", `{"to":["a@x.test","A@x.test","a@x.test"],"cc":["Ann <a@X.Test>"],"bcc":["b@x.test","b@x.test"],
+		"subject":"s","text":"t"}`)
+	if o := p.Deliver(context.Background(), d); o.Kind != providers.KindDelivered || !strings.Contains(string(o.Result), `"recipients":3`) {
+		t.Fatalf("%v %v %s", o.Kind, o.Err, o.Result)
+	}
+	m := srv.Messages()[0]
+	if strings.Join(m.To, ",") != "a@x.test,A@x.test,b@x.test" {
+		t.Fatalf("envelope to %v", m.To)
+	}
+	if to, _ := m.Header.AddressList("To"); len(to) != 3 {
+		t.Fatalf("To %v", m.Header.Get("To"))
+	}
+}
+
 // An address the server refuses fails the effect for good.
 func TestRefusedRecipientFails(t *testing.T) {
 	t.Parallel()

@@ -115,6 +115,7 @@ func (g *Gateway) proxy(w http.ResponseWriter, r *http.Request) error {
 		if errors.As(err, &fe) {
 			// payload.headers.X is the request's header X, payload.path its path: say it the client's way.
 			field = strings.TrimPrefix(strings.TrimPrefix(fe.Field, "payload."), "headers.")
+			detail = field + ": " + fe.Msg
 		}
 		return invalid(field, detail)
 	}

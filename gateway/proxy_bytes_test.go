@@ -199,5 +199,9 @@ func TestProxyDropsWhatAProxyInFrontAdds(t *testing.T) {
 		if field, _ := r.body["field"].(string); r.status != 400 || !strings.EqualFold(field, name) {
 			t.Errorf("%s: %d %s, want a 400 naming it", name, r.status, r.raw)
 		}
+		// A proxied request has no payload: the detail names the header as the client sent it.
+		if d, _ := r.body["detail"].(string); strings.Contains(d, "payload") {
+			t.Errorf("%s: detail %q", name, d)
+		}
 	}
 }

@@ -209,6 +209,16 @@ func TestJobEnqueuePrintsTheID(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "duplicate") {
 		t.Fatalf("an ID in use: exit %d, %q", code, out)
 	}
+	// An ID with a newline or a tab is shown with its escapes, as it is enqueued and in the listing: a space
+	// (as the tables showed them) names another job, and a raw newline splits the line.
+	out, errOut, code = runIn("", "job", "enqueue", q.Name(), "--kind", "signup", "--id", "bad\nid\tx", "--payload", "{}",
+		"--reason", "r")
+	if code != 0 || out != `bad\nid\tx`+"\n" {
+		t.Fatalf("an ID with a newline: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+	if out, _, code = runIn("", "job", "ls", q.Name(), "--state", "ready"); code != 0 || !strings.Contains(out, `bad\nid\tx `) {
+		t.Fatalf("job ls shows the ID as %q", out)
+	}
 	if _, errOut, code = runIn("", "job", "enqueue", q.Name()+"x", "--kind", "signup", "--payload", "{}",
 		"--reason", "r"); code != cli.ExitNotFound {
 		t.Fatalf("a queue nothing knows: exit %d, %s", code, errOut)

@@ -122,6 +122,16 @@ func obeyed(r rune) bool {
 	return r != '\n' && r != '\t' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Bidi_Control)
 }
 
+// inline is Printable for a value printed within a line or a table's cell: a tab, a newline or a carriage
+// return in it is shown as its escape too, rather than as a space (a job ID "a\nb" was shown as "a b", which
+// names no job) or raw (splitting the line).
+func inline(s string) string {
+	if strings.ContainsAny(s, "\t\n") {
+		s = strings.NewReplacer("\t", `\t`, "\n", `\n`).Replace(s)
+	}
+	return Printable(s)
+}
+
 // printableWriter passes what the tables print through printable: cells are escaped already (so that their
 // columns line up), and this holds for every other line a command prints, whatever it interpolates.
 type printableWriter struct{ w io.Writer }
@@ -149,7 +159,7 @@ func cell(v any) string {
 		if x == "" {
 			return "-"
 		}
-		return Printable(strings.ReplaceAll(strings.ReplaceAll(x, "\t", " "), "\n", " "))
+		return inline(x)
 	case *string:
 		if x == nil {
 			return "-"
@@ -407,7 +417,7 @@ func effectRetry(c *command, args []string) error {
 func (c *command) printEffectAction(action string, e *admin.Effect) error {
 	res := actionResult{Action: action, Target: e.Tenant + "/" + e.Key, Effect: e}
 	return c.out(res, func(w *tabwriter.Writer) {
-		fmt.Fprintf(w, "%s %s: now %s\n", action, res.Target, e.Status)
+		fmt.Fprintf(w, "%s %s: now %s\n", action, inline(res.Target), e.Status)
 	})
 }
 
@@ -700,10 +710,10 @@ func jobEnqueue(c *command, args []string) error {
 	}
 	return c.out(res, func(w *tabwriter.Writer) {
 		if res.Duplicate {
-			fmt.Fprintf(w, "duplicate: job %s is in queue %s already (%s); nothing was added\n", res.ID, res.Queue, res.State)
+			fmt.Fprintf(w, "duplicate: job %s is in queue %s already (%s); nothing was added\n", inline(res.ID), res.Queue, res.State)
 			return
 		}
-		fmt.Fprintln(w, res.ID)
+		fmt.Fprintln(w, inline(res.ID))
 	})
 }
 

@@ -206,9 +206,16 @@ func (s *Service) Session(ctx context.Context, session string) (Actor, error) {
 	return s.actorBy(ctx, sessionGetSQL, session)
 }
 
-// TokenActor returns who holds a live operator token, for API calls that send it as a bearer token.
+// TokenActor returns who holds a live operator token, for API calls that send it as a bearer token. A token
+// that is no live one is audited as a failed login, as on the login page, so that guessing through the API
+// shows in the log too (the console throttles an address's failures, which bounds the entries).
 func (s *Service) TokenActor(ctx context.Context, token string) (Actor, error) {
-	return s.actorBy(ctx, tokenAuthSQL, token)
+	a, err := s.actorBy(ctx, tokenAuthSQL, token)
+	if errors.Is(err, ErrUnauthenticated) {
+		_, _ = s.audit(ctx, s.db, Actor{Name: "unknown", Role: RoleViewer}, Audit{Action: "console.login",
+			Target: "api", Outcome: "denied: no such live token"})
+	}
+	return a, err
 }
 
 func (s *Service) actorBy(ctx context.Context, sql, secret string) (Actor, error) {

@@ -784,7 +784,8 @@ func TestEnqueueFromTheQueuePage(t *testing.T) {
 
 // Wrong logins and bearer tokens are throttled per address (an outside tester's finding: nothing slowed
 // guessing, and each failed login wrote an audit row): after a few free tries an address is refused unread,
-// 429 with Retry-After, with no audit row, until its lockout ends; then a good token works and clears it.
+// 429 with Retry-After, with no audit row, until its lockout ends; then a good token works and clears it. A
+// wrong token let through is audited, from the form or the API.
 func TestWrongTokensAreThrottled(t *testing.T) {
 	t.Parallel()
 	e := setup(t, options{effects: 100})
@@ -825,6 +826,20 @@ func TestWrongTokensAreThrottled(t *testing.T) {
 	}
 	if code, _, _ := e.apiGet("ogop_guess", "/api/v1/whoami"); code != 401 {
 		t.Fatalf("a success clears the address: a wrong token is a 401 again, got %d", code)
+	}
+	// A wrong bearer token is a failed login too, audited as one, so that guessing through the API shows (an
+	// outside tester's eight guesses left no entry); the throttle bounds them as it does the form's.
+	api := func() int {
+		return pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_audit WHERE action = 'console.login' AND target = 'api' AND outcome LIKE 'denied%'")
+	}
+	if n := api(); n != 1 {
+		t.Fatalf("%d wrong bearer tokens audited, want the one just sent", n)
+	}
+	for range 30 {
+		e.apiGet("ogop_guess", "/api/v1/whoami")
+	}
+	if n := api(); n < 2 || n > 10 {
+		t.Fatalf("%d of 31 wrong bearer tokens audited: want every one the throttle let through", n)
 	}
 }
 

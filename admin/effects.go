@@ -310,7 +310,11 @@ func (s *Service) Effect(ctx context.Context, a Actor, tenant, key string) (*Eff
 // RevealEffect is Effect with the payload and the result as stored, for an operator; the reveal is audited
 // (effect.reveal), as reading an address or a message is itself something an auditor asks about.
 func (s *Service) RevealEffect(ctx context.Context, a Actor, tenant, key string) (*EffectDetail, error) {
-	if err := s.allow(ctx, a, "effect.reveal", RoleOperator, key); err != nil {
+	target := key
+	if tenant != "" {
+		target = tenant + "/" + key
+	}
+	if err := s.allow(ctx, a, "effect.reveal", RoleOperator, target); err != nil {
 		return nil, err
 	}
 	d, err := s.effect(ctx, tenant, key)
@@ -441,7 +445,13 @@ func (s *Service) prepareAudited(ctx context.Context, a Actor, e Audit) error {
 
 func (s *Service) resend(ctx context.Context, a Actor, action, tenant, key, reason string, resolution *string,
 	from []effect.Status) (*Effect, error) {
-	if err := s.prepareChange(ctx, a, action, key, reason); err != nil {
+	// A refusal is audited with the target as asked: the tenant too when one was given, so that a key two
+	// tenants use says whose was tried.
+	target := key
+	if tenant != "" {
+		target = tenant + "/" + key
+	}
+	if err := s.prepareChange(ctx, a, action, target, reason); err != nil {
 		return nil, err
 	}
 	tenant, err := s.resolveTenant(ctx, tenant, key)

@@ -187,6 +187,9 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"limits: { page_size: 600 }", "page_size (600) must be at least 1 and at most max_page_size (500)"},
 		{"effect_types:\n  c:\n    provider: postgres\n    concurrency: -1", "effect_types.c: timeout, concurrency"},
 		{"database_url: 'postgres://h/d?pool_max_conns=many'", "database_url: cannot parse"},
+		{"listen: notanaddr", `listen: "notanaddr" is not host:port (address notanaddr: missing port in address) (line 1)`},
+		{"listen: 0.0.0.0:99999", `listen: "0.0.0.0:99999": the port "99999" is not 0 to 65535`},
+		{"listen: 'bad host!:80'", `"bad host!" is neither an IP address nor a host name`},
 		{"effect_types:\n  m:\n    provider: smtp\n    smtp: { addr: 'h:25', from: a@b.test, helo: 'a b' }", "effect_types.m: smtp: smtp: helo"},
 	} {
 		_, err := Load(writeConfig(t, c.yaml))

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -17,6 +19,9 @@ import (
 
 // validate checks a configuration that WithDefaults has filled: every error names the field at fault.
 func (c *Config) validate() error {
+	if err := checkListen(c.Listen); err != nil {
+		return err
+	}
 	if _, err := c.poolConfig(); err != nil {
 		return err
 	}
@@ -245,4 +250,45 @@ func (r DeliveryRate) validate(path string) error {
 			MaxDeliveryBurst)
 	}
 	return nil
+}
+
+// checkListen refuses a listen address the gateway could not bind as it is written, while the file is read:
+// found at the bind, it stopped a gateway that had already connected to Postgres and migrated it, and the
+// error named neither the field nor its line.
+func checkListen(addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("listen: %q is not host:port (%v)", addr, err)
+	}
+	if host != "" && net.ParseIP(strings.Trim(host, "[]")) == nil && !validHostName(host) {
+		return fmt.Errorf("listen: %q: %q is neither an IP address nor a host name", addr, host)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil { // a service name, such as http
+		_, err = net.LookupPort("tcp", port)
+	} else if n < 0 || n > 65535 {
+		err = errors.New("out of range")
+	}
+	if err != nil {
+		return fmt.Errorf("listen: %q: the port %q is not 0 to 65535 or a service name", addr, port)
+	}
+	return nil
+}
+
+// validHostName is a DNS name's shape: labels of letters, digits and hyphens, 1 to 63 bytes, 253 in all.
+func validHostName(h string) bool {
+	if len(h) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+		if label == "" || len(label) > 63 || strings.HasPrefix(label, "-") || strings.HasSuffix(label, "-") {
+			return false
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-') {
+				return false
+			}
+		}
+	}
+	return true
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -200,10 +201,11 @@ func fleetFilter(r *http.Request) (admin.FleetFilter, error) {
 
 func pageOf(r *http.Request) (admin.Page, error) {
 	p := admin.Page{Cursor: r.URL.Query().Get("cursor")}
-	if l := r.URL.Query().Get("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil {
-			return p, &admin.InvalidError{Field: "limit", Reason: "want a number"}
+	if r.URL.Query().Has("limit") {
+		// 0 is not "the default" here: a limit that is sent is 1 to MaxLimit, as the CLI's --limit.
+		n, err := strconv.Atoi(r.URL.Query().Get("limit"))
+		if err != nil || n < 1 || n > admin.MaxLimit {
+			return p, &admin.InvalidError{Field: "limit", Reason: fmt.Sprintf("want a number from 1 to %d", admin.MaxLimit)}
 		}
 		p.Limit = n
 	}
@@ -211,8 +213,27 @@ func pageOf(r *http.Request) (admin.Page, error) {
 }
 
 func (s *Server) apiRoutes(mux *http.ServeMux) {
-	get := func(pattern string, h func(r *http.Request, a admin.Actor) (any, error)) {
-		mux.Handle("GET /api/v1/"+pattern, s.api(false, h))
+	// get serves a read that takes the query parameters params, each at most once: a misspelt one
+	// (?stauts=dead) would widen a listing without a word, and of one sent twice, which counts is a guess.
+	get := func(pattern string, params []string, h func(r *http.Request, a admin.Actor) (any, error)) {
+		mux.Handle("GET /api/v1/"+pattern, s.api(false, func(r *http.Request, a admin.Actor) (any, error) {
+			q := r.URL.Query()
+			if q.Has("reveal") && (pattern == "effect" || pattern == "job") {
+				// A GET changes nothing, and a reveal is audited: a link or an <img> on any page the
+				// operator visits would otherwise write reveals in the operator's name.
+				return nil, &admin.InvalidError{Field: "reveal", Reason: "a reveal is audited, so it is a POST: " +
+					"POST /api/v1/" + pattern + "/reveal (docs/console.md)"}
+			}
+			if err := onlyParams(q, params...); err != nil {
+				return nil, err
+			}
+			for _, name := range params {
+				if n := len(q[name]); n > 1 {
+					return nil, &admin.InvalidError{Field: name, Reason: fmt.Sprintf("sent %d times; send it once", n)}
+				}
+			}
+			return h(r, a)
+		}))
 	}
 	postAs := func(mutates bool, pattern string, h func(r *http.Request, a admin.Actor, b actionBody) (any, error)) {
 		members, ok := actionMembers[pattern]
@@ -230,14 +251,10 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	post := func(pattern string, h func(r *http.Request, a admin.Actor, b actionBody) (any, error)) {
 		postAs(true, pattern, h)
 	}
-	get("whoami", func(r *http.Request, a admin.Actor) (any, error) { return a, nil })
-	get("overview", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.EffectsOverview(r.Context(), a) })
-	get("effects", func(r *http.Request, a admin.Actor) (any, error) {
-		// A misspelt filter (?stauts=dead) would widen the list to every effect, without a word: refused.
-		if err := onlyParams(r.URL.Query(), "tenant", "type", "status", "key_prefix", "since", "job", "search",
-			"trace_id", "limit", "cursor"); err != nil {
-			return nil, err
-		}
+	get("whoami", nil, func(r *http.Request, a admin.Actor) (any, error) { return a, nil })
+	get("overview", nil, func(r *http.Request, a admin.Actor) (any, error) { return s.adm.EffectsOverview(r.Context(), a) })
+	get("effects", []string{"tenant", "type", "status", "key_prefix", "since", "job", "search", "trace_id", "limit",
+		"cursor"}, func(r *http.Request, a admin.Actor) (any, error) {
 		f, err := effectFilter(r.URL.Query())
 		if err != nil {
 			return nil, err
@@ -252,13 +269,7 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 		}
 		return s.adm.Effects(r.Context(), a, f, p)
 	})
-	get("effect", func(r *http.Request, a admin.Actor) (any, error) {
-		if r.URL.Query().Has("reveal") {
-			// A GET changes nothing, and a reveal is audited: a link or an <img> on any page the operator
-			// visits would otherwise write reveals in the operator's name.
-			return nil, &admin.InvalidError{Field: "reveal", Reason: "a reveal is audited, so it is a POST: " +
-				"POST /api/v1/effect/reveal {\"tenant\": …, \"key\": …}"}
-		}
+	get("effect", []string{"tenant", "key"}, func(r *http.Request, a admin.Actor) (any, error) {
 		return s.adm.Effect(r.Context(), a, r.URL.Query().Get("tenant"), r.URL.Query().Get("key"))
 	})
 	// A reveal changes nothing but the audit log, so --read-only allows it, as the page's Reveal.
@@ -299,16 +310,16 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 		res, err := s.adm.RetryEffects(context.WithoutCancel(r.Context()), a, f, b.Reason, nil)
 		return answer{Action: "effect.retry-matching", Filter: f, BulkResult: res}, err
 	})
-	get("types", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.PausedTypes(r.Context(), a) })
+	get("types", nil, func(r *http.Request, a admin.Actor) (any, error) { return s.adm.PausedTypes(r.Context(), a) })
 	post("types/pause", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return map[string]string{"paused": b.Type}, s.adm.PauseType(r.Context(), a, b.Type, b.Reason)
 	})
 	post("types/resume", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return map[string]string{"resumed": b.Type}, s.adm.ResumeType(r.Context(), a, b.Type, b.Reason)
 	})
-	get("queues", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Queues(r.Context(), a) })
-	get("destinations", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.DestinationRates(r.Context(), a) })
-	get("tenants", func(r *http.Request, a admin.Actor) (any, error) { return s.adm.TenantRates(r.Context(), a) })
+	get("queues", nil, func(r *http.Request, a admin.Actor) (any, error) { return s.adm.Queues(r.Context(), a) })
+	get("destinations", nil, func(r *http.Request, a admin.Actor) (any, error) { return s.adm.DestinationRates(r.Context(), a) })
+	get("tenants", nil, func(r *http.Request, a admin.Actor) (any, error) { return s.adm.TenantRates(r.Context(), a) })
 	post("destinations/resume", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return s.adm.ResumeDestination(r.Context(), a, b.Type, b.Destination, b.Reason)
 	})
@@ -318,14 +329,14 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	post("queues/resume", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return map[string]string{"resumed": b.Queue}, s.adm.ResumeQueue(r.Context(), a, b.Queue, b.Reason)
 	})
-	get("jobs", func(r *http.Request, a admin.Actor) (any, error) {
+	get("jobs", []string{"queue", "state", "limit", "cursor"}, func(r *http.Request, a admin.Actor) (any, error) {
 		p, err := pageOf(r)
 		if err != nil {
 			return nil, err
 		}
 		return s.adm.Jobs(r.Context(), a, r.URL.Query().Get("queue"), r.URL.Query().Get("state"), p)
 	})
-	get("job", func(r *http.Request, a admin.Actor) (any, error) {
+	get("job", []string{"queue", "id"}, func(r *http.Request, a admin.Actor) (any, error) {
 		return s.adm.Job(r.Context(), a, r.URL.Query().Get("queue"), r.URL.Query().Get("id"))
 	})
 	post("job/enqueue", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
@@ -348,24 +359,24 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 	post("dead/purge", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		return s.adm.PurgeDead(r.Context(), a, b.Queue, b.IDs, b.Reason)
 	})
-	get("workers", func(r *http.Request, a admin.Actor) (any, error) {
+	get("workers", []string{"queue"}, func(r *http.Request, a admin.Actor) (any, error) {
 		return s.adm.Workers(r.Context(), a, r.URL.Query().Get("queue"))
 	})
-	get("gateways", func(r *http.Request, a admin.Actor) (any, error) {
+	get("gateways", []string{"all"}, func(r *http.Request, a admin.Actor) (any, error) {
 		f, err := fleetFilter(r)
 		if err != nil {
 			return nil, err
 		}
 		return s.adm.Gateways(r.Context(), a, f)
 	})
-	get("breakers", func(r *http.Request, a admin.Actor) (any, error) {
+	get("breakers", []string{"all"}, func(r *http.Request, a admin.Actor) (any, error) {
 		f, err := fleetFilter(r)
 		if err != nil {
 			return nil, err
 		}
 		return s.adm.Breakers(r.Context(), a, f)
 	})
-	get("audit", func(r *http.Request, a admin.Actor) (any, error) {
+	get("audit", []string{"actor", "action", "since", "limit", "cursor"}, func(r *http.Request, a admin.Actor) (any, error) {
 		p, err := pageOf(r)
 		if err != nil {
 			return nil, err

@@ -207,6 +207,21 @@ func TestInputIsRefusedBeforeItIsUsed(t *testing.T) {
 			t.Errorf("%s: %d %.200s", path, code, body)
 		}
 	}
+	// Every read names its parameters: another, one sent twice, a reveal by GET, a limit of 0 (read as "the
+	// default" before) is refused, naming it (an outside tester's /api/v1/job?…&reveal=true answered 200).
+	for path, field := range map[string]string{
+		"/api/v1/job?queue=q&id=j&reveal=true": "reveal", "/api/v1/job?queue=q&id=j&colour=red": "colour",
+		"/api/v1/jobs?queue=q&limit=0": "limit", "/api/v1/audit?limit=0": "limit", "/api/v1/audit?limit=1001": "limit",
+		"/api/v1/effects?status=dead&status=failed": "status", "/api/v1/gateways?all=true&all=false": "all",
+		"/api/v1/whoami?x=1": "x",
+	} {
+		code, _, body := e.get(http.DefaultClient, path, "Authorization", "Bearer "+op)
+		var p struct{ Field string }
+		_ = json.Unmarshal([]byte(body), &p)
+		if code != 400 || p.Field != field {
+			t.Errorf("%s: %d %.200s, want a 400 naming %s", path, code, body, field)
+		}
+	}
 	for _, body := range []string{"{\"type\":\"t\xff\",\"reason\":\"r\"}", `{"type":"t\ud800","reason":"r"}`,
 		`{"type":"t","type":"u","reason":"r"}`} {
 		req, _ := http.NewRequest("POST", e.url+"/api/v1/types/pause", strings.NewReader(body))

@@ -157,11 +157,7 @@ func readBody(r *http.Request, members []string) (actionBody, error) {
 		}
 		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + strings.TrimPrefix(err.Error(), "jsonlimit: ")}
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&b); err != nil {
-		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + err.Error()}
-	}
+	// The change's own members first, so that one it does not take is named as such.
 	var present map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &present); err != nil {
 		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + err.Error()}
@@ -171,6 +167,22 @@ func readBody(r *http.Request, members []string) (actionBody, error) {
 			return b, &admin.InvalidError{Field: k, Reason: "not a member of this change's body: its members are " +
 				strings.Join(members, ", ")}
 		}
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		// Name the member at fault, as the gateway's API does: a value of the wrong type ("dry_run": "no",
+		// filter.since), or a member of a nested object (a filter's, a job's) that it does not have.
+		var typ *json.UnmarshalTypeError
+		switch {
+		case errors.As(err, &typ) && typ.Field != "":
+			return b, &admin.InvalidError{Field: typ.Field, Reason: "a JSON " + typ.Value + " is not what it takes " +
+				"(docs/console.md)"}
+		case strings.HasPrefix(err.Error(), "json: unknown field "):
+			f := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+			return b, &admin.InvalidError{Field: f, Reason: "not a member of its object (docs/console.md lists each body's)"}
+		}
+		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + err.Error()}
 	}
 	return b, nil
 }

@@ -222,6 +222,28 @@ func TestInputIsRefusedBeforeItIsUsed(t *testing.T) {
 			t.Errorf("%s: %d %.200s, want a 400 naming %s", path, code, body, field)
 		}
 	}
+	// A body's member at fault is named, whether the change does not take it, its value is of the wrong
+	// type, or a nested object (a filter, a job) does not have it (all were field "body" before).
+	for path, c := range map[string]struct{ body, field string }{
+		"types/pause":            {`{"type":"t","reason":"r","extra":1}`, "extra"},
+		"effects/retry-matching": {`{"filter":{"job":"x"},"reason":"r"}`, "job"},
+		"effects/retry-matching ": {`{"filter":{"status":"dead"},"reason":"r","dry_run":"no"}`, "dry_run"},
+		"job/enqueue":            {`{"queue":"q","job":{"kind":"k","payload":{},"colour":"red"},"reason":"r"}`, "colour"},
+	} {
+		req, _ := http.NewRequest("POST", e.url+"/api/v1/"+strings.TrimSpace(path), strings.NewReader(c.body))
+		req.Header.Set("Authorization", "Bearer "+op)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p struct{ Field string }
+		_ = json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || p.Field != c.field {
+			t.Errorf("%s %s: %d field %q, want a 400 naming %s", path, c.body, resp.StatusCode, p.Field, c.field)
+		}
+	}
 	for _, body := range []string{"{\"type\":\"t\xff\",\"reason\":\"r\"}", `{"type":"t\ud800","reason":"r"}`,
 		`{"type":"t","type":"u","reason":"r"}`} {
 		req, _ := http.NewRequest("POST", e.url+"/api/v1/types/pause", strings.NewReader(body))

@@ -327,7 +327,15 @@ func run(ctx context.Context, args []string, env Env) error {
 			c.closer()
 		}
 	}()
-	return h(c, rest)
+	err := h(c, rest)
+	// The service names an input by its flag's name; one this command takes as an argument instead (the key
+	// of `effect show KEY`) is said as the usage writes it, not as a flag it does not have.
+	var ie *admin.InvalidError
+	if errors.As(err, &ie) && ie.Field == strings.ToLower(ie.Field) && ie.Field != "" &&
+		c.fs.Lookup(strings.ReplaceAll(ie.Field, "_", "-")) == nil {
+		return usagef("%s: %s", strings.ToUpper(ie.Field), ie.Reason)
+	}
+	return err
 }
 
 // CommandTimeout bounds one command of the CLI, from its start to its last output.

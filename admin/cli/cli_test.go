@@ -104,6 +104,8 @@ func TestUsageErrorsNameTheWord(t *testing.T) {
 		{[]string{"effect", "retry", "--all-matching", "--reason", "x"}, "--status, --type"},
 		{[]string{"effect", "ls", "--limit", "0"}, "--limit: want 1 to 1000"},
 		{[]string{"--role", "viewer", "effect", "ls"}, "--role: flags go after the command"},
+		// An argument is named as the usage writes it, not as a flag the command does not have.
+		{[]string{"effect", "show", ""}, "oncegate: KEY: an effect key is needed"},
 	} {
 		out, errOut, code := run(t, url, tc.args...)
 		if code != cli.ExitUsage || out != "" || strings.Count(errOut, "\n") != 1 || strings.Count(errOut, "oncegate:") != 1 ||

@@ -35,6 +35,9 @@ func consoleServe(c *command, args []string) error {
 	if err := c.parse(args, 0, 0, ""); err != nil {
 		return err
 	}
+	if *refresh < console.MinRefresh {
+		return usagef("--refresh: %v is under %v, the least a list refreshes at", *refresh, console.MinRefresh)
+	}
 	// The console runs until it is stopped, not for CommandTimeout; each of its requests bounds itself.
 	c.ctx = c.base
 	c.jaeger = jaeger

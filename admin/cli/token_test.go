@@ -70,6 +70,8 @@ func TestTokenCommands(t *testing.T) {
 		{[]string{"console", "--listen"}, "--listen: needs a value"},
 		{[]string{"console", "--bogus"}, "--bogus: console has no such flag"},
 		{[]string{"console", "extra"}, `console: unexpected argument "extra"`},
+		{[]string{"console", "--refresh", "1s"}, "--refresh: 1s is under 2s"},
+		{[]string{"console", "--refresh", "-5s"}, "--refresh: -5s is under 2s"},
 		{[]string{"token"}, "token: needs a verb: create, ls, revoke"},
 		{[]string{"token", "bogus"}, "token takes create, ls, revoke"},
 		{[]string{"token", "create", "--role", "viewer"}, "token create: NAME"},

@@ -383,10 +383,15 @@ func TestCrossOriginPostIsRefused(t *testing.T) {
 			t.Errorf("forged POST with %v: %d %s", hdr, code, body)
 		}
 	}
+	// To the API, the refusal is a problem, as its other errors are.
+	code, hdr, body := e.post(op, "/api/v1/effect/retry", url.Values{}, "Sec-Fetch-Site", "cross-site")
+	if code != http.StatusForbidden || hdr.Get("Content-Type") != "application/problem+json" || !strings.Contains(body, "cross-origin") {
+		t.Errorf("a cross-site POST to the API: %d %s %s", code, hdr.Get("Content-Type"), body)
+	}
 	if s := e.status(tenant, key); s != "dead" {
 		t.Fatalf("a forged POST changed the effect to %s", s)
 	}
-	code, hdr, _ := e.post(op, "/effect/retry", form, "Sec-Fetch-Site", "same-origin", "Origin", e.url)
+	code, hdr, _ = e.post(op, "/effect/retry", form, "Sec-Fetch-Site", "same-origin", "Origin", e.url)
 	if code != http.StatusSeeOther || !strings.Contains(hdr.Get("Location"), "done=retried") {
 		t.Fatalf("same-origin POST: %d %s", code, hdr.Get("Location"))
 	}

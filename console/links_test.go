@@ -146,7 +146,9 @@ func TestRetryMatchingWithoutAFilterIsRefused(t *testing.T) {
 	c := e.client(admin.RoleOperator)
 	before := pgtest.Count(t, e.db, "SELECT count(*) FROM oncegate_effects WHERE status IN ('failed', 'dead', 'unknown')")
 	code, _, body := e.get(c, "/effects/retry-matching")
-	if code != 200 || !strings.Contains(body, `id="no-filter"`) || strings.Contains(body, "retry-matching-go") {
+	// It counts nothing, and says so rather than "0 … match" (an outside tester's finding).
+	if code != 200 || !strings.Contains(body, `id="no-filter"`) || strings.Contains(body, "retry-matching-go") ||
+		strings.Contains(body, "dry-run-count") || !strings.Contains(body, "not counted") {
 		t.Errorf("the dry run with no filter: %d, says so: %v, offers the run: %v", code,
 			strings.Contains(body, `id="no-filter"`), strings.Contains(body, "retry-matching-go"))
 	}

@@ -172,8 +172,11 @@ func (s *Server) Handler() http.Handler {
 	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		s.log.Warn("console: cross-origin request refused", "method", r.Method, "path", r.URL.Path,
 			"origin", r.Header.Get("Origin"), "sec_fetch_site", r.Header.Get("Sec-Fetch-Site"))
-		http.Error(w, "cross-origin request refused: the console takes changes only from its own pages",
-			http.StatusForbidden)
+		if strings.HasPrefix(r.URL.Path, "/api/") { // the API's errors are problems, this one too
+			s.apiFail(w, r, crossOriginError{})
+			return
+		}
+		http.Error(w, crossOriginError{}.Error(), http.StatusForbidden)
 	}))
 	return securityHeaders(s.bounded(cop.Handler(mux)))
 }
@@ -271,3 +274,11 @@ func (s *Server) change(h func(http.ResponseWriter, *http.Request, admin.Actor))
 		h(w, r, a)
 	}
 }
+
+// crossOriginError is a change a browser sent from another origin, refused whatever the actor's role.
+type crossOriginError struct{}
+
+func (crossOriginError) Error() string {
+	return "cross-origin request refused: the console takes changes only from its own pages"
+}
+func (crossOriginError) Is(target error) bool { return target == admin.ErrForbidden }

@@ -56,6 +56,28 @@ func TestTablesShowControlCharactersAsEscapes(t *testing.T) {
 	}
 }
 
+// effect show prints the job show command of the effect's job, safe to paste: the job's ID is a tenant's
+// text (an outside tester's "sp ace; rm -rf x" was printed bare).
+func TestEffectShowPrintsAJobShowCommandSafeToPaste(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	if _, err := pool.Exec(context.Background(), `
+		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, job_id, job_epoch, job_queue)
+		VALUES ('acme', 'k1', 'hook', '\x00', '{}'::json, 'pending', 'sp ace; rm -rf x', 3, 'q1'),
+		       ('acme', 'k2', 'hook', '\x00', '{}'::json, 'pending', E'a\tb', 1, 'q1')`); err != nil {
+		t.Fatal(err)
+	}
+	pgtest.KeyEffects(t, pool)
+	for key, want := range map[string]string{"k1": `oncegate job show q1 'sp ace; rm -rf x'`,
+		"k2": `a\tb in queue q1 (epoch 1): oncegate job show q1 $'a\tb'`} {
+		out, errOut, code := run(t, url, "effect", "show", key)
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("effect show %s: exit %d, no %q in\n%s%s", key, code, want, out, errOut)
+		}
+	}
+}
+
 // -o json is read by people too (piped to less, shown in a terminal): what a terminal would obey is escaped
 // there as \uXXXX, which every JSON reader decodes back to the same string. Go's encoder wrote C1 controls
 // (U+009B, a CSI on many terminals) and bidi overrides raw (an outside tester's finding).

@@ -125,11 +125,56 @@ func obeyed(r rune) bool {
 // inline is Printable for a value printed within a line or a table's cell: a tab, a newline or a carriage
 // return in it is shown as its escape too, rather than as a space (a job ID "a\nb" was shown as "a b", which
 // names no job) or raw (splitting the line).
+//
+// A backslash is shown as \\, so that the escape of a tab (\t) and the two characters backslash and t, which
+// an ID may hold, are told apart.
 func inline(s string) string {
-	if strings.ContainsAny(s, "\t\n") {
-		s = strings.NewReplacer("\t", `\t`, "\n", `\n`).Replace(s)
+	if strings.ContainsAny(s, "\t\n\\") {
+		s = strings.NewReplacer("\\", `\\`, "\t", `\t`, "\n", `\n`).Replace(s)
 	}
 	return Printable(s)
+}
+
+// verbatim is a cell printed as it is: text the command made safe to show itself (shellQuote's).
+type verbatim string
+
+// shellQuote writes s as one word of a POSIX shell (bash, zsh), for a command the CLI prints for the operator
+// to paste: bare when it is made of characters no shell reads otherwise, else in single quotes, else, when it
+// holds a control character (which a terminal would obey, or a paste would mangle), as $'…' with escapes. A
+// job ID is a tenant's text: "x; rm -rf y" pasted bare ran the tenant's command.
+func shellQuote(s string) string {
+	safe := s != "" && !strings.ContainsFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("@%+=:,./_-", r))
+	})
+	switch {
+	case safe:
+		return s
+	case !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f || obeyed(r) }):
+		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+	}
+	var b strings.Builder
+	b.WriteString("$'")
+	for _, r := range s {
+		switch {
+		case r == '\\' || r == '\'':
+			b.WriteByte('\\')
+			b.WriteRune(r)
+		case r == '\t':
+			b.WriteString(`\t`)
+		case r == '\n':
+			b.WriteString(`\n`)
+		case r < 0x20 || r == 0x7f:
+			fmt.Fprintf(&b, `\x%02x`, r)
+		case obeyed(r) && r <= 0xffff:
+			fmt.Fprintf(&b, `\u%04x`, r)
+		case obeyed(r):
+			fmt.Fprintf(&b, `\U%08x`, r)
+		default:
+			b.WriteRune(r)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
 }
 
 // printableWriter passes what the tables print through printable: cells are escaped already (so that their
@@ -155,6 +200,8 @@ func cell(v any) string {
 	switch x := v.(type) {
 	case nil:
 		return "-"
+	case verbatim:
+		return string(x)
 	case string:
 		if x == "" {
 			return "-"
@@ -314,8 +361,8 @@ func effectShow(c *command, args []string) error {
 			row(w, "held by", fmt.Sprintf("gateway %s, lease until %s", *d.LeaseOwner, cell(d.LeaseExpiresAt)))
 		}
 		if d.JobID != nil && d.JobQueue != nil {
-			row(w, "job", fmt.Sprintf("%s in queue %s (epoch %d): oncegate job show %s %s", *d.JobID, *d.JobQueue,
-				*d.JobEpoch, *d.JobQueue, *d.JobID))
+			row(w, "job", verbatim(fmt.Sprintf("%s in queue %s (epoch %d): oncegate job show %s %s", inline(*d.JobID),
+				inline(*d.JobQueue), *d.JobEpoch, shellQuote(*d.JobQueue), shellQuote(*d.JobID))))
 		} else if d.JobID != nil {
 			row(w, "job", fmt.Sprintf("%s (epoch %d)", *d.JobID, *d.JobEpoch))
 		} else {

@@ -260,6 +260,23 @@ func TestListFiltersAndPages(t *testing.T) {
 	if r := h.req("GET", "/v1/effects/e1?wait=1s&wait=2s", acmeKey, ""); r.status != http.StatusBadRequest || r.body["field"] != "wait" {
 		t.Errorf("wait sent twice: %d %s", r.status, r.raw)
 	}
+	// A parameter a route does not take is refused too: a misspelt filter (?Status=dead) listed every
+	// effect, and a create's ?wait=5s (its wait goes in the body) waited for nothing.
+	for path, field := range map[string]string{"/v1/effects?Status=dead": "Status", "/v1/effects/e1?WAIT=5s": "WAIT"} {
+		if r := h.req("GET", path, acmeKey, ""); r.status != http.StatusBadRequest || r.body["field"] != field {
+			t.Errorf("GET %s: %d %s, want a 400 naming %s", path, r.status, r.raw, field)
+		}
+	}
+	for path, field := range map[string]string{"/v1/effects?wait=5s": "wait", "/v1/effects?x=%zz": "query",
+		"/v1/effects/e1/retry?a=1;b=2": "query"} {
+		r := h.req("POST", path, acmeKey, analytics("q"), "Idempotency-Key: query-refused")
+		if r.status != http.StatusBadRequest || r.body["field"] != field {
+			t.Errorf("POST %s: %d %s, want a 400 naming %s", path, r.status, r.raw, field)
+		}
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_effects WHERE key = 'query-refused'"); n != 0 {
+		t.Fatalf("a create with a refused query string recorded %d effects", n)
+	}
 }
 
 // A job's effects are fenced by its lease epoch: once a request came with epoch 2, epoch 1 starts nothing.

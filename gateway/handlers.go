@@ -7,9 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,6 +39,9 @@ type createRequest struct {
 
 func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	tenant := tenantOf(r)
+	if _, err := query(r); err != nil { // its wait, type and payload go in the body
+		return err
+	}
 	// application/json alone, as openapi.yaml lists it (parameters such as charset=utf-8 are fine): a +json
 	// type is JSON that means something else (merge-patch+json is a patch), which this API does not take. JSON
 	// is UTF-8 (RFC 8259 §8.1): a body said to be in another charset is refused as sent, not read as UTF-8.
@@ -342,20 +347,36 @@ func pathKey(r *http.Request) (string, error) {
 func effectPath(key string) string { return effect.Path(key) }
 
 // query reads a request's query string, refusing what URL.Query would pass over in silence: a pair that is
-// not validly percent-encoded (a mangled cursor read as none started the listing again from its first page)
-// and a parameter of the handler's sent more than once (which one would count?), as a duplicate header or
-// JSON member is refused. Other parameters are left alone.
+// not validly percent-encoded (a mangled cursor read as none started the listing again from its first page),
+// a parameter the handler does not take (?Status=dead listed every effect; ?wait=5s on a create waited for
+// nothing: its wait goes in the body), and one sent more than once (which one would count?), as a duplicate
+// header or JSON member is refused.
 func query(r *http.Request, names ...string) (url.Values, error) {
 	q, err := url.ParseQuery(r.URL.RawQuery)
 	if err != nil {
 		return nil, invalid("query", fmt.Sprintf("the query string is not validly percent-encoded: %v", err))
 	}
-	for _, name := range names {
-		if len(q[name]) > 1 {
+	for _, name := range slices.Sorted(maps.Keys(q)) {
+		switch {
+		case !slices.Contains(names, name) && len(names) == 0:
+			return nil, invalid(name, fmt.Sprintf("%s is not a parameter of %s %s, which takes none", name, r.Method,
+				routeOf(r)))
+		case !slices.Contains(names, name):
+			return nil, invalid(name, fmt.Sprintf("%s is not a parameter of %s %s, which takes %s", name, r.Method,
+				routeOf(r), strings.Join(names, ", ")))
+		case len(q[name]) > 1:
 			return nil, invalid(name, fmt.Sprintf("%s is sent %d times; send it once", name, len(q[name])))
 		}
 	}
 	return q, nil
+}
+
+// routeOf is the request's route as the API's docs write it.
+func routeOf(r *http.Request) string {
+	if t, err := mux.CurrentRoute(r).GetPathTemplate(); err == nil {
+		return t
+	}
+	return r.URL.Path
 }
 
 func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) error {
@@ -433,6 +454,9 @@ func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) error {
 	key, err := pathKey(r)
 	if err != nil {
 		return invalid("key", "the key in the path is not validly escaped")
+	}
+	if _, err := query(r); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()

@@ -252,6 +252,9 @@ func (s *Service) Job(ctx context.Context, a Actor, name, id string) (*JobDetail
 	if err := s.allow(ctx, a, "job.show", RoleViewer, name+"/"+id); err != nil {
 		return nil, err
 	}
+	if id == "" {
+		return nil, &InvalidError{Field: "ID", Reason: "empty: name the job"}
+	}
 	d, err := s.job(ctx, name, id)
 	if err != nil {
 		return nil, err
@@ -348,6 +351,9 @@ func (s *Service) deadAction(ctx context.Context, a Actor, action string, needs 
 	}
 	if len(ids) == 0 {
 		return res, &InvalidError{Field: "ID", Reason: "name at least one dead job"}
+	}
+	if ids[0] == "" { // sorted: an empty ID comes first
+		return res, &InvalidError{Field: "ID", Reason: "an empty ID names no job"}
 	}
 	q, err := s.known(ctx, name)
 	if err != nil {

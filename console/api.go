@@ -187,10 +187,22 @@ func readBody(r *http.Request, members []string) (actionBody, error) {
 	return b, nil
 }
 
+// idsMember names the service's ID (the CLI's argument) as the body's member that holds them, ids.
+func idsMember(err error) error {
+	var ie *admin.InvalidError
+	if errors.As(err, &ie) && ie.Field == "ID" {
+		return &admin.InvalidError{Field: "ids", Reason: ie.Reason}
+	}
+	return err
+}
+
 // onlyParams refuses a query string with a parameter not in names, naming it and them.
 func onlyParams(v url.Values, names ...string) error {
 	for k := range v {
 		if !slices.Contains(names, k) {
+			if len(names) == 0 {
+				return &admin.InvalidError{Field: k, Reason: "not a parameter here: this route takes none"}
+			}
 			return &admin.InvalidError{Field: k, Reason: "not a parameter here: the parameters are " +
 				strings.Join(names, ", ")}
 		}
@@ -366,10 +378,12 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 		return s.adm.EnqueueJob(r.Context(), a, b.Queue, nj, b.Reason)
 	})
 	post("dead/requeue", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
-		return s.adm.RequeueDead(r.Context(), a, b.Queue, b.IDs, b.Reason)
+		res, err := s.adm.RequeueDead(r.Context(), a, b.Queue, b.IDs, b.Reason)
+		return res, idsMember(err)
 	})
 	post("dead/purge", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
-		return s.adm.PurgeDead(r.Context(), a, b.Queue, b.IDs, b.Reason)
+		res, err := s.adm.PurgeDead(r.Context(), a, b.Queue, b.IDs, b.Reason)
+		return res, idsMember(err)
 	})
 	get("workers", []string{"queue"}, func(r *http.Request, a admin.Actor) (any, error) {
 		return s.adm.Workers(r.Context(), a, r.URL.Query().Get("queue"))

@@ -174,6 +174,9 @@ func (c *command) parse(args []string, minPos, maxPos int, posName string) error
 	}
 	switch {
 	case len(c.pos) < minPos:
+		if strings.Contains(posName, " and ") {
+			return usagef("%s: %s are missing", c.fs.Name(), posName)
+		}
 		return usagef("%s: %s is missing", c.fs.Name(), posName)
 	case maxPos >= 0 && len(c.pos) > maxPos:
 		return usagef("%s: unexpected argument %q", c.fs.Name(), c.pos[maxPos])

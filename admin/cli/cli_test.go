@@ -243,6 +243,12 @@ func TestJobEnqueuePrintsTheID(t *testing.T) {
 	if out, _, code = runIn("", "job", "ls", q.Name(), "--state", "ready"); code != 0 || !strings.Contains(out, `bad\nid\tx `) {
 		t.Fatalf("job ls shows the ID as %q", out)
 	}
+	// An empty ID names no job: a usage error naming it, not "not found", and no requeue of nothing.
+	for _, args := range [][]string{{"job", "show", q.Name(), ""}, {"dead", "requeue", q.Name(), "", "--reason", "r"}} {
+		if _, errOut, code := runIn("", args...); code != cli.ExitUsage || !strings.Contains(errOut, "ID: ") {
+			t.Errorf("%q: exit %d, %s", args, code, errOut)
+		}
+	}
 	if _, errOut, code = runIn("", "job", "enqueue", q.Name()+"x", "--kind", "signup", "--payload", "{}",
 		"--reason", "r"); code != cli.ExitNotFound {
 		t.Fatalf("a queue nothing knows: exit %d, %s", code, errOut)

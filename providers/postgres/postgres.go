@@ -139,17 +139,28 @@ func (p *Provider) Destination(json.RawMessage) string { return p.table }
 // keeps one event per effect (a table made for an older version had UNIQUE (tenant, key) instead). Without
 // it every delivery would fail; the gateway refuses to start instead, naming the table.
 func (p *Provider) Check(ctx context.Context, db providers.Querier) error {
-	var exists, unique bool
-	if err := db.QueryRow(ctx, checkSQL, p.quoted).Scan(&exists, &unique); err != nil {
+	var exists, unique, rules bool
+	var kind string
+	if err := db.QueryRow(ctx, checkSQL, p.quoted).Scan(&exists, &kind, &unique, &rules); err != nil {
 		return fmt.Errorf("postgres: table %s: %w: %w", p.table, providers.ErrCannotCheck, err)
 	}
 	switch {
 	case !exists:
-		return fmt.Errorf("postgres: table %s does not exist: run `gateway migrate` for %s, or create it "+
-			"(docs/configuration.md)", p.table, DefaultTable)
+		return fmt.Errorf("postgres: table %s does not exist (the name is quoted: its case counts): run "+
+			"`gateway migrate` for %s, or create it (docs/configuration.md)", p.table, DefaultTable)
+	case kind != "r" && kind != "p":
+		return fmt.Errorf("postgres: %s is not a table (relkind %q): the provider inserts into a table", p.table, kind)
+	case rules:
+		return fmt.Errorf("postgres: table %s has a rule on INSERT, and Postgres refuses the insert's ON CONFLICT "+
+			"on such a table: drop the rule (a trigger can do its work)", p.table)
+	case !unique && kind == "p":
+		return fmt.Errorf("postgres: table %s is partitioned and has no unique index on effect_id alone, which "+
+			"a partitioned table can have only when partitioned by effect_id (hash): partition it by "+
+			"effect_id, or use a table that is not partitioned", p.table)
 	case !unique:
 		return fmt.Errorf("postgres: table %s has no unique index on effect_id alone: add the column and "+
-			"`ALTER TABLE %s ADD UNIQUE (effect_id)` (see migrations/00005_stable_id_per_effect.sql)", p.table, p.quoted)
+			"`ALTER TABLE %s ADD UNIQUE (effect_id)` (not deferrable, not partial; see "+
+			"migrations/00005_stable_id_per_effect.sql)", p.table, p.quoted)
 	}
 	return p.checkColumns(ctx, db)
 }
@@ -159,23 +170,26 @@ func (p *Provider) Check(ctx context.Context, db providers.Querier) error {
 // that must be given a value.
 func (p *Provider) checkColumns(ctx context.Context, db providers.Querier) error {
 	var described []struct {
-		Name      string `json:"name"`
-		Type      string `json:"type"`
-		NotNull   bool   `json:"not_null"`
-		Defaulted bool   `json:"defaulted"`
+		Name       string `json:"name"`
+		Type       string `json:"type"`
+		NotNull    bool   `json:"not_null"`
+		HasDefault bool   `json:"has_default"`
+		Identity   bool   `json:"identity"`
+		Generated  bool   `json:"generated"`
 	}
 	if err := db.QueryRow(ctx, columnsSQL, p.quoted).Scan(&described); err != nil {
 		return fmt.Errorf("postgres: table %s: %w: %w", p.table, providers.ErrCannotCheck, err)
 	}
 	type column struct {
-		typ       string
-		defaulted bool
+		typ                                     string
+		notNull, defaulted, identity, generated bool
 	}
 	cols := map[string]column{}
 	var extra []string // columns the insert does not name that it would have to
 	for _, d := range described {
-		cols[d.Name] = column{typ: d.Type, defaulted: d.Defaulted}
-		if _, named := columnTypes[d.Name]; !named && d.NotNull && !d.Defaulted {
+		cols[d.Name] = column{typ: d.Type, notNull: d.NotNull, defaulted: d.HasDefault || d.Identity,
+			identity: d.Identity, generated: d.Generated}
+		if _, named := columnTypes[d.Name]; !named && d.NotNull && !d.HasDefault && !d.Identity && !d.Generated {
 			extra = append(extra, d.Name)
 		}
 	}
@@ -190,6 +204,10 @@ func (p *Provider) checkColumns(ctx context.Context, db providers.Querier) error
 			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", want, c.typ, strings.Join(types, " or ")))
 		case want == "id" && !c.defaulted:
 			problems = append(problems, "column id has no default: the insert leaves it out and reads it back (make it bigserial or an identity)")
+		case want != "id" && c.generated:
+			problems = append(problems, fmt.Sprintf("column %s is generated, and the insert writes it", want))
+		case want == "properties" && c.notNull:
+			problems = append(problems, "column properties is NOT NULL, and an event may have none (properties is optional)")
 		}
 	}
 	for _, col := range extra {

@@ -171,7 +171,21 @@ func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
 		CREATE TABLE old.shaped (tenant text, key text, name text, properties text, occurred_at date,
 			effect_id text UNIQUE);
 		CREATE TABLE old.noid (id bigint, tenant text, key text, name text, properties jsonb,
-			occurred_at timestamp, effect_id varchar(20) UNIQUE, source text NOT NULL)`); err != nil {
+			occurred_at timestamp, effect_id varchar(20) UNIQUE, source text NOT NULL);
+		-- Shapes a second tester found passing the check, then failing every event.
+		CREATE TABLE old.generated (id bigint GENERATED ALWAYS AS (1) STORED, tenant text, key text,
+			name text GENERATED ALWAYS AS ('x') STORED, properties jsonb NOT NULL, occurred_at timestamptz,
+			effect_id text UNIQUE);
+		CREATE TABLE old.deferrable (id bigserial, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamptz, effect_id text UNIQUE DEFERRABLE INITIALLY IMMEDIATE);
+		CREATE TABLE old.ruled (id bigserial, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamptz, effect_id text UNIQUE);
+		CREATE RULE log_insert AS ON INSERT TO old.ruled DO ALSO NOTIFY ruled;
+		CREATE VIEW old.viewed AS SELECT * FROM old.good;
+		CREATE TABLE old.ranged (id bigserial, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamptz, effect_id text) PARTITION BY RANGE (occurred_at);
+		CREATE TABLE old.hashed (id bigserial, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamptz, effect_id text UNIQUE) PARTITION BY HASH (effect_id);`); err != nil {
 		t.Fatal(err)
 	}
 	for table, want := range map[string]string{
@@ -186,8 +200,16 @@ func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
 			"column occurred_at is timestamp without time zone, want timestamp with time zone; " +
 			"column effect_id is character varying(20), want text or character varying; " +
 			"column source is NOT NULL without a default, and the insert gives it no value",
-		"old.missing":   "does not exist",
-		"no_such_table": "does not exist",
+		"old.generated": "column id has no default: the insert leaves it out and reads it back (make it bigserial or an identity); " +
+			"column name is generated, and the insert writes it; " +
+			"column properties is NOT NULL, and an event may have none (properties is optional)",
+		"old.deferrable": "no unique index on effect_id alone",
+		"old.ruled":      "has a rule on INSERT",
+		"old.viewed":     `is not a table (relkind "v")`,
+		"old.ranged":     "is partitioned and has no unique index on effect_id alone",
+		"old.hashed":     "",
+		"old.missing":    "does not exist",
+		"no_such_table":  "does not exist",
 	} {
 		p, err := New(Config{Table: table})
 		if err != nil {

@@ -28,7 +28,7 @@ type EffectFilter struct {
 }
 
 func (f EffectFilter) check() error {
-	if err := checkTexts("tenant", f.Tenant, "type", f.Type, "key-prefix", f.KeyPrefix, "job", f.JobID,
+	if err := checkTexts("tenant", f.Tenant, "type", f.Type, "key_prefix", f.KeyPrefix, "job", f.JobID,
 		"search", f.Search); err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func TestTextPostgresCannotHoldIsInvalid(t *testing.T) {
 	}{
 		"tenant NUL": {err2(svc.Effects(ctx, viv, admin.EffectFilter{Tenant: "\x00"}, admin.Page{})), "tenant"},
 		"prefix bad UTF-8": {err2(svc.Effects(ctx, viv, admin.EffectFilter{KeyPrefix: "\xff"}, admin.Page{})),
-			"key-prefix"},
+			"key_prefix"},
 		"job NUL":        {err2(svc.Effects(ctx, viv, admin.EffectFilter{JobID: "j\x00"}, admin.Page{})), "job"},
 		"key bad UTF-8":  {err2(svc.Effect(ctx, viv, "acme", "\xff")), "key"},
 		"tenant of show": {err2(svc.Effect(ctx, viv, "a\x00", "k0")), "tenant"},

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,6 +138,29 @@ var actionMembers = map[string][]string{
 	"dead/purge":             {"queue", "ids", "reason"},
 }
 
+// nestedMembers are the members of the objects a body holds, by the body's member: those of admin.EffectFilter
+// and admin.NewJob, as their JSON names them.
+var nestedMembers = map[string][]string{
+	"filter": jsonMembers(reflect.TypeFor[admin.EffectFilter]()),
+	"job":    jsonMembers(reflect.TypeFor[admin.NewJob]()),
+}
+
+// jsonMembers lists the JSON names of a struct's fields.
+func jsonMembers(t reflect.Type) []string {
+	var names []string
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		if name == "" {
+			name = f.Name
+		}
+		names = append(names, name)
+	}
+	return names
+}
+
 // readBody reads a change's body, refusing a member that is not one of members, naming it and them.
 func readBody(r *http.Request, members []string) (actionBody, error) {
 	var b actionBody
@@ -166,6 +190,25 @@ func readBody(r *http.Request, members []string) (actionBody, error) {
 		if !slices.Contains(members, k) {
 			return b, &admin.InvalidError{Field: k, Reason: "not a member of this change's body: its members are " +
 				strings.Join(members, ", ")}
+		}
+	}
+	// And the members of its objects (a filter's, a job's), named by their path.
+	for _, name := range slices.Sorted(maps.Keys(nestedMembers)) {
+		var inner map[string]json.RawMessage
+		if json.Unmarshal(present[name], &inner) != nil {
+			continue // not an object: the decoder below says so
+		}
+		for _, k := range slices.Sorted(maps.Keys(inner)) {
+			if !slices.Contains(nestedMembers[name], k) {
+				return b, &admin.InvalidError{Field: name + "." + k, Reason: "not a member of " + name + ": its members are " +
+					strings.Join(nestedMembers[name], ", ")}
+			}
+		}
+		if name == "filter" && inner["since"] != nil {
+			var t time.Time
+			if err := json.Unmarshal(inner["since"], &t); err != nil {
+				return b, &admin.InvalidError{Field: "filter.since", Reason: "want an RFC 3339 time, such as 2026-12-01T00:00:00Z"}
+			}
 		}
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
@@ -375,7 +418,13 @@ func (s *Server) apiRoutes(mux *http.ServeMux) {
 			}
 			nj.Delay = d
 		}
-		return s.adm.EnqueueJob(r.Context(), a, b.Queue, nj, b.Reason)
+		res, err := s.adm.EnqueueJob(r.Context(), a, b.Queue, nj, b.Reason)
+		// The service names the job's fields bare (the CLI's flags); here they are the job object's members.
+		var ie *admin.InvalidError
+		if errors.As(err, &ie) && slices.Contains(nestedMembers["job"], ie.Field) {
+			err = &admin.InvalidError{Field: "job." + ie.Field, Reason: ie.Reason}
+		}
+		return res, err
 	})
 	post("dead/requeue", func(r *http.Request, a admin.Actor, b actionBody) (any, error) {
 		res, err := s.adm.RequeueDead(r.Context(), a, b.Queue, b.IDs, b.Reason)

@@ -225,10 +225,14 @@ func TestInputIsRefusedBeforeItIsUsed(t *testing.T) {
 	// A body's member at fault is named, whether the change does not take it, its value is of the wrong
 	// type, or a nested object (a filter, a job) does not have it (all were field "body" before).
 	for path, c := range map[string]struct{ body, field string }{
-		"types/pause":             {`{"type":"t","reason":"r","extra":1}`, "extra"},
-		"effects/retry-matching":  {`{"filter":{"job":"x"},"reason":"r"}`, "job"},
-		"effects/retry-matching ": {`{"filter":{"status":"dead"},"reason":"r","dry_run":"no"}`, "dry_run"},
-		"job/enqueue":             {`{"queue":"q","job":{"kind":"k","payload":{},"colour":"red"},"reason":"r"}`, "colour"},
+		"types/pause":               {`{"type":"t","reason":"r","extra":1}`, "extra"},
+		"effects/retry-matching":    {`{"filter":{"job":"x"},"reason":"r"}`, "filter.job"},
+		"effects/retry-matching ":   {`{"filter":{"status":"dead"},"reason":"r","dry_run":"no"}`, "dry_run"},
+		"job/enqueue":               {`{"queue":"q","job":{"kind":"k","payload":{},"colour":"red"},"reason":"r"}`, "job.colour"},
+		"job/enqueue ":              {`{"queue":"q","job":{"kind":"k","payload":{},"max_attempts":-1},"reason":"r"}`, "job.max_attempts"},
+		"effects/retry-matching  ":  {`{"filter":{"type":"x","bogus":1},"reason":"r"}`, "filter.bogus"},
+		"effects/retry-matching   ": {`{"filter":{"since":"1h"},"reason":"r"}`, "filter.since"},
+		"dead/requeue":              {`{"queue":"q","ids":[],"reason":"r"}`, "ids"},
 	} {
 		req, _ := http.NewRequest("POST", e.url+"/api/v1/"+strings.TrimSpace(path), strings.NewReader(c.body))
 		req.Header.Set("Authorization", "Bearer "+op)

@@ -71,6 +71,13 @@ func TestConfigDefaultsWithoutAFile(t *testing.T) {
 		!strings.Contains(err.Error(), `listen: "0.0.0.0:8080": --dev listens on loopback only`) {
 		t.Fatalf("--dev on every interface: %v", err)
 	}
+	// Every listen address Go binds passes the check made as the file is read: a zoned IPv6 address too.
+	for _, listen := range []string{"[::1]:0", "[fe80::1%lo]:65535", "localhost:http", ":8080", "ip6-localhost:0",
+		"0.0.0.0:80", "gw-1.internal.example:8080"} {
+		if err := checkListen(listen); err != nil {
+			t.Errorf("listen %s: %v", listen, err)
+		}
+	}
 	c, err := LoadDev("")
 	if err != nil {
 		t.Fatal(err)
@@ -190,6 +197,7 @@ func TestConfigErrorsNameTheField(t *testing.T) {
 		{"listen: notanaddr", `listen: "notanaddr" is not host:port (address notanaddr: missing port in address) (line 1)`},
 		{"listen: 0.0.0.0:99999", `listen: "0.0.0.0:99999": the port "99999" is not 0 to 65535`},
 		{"listen: 'bad host!:80'", `"bad host!" is neither an IP address nor a host name`},
+		{"listen: '999.999.999.999:80'", `"999.999.999.999" is neither an IP address nor a host name`},
 		{"effect_types:\n  m:\n    provider: smtp\n    smtp: { addr: 'h:25', from: a@b.test, helo: 'a b' }", "effect_types.m: smtp: smtp: helo"},
 	} {
 		_, err := Load(writeConfig(t, c.yaml))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"sort"
 	"strconv"
 	"strings"
@@ -260,7 +261,7 @@ func checkListen(addr string) error {
 	if err != nil {
 		return fmt.Errorf("listen: %q is not host:port (%v)", addr, err)
 	}
-	if host != "" && net.ParseIP(strings.Trim(host, "[]")) == nil && !validHostName(host) {
+	if _, ipErr := netip.ParseAddr(host); host != "" && ipErr != nil && !validHostName(host) {
 		return fmt.Errorf("listen: %q: %q is neither an IP address nor a host name", addr, host)
 	}
 	n, err := strconv.Atoi(port)
@@ -275,12 +276,14 @@ func checkListen(addr string) error {
 	return nil
 }
 
-// validHostName is a DNS name's shape: labels of letters, digits and hyphens, 1 to 63 bytes, 253 in all.
+// validHostName is a DNS name's shape: labels of letters, digits and hyphens, 1 to 63 bytes, 253 in all,
+// the last not all digits (999.999.999.999 is a mistyped address, not a name).
 func validHostName(h string) bool {
-	if len(h) > 253 {
+	labels := strings.Split(strings.TrimSuffix(h, "."), ".")
+	if len(h) > 253 || strings.Trim(labels[len(labels)-1], "0123456789") == "" {
 		return false
 	}
-	for _, label := range strings.Split(strings.TrimSuffix(h, "."), ".") {
+	for _, label := range labels {
 		if label == "" || len(label) > 63 || strings.HasPrefix(label, "-") || strings.HasSuffix(label, "-") {
 			return false
 		}

@@ -121,9 +121,10 @@ func run(args []string) (err error) {
 	}
 	l, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		return err
+		return fmt.Errorf("listen: %q: %w", cfg.Listen, err)
 	}
-	log.Info("gateway listening", "addr", l.Addr().String())
+	// Both: Go binds 0.0.0.0 on both families and reports it as [::].
+	log.Info("gateway listening", "listen", cfg.Listen, "addr", l.Addr().String())
 	// The resolved address on stdout lets a supervisor (or a test) use port 0.
 	fmt.Printf("listening %s\n", l.Addr())
 	if err := g.Serve(ctx, l); err != nil {

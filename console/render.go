@@ -28,7 +28,7 @@ type page struct {
 	// IsAdmin: CanAct, with the admin role (purge).
 	IsAdmin  bool
 	ReadOnly bool
-	// Refresh is the poll interval in seconds, for hx-trigger.
+	// Refresh is the poll interval in milliseconds, for hx-trigger (2.5s polled every 2s when it was seconds).
 	Refresh int
 	Notice  string
 	Data    any
@@ -130,7 +130,7 @@ func (s *Server) frame(a admin.Actor, title, nav string, data any) page {
 	rank := map[admin.Role]int{admin.RoleViewer: 1, admin.RoleOperator: 2, admin.RoleAdmin: 3}[a.Role]
 	return page{Title: title, Nav: nav, Actor: a, ReadOnly: s.cfg.ReadOnly,
 		CanAct: !s.cfg.ReadOnly && rank >= 2, IsAdmin: !s.cfg.ReadOnly && rank >= 3,
-		Refresh: int(s.cfg.Refresh / time.Second), Data: data}
+		Refresh: int(s.cfg.Refresh / time.Millisecond), Data: data}
 }
 
 // render executes a page's "page" template (or, for a fragment, the named block) into a buffer first, so that

@@ -38,6 +38,8 @@ const (
 	DefaultRefresh = 5 * time.Second
 	// MinRefresh is the least --refresh.
 	MinRefresh = 2 * time.Second
+	// MaxRefresh is the most: a browser reads a timer past about 24.8 days as none, and polls at once.
+	MaxRefresh = time.Hour
 	// PollFloor is the least interval between two refreshes of one fragment for one session that the server
 	// answers: a faster poll (a script, a page open twice) is answered 204, which htmx leaves unswapped, and
 	// costs the stores nothing. Below MinRefresh, so that a browser's timer jitter at the least --refresh
@@ -98,7 +100,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = DefaultRefresh
 	}
-	cfg.Refresh = max(cfg.Refresh, MinRefresh)
+	cfg.Refresh = min(max(cfg.Refresh, MinRefresh), MaxRefresh)
 	if cfg.SessionTTL <= 0 {
 		cfg.SessionTTL = DefaultSessionTTL
 	}

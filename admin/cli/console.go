@@ -30,13 +30,13 @@ func consoleServe(c *command, args []string) error {
 	listen := c.fs.String("listen", "127.0.0.1:8090", "address to serve on")
 	jaeger := c.fs.String("jaeger-url", c.env.Getenv("ONCEGATE_JAEGER_URL"), "Jaeger's UI, to link trace ids")
 	readOnly := c.fs.Bool("read-only", false, "show everything, change nothing")
-	refresh := c.fs.Duration("refresh", console.DefaultRefresh, "how often lists refresh (at least 2s)")
+	refresh := c.fs.Duration("refresh", console.DefaultRefresh, "how often lists refresh (2s to 1h)")
 	secure := c.fs.Bool("secure-cookie", false, "mark the session cookie Secure (the console is reached over HTTPS)")
 	if err := c.parse(args, 0, 0, ""); err != nil {
 		return err
 	}
-	if *refresh < console.MinRefresh {
-		return usagef("--refresh: %v is under %v, the least a list refreshes at", *refresh, console.MinRefresh)
+	if *refresh < console.MinRefresh || *refresh > console.MaxRefresh {
+		return usagef("--refresh: %v: want %v to %v", *refresh, console.MinRefresh, console.MaxRefresh)
 	}
 	// The console runs until it is stopped, not for CommandTimeout; each of its requests bounds itself.
 	c.ctx = c.base

@@ -183,8 +183,8 @@ func readBody(r *http.Request, members []string) (actionBody, error) {
 	}
 	// The change's own members first, so that one it does not take is named as such.
 	var present map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &present); err != nil {
-		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object: " + err.Error()}
+	if err := json.Unmarshal(raw, &present); err != nil || present == nil {
+		return b, &admin.InvalidError{Field: "body", Reason: "want a JSON object, such as {\"reason\": …}"}
 	}
 	for _, k := range slices.Sorted(maps.Keys(present)) {
 		if !slices.Contains(members, k) {

@@ -233,6 +233,7 @@ func TestInputIsRefusedBeforeItIsUsed(t *testing.T) {
 		"effects/retry-matching  ":  {`{"filter":{"type":"x","bogus":1},"reason":"r"}`, "filter.bogus"},
 		"effects/retry-matching   ": {`{"filter":{"since":"1h"},"reason":"r"}`, "filter.since"},
 		"dead/requeue":              {`{"queue":"q","ids":[],"reason":"r"}`, "ids"},
+		"types/resume":              {`null`, "body"},
 	} {
 		req, _ := http.NewRequest("POST", e.url+"/api/v1/"+strings.TrimSpace(path), strings.NewReader(c.body))
 		req.Header.Set("Authorization", "Bearer "+op)

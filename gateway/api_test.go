@@ -13,7 +13,7 @@ import (
 func TestCreateEffectStatusCodes(t *testing.T) {
 	t.Parallel()
 	result := reliability.Record(t, "Hostile input", "Every bad request of the API table (keys, JSON, types, payloads, \\\\u0000, sizes, content types, API keys)", "Problem+json with the right status and field; nothing recorded")
-	result("20 bad requests refused, 0 recorded")
+	result("21 bad requests refused, 0 recorded")
 	h := startGateway(t, func(c *Config) { c.Limits.MaxBody = 1024 })
 
 	r := h.post("signup:1", analytics("signup"))
@@ -75,6 +75,7 @@ func TestCreateEffectStatusCodes(t *testing.T) {
 		{"key too long", strings.Repeat("k", 256), analytics("a"), acmeKey, "", 400, "invalid-request", "Idempotency-Key"},
 		{"malformed JSON", "k1", `{"type":`, acmeKey, "", 400, "invalid-request", ""},
 		{"a body that is not an object", "k1", `[1]`, acmeKey, "", 400, "invalid-request", ""},
+		{"a body that is null", "k1", `null`, acmeKey, "", 400, "invalid-request", ""},
 		{"unknown field", "k1", `{"type":"analytics","payload":{"name":"a"},"extra":1}`, acmeKey, "", 400, "invalid-request", "extra"},
 		{"no type", "k1", `{"payload":{"name":"a"}}`, acmeKey, "", 400, "invalid-request", "type"},
 		{"unknown type", "k1", `{"type":"fax","payload":{"name":"a"}}`, acmeKey, "", 400, "invalid-request", "type"},

@@ -198,6 +198,9 @@ func decodeCreate(body []byte) (createRequest, string, error) {
 	if !utf8.Valid(body) {
 		return req, "", errors.New("the body is not valid UTF-8, which JSON requires")
 	}
+	if string(bytes.TrimSpace(body)) == "null" { // Go's decoder reads null into a struct as nothing at all
+		return req, "", errors.New("the body is a JSON null, not an object with type and payload")
+	}
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {

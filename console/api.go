@@ -215,7 +215,7 @@ func readBody(r *http.Request, members []string) (actionBody, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&b); err != nil {
 		// Name the member at fault, as the gateway's API does: a value of the wrong type ("dry_run": "no",
-		// filter.since), or a member of a nested object (a filter's, a job's) that it does not have.
+		// filter.status: 5, by its path), or a member of an object deeper than the ones checked above.
 		var typ *json.UnmarshalTypeError
 		switch {
 		case errors.As(err, &typ) && typ.Field != "":

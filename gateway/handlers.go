@@ -376,8 +376,10 @@ func query(r *http.Request, names ...string) (url.Values, error) {
 
 // routeOf is the request's route as the API's docs write it.
 func routeOf(r *http.Request) string {
-	if t, err := mux.CurrentRoute(r).GetPathTemplate(); err == nil {
-		return t
+	if rt := mux.CurrentRoute(r); rt != nil {
+		if t, err := rt.GetPathTemplate(); err == nil {
+			return t
+		}
 	}
 	return r.URL.Path
 }

@@ -34,7 +34,8 @@ var checkSQL string
 var columnsSQL string
 
 // columnTypes are the types each column the insert names may have (format_type's spelling): what holds the
-// value whole. occurred_at as a timestamp without time zone, or a date, would keep less than was sent.
+// value whole. occurred_at as a timestamp without time zone, or a date, would keep less than was sent, and a
+// varchar of a length ("character varying(20)") would refuse a longer key.
 var columnTypes = map[string][]string{
 	"id":          {"bigint", "integer"},
 	"tenant":      {"text", "character varying"},
@@ -181,14 +182,14 @@ func (p *Provider) checkColumns(ctx context.Context, db providers.Querier) error
 		return fmt.Errorf("postgres: table %s: %w: %w", p.table, providers.ErrCannotCheck, err)
 	}
 	type column struct {
-		typ                                     string
-		notNull, defaulted, identity, generated bool
+		typ                           string
+		notNull, defaulted, generated bool
 	}
 	cols := map[string]column{}
 	var extra []string // columns the insert does not name that it would have to
 	for _, d := range described {
 		cols[d.Name] = column{typ: d.Type, notNull: d.NotNull, defaulted: d.HasDefault || d.Identity,
-			identity: d.Identity, generated: d.Generated}
+			generated: d.Generated}
 		if _, named := columnTypes[d.Name]; !named && d.NotNull && !d.HasDefault && !d.Identity && !d.Generated {
 			extra = append(extra, d.Name)
 		}

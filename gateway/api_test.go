@@ -263,7 +263,8 @@ func TestListFiltersAndPages(t *testing.T) {
 	}
 	// A parameter a route does not take is refused too: a misspelt filter (?Status=dead) listed every
 	// effect, and a create's ?wait=5s (its wait goes in the body) waited for nothing.
-	for path, field := range map[string]string{"/v1/effects?Status=dead": "Status", "/v1/effects/e1?WAIT=5s": "WAIT"} {
+	for path, field := range map[string]string{"/v1/effects?Status=dead": "Status", "/v1/effects/e1?WAIT=5s": "WAIT",
+		"/v1/effects/e1?=1": "query"} {
 		if r := h.req("GET", path, acmeKey, ""); r.status != http.StatusBadRequest || r.body["field"] != field {
 			t.Errorf("GET %s: %d %s, want a 400 naming %s", path, r.status, r.raw, field)
 		}

@@ -361,6 +361,8 @@ func query(r *http.Request, names ...string) (url.Values, error) {
 	}
 	for _, name := range slices.Sorted(maps.Keys(q)) {
 		switch {
+		case name == "":
+			return nil, invalid("query", "the query string has a parameter without a name (?=…)")
 		case !slices.Contains(names, name) && len(names) == 0:
 			return nil, invalid(name, fmt.Sprintf("%s is not a parameter of %s %s, which takes none", name, r.Method,
 				routeOf(r)))

@@ -165,7 +165,13 @@ func (c *command) parse(args []string, minPos, maxPos int, posName string) error
 		if err := c.fs.Parse(args); err != nil {
 			return flagError(c.fs.Name(), err)
 		}
-		args = c.fs.Args()
+		rest := c.fs.Args()
+		if len(rest) < len(args) && args[len(args)-len(rest)-1] == "--" {
+			// After "--" every word is an argument, one that starts with "-" too (a job ID "-rf").
+			c.pos = append(c.pos, rest...)
+			break
+		}
+		args = rest
 		if len(args) == 0 {
 			break
 		}

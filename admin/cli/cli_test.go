@@ -65,12 +65,13 @@ func TestEffectShowPrintsAJobShowCommandSafeToPaste(t *testing.T) {
 	if _, err := pool.Exec(context.Background(), `
 		INSERT INTO oncegate_effects (tenant, key, type, fingerprint, payload, status, job_id, job_epoch, job_queue)
 		VALUES ('acme', 'k1', 'hook', '\x00', '{}'::json, 'pending', 'sp ace; rm -rf x', 3, 'q1'),
-		       ('acme', 'k2', 'hook', '\x00', '{}'::json, 'pending', E'a\tb', 1, 'q1')`); err != nil {
+		       ('acme', 'k2', 'hook', '\x00', '{}'::json, 'pending', E'a\tb', 1, 'q1'),
+		       ('acme', 'k3', 'hook', '\x00', '{}'::json, 'pending', '-rf', 1, 'q1')`); err != nil {
 		t.Fatal(err)
 	}
 	pgtest.KeyEffects(t, pool)
 	for key, want := range map[string]string{"k1": `oncegate job show q1 'sp ace; rm -rf x'`,
-		"k2": `a\tb in queue q1 (epoch 1): oncegate job show q1 $'a\tb'`} {
+		"k2": `a\tb in queue q1 (epoch 1): oncegate job show q1 $'a\tb'`, "k3": `oncegate job show -- q1 -rf`} {
 		out, errOut, code := run(t, url, "effect", "show", key)
 		if code != 0 || !strings.Contains(out, want) {
 			t.Errorf("effect show %s: exit %d, no %q in\n%s%s", key, code, want, out, errOut)
@@ -242,6 +243,14 @@ func TestJobEnqueuePrintsTheID(t *testing.T) {
 	}
 	if out, _, code = runIn("", "job", "ls", q.Name(), "--state", "ready"); code != 0 || !strings.Contains(out, `bad\nid\tx `) {
 		t.Fatalf("job ls shows the ID as %q", out)
+	}
+	// After "--", a word that starts with "-" is an argument: a job ID may (the command effect show prints
+	// for it has the "--").
+	if _, err := q.Enqueue(ctx, queue.NewJob{ID: "-rf", Kind: "signup"}); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := runIn("", "job", "show", "--", q.Name(), "-rf"); code != 0 || !strings.Contains(out, "-rf") {
+		t.Errorf("job show -- Q -rf: exit %d, %q %q", code, out, errOut)
 	}
 	// An empty ID names no job: a usage error naming it, not "not found", and no requeue of nothing.
 	for _, args := range [][]string{{"job", "show", q.Name(), ""}, {"dead", "requeue", q.Name(), "", "--reason", "r"}} {

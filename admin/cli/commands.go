@@ -165,10 +165,11 @@ func shellQuote(s string) string {
 			b.WriteString(`\n`)
 		case r < 0x20 || r == 0x7f:
 			fmt.Fprintf(&b, `\x%02x`, r)
-		case obeyed(r) && r <= 0xffff:
-			fmt.Fprintf(&b, `\u%04x`, r)
 		case obeyed(r):
-			fmt.Fprintf(&b, `\U%08x`, r)
+			// As its UTF-8 bytes: bash reads \u only in a UTF-8 locale, and under LC_ALL=C kept "\u2066" as text.
+			for _, c := range []byte(string(r)) {
+				fmt.Fprintf(&b, `\x%02x`, c)
+			}
 		default:
 			b.WriteRune(r)
 		}
@@ -361,8 +362,13 @@ func effectShow(c *command, args []string) error {
 			row(w, "held by", fmt.Sprintf("gateway %s, lease until %s", *d.LeaseOwner, cell(d.LeaseExpiresAt)))
 		}
 		if d.JobID != nil && d.JobQueue != nil {
-			row(w, "job", verbatim(fmt.Sprintf("%s in queue %s (epoch %d): oncegate job show %s %s", inline(*d.JobID),
-				inline(*d.JobQueue), *d.JobEpoch, shellQuote(*d.JobQueue), shellQuote(*d.JobID))))
+			// "--" before a queue or ID that starts with "-", which would otherwise be read as a flag.
+			dashes := ""
+			if strings.HasPrefix(*d.JobQueue, "-") || strings.HasPrefix(*d.JobID, "-") {
+				dashes = "-- "
+			}
+			row(w, "job", verbatim(fmt.Sprintf("%s in queue %s (epoch %d): oncegate job show %s%s %s", inline(*d.JobID),
+				inline(*d.JobQueue), *d.JobEpoch, dashes, shellQuote(*d.JobQueue), shellQuote(*d.JobID))))
 		} else if d.JobID != nil {
 			row(w, "job", fmt.Sprintf("%s (epoch %d)", *d.JobID, *d.JobEpoch))
 		} else {

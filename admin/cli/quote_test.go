@@ -14,9 +14,12 @@ func TestShellQuoteIsReadBackByBash(t *testing.T) {
 		t.Fatal("bash is needed to check what a pasted command runs")
 	}
 	for _, s := range []string{"plain-id_1.2:3@x", "sp ace; rm -rf x", "$(touch pwned)", "`id`", "it's", "a\tb",
-		"line\nbreak", "esc\x1b[2Jx", "bidi\u202eexe", "back\\slash", "quote\\'mix", "*", "~root", "!x", "", "é ☃"} {
+		"line\nbreak", "esc\x1b[2Jx", "bidi\u202eexe", "soft\u00adhyphen\u2066", "back\\slash", "quote\\'mix", "*", "~root", "!x", "", "é ☃"} {
 		q := shellQuote(s)
-		out, err := exec.Command(bash, "-c", "printf '%s' "+q).Output()
+		// In the C locale, as in many containers: bash reads \u escapes only in a UTF-8 one.
+		cmd := exec.Command(bash, "-c", "printf '%s' "+q)
+		cmd.Env = []string{"LC_ALL=C", "PATH=/usr/bin:/bin"}
+		out, err := cmd.Output()
 		if err != nil || string(out) != s {
 			t.Errorf("%q quoted as %s reads back as %q (%v)", s, q, out, err)
 		}

@@ -152,15 +152,15 @@ func (p *Provider) Check(ctx context.Context, db providers.Querier) error {
 	case kind != "r" && kind != "p":
 		return fmt.Errorf("postgres: %s is not a table (relkind %q): the provider inserts into a table", p.table, kind)
 	case rules:
-		return fmt.Errorf("postgres: table %s has a rule on INSERT, and Postgres refuses the insert's ON CONFLICT "+
-			"on such a table: drop the rule (a trigger can do its work)", p.table)
+		return fmt.Errorf("postgres: table %s has a rule on INSERT or UPDATE, and Postgres refuses the insert's "+
+			"ON CONFLICT on such a table: drop the rule (a trigger can do its work)", p.table)
 	case !unique && kind == "p":
 		return fmt.Errorf("postgres: table %s is partitioned and has no unique index on effect_id alone, which "+
 			"a partitioned table can have only when partitioned by effect_id (hash): partition it by "+
 			"effect_id, or use a table that is not partitioned", p.table)
 	case !unique:
 		return fmt.Errorf("postgres: table %s has no unique index on effect_id alone: add the column and "+
-			"`ALTER TABLE %s ADD UNIQUE (effect_id)` (not deferrable, not partial; see "+
+			"`ALTER TABLE %s ADD UNIQUE (effect_id)` (not deferrable, not partial, valid; see "+
 			"migrations/00005_stable_id_per_effect.sql)", p.table, p.quoted)
 	}
 	return p.checkColumns(ctx, db)
@@ -176,20 +176,20 @@ func (p *Provider) checkColumns(ctx context.Context, db providers.Querier) error
 		NotNull    bool   `json:"not_null"`
 		HasDefault bool   `json:"has_default"`
 		Identity   bool   `json:"identity"`
+		Sequence   bool   `json:"sequence"`
 		Generated  bool   `json:"generated"`
 	}
 	if err := db.QueryRow(ctx, columnsSQL, p.quoted).Scan(&described); err != nil {
 		return fmt.Errorf("postgres: table %s: %w: %w", p.table, providers.ErrCannotCheck, err)
 	}
 	type column struct {
-		typ                           string
-		notNull, defaulted, generated bool
+		typ                          string
+		notNull, sequence, generated bool
 	}
 	cols := map[string]column{}
 	var extra []string // columns the insert does not name that it would have to
 	for _, d := range described {
-		cols[d.Name] = column{typ: d.Type, notNull: d.NotNull, defaulted: d.HasDefault || d.Identity,
-			generated: d.Generated}
+		cols[d.Name] = column{typ: d.Type, notNull: d.NotNull, sequence: d.Sequence, generated: d.Generated}
 		if _, named := columnTypes[d.Name]; !named && d.NotNull && !d.HasDefault && !d.Identity && !d.Generated {
 			extra = append(extra, d.Name)
 		}
@@ -203,8 +203,9 @@ func (p *Provider) checkColumns(ctx context.Context, db providers.Querier) error
 			problems = append(problems, fmt.Sprintf("no column %s (%s)", want, types[0]))
 		case !slices.Contains(types, c.typ):
 			problems = append(problems, fmt.Sprintf("column %s is %s, want %s", want, c.typ, strings.Join(types, " or ")))
-		case want == "id" && !c.defaulted:
-			problems = append(problems, "column id has no default: the insert leaves it out and reads it back (make it bigserial or an identity)")
+		case want == "id" && !c.sequence:
+			// A constant default gave every event the same event_id.
+			problems = append(problems, "column id draws no new value for each row: the insert leaves it out and reads it back (make it bigserial or an identity)")
 		case want != "id" && c.generated:
 			problems = append(problems, fmt.Sprintf("column %s is generated, and the insert writes it", want))
 		case want == "properties" && c.notNull:

@@ -180,7 +180,9 @@ func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
 			occurred_at timestamptz, effect_id text UNIQUE DEFERRABLE INITIALLY IMMEDIATE);
 		CREATE TABLE old.ruled (id bigserial, tenant text, key text, name text, properties jsonb,
 			occurred_at timestamptz, effect_id text UNIQUE);
-		CREATE RULE log_insert AS ON INSERT TO old.ruled DO ALSO NOTIFY ruled;
+		CREATE RULE log_update AS ON UPDATE TO old.ruled DO ALSO NOTIFY ruled;
+		CREATE TABLE old.constant (id bigint NOT NULL DEFAULT 0, tenant text, key text, name text, properties jsonb,
+			occurred_at timestamptz, effect_id text UNIQUE);
 		CREATE VIEW old.viewed AS SELECT * FROM old.good;
 		CREATE TABLE old.ranged (id bigserial, tenant text, key text, name text, properties jsonb,
 			occurred_at timestamptz, effect_id text) PARTITION BY RANGE (occurred_at);
@@ -196,15 +198,16 @@ func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
 		"old.partial":  "no unique index on effect_id",
 		"old.shaped": "no column id (bigint); column properties is text, want jsonb or json; " +
 			"column occurred_at is date, want timestamp with time zone",
-		"old.noid": "column id has no default: the insert leaves it out and reads it back (make it bigserial or an identity); " +
+		"old.noid": "column id draws no new value for each row: the insert leaves it out and reads it back (make it bigserial or an identity); " +
 			"column occurred_at is timestamp without time zone, want timestamp with time zone; " +
 			"column effect_id is character varying(20), want text or character varying; " +
 			"column source is NOT NULL without a default, and the insert gives it no value",
-		"old.generated": "column id has no default: the insert leaves it out and reads it back (make it bigserial or an identity); " +
+		"old.generated": "column id draws no new value for each row: the insert leaves it out and reads it back (make it bigserial or an identity); " +
 			"column name is generated, and the insert writes it; " +
 			"column properties is NOT NULL, and an event may have none (properties is optional)",
 		"old.deferrable": "no unique index on effect_id alone",
-		"old.ruled":      "has a rule on INSERT",
+		"old.ruled":      "has a rule on INSERT or UPDATE",
+		"old.constant":   "column id draws no new value for each row",
 		"old.viewed":     `is not a table (relkind "v")`,
 		"old.ranged":     "is partitioned and has no unique index on effect_id alone",
 		"old.hashed":     "",

@@ -10,7 +10,11 @@ SELECT coalesce(json_agg(json_build_object(
         'not_null', a.attnotnull,
         'has_default', a.atthasdef AND a.attgenerated = '',
         'identity', a.attidentity <> '',
-        'sequence', a.attidentity <> '' OR pg_get_expr(d.adbin, d.adrelid) LIKE 'nextval(%',
+        -- A default that draws from a sequence depends on it (serial, or nextval of one's own), read from
+        -- pg_depend: pg_get_expr would lock the table, and a gateway started while a migration held it waited.
+        'sequence', a.attidentity <> '' OR EXISTS (
+            SELECT 1 FROM pg_depend dep JOIN pg_class s ON s.oid = dep.refobjid AND s.relkind = 'S'
+            WHERE dep.classid = 'pg_attrdef'::regclass AND dep.objid = d.oid),
         'generated', a.attgenerated <> '')
     ORDER BY a.attnum), '[]')
 FROM pg_attribute a

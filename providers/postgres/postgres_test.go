@@ -223,6 +223,22 @@ func TestCheckNamesATableThatCannotTakeEvents(t *testing.T) {
 			t.Errorf("table %q: Check = %v, want %q", table, err, want)
 		}
 	}
+	// The check reads catalogs only: a table another session holds (a migration, a test's LOCK) does not hold
+	// up a gateway's start. Reading a column's default with pg_get_expr locked it, and a start waited.
+	locker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer locker.Rollback(ctx) //nolint:errcheck
+	if _, err := locker.Exec(ctx, "LOCK TABLE old.good IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := New(Config{Table: "old.good"})
+	bounded, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := p.Check(bounded, pool); err != nil {
+		t.Fatalf("Check of a locked table: %v", err)
+	}
 }
 
 // An event without occurred_at happened when its effect was requested, not when a delivery (a retry's,

@@ -158,9 +158,6 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []leased, now, next, ca
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	k := w.q.keys
-	w.mu.Lock()
-	w.leasing = true // until register records the answer
-	w.mu.Unlock()
 	keys := []string{k.jobs, k.payloads, k.ready, k.delayed, k.leases, k.owned, k.workers, k.marker, k.leaseSeq,
 		k.paused, k.epochFloor, k.dead}
 	cmd, err := w.q.runDurable(lctx, w.rdb, w.q.replicas(lctx), leaseScript, keys,
@@ -171,7 +168,8 @@ func (w *Worker) lease(ctx context.Context, n int) (jobs []leased, now, next, ca
 	}
 	if err != nil {
 		w.mu.Lock()
-		w.leasing = false // the answer is lost: what the call leased, if anything, is an orphan now
+		// The answer is lost: what the call leased, if anything, is an orphan now, handed back once a later
+		// call's answer has come back.
 		w.inDoubt += n
 		w.doubtAfter = 0
 		w.mu.Unlock()
@@ -241,7 +239,6 @@ func (w *Worker) register(handlerCtx context.Context, jobs []leased, leaseCall i
 		w.runs[runKey{id: l.id, epoch: l.epoch}] = &run{cancel: cancel}
 		ctxs[i] = ctx
 	}
-	w.leasing = false
 	w.leasedUpTo = leaseCall
 	if w.inDoubt > 0 && w.doubtAfter == 0 {
 		w.doubtAfter = leaseCall

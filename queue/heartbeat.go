@@ -18,14 +18,14 @@ import (
 
 // heartbeatState returns what a heartbeat asks about, read at one instant: the (id, epoch) pairs of the runs
 // that hold a lease, and the lease call number below which a lease of this worker's that is not among them can
-// only be one whose answer was lost (0 while a lease call is out).
+// only be one whose answer was lost. A lease call out meanwhile does not change that: Redis numbers it after
+// every call whose answer came back, so its leases are never below the number. (Asking for none while a call
+// was out left the lost leases in place for as long as the fetcher kept a call out at each beat, which under
+// load is nearly always: an outside tester saw them wait out a whole lease after a failover, and stall.)
 func (w *Worker) heartbeatState() (pairs []any, orphansBefore int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.leasing {
-		orphansBefore = w.leasedUpTo
-	}
-	return w.livePairsLocked(), orphansBefore
+	return w.livePairsLocked(), w.leasedUpTo
 }
 
 // heartbeat marks the worker seen, extends the leases of its runs, cancels each run whose lease is gone, and

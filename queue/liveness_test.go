@@ -16,6 +16,7 @@ import (
 
 	"github.com/oncegate/oncegate/internal/reliability"
 	"github.com/oncegate/oncegate/internal/testkit/proctest"
+	"github.com/oncegate/oncegate/internal/testkit/redistest"
 	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
@@ -489,6 +490,42 @@ func TestLeaseLostOnTheWayIsHandedBack(t *testing.T) {
 	j := waitState(t, q, "ghost", StateCompleted, 20*time.Second)
 	if j.Stalls != 0 || j.Epoch != 2 {
 		t.Fatalf("ghost = %+v; want handed back without a stall and run under epoch 2", j)
+	}
+}
+
+// An outside tester's finding: a Redis failover cut off the answer of a lease call that had leased jobs, and
+// they sat active under the live worker that never heard of them for a whole lease, then came back through the
+// sweeper counted as stalls. The heartbeat hands such leases back once a later lease call has been answered,
+// but it asked for none while a lease call was out, and under load one nearly always is. Here every answer
+// comes 150 ms late, so that a lease call is out at every beat.
+func TestLeaseLostOnTheWayIsHandedBackWhileLeaseCallsAreOut(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	px := redistest.StartProxy(t, r.Addr())
+	px.Slow(150 * time.Millisecond)
+	slow := redis.NewClient(&redis.Options{Addr: px.Addr()})
+	defer slow.Close()
+	name := testenv.Name(t, "q")
+	q, err := New(slow, name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct, err := New(r.Client(t), name, nil) // the test's own calls, at full speed
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2000 {
+		mustEnqueue(t, direct, NewJob{ID: fmt.Sprint("job-", i)})
+	}
+	var ran atomic.Int64
+	w := runWorker(t, q, HandlerFunc(func(context.Context, *Job) error { ran.Add(1); return nil }),
+		&WorkerConfig{Concurrency: 4})
+	testenv.Eventually(t, 10*time.Second, "the worker ran a job", func() bool { return ran.Load() > 0 })
+	primeSweeper(t, direct)
+	orphan := leaseAs(t, direct, w.ID(), 1, time.Hour)[0]
+	j := waitState(t, direct, orphan.ID, StateCompleted, 10*time.Second)
+	if j.Stalls != 0 || j.Epoch != orphan.Epoch+1 {
+		t.Fatalf("%s = %+v; want handed back without a stall and run under epoch %d", orphan.ID, j, orphan.Epoch+1)
 	}
 }
 

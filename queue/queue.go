@@ -241,6 +241,11 @@ type NewJob struct {
 // was added; Job is then the existing job, with the payload of the first enqueue. When that job completed
 // and its record is no longer retained (it is still inside Options.DedupWindow), Job holds only its ID,
 // State (StateCompleted) and FinishedAt.
+//
+// The job that existed may be this very call's: a client that retries a command after a network error
+// (go-redis does, up to its MaxRetries, by default) runs the call again when its first try reached Redis and the
+// answer was lost, as in a failover, and the second try finds the job the first added, though the caller saw no
+// error. Count a Duplicate as "stored", not as "sent twice"; set MaxRetries to -1 to be told of the error instead.
 type EnqueueResult struct {
 	Job       *Job
 	Duplicate bool

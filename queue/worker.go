@@ -170,10 +170,8 @@ type Worker struct {
 	mu    sync.Mutex
 	runs  map[runKey]*run
 	freed chan struct{} // rung when a slot frees up
-	// leasing is true while a lease call is out; leasedUpTo is the number of the last lease call whose answer
-	// came back, its jobs registered as runs. Together they tell the heartbeat which leases of this worker's
-	// it can never have heard of (see heartbeat.lua).
-	leasing    bool
+	// leasedUpTo is the number of the last lease call whose answer came back, its jobs registered as runs: it
+	// tells the heartbeat which leases of this worker's it can never have heard of (see heartbeat.lua).
 	leasedUpTo int64
 	// inDoubt counts the jobs that lease calls whose answer was lost may have leased: Redis may hold them for
 	// this worker, which does not know them, until a heartbeat hands them back, which it does once a later

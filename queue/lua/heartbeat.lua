@@ -3,9 +3,10 @@
 --
 -- It also hands back jobs leased to this worker that it does not know it holds: a lease whose answer was lost
 -- on the way (a timeout, a dropped connection) would otherwise sit idle until its lease ran out, and count a
--- stall. The worker's fetcher leases one call at a time, so a lease of this worker's made by an earlier call than
--- the last one whose answer the worker registered (ARGV[4], a lease call number), with no lease call out since,
--- can only be one whose answer was lost. A slow answer still on its way is never taken for one.
+-- stall. The worker's fetcher leases one call at a time, and Redis numbers each call after the ones before it, so
+-- a lease of this worker's made by an earlier call than the last one whose answer the worker registered
+-- (ARGV[4], a lease call number) can only be one whose answer was lost. A slow answer still on its way, from a
+-- call out as the beat is sent, has a number above it and is never taken for one.
 --
 -- KEYS[1] jobs  KEYS[2] leases  KEYS[3] workers  KEYS[4] owned  KEYS[5] ready  KEYS[6] marker
 -- ARGV[1] worker id

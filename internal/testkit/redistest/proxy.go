@@ -5,7 +5,9 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // Proxy is a TCP proxy in front of a server, so that a test can cut some of the server's peers off (those that
@@ -15,6 +17,8 @@ type Proxy struct {
 	t      testing.TB
 	target string
 	l      net.Listener
+
+	slow atomic.Int64 // ns each chunk of the server's answers waits before it goes on
 
 	mu    sync.Mutex
 	cut   bool
@@ -64,6 +68,10 @@ func (p *Proxy) Cut() {
 	clear(p.conns)
 }
 
+// Slow holds each chunk of what the server sends back for d before passing it on (0: at once), so that every
+// call through the proxy is out for at least d: a distant or overloaded server.
+func (p *Proxy) Slow(d time.Duration) { p.slow.Store(int64(d)) }
+
 // Heal lets connections through again.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
@@ -99,7 +107,11 @@ func (p *Proxy) accept() {
 		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
 		p.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
+			if src == out {
+				_, _ = io.Copy(dst, slowReader{src, &p.slow})
+			} else {
+				_, _ = io.Copy(dst, src)
+			}
 			_ = dst.Close()
 			_ = src.Close()
 			p.mu.Lock()
@@ -110,4 +122,18 @@ func (p *Proxy) accept() {
 		p.wg.Go(func() { pipe(out, in) })
 		p.wg.Go(func() { pipe(in, out) })
 	}
+}
+
+// slowReader holds each chunk it reads for the proxy's current delay.
+type slowReader struct {
+	r     io.Reader
+	delay *atomic.Int64
+}
+
+func (s slowReader) Read(b []byte) (int, error) {
+	n, err := s.r.Read(b)
+	if d := time.Duration(s.delay.Load()); d > 0 && n > 0 {
+		time.Sleep(d)
+	}
+	return n, err
 }

@@ -135,6 +135,14 @@ func ReadOnly(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == ReadOnlySQLState
 }
 
+// NoPrimary reports whether err says that the servers reached are all read-only: a write refused with 25006,
+// or a connection that target_session_attrs=read-write turned down on every host. A failover in progress, or a
+// primary set read-only by hand: not a server that does not answer, and an operator looks elsewhere for it.
+func NoPrimary(err error) bool {
+	// pgconn turns a host down with this text (ValidateConnectTargetSessionAttrsReadWrite), and no type.
+	return ReadOnly(err) || err != nil && strings.Contains(err.Error(), "read only connection")
+}
+
 // unavailable reports whether err means the database cannot be reached right now, as opposed to a bug.
 func unavailable(err error) bool {
 	var pgErr *pgconn.PgError

@@ -98,6 +98,10 @@ func problemFor(err error) *problemError {
 		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database has no partition for " +
 			"the present yet (a gateway's partition manager makes it at its next pass; /readyz says when); retry " +
 			"with the same Idempotency-Key: nothing was recorded"}
+	case errors.Is(err, dedup.ErrUnavailable) && dedup.NoPrimary(err):
+		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database is read-only: no server " +
+			"reached takes writes (a failover in progress, or default_transaction_read_only on); retry with the " +
+			"same Idempotency-Key once a primary is back: nothing was recorded by this attempt"}
 	case errors.Is(err, dedup.ErrUnavailable):
 		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database did not answer in time " +
 			"(it is unreachable, or its commits wait for a synchronous standby that is not there); retry with the " +

@@ -9,6 +9,7 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
+	"github.com/oncegate/oncegate/dedup"
 	"net/http"
 	"slices"
 	"sort"
@@ -111,7 +112,12 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	if err := g.pool.Ping(ctx); err != nil {
 		w.Header().Set("Retry-After", "1")
-		writeProblem(w, probUnavailable, "", "the database cannot be reached")
+		detail := "the database cannot be reached"
+		if dedup.NoPrimary(err) {
+			detail = "the database is read-only: no server reached takes writes (a failover in progress, or " +
+				"default_transaction_read_only on)"
+		}
+		writeProblem(w, probUnavailable, "", detail)
 		return
 	}
 	db := stdlib.OpenDBFromPool(g.pool)

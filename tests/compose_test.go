@@ -43,6 +43,22 @@ func TestComposeFileIsValidAndMatchesTheDocs(t *testing.T) {
 		}
 	}
 
+	// The API key the README gives a newcomer is the one the gateway takes and the worker sends (an outside
+	// tester was handed a short key the gateway refuses).
+	m := regexp.MustCompile("(?m)^\\| `gateway` \\|.*API key `([^`]+)`").FindStringSubmatch(string(readme))
+	if m == nil {
+		t.Fatal("the README's compose table names no API key for the gateway")
+	}
+	for svc, env := range map[string]string{"gateway": "ACME_API_KEY", "worker": "GATEWAY_API_KEY"} {
+		got := "(unset)"
+		if v := project.Services[svc].Environment[env]; v != nil {
+			got = *v
+		}
+		if got != m[1] {
+			t.Errorf("the README gives the API key %q; compose.yaml's %s has %s=%s", m[1], svc, env, got)
+		}
+	}
+
 	redis := project.Services["redis"]
 	cmd := strings.Join(redis.Command, " ")
 	for _, want := range []string{"--appendonly yes", "--maxmemory-policy noeviction"} {
@@ -62,8 +78,6 @@ func TestComposeFileIsValidAndMatchesTheDocs(t *testing.T) {
 	}
 }
 
-// composeServicesInReadme returns the first column of the table in the README section whose heading names
-// `docker compose up`.
 // The configuration compose.yaml mounts into the gateway loads.
 func TestComposeGatewayConfigLoads(t *testing.T) {
 	t.Setenv("DATABASE_URL", "postgres://postgres:postgres@postgres:5432/oncegate")
@@ -77,6 +91,8 @@ func TestComposeGatewayConfigLoads(t *testing.T) {
 	}
 }
 
+// composeServicesInReadme returns the first column of the table in the README section whose heading names
+// `docker compose up`.
 func composeServicesInReadme(t *testing.T, readme string) []string {
 	t.Helper()
 	loc := regexp.MustCompile("(?m)^## .*`docker compose up`.*$").FindStringIndex(readme)

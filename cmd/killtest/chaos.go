@@ -263,7 +263,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 			}
 			next = time.Now().Add(jitter(cfg.KillEvery))
 		}
-		time.Sleep(20 * time.Millisecond)
+		if err := pause(ctx, 20*time.Millisecond); err != nil {
+			return ChaosReport{}, err
+		}
 	}
 
 	// Every job is done; let the outbox drain (deliveries of killed gateways are rescued after their lease).
@@ -283,7 +285,9 @@ func Chaos(ctx context.Context, env Env, cfg ChaosConfig) (ChaosReport, error) {
 		if time.Now().After(end) {
 			return ChaosReport{}, fmt.Errorf("%d effects still undelivered 2 minutes after the last job", open)
 		}
-		time.Sleep(100 * time.Millisecond)
+		if err := pause(ctx, 100*time.Millisecond); err != nil {
+			return ChaosReport{}, err
+		}
 	}
 
 	st, _ := q.Stats(ctx)

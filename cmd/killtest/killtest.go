@@ -51,6 +51,8 @@ type Env struct {
 	// Self is this program, re-executed for the child roles; Gateway and Worker are the binaries.
 	Self, Gateway, Worker string
 	Log                   io.Writer // the children's stderr
+	// Dir holds the gateways' config files; the run removes it at its end.
+	Dir string
 	// GatewayLogLevel is the gateways' --log-level: warn, or debug to see each outcome's handoff (with -v).
 	GatewayLogLevel string
 }
@@ -154,6 +156,9 @@ func InMemory(ctx context.Context, env Env) (Row, error) {
 	case <-time.After(60 * time.Second):
 		first.kill()
 		return Row{}, errors.New("in-memory worker sent no email for user_6 within 60s")
+	case <-ctx.Done():
+		first.kill()
+		return Row{}, ctx.Err()
 	}
 	// The restarted process has no jobs: the list died with the old one.
 	second, err := start(env, env.Self, []string{"child", "memory", "--smtp", srv.Addr, "--users", "0"})
@@ -164,6 +169,9 @@ func InMemory(ctx context.Context, env Env) (Row, error) {
 	case <-second.done:
 	case <-time.After(10 * time.Second):
 		second.kill()
+	case <-ctx.Done():
+		second.kill()
+		return Row{}, ctx.Err()
 	}
 	return row("in-memory queue", srv), nil
 }
@@ -207,6 +215,9 @@ func leaseRun(ctx context.Context, name string, srv *smtptest.Server, q *queue.Q
 	case <-time.After(60 * time.Second):
 		first.kill()
 		return Row{}, errors.New("no email for user_6 within 60s")
+	case <-ctx.Done():
+		first.kill()
+		return Row{}, ctx.Err()
 	}
 	// The killed run's epoch: the re-run is the next lease, whatever epoch the job started from (a job ID
 	// used before starts above its earlier job's epochs, so "epoch 2" is no re-run).
@@ -240,9 +251,11 @@ func leaseRun(ctx context.Context, name string, srv *smtptest.Server, q *queue.Q
 		if time.Now().After(deadline) {
 			return Row{}, fmt.Errorf("jobs unfinished 2 minutes after the kill: %v", s.Counts)
 		}
-		time.Sleep(50 * time.Millisecond)
+		if err := pause(ctx, 50*time.Millisecond); err != nil {
+			return Row{}, err
+		}
 	}
-	settle(srv)
+	settle(ctx, srv)
 	r := row(name, srv)
 	r.TakeoverSeconds = takeover.Round(10 * time.Millisecond).Seconds()
 	return r, nil
@@ -252,11 +265,13 @@ func leaseRun(ctx context.Context, name string, srv *smtptest.Server, q *queue.Q
 // once the email is recorded, and sends it after, so on a loaded machine the last few can trail the jobs by
 // seconds (a CI run counted 5 of 20 as never emailed). It waits until every user has one, or no email has
 // come for 3 s, at most 30 s; a lost email is still counted as never emailed.
-func settle(srv *smtptest.Server) {
+func settle(ctx context.Context, srv *smtptest.Server) {
 	deadline := time.Now().Add(30 * time.Second)
 	last, quietSince := len(count(srv)), time.Now()
 	for last < Users && time.Now().Before(deadline) && time.Since(quietSince) < 3*time.Second {
-		time.Sleep(50 * time.Millisecond)
+		if pause(ctx, 50*time.Millisecond) != nil {
+			return
+		}
 		if n := len(count(srv)); n != last {
 			last, quietSince = n, time.Now()
 		}
@@ -333,7 +348,7 @@ const APIKey = "killtest-api-key-8b3e5d1f7a9c2e4b6d0f"
 // StartGateway runs the gateway binary on dbURL with the given effect types (name -> YAML flow mapping),
 // listening on listen ("127.0.0.1:0" for any port), and returns it, its base URL and a stop function.
 func StartGateway(env Env, dbURL, listen string, types map[string]string) (*proc, string, func(), error) {
-	dir, err := os.MkdirTemp("", "killtest-")
+	dir, err := os.MkdirTemp(env.Dir, "gateway-")
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -404,6 +419,16 @@ func createDatabase(ctx context.Context, adminURL string) (string, func(), error
 		_, _ = conn.Exec(context.Background(), "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)")
 		conn.Close(context.Background())
 	}, nil
+}
+
+// pause sleeps for d, or returns ctx's error as soon as the run is interrupted.
+func pause(ctx context.Context, d time.Duration) error {
+	select {
+	case <-time.After(d):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }

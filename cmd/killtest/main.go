@@ -21,7 +21,9 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
+	"syscall"
 	"time"
 )
 
@@ -29,14 +31,25 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "child" {
 		os.Exit(Child(os.Args[2:]))
 	}
-	if err := run(); err != nil {
+	// Ctrl-C (or a SIGTERM) stops the run where it is: the waits end, and the deferred clean-ups stop what it
+	// started and remove its database, queue and files. The terminal's SIGINT reaches the children too, and a
+	// run that went on would only wait out its timeouts and report them as the product's failure.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx)
+	interrupted := ctx.Err() != nil
+	stop()
+	switch {
+	case interrupted:
+		fmt.Fprintln(os.Stderr, "killtest: interrupted; what the run started is stopped and removed")
+		os.Exit(130)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "killtest:", err)
 		os.Exit(1)
 	}
 }
 
-// run is the demo. Its deferred clean-up (the binaries it built) runs whatever the result.
-func run() error {
+// run is the demo. Its deferred clean-ups (the binaries it built, the gateways' files) run whatever the result.
+func run(ctx context.Context) error {
 	asJSON := flag.Bool("json", false, "print the results as JSON")
 	bin := flag.String("bin", "", "folder with the gateway and worker binaries (default: built into a temporary folder)")
 	verbose := flag.Bool("v", false, "show the processes' logs")
@@ -45,6 +58,13 @@ func run() error {
 	spare := flag.Bool("spare", false, "chaos mode: never kill gateway-0 and worker-0, and report their memory (a soak)")
 	gatewayLog := flag.String("gateway-log-level", "warn", "the gateways' --log-level; debug logs each delivery's outcome as the destination accepted it and as it was handed to Postgres (with -v: where a resend's time went)")
 	flag.Parse()
+	switch {
+	case *chaosJobs < 0 || *chaosJobs%3 != 0:
+		return fmt.Errorf("--jobs %d: chaos mode runs the three demo kinds in equal numbers: give a positive "+
+			"multiple of 3", *chaosJobs)
+	case *killEvery < 0:
+		return fmt.Errorf("--kill-every %v: give a positive time between kills, or 0 for none", *killEvery)
+	}
 
 	self, err := os.Executable()
 	if err != nil {
@@ -61,7 +81,12 @@ func run() error {
 		return err
 	}
 	defer cleanup()
-	ctx := context.Background()
+	// The gateways' config files (each holds the tenant's key and the webhook secret) go in one folder that
+	// goes with the run, however many restarts chaos mode made.
+	if env.Dir, err = os.MkdirTemp("", "killtest-"); err != nil {
+		return err
+	}
+	defer func() { _ = os.RemoveAll(env.Dir) }()
 	if *chaosJobs > 0 {
 		return chaos(ctx, env, *chaosJobs, *killEvery, *spare, *asJSON)
 	}
@@ -111,7 +136,11 @@ func chaos(ctx context.Context, env Env, n int, every time.Duration, spare, asJS
 		out, _ := json.MarshalIndent(map[string]any{"chaos": r, "ok": r.OK()}, "", "  ")
 		fmt.Println(string(out))
 	} else {
-		fmt.Printf("\nchaos: %d jobs, a worker or gateway SIGKILLed about every %v and restarted; %.1fs\n", n, every, r.Seconds)
+		if every > 0 {
+			fmt.Printf("\nchaos: %d jobs, a worker or gateway SIGKILLed about every %v and restarted; %.1fs\n", n, every, r.Seconds)
+		} else {
+			fmt.Printf("\nchaos: %d jobs, no process killed (--kill-every 0); %.1fs\n", n, r.Seconds)
+		}
 		fmt.Printf("kills: %v\n\n", r.Kills)
 		fmt.Print(ChaosTable(r))
 		fmt.Println("\nLost must be 0 everywhere, and analytics duplicates 0: the insert commits with its record.")

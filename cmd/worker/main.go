@@ -79,8 +79,8 @@ func run(args []string) error {
 	emailType := fs.String("email-type", "welcome-email", "effect type of signup jobs' email")
 	clickType := fs.String("click-type", "clicks", "effect type of click jobs' event")
 	orderType := fs.String("order-type", "order-webhook", "effect type of order jobs' webhook")
-	level := fs.String("log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error")
-	metricsAddr := fs.String("metrics", env("METRICS_ADDR", ""), "serve Prometheus /metrics on this address, as 127.0.0.1:9091")
+	level := fs.String("log-level", env("LOG_LEVEL", "info"), "debug, info, warn or error (LOG_LEVEL)")
+	metricsAddr := fs.String("metrics", env("METRICS_ADDR", ""), "serve Prometheus /metrics on this address, as 127.0.0.1:9091 (METRICS_ADDR)")
 	_ = fs.Parse(args[1:])
 
 	log, tel, stopTelemetry, err := telemetry.Start(*level, "worker")

@@ -213,10 +213,15 @@ type InvalidError struct {
 func (e *InvalidError) Error() string        { return e.Field + ": " + e.Reason }
 func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
 
-// NotFoundError names what was not found.
-type NotFoundError struct{ What string }
+// NotFoundError names what was not found, and where a thing can also be gone by design, says how.
+type NotFoundError struct{ What, Hint string }
 
-func (e *NotFoundError) Error() string        { return e.What + " not found" }
+func (e *NotFoundError) Error() string {
+	if e.Hint != "" {
+		return e.What + " not found (" + e.Hint + ")"
+	}
+	return e.What + " not found"
+}
 func (e *NotFoundError) Is(target error) bool { return target == ErrNotFound }
 
 // StateError says why the target's state refuses the action.

@@ -286,7 +286,7 @@ func (s *Service) resolveTenant(ctx context.Context, tenant, key string) (string
 	}
 	switch len(tenants) {
 	case 0:
-		return "", &NotFoundError{What: fmt.Sprintf("effect %q", key)}
+		return "", &NotFoundError{What: fmt.Sprintf("effect %q", key), Hint: retiredHint}
 	case 1:
 		return tenants[0], nil
 	}
@@ -342,7 +342,7 @@ func (s *Service) effect(ctx context.Context, tenant, key string) (*EffectDetail
 	e, err := scanEffect(s.db.QueryRow(ctx, effectGetSQL, tenant, key), &stable, &payload, &result,
 		&d.LeaseOwner, &d.LeaseExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
+		return nil, &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant), Hint: retiredHint}
 	}
 	if err != nil {
 		return nil, dbError("read the effect", err)
@@ -491,12 +491,16 @@ func (s *Service) effectByID(ctx context.Context, tx pgx.Tx, id int64) (*Effect,
 	return e, nil
 }
 
+// retiredHint tells a key that never was from one retired: an operator chasing a complaint about an old
+// effect otherwise cannot tell a typo from retention (an outside tester's finding).
+const retiredHint = "or retired: an effect and its key are kept retention.keys after the effect finished, then dropped"
+
 // changeError explains a change the store refused: the effect is missing, or in a state the change refuses.
 func changeError(verb, key, tenant string, err error) error {
 	var wrong *dedup.WrongStatusError
 	switch {
 	case errors.Is(err, dedup.ErrNotFound):
-		return &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant)}
+		return &NotFoundError{What: fmt.Sprintf("effect %q of tenant %q", key, tenant), Hint: retiredHint}
 	case errors.Is(err, dedup.ErrBodyExpired):
 		return &StateError{Msg: fmt.Sprintf("cannot %s effect %q: its payload expired (retention.payloads), so "+
 			"there is nothing to send again", verb, key)}

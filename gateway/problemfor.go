@@ -82,7 +82,9 @@ func problemFor(err error) *problemError {
 		return &problemError{kind: probInvalid, field: "payload", detail: "the payload cannot be stored: " +
 			unstorable.Reason}
 	case errors.Is(err, dedup.ErrNotFound):
-		return &problemError{kind: probNotFound, detail: fmt.Sprintf("no effect under the key %q", subject.key)}
+		return &problemError{kind: probNotFound, detail: fmt.Sprintf("no effect under the key %q (or it was "+
+			"retired: an effect and its key are kept retention.keys after the effect finished, then dropped)",
+			subject.key)}
 	case errors.Is(err, dedup.ErrBodyExpired):
 		return &problemError{kind: probNotRetryable, detail: "the effect's payload expired (retention.payloads): " +
 			"it cannot be sent again; send it as a new request under a new Idempotency-Key"}

@@ -353,3 +353,14 @@ func TestTenantLsShowsFleetBuckets(t *testing.T) {
 		}
 	}
 }
+
+// A key the store does not hold is "not found" (exit 3), with a word for the operator chasing an old effect:
+// it may have been retired with its key, not mistyped (an outside tester could not tell the two apart).
+func TestEffectNotFoundSaysItMayHaveBeenRetired(t *testing.T) {
+	t.Parallel()
+	url := pgtest.Database(t)
+	out, errOut, code := run(t, url, "effect", "show", "never-was")
+	if code != 3 || out != "" || !strings.Contains(errOut, `effect "never-was" not found (or retired: an effect and its key are kept retention.keys`) {
+		t.Errorf("exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}

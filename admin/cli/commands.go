@@ -390,7 +390,8 @@ func effectShow(c *command, args []string) error {
 			row(w, "resolution", fmt.Sprintf("%s by %s at %s: %s", r.As, r.By, cell(r.At), r.Reason))
 		}
 		if d.BodyExpired {
-			row(w, "payload", "(expired: retention.payloads; the effect stays until retention.keys)")
+			row(w, "payload", "(expired: retention.payloads; the effect's record is kept retention.keys after it finished, longer "+
+				"while its partition holds rows still in use)")
 		} else {
 			row(w, "payload", truncate(string(d.Payload), 200))
 		}

@@ -654,3 +654,103 @@ func TestTablesAfterAnEffectsPartitionThatCouldNotGoWait(t *testing.T) {
 		t.Fatalf("once the reader was gone, the pass kept %s (dropped %v)", replays, rep.Dropped)
 	}
 }
+
+// A new database's first partitions are the migrations', which run to the start of the day after tomorrow
+// whatever the interval (an outside tester could not rehearse minute partitions and retention on a database
+// of their own for two days). A manager gives each table that holds no row yet partitions of its interval at
+// once, from the interval before the present one; a table with a row keeps its partitions, which end in their
+// time. Rows go into the new partitions.
+func TestAnEmptyTableTakesTheIntervalAtOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := pgtest.Database(t)
+	pool := pgtest.Pool(t, url)
+	now := time.Now()
+	e := &effects{t: t, pool: pool}
+	written := e.add("written", seeded{at: now, finished: &now, expires: now.Add(time.Hour)}) // effects and replays
+	holds := partitionOf(t, pool, partitions.Effects.Name, written)
+	m := manager(t, url, partitions.Config{Tables: partitions.Tables(dedup.FreePartitionKeys,
+		dedup.RestorePartitionKeys, time.Minute), Interval: time.Minute, Retention: 3 * time.Minute,
+		Now: func() time.Time { return now }})
+	if _, err := m.Pass(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if p := partitionOf(t, pool, partitions.Effects.Name, written); p != holds ||
+		bounds(t, pool, partitions.Effects)[0].upper.Sub(now) < 24*time.Hour {
+		t.Errorf("the effects, which hold a row, were given other partitions: %v", bounds(t, pool, partitions.Effects))
+	}
+	floor := now.UTC().Truncate(time.Minute)
+	for _, table := range []partitions.Table{partitions.Bodies, partitions.Attempts} {
+		ps := bounds(t, pool, table)
+		if len(ps) < 3 || ps[0].lower == nil || !ps[0].lower.Equal(floor.Add(-time.Minute)) ||
+			ps[len(ps)-1].upper.Before(floor.Add(3*time.Minute)) {
+			t.Fatalf("%s, empty, has %d partitions from %v to %v; want minutes from %v to 3 minutes ahead at least",
+				table.Name, len(ps), ps[0].lower, ps[len(ps)-1].upper, floor.Add(-time.Minute))
+		}
+		for _, p := range ps {
+			if p.upper.Sub(*p.lower) != time.Minute {
+				t.Errorf("%s: partition %s runs from %v to %v", table.Name, p.name, p.lower, p.upper)
+			}
+		}
+	}
+	id := partitions.EffectID(now) + 1000
+	if _, err := pool.Exec(ctx, `INSERT INTO oncegate_effect_bodies (effect_id, tenant, payload) VALUES ($1, 't', '{}')`, id); err != nil {
+		t.Fatalf("a body of the present: %v", err)
+	}
+	if p := partitionOf(t, pool, partitions.Bodies.Name, id); p != partitions.Bodies.Name+"_p"+floor.Format("20060102t150405") {
+		t.Errorf("the body went into %s", p)
+	}
+	// The next pass leaves a table with a row as it is, though its partition is still longer than the interval.
+	bodies := fmt.Sprint(bounds(t, pool, partitions.Bodies))
+	rep, err := m.Pass(ctx)
+	if err != nil || len(rep.Dropped) != 0 || bodies != fmt.Sprint(bounds(t, pool, partitions.Bodies)) {
+		t.Fatalf("second pass: dropped %v, %v; the bodies' partitions went from %v to %v", rep.Dropped, err,
+			bodies, bounds(t, pool, partitions.Bodies))
+	}
+}
+
+// bounds lists a table's partitions as list does, reading an effect id's bound as the time it tells.
+func bounds(t *testing.T, pool *pgxpool.Pool, table partitions.Table) []part {
+	t.Helper()
+	if !table.ByEffectID {
+		return list(t, pool, table.Name)
+	}
+	rows, err := pool.Query(context.Background(), `SELECT c.relname::text, i.inhdetachpending,
+		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::bigint,
+		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::bigint
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass ORDER BY 4`,
+		table.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var ps []part
+	for rows.Next() {
+		var p part
+		var lo, hi *int64
+		if err := rows.Scan(&p.name, &p.pending, &lo, &hi); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range []struct {
+			id *int64
+			at **time.Time
+		}{{lo, &p.lower}, {hi, &p.upper}} {
+			if b.id != nil {
+				at := partitions.EffectTime(*b.id)
+				*b.at = &at
+			}
+		}
+		ps = append(ps, p)
+	}
+	return ps
+}
+
+func (p part) String() string {
+	at := func(t *time.Time) string {
+		if t == nil {
+			return "unbounded"
+		}
+		return t.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("%s [%s, %s) pending %v", p.name, at(p.lower), at(p.upper), p.pending)
+}

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -602,6 +603,18 @@ func (m *Manager) ahead(ctx context.Context, rep *Report) error {
 		if err != nil {
 			return err
 		}
+		if m.oversize(ps, m.cfg.Now()) {
+			switch done, err := m.fresh(ctx, t, rep); {
+			case err != nil:
+				// Left as it is: the table works with its long partition, as before.
+				m.cfg.Logger.Warn("partitions: could not give an empty table partitions of the interval; it "+
+					"keeps its first partitions until they end", "table", t.Name, "err", err)
+			case done:
+				if ps, err = list(ctx, m.conn, t); err != nil {
+					return err
+				}
+			}
+		}
 		if qs, names := m.creates(t, ps, m.cfg.Now()); len(qs) > 0 {
 			all = append(all, todo{t.Name, qs, names})
 		}
@@ -638,6 +651,71 @@ func (m *Manager) ahead(ctx context.Context, rep *Report) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// oversize reports whether the newest partition ends more than an interval past where the manager makes
+// partitions ahead to: a new database's first partitions (the migrations', which run to the start of the day
+// after tomorrow whatever the interval: migrations are SQL and know no configuration), or a longer interval's.
+func (m *Manager) oversize(ps []partition, now time.Time) bool {
+	if len(ps) == 0 || ps[len(ps)-1].upper == nil {
+		return false
+	}
+	iv := m.cfg.Interval
+	until := now.UTC().Add(iv / 2).Truncate(iv).Add(time.Duration(m.cfg.Ahead+1) * iv)
+	return ps[len(ps)-1].upper.After(until.Add(iv))
+}
+
+// fresh gives a table that holds no row partitions of the interval from the present one on, in place of those
+// it has: on a database just made, an interval shorter than a day took effect only once the migrations' first
+// partitions had ended, two days on, and an operator could not rehearse retention on a database of their own
+// (an outside tester's finding). A table with a row keeps its partitions, which end in their time. The table
+// is looked at first without a lock, so that a busy table is never locked for it; then under ACCESS
+// EXCLUSIVE (within lock_timeout: an insert waits that long at most) and looked at again, so that no row
+// written meanwhile goes with a partition.
+func (m *Manager) fresh(ctx context.Context, t Table, rep *Report) (bool, error) {
+	parent := pgx.Identifier{t.Name}.Sanitize()
+	empty := "SELECT NOT EXISTS (SELECT 1 FROM " + parent + ")"
+	var ok bool
+	if err := m.conn.QueryRow(ctx, empty).Scan(&ok); err != nil || !ok {
+		return false, err
+	}
+	began := time.Now()
+	tx, err := m.conn.Begin(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, "LOCK TABLE "+parent+" IN ACCESS EXCLUSIVE MODE"); err != nil {
+		return false, err
+	}
+	if err := tx.QueryRow(ctx, empty).Scan(&ok); err != nil || !ok {
+		return false, err
+	}
+	ps, err := list(ctx, tx, t)
+	if err != nil || slices.ContainsFunc(ps, func(p partition) bool { return p.pending }) {
+		return false, err // a detach pending is finished by the pass first
+	}
+	var stmts []string
+	for _, p := range ps {
+		stmts = append(stmts, "DROP TABLE "+pgx.Identifier{p.name}.Sanitize()+";")
+	}
+	// From the interval before the present one: an effect id made a moment ago, on a clock a little behind this
+	// one, still has its partition. The pass's creates after this one add what is ahead.
+	creates, names := m.creates(t, nil, m.cfg.Now().Add(-m.cfg.Interval))
+	if _, err := tx.Exec(ctx, strings.Join(append(stmts, creates...), "\n")); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, err
+	}
+	rep.spend("create", t.Name, began)
+	rep.Created = append(rep.Created, names...)
+	for _, p := range ps {
+		rep.Dropped = append(rep.Dropped, p.name)
+	}
+	m.cfg.Logger.Info("partitions: an empty table's partitions are now of the interval", "table", t.Name,
+		"interval", m.cfg.Interval, "dropped", len(ps), "created", names)
+	return true, nil
 }
 
 type partition struct {

@@ -323,8 +323,8 @@ func KeyEffects(t testing.TB, pool *pgxpool.Pool) {
 	}
 }
 
-// Repartition gives the test's database (empty: fresh from Database) partitions of effects and their
-// replays interval long, from the one covering start to DefaultAhead intervals past now, in place of the
+// Repartition gives the test's database (empty: fresh from Database) partitions of effects, their replays,
+// bodies and attempts interval long, from the one covering start to DefaultAhead intervals past now, in place of the
 // template's daily ones, so that a partition manager run with that interval retires them within the test.
 // The legacy partition, empty, ends where the first of them starts.
 func Repartition(t testing.TB, url string, interval time.Duration, start time.Time) {
@@ -336,7 +336,7 @@ func Repartition(t testing.TB, url string, interval time.Duration, start time.Ti
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	for _, tbl := range []partitions.Table{partitions.Effects, partitions.Replays, partitions.Bodies} {
+	for _, tbl := range partitions.All {
 		rows, err := conn.Query(ctx, `SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
 			WHERE i.inhparent = $1::regclass AND c.relname <> $2`, tbl.Name, tbl.Name+"_legacy")
 		if err != nil {
@@ -356,10 +356,14 @@ func Repartition(t testing.TB, url string, interval time.Duration, start time.Ti
 		parent, legacy := pgx.Identifier{tbl.Name}.Sanitize(), pgx.Identifier{tbl.Name + "_legacy"}.Sanitize()
 		// Its CHECK, which proved the old bound to the migration's ATTACH, goes too.
 		if tbl.Name != partitions.Bodies.Name {
+			// An effect id, or a time for the attempts.
+			bound := fmt.Sprint(partitions.EffectID(start.UTC().Truncate(interval)))
+			if !tbl.ByEffectID {
+				bound = "'" + start.UTC().Truncate(interval).Format(time.RFC3339) + "'"
+			}
 			if _, err := conn.Exec(ctx, fmt.Sprintf("ALTER TABLE %s DETACH PARTITION %s; ALTER TABLE %[2]s DROP "+
-				"CONSTRAINT IF EXISTS %[3]s; ALTER TABLE %[1]s ATTACH PARTITION %[2]s FOR VALUES FROM (MINVALUE) TO (%[4]d)",
-				parent, legacy, pgx.Identifier{tbl.Name + "_legacy_bound"}.Sanitize(),
-				partitions.EffectID(start.UTC().Truncate(interval)))); err != nil {
+				"CONSTRAINT IF EXISTS %[3]s; ALTER TABLE %[1]s ATTACH PARTITION %[2]s FOR VALUES FROM (MINVALUE) TO (%[4]s)",
+				parent, legacy, pgx.Identifier{tbl.Name + "_legacy_bound"}.Sanitize(), bound)); err != nil {
 				t.Fatalf("repartition %s: %v", tbl.Name, err)
 			}
 		}

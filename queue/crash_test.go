@@ -94,7 +94,7 @@ func TestKilledWorkersJobIsBackWithinASecond(t *testing.T) {
 		t.Fatalf("fail under epoch 1 = %v, %v; want lost", out, err)
 	}
 	lost, err := heartbeatScript.Run(context.Background(), q.rdb,
-		[]string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
+		[]string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker, k.leaseSeq},
 		j.Owner, 3000, 60000, 60000, j.ID, 1).StringSlice()
 	if err != nil || len(lost) != 3 || lost[0] != "0" || lost[1] != j.ID || lost[2] != "1" {
 		t.Fatalf("heartbeat under epoch 1 = %v, %v; want the lease reported lost", lost, err)

@@ -19,7 +19,9 @@ import (
 // heartbeatState returns what a heartbeat asks about, read at one instant: the (id, epoch) pairs of the runs
 // that hold a lease, and the lease call number below which a lease of this worker's that is not among them can
 // only be one whose answer was lost. A lease call out meanwhile does not change that: Redis numbers it after
-// every call whose answer came back, so its leases are never below the number. (Asking for none while a call
+// every call whose answer came back, so its leases are never below the number (unless a failover lost the
+// counter's last increments: heartbeat.lua then takes no lease for lost until an answer brings the worker's
+// number back under the counter). (Asking for none while a call
 // was out left the lost leases in place for as long as the fetcher kept a call out at each beat, which under
 // load is nearly always: an outside tester saw them wait out a whole lease after a failover, and stall.)
 func (w *Worker) heartbeatState() (pairs []any, orphansBefore int64) {
@@ -34,8 +36,8 @@ func (w *Worker) heartbeat(ctx context.Context, l *liveness) error {
 	pairs, orphansBefore := w.heartbeatState()
 	args := append([]any{w.id, w.seenFor().Milliseconds(), w.leaseFor().Milliseconds(), orphansBefore}, pairs...)
 	k := w.q.keys
-	res, err := heartbeatScript.Run(ctx, l.client(), []string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker},
-		args...).StringSlice()
+	res, err := heartbeatScript.Run(ctx, l.client(),
+		[]string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker, k.leaseSeq}, args...).StringSlice()
 	if err != nil {
 		return fmt.Errorf("queue: heartbeat: %w", err)
 	}

@@ -451,7 +451,7 @@ func TestHeartbeatNeverHandsBackALeaseStillOnItsWay(t *testing.T) {
 	k := q.keys
 	beat := func(before int64) []string {
 		res, err := heartbeatScript.Run(context.Background(), q.rdb,
-			[]string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker}, wid, 3000, 60000, before).StringSlice()
+			[]string{k.jobs, k.leases, k.workers, k.owned, k.ready, k.marker, k.leaseSeq}, wid, 3000, 60000, before).StringSlice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -461,6 +461,16 @@ func TestHeartbeatNeverHandsBackALeaseStillOnItsWay(t *testing.T) {
 		if res := beat(before); res[0] != "0" || mustJob(t, q, "slow").State != StateActive {
 			t.Fatalf("heartbeat with orphans before %d handed the lease back (%v)", before, res)
 		}
+	}
+	// A later lease call, numbered by Redis: Redis has had its number.
+	if err := q.rdb.Incr(context.Background(), q.keys.leaseSeq).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// A worker whose last answer is numbered above the counter asks after a failover that lost the counter's
+	// last increments: the next calls are numbered again from below its number, and a call out as it beats
+	// may be the very one that leased the job.
+	if res := beat(at + 5); res[0] != "0" || mustJob(t, q, "slow").State != StateActive {
+		t.Fatalf("heartbeat with orphans before %d, above the counter %d, handed the lease back (%v)", at+5, at+1, res)
 	}
 	if res := beat(at + 1); res[0] != "1" {
 		t.Fatalf("heartbeat after a later lease was answered: %v, want the lost lease handed back", res)

@@ -6,9 +6,12 @@
 -- stall. The worker's fetcher leases one call at a time, and Redis numbers each call after the ones before it, so
 -- a lease of this worker's made by an earlier call than the last one whose answer the worker registered
 -- (ARGV[4], a lease call number) can only be one whose answer was lost. A slow answer still on its way, from a
--- call out as the beat is sent, has a number above it and is never taken for one.
+-- call out as the beat is sent, has a number above it and is never taken for one. That holds while the
+-- counter has reached the worker's number: a failover that lost the counter's last increments numbers the next
+-- calls again from below it, and until the worker has an answer from one of them no lease is taken for lost.
 --
 -- KEYS[1] jobs  KEYS[2] leases  KEYS[3] workers  KEYS[4] owned  KEYS[5] ready  KEYS[6] marker
+-- KEYS[7] leaseseq  the lease calls' counter (lease.lua)
 -- ARGV[1] worker id
 -- ARGV[2] ms the worker counts as seen alive (for Stats)
 -- ARGV[3] lease TTL ms
@@ -35,6 +38,9 @@ for i = 5, #ARGV, 2 do
 end
 local wid = ARGV[1]
 local before = tonumber(ARGV[4])
+if before > 0 and (tonumber(redis.call('GET', KEYS[7])) or 0) < before then
+  before = 0
+end
 for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[4], '[' .. wid .. ':', '[' .. wid .. ';', 'LIMIT', 0, 1000)) do
   local id = string.sub(m, #wid + 2)
   if not held[id] then

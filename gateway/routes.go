@@ -9,7 +9,6 @@ import (
 	_ "embed"
 	"encoding/json"
 	"fmt"
-	"github.com/oncegate/oncegate/dedup"
 	"net/http"
 	"slices"
 	"sort"
@@ -20,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/migrations"
 	"github.com/oncegate/oncegate/partitions"
 )

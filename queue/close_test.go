@@ -149,3 +149,41 @@ func TestGracefulCloseHandsAJobBackOnlyAfterItsHandlerReturned(t *testing.T) {
 	}
 	result("the next run (epoch 2) started after the first had returned; no failure, no stall")
 }
+
+// An outside tester's finding: jobs leased to a worker whose lease answers were lost (a dropped connection)
+// stayed active after its graceful close, never run, until their lease ran out, and then counted a stall each.
+// A worker that leaves has no lease call out: its close hands them back with the rest, uncounted.
+func TestGracefulCloseHandsBackLeasesWhoseAnswerWasLost(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	// Idle for long: no lease call is answered between the lost one and the close, so only the close can
+	// tell the lease lost.
+	w, err := NewWorker(q, HandlerFunc(func(context.Context, *Job) error { return nil }),
+		&WorkerConfig{IdleBlock: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	testenv.Eventually(t, 10*time.Second, "the worker is up", func() bool {
+		st, err := q.Stats(context.Background())
+		return err == nil && st.Workers == 1
+	})
+	// Leased to the running worker's ID without its knowing: what a lease whose answer was lost leaves. Made
+	// due as a delayed job, so that nothing wakes the worker to lease it itself.
+	mustEnqueue(t, q, NewJob{ID: "ghost", Delay: time.Hour})
+	if err := q.rdb.ZAdd(context.Background(), q.keys.delayed, redisZ(1, "ghost")).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := leaseAs(t, q, w.ID(), 1, time.Hour); len(got) != 1 {
+		t.Fatalf("leased %d jobs", len(got))
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if j := mustJob(t, q, "ghost"); j.State != StateReady || j.Stalls != 0 {
+		t.Fatalf("after the close: %+v; want ready, with no stall", j)
+	}
+}

@@ -1,5 +1,6 @@
 -- A graceful close: hands a worker's unfinished jobs back to ready at once, so nobody waits for their lease
--- to expire, and removes the worker from the liveness registry, so that its closing connection is not
+-- to expire (those it names, and, as it leaves, those leased to it whose answer it never had), and removes the
+-- worker from the liveness registry, so that its closing connection is not
 -- mistaken for a crash. Neither an attempt nor a stall is counted.
 --
 -- KEYS[1] jobs  KEYS[2] leases  KEYS[3] owned  KEYS[4] ready  KEYS[5] marker  KEYS[6] workers
@@ -21,6 +22,20 @@ for i = 3, #ARGV, 2 do
   end
 end
 if ARGV[2] == '1' then
+  -- A worker that leaves has no lease call out: a lease of its own that it did not name above is one whose
+  -- answer never reached it (a dropped connection, a failover). It goes back too, rather than wait out its
+  -- lease and count a stall.
+  local wid = ARGV[1]
+  local members = redis.call('ZRANGEBYLEX', KEYS[3], '[' .. wid .. ':', '[' .. wid .. ';')
+  for _, m in ipairs(members) do
+    local id = string.sub(m, #wid + 2)
+    local job = load_job(KEYS[1], id)
+    if job and job.state == 'active' and job.owner == wid then
+      drop_lease(KEYS[2], KEYS[3], id, job)
+      make_ready_front(KEYS[1], KEYS[4], id, job)
+      n = n + 1
+    end
+  end
   redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('HDEL', KEYS[7], ARGV[1])
   redis.call('HDEL', KEYS[8], ARGV[1])

@@ -401,7 +401,7 @@ func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) error {
 	}
 	e, err := g.get(r.Context(), tenantOf(r), key)
 	if errors.Is(err, dedup.ErrNotFound) {
-		return refuse(probNotFound, "", fmt.Sprintf("no effect under the key %q", key))
+		return refuse(probNotFound, "", notFound(key))
 	}
 	if err != nil {
 		return err

@@ -82,9 +82,7 @@ func problemFor(err error) *problemError {
 		return &problemError{kind: probInvalid, field: "payload", detail: "the payload cannot be stored: " +
 			unstorable.Reason}
 	case errors.Is(err, dedup.ErrNotFound):
-		return &problemError{kind: probNotFound, detail: fmt.Sprintf("no effect under the key %q (or it was "+
-			"retired: an effect and its key are kept retention.keys after the effect finished, then dropped)",
-			subject.key)}
+		return &problemError{kind: probNotFound, detail: notFound(subject.key)}
 	case errors.Is(err, dedup.ErrBodyExpired):
 		return &problemError{kind: probNotRetryable, detail: "the effect's payload expired (retention.payloads): " +
 			"it cannot be sent again; send it as a new request under a new Idempotency-Key"}
@@ -102,8 +100,8 @@ func problemFor(err error) *problemError {
 			"with the same Idempotency-Key: nothing was recorded"}
 	case errors.Is(err, dedup.ErrUnavailable) && dedup.NoPrimary(err):
 		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database is read-only: no server " +
-			"reached takes writes (a failover in progress, or default_transaction_read_only on); retry with the " +
-			"same Idempotency-Key once a primary is back: nothing was recorded by this attempt"}
+			"reached takes writes (a failover in progress, or default_transaction_read_only on); retry once a " +
+			"primary is back (a create with the same Idempotency-Key: this attempt recorded nothing)"}
 	case errors.Is(err, dedup.ErrUnavailable):
 		return &problemError{kind: probUnavailable, retryAfter: 1, detail: "the database did not answer in time " +
 			"(it is unreachable, or its commits wait for a synchronous standby that is not there); retry with the " +
@@ -111,6 +109,13 @@ func problemFor(err error) *problemError {
 	}
 	return &problemError{kind: probInternal, detail: "the request failed; it is safe to retry with the same " +
 		"Idempotency-Key"}
+}
+
+// notFound is the detail of a 404 for key: a key may never have been sent, or may have been retired by
+// retention, and an operator chasing an old effect cannot tell which without being told.
+func notFound(key string) string {
+	return fmt.Sprintf("no effect under the key %q (or it was retired: an effect and its key are kept "+
+		"retention.keys after the effect finished, then dropped)", key)
 }
 
 // fail answers a request with the problem of err, and logs what the client is not told.

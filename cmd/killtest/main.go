@@ -31,10 +31,10 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "child" {
 		os.Exit(Child(os.Args[2:]))
 	}
-	// Ctrl-C (or a SIGTERM) stops the run where it is: the waits end, and the deferred clean-ups stop what it
+	// Ctrl-C (or a SIGTERM, or the terminal closing) stops the run where it is: the waits end, and the deferred clean-ups stop what it
 	// started and remove its database, queue and files. The terminal's SIGINT reaches the children too, and a
 	// run that went on would only wait out its timeouts and report them as the product's failure.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	err := run(ctx)
 	interrupted := ctx.Err() != nil
 	stop()
@@ -58,7 +58,13 @@ func run(ctx context.Context) error {
 	spare := flag.Bool("spare", false, "chaos mode: never kill gateway-0 and worker-0, and report their memory (a soak)")
 	gatewayLog := flag.String("gateway-log-level", "warn", "the gateways' --log-level; debug logs each delivery's outcome as the destination accepted it and as it was handed to Postgres (with -v: where a resend's time went)")
 	flag.Parse()
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch {
+	case flag.NArg() > 0:
+		return fmt.Errorf("unexpected argument %q: killtest takes flags only (-h lists them)", flag.Arg(0))
+	case (set["kill-every"] || set["spare"]) && *chaosJobs == 0:
+		return errors.New("--kill-every and --spare are chaos mode's: give --jobs too")
 	case *chaosJobs < 0 || *chaosJobs%3 != 0:
 		return fmt.Errorf("--jobs %d: chaos mode runs the three demo kinds in equal numbers: give a positive "+
 			"multiple of 3", *chaosJobs)

@@ -31,9 +31,10 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "child" {
 		os.Exit(Child(os.Args[2:]))
 	}
-	// Ctrl-C (or a SIGTERM, or the terminal closing) stops the run where it is: the waits end, and the deferred clean-ups stop what it
-	// started and remove its database, queue and files. The terminal's SIGINT reaches the children too, and a
-	// run that went on would only wait out its timeouts and report them as the product's failure.
+	// Ctrl-C (or a SIGTERM, or the terminal closing) stops the run where it is: the waits end, and the deferred
+	// clean-ups stop what it started and remove its database, queue and files. The terminal's SIGINT reaches
+	// the children too, and a run that went on would only wait out its timeouts and report them as the
+	// product's failure.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 	err := run(ctx)
 	interrupted := ctx.Err() != nil

@@ -1,7 +1,7 @@
 -- A graceful close: hands a worker's unfinished jobs back to ready at once, so nobody waits for their lease
 -- to expire (those it names, and, as it leaves, those leased to it whose answer it never had), and removes the
--- worker from the liveness registry, so that its closing connection is not
--- mistaken for a crash. Neither an attempt nor a stall is counted.
+-- worker from the liveness registry, so that its closing connection is not mistaken for a crash. Neither an
+-- attempt nor a stall is counted.
 --
 -- KEYS[1] jobs  KEYS[2] leases  KEYS[3] owned  KEYS[4] ready  KEYS[5] marker  KEYS[6] workers
 -- KEYS[7] conns  KEYS[8] missing

@@ -2,11 +2,14 @@ package gateway
 
 import (
 	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/oncegate/oncegate/internal/testkit/pgtest"
+	"github.com/oncegate/oncegate/internal/testkit/testenv"
 )
 
 // A gateway with no partition of effects for the present cannot create an effect (no partition manager ran
@@ -59,4 +62,56 @@ func TestTheManagersURLIsCheckedForATransactionPooler(t *testing.T) {
 			t.Fatalf("%s: shares server connections %v, %v; want %v", url, shared, err, want)
 		}
 	}
+}
+
+// A server that answers but takes no writes (default_transaction_read_only set by a failover tool, or a
+// standby reached without target_session_attrs) refuses every create: /readyz is a 503 that says read-only,
+// not 200 (an outside tester's load balancer kept sending such a gateway writes that were all 503s), and
+// ready again once the server takes writes.
+func TestNotReadyOnADatabaseThatTakesNoWrites(t *testing.T) {
+	t.Parallel()
+	db := pgtest.Database(t)
+	h := startGatewayOn(t, db, nil)
+	ctx := context.Background()
+	if r := h.req("GET", "/readyz", "", ""); r.status != 200 {
+		t.Fatalf("readyz: %d %s", r.status, r.raw)
+	}
+	conn, err := pgx.Connect(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	// The setting reaches new sessions: the gateway's are ended, and its pool opens new ones.
+	readOnly := func(on bool) {
+		t.Helper()
+		set := "RESET default_transaction_read_only"
+		if on {
+			set = "SET default_transaction_read_only = on"
+		}
+		if _, err := conn.Exec(ctx, "BEGIN READ WRITE; ALTER DATABASE "+pgx.Identifier{dbName(t, conn)}.Sanitize()+" "+
+			set+"; COMMIT; SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "+
+			"AND pid <> pg_backend_pid()"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	readOnly(true)
+	var last response
+	testenv.Eventually(t, 10*time.Second, "/readyz says read-only", func() bool {
+		last = h.req("GET", "/readyz", "", "")
+		return last.status == 503 && strings.Contains(last.raw, "read-only")
+	})
+	readOnly(false)
+	testenv.Eventually(t, 10*time.Second, "/readyz ready again", func() bool {
+		last = h.req("GET", "/readyz", "", "")
+		return last.status == 200
+	})
+}
+
+func dbName(t *testing.T, conn *pgx.Conn) string {
+	t.Helper()
+	var name string
+	if err := conn.QueryRow(context.Background(), "SELECT current_database()").Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	return name
 }

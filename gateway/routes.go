@@ -104,7 +104,8 @@ func (g *Gateway) healthz(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write([]byte(`{"status":"ok"}` + "\n"))
 }
 
-// readyz is ready when the database answers and its schema has every migration this binary knows. Its body
+// readyz is ready when the database answers, takes writes, and its schema has every migration this binary
+// knows. Its body
 // also reports the database's replication (replication.go), which never makes it unready: a gateway without
 // a synchronous standby serves, and says what a failover would lose.
 func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
@@ -118,6 +119,17 @@ func (g *Gateway) readyz(w http.ResponseWriter, r *http.Request) {
 				"default_transaction_read_only on)"
 		}
 		writeProblem(w, probUnavailable, "", detail)
+		return
+	}
+	// A server that answers but takes no writes (default_transaction_read_only set by a failover tool, or a
+	// standby reached without target_session_attrs) refuses every create: the gateway is not ready, though
+	// the ping went through (an outside tester's load balancer kept sending it writes that were all 503s).
+	var readOnly string
+	if err := g.pool.QueryRow(ctx, "SELECT current_setting('transaction_read_only')").Scan(&readOnly); err == nil &&
+		readOnly == "on" {
+		w.Header().Set("Retry-After", "1")
+		writeProblem(w, probUnavailable, "", "the database is read-only: the server reached takes no writes (a "+
+			"failover in progress, a standby, or default_transaction_read_only on)")
 		return
 	}
 	db := stdlib.OpenDBFromPool(g.pool)

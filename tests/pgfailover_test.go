@@ -180,6 +180,10 @@ func TestReadOnlyPrimaryIsAnOutageAndTheGatewayMovesOn(t *testing.T) {
 				h.Get("Retry-After"), raw)
 		}
 	}
+	// Not ready either: the server answers, and takes no write.
+	if code, _, raw := exchange(t, "GET", f.base+"/readyz", "", ""); code != 503 || !strings.Contains(raw, "read-only") {
+		t.Errorf("/readyz on a read-only primary: %d %s", code, raw)
+	}
 	f.standby.Promote()
 	promoted := time.Now()
 	s, err := pgx.Connect(ctx, pgtest.WithDatabase(f.standby.URL(), f.db))

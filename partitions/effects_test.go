@@ -712,37 +712,7 @@ func TestAnEmptyTableTakesTheIntervalAtOnce(t *testing.T) {
 // bounds lists a table's partitions as list does, reading an effect id's bound as the time it tells.
 func bounds(t *testing.T, pool *pgxpool.Pool, table partitions.Table) []part {
 	t.Helper()
-	if !table.ByEffectID {
-		return list(t, pool, table.Name)
-	}
-	rows, err := pool.Query(context.Background(), `SELECT c.relname::text, i.inhdetachpending,
-		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::bigint,
-		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::bigint
-		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass ORDER BY 4`,
-		table.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var ps []part
-	for rows.Next() {
-		var p part
-		var lo, hi *int64
-		if err := rows.Scan(&p.name, &p.pending, &lo, &hi); err != nil {
-			t.Fatal(err)
-		}
-		for _, b := range []struct {
-			id *int64
-			at **time.Time
-		}{{lo, &p.lower}, {hi, &p.upper}} {
-			if b.id != nil {
-				at := partitions.EffectTime(*b.id)
-				*b.at = &at
-			}
-		}
-		ps = append(ps, p)
-	}
-	return ps
+	return listBounds(t, pool, table.Name, table.ByEffectID)
 }
 
 func (p part) String() string {

@@ -63,10 +63,20 @@ type part struct {
 
 func list(t *testing.T, pool *pgxpool.Pool, table string) []part {
 	t.Helper()
+	return listBounds(t, pool, table, false)
+}
+
+// listBounds lists a table's partitions, oldest first; byID: its bounds are effect ids, read as the times
+// they tell.
+func listBounds(t *testing.T, pool *pgxpool.Pool, table string, byID bool) []part {
+	t.Helper()
 	rows, err := pool.Query(context.Background(), `SELECT c.relname::text, i.inhdetachpending,
-		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz,
-		(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz
-		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = $1::regclass ORDER BY 4`, table)
+		CASE WHEN $2 THEN to_timestamp(1735689600 + (lo::bigint >> 22)) ELSE lo::timestamptz END,
+		CASE WHEN $2 THEN to_timestamp(1735689600 + (hi::bigint >> 22)) ELSE hi::timestamptz END AS upper
+		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		CROSS JOIN LATERAL (SELECT (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1],
+			(regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]) AS b (lo, hi)
+		WHERE i.inhparent = $1::regclass ORDER BY upper`, table, byID)
 	if err != nil {
 		t.Fatal(err)
 	}

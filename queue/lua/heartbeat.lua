@@ -23,7 +23,6 @@ local now = now_ms()
 redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
 local deadline = now + tonumber(ARGV[3])
 local lost = {'0'}
-local orphans = 0
 local held = {}
 for i = 5, #ARGV, 2 do
   local id = ARGV[i]
@@ -41,17 +40,7 @@ local before = tonumber(ARGV[4])
 if before > 0 and (tonumber(redis.call('GET', KEYS[7])) or 0) < before then
   before = 0
 end
-for _, m in ipairs(redis.call('ZRANGEBYLEX', KEYS[4], '[' .. wid .. ':', '[' .. wid .. ';', 'LIMIT', 0, 1000)) do
-  local id = string.sub(m, #wid + 2)
-  if not held[id] then
-    local job = load_job(KEYS[1], id)
-    if job and job.state == 'active' and job.owner == wid and (whole(job.lease_seq) or 0) < before then
-      drop_lease(KEYS[2], KEYS[4], id, job)
-      make_ready_front(KEYS[1], KEYS[5], id, job)
-      orphans = orphans + 1
-    end
-  end
-end
+local orphans = hand_back_unknown(KEYS[1], KEYS[2], KEYS[4], KEYS[5], wid, held, before)
 if orphans > 0 then
   lost[1] = tostring(orphans)
   wake(KEYS[6])

@@ -168,6 +168,26 @@ local function drop_lease(keys_leases, keys_owned, id, job)
   end
 end
 
+-- Hands back to the head of ready the jobs leased to worker wid that it does not hold (not in held, an id ->
+-- true set) and that a lease call numbered below before made (nil: any): leases whose answer never reached the
+-- worker. Returns how many.
+local function hand_back_unknown(keys_jobs, keys_leases, keys_owned, keys_ready, wid, held, before)
+  local n = 0
+  for _, m in ipairs(redis.call('ZRANGEBYLEX', keys_owned, '[' .. wid .. ':', '[' .. wid .. ';', 'LIMIT', 0, 1000)) do
+    local id = string.sub(m, #wid + 2)
+    if not held[id] then
+      local job = load_job(keys_jobs, id)
+      if job and job.state == 'active' and job.owner == wid and
+          (before == nil or (whole(job.lease_seq) or 0) < before) then
+        drop_lease(keys_leases, keys_owned, id, job)
+        make_ready_front(keys_jobs, keys_ready, id, job)
+        n = n + 1
+      end
+    end
+  end
+  return n
+end
+
 -- The fence: a lease is the caller's only while the job is active under the epoch the caller was given.
 local function holds(job, epoch)
   return job ~= nil and job.state == 'active' and counter(job.epoch) == tonumber(epoch)

@@ -25,17 +25,7 @@ if ARGV[2] == '1' then
   -- A worker that leaves has no lease call out: a lease of its own that it did not name above is one whose
   -- answer never reached it (a dropped connection, a failover). It goes back too, rather than wait out its
   -- lease and count a stall.
-  local wid = ARGV[1]
-  local members = redis.call('ZRANGEBYLEX', KEYS[3], '[' .. wid .. ':', '[' .. wid .. ';')
-  for _, m in ipairs(members) do
-    local id = string.sub(m, #wid + 2)
-    local job = load_job(KEYS[1], id)
-    if job and job.state == 'active' and job.owner == wid then
-      drop_lease(KEYS[2], KEYS[3], id, job)
-      make_ready_front(KEYS[1], KEYS[4], id, job)
-      n = n + 1
-    end
-  end
+  n = n + hand_back_unknown(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[1], {}, nil)
   redis.call('ZREM', KEYS[6], ARGV[1])
   redis.call('HDEL', KEYS[7], ARGV[1])
   redis.call('HDEL', KEYS[8], ARGV[1])

@@ -123,10 +123,14 @@ type PerformOptions struct {
 	// Wait asks the gateway to answer once the effect is terminal, or after Wait (at most 30 s).
 	Wait time.Duration
 	// JobID and JobEpoch fence the effect by a queue job's lease (ForJob sets them); JobQueue names the job's
-	// queue, stored with the effect for operators (JobEffects.InQueue sets it).
-	JobID    string
-	JobEpoch int64
-	JobQueue string
+	// queue, within which the gateway fences the job, and which it stores with the effect for operators
+	// (JobEffects.InQueue sets it); JobCreated is when the job was enqueued (queue.Job.CreatedAt;
+	// JobEffects.CreatedAt sets it), so that a job enqueued again under its ID is not fenced by the old
+	// job's epochs. The zero time sends none.
+	JobID      string
+	JobEpoch   int64
+	JobQueue   string
+	JobCreated time.Time
 }
 
 // ProblemError is an answer of the gateway that no retry changes.
@@ -261,6 +265,10 @@ func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts
 		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "a job's queue needs the job's ID and epoch"}
 	case strings.IndexFunc(o.JobQueue, isControl) >= 0:
 		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "the queue name has a control character, which no header can carry"}
+	case !o.JobCreated.IsZero() && o.JobID == "":
+		return nil, &InvalidError{Field: "Oncegate-Job-Created", Reason: "a job's creation needs the job's ID and epoch"}
+	case !o.JobCreated.IsZero() && o.JobCreated.UnixMilli() < 1:
+		return nil, &InvalidError{Field: "Oncegate-Job-Created", Reason: "a job's creation is after 1970"}
 	}
 	raw, err := json.Marshal(payload)
 	if err != nil {
@@ -283,6 +291,9 @@ func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts
 		headers.Set("Oncegate-Job-Epoch", strconv.FormatInt(o.JobEpoch, 10))
 		if o.JobQueue != "" {
 			headers.Set("Oncegate-Job-Queue", o.JobQueue)
+		}
+		if !o.JobCreated.IsZero() {
+			headers.Set("Oncegate-Job-Created", strconv.FormatInt(o.JobCreated.UnixMilli(), 10))
 		}
 	}
 	return c.do(ctx, http.MethodPost, "/v1/effects", b, headers)

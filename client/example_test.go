@@ -45,7 +45,8 @@ func ExampleClient_ForJob() {
 		var s Signup
 		json.Unmarshal(job.Payload, &s)
 		// Key "welcome-email:<job id>": the same on every run of this job, so a re-run is a replay.
-		e, err := gw.ForJob(job.ID, job.Epoch).Perform(ctx, "welcome-email", "welcome-email", map[string]any{
+		effects := gw.ForJob(job.ID, job.Epoch).InQueue(q.Name()).CreatedAt(job.CreatedAt)
+		e, err := effects.Perform(ctx, "welcome-email", "welcome-email", map[string]any{
 			"to": []string{s.Email}, "subject": "Welcome", "text": "Hi " + s.User,
 		}, nil)
 		if err == nil {

@@ -1,13 +1,17 @@
 package client
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // JobEffects performs the effects of one run of a queue job. Create one per handler run with Client.ForJob.
 type JobEffects struct {
-	c     *Client
-	id    string
-	epoch int64
-	queue string
+	c       *Client
+	id      string
+	epoch   int64
+	queue   string
+	created time.Time
 }
 
 // ForJob scopes effects to the run of the queue job id under lease epoch (a queue.Job's ID and Epoch): each
@@ -18,9 +22,19 @@ func (c *Client) ForJob(id string, epoch int64) *JobEffects {
 }
 
 // InQueue names the job's queue, which the gateway stores with each effect (Oncegate-Job-Queue), so that an
-// operator goes from an effect to its job without guessing the queue. It returns j.
+// operator goes from an effect to its job without guessing the queue, and within which it fences the job: a
+// job ID used by two queues is two jobs. It returns j.
 func (j *JobEffects) InQueue(name string) *JobEffects {
 	j.queue = name
+	return j
+}
+
+// CreatedAt gives the time the job was enqueued (queue.Job.CreatedAt; Oncegate-Job-Created). The gateway
+// fences a job by its creation, then its epoch: a job enqueued again under its ID (after the old one finished
+// and was forgotten, its queue was destroyed, or Redis lost its record) starts its epochs again, and is
+// refused for the old job's higher epochs unless the gateway can tell it is newer. It returns j.
+func (j *JobEffects) CreatedAt(t time.Time) *JobEffects {
+	j.created = t
 	return j
 }
 
@@ -34,6 +48,6 @@ func (j *JobEffects) Perform(ctx context.Context, name, typ string, payload any,
 	if opts != nil {
 		o = *opts
 	}
-	o.JobID, o.JobEpoch, o.JobQueue = j.id, j.epoch, j.queue
+	o.JobID, o.JobEpoch, o.JobQueue, o.JobCreated = j.id, j.epoch, j.queue, j.created
 	return j.c.Perform(ctx, j.Key(name), typ, payload, &o)
 }

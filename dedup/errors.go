@@ -53,14 +53,16 @@ func (e *UnstorableError) Error() string { return "dedup: data cannot be stored:
 func (e *UnstorableError) Unwrap() []error { return []error{ErrUnstorable, e.Err} }
 
 // FencedError is returned when a request names a queue job under an epoch lower than one the gateway has
-// seen for that job: the worker lost its lease to a successor, and may not start effects any more.
+// seen for that job in its queue, or a job of that ID enqueued before a newer one: the worker lost its lease
+// to a successor, and may not start effects any more.
 type FencedError struct {
 	JobID string
 	Epoch int64
 }
 
 func (e *FencedError) Error() string {
-	return fmt.Sprintf("dedup: job %q is fenced: epoch %d is behind a newer lease of the job", e.JobID, e.Epoch)
+	return fmt.Sprintf("dedup: job %q is fenced: epoch %d is behind a newer lease of the job, or the job was "+
+		"enqueued again since", e.JobID, e.Epoch)
 }
 
 // KeyReusedError is returned when a key the tenant already used arrives with another request.

@@ -44,16 +44,26 @@ func ParseKey(header string) (string, error) {
 		}
 		key = b.String()
 	}
+	if err := CheckKey(key); err != nil {
+		return "", fmt.Errorf("Idempotency-Key: %w", err)
+	}
+	return key, nil
+}
+
+// CheckKey says whether key, unquoted, is one the gateway takes: 1 to MaxKeyLen visible ASCII characters. A key
+// read from elsewhere than the header (an API path) is held to it too, so that a byte Postgres cannot store
+// is a client's error naming the key, not the database's.
+func CheckKey(key string) error {
 	if key == "" {
-		return "", errors.New("Idempotency-Key: the key is empty")
+		return errors.New("the key is empty")
 	}
 	if len(key) > MaxKeyLen {
-		return "", fmt.Errorf("Idempotency-Key: the key is %d bytes, at most %d", len(key), MaxKeyLen)
+		return fmt.Errorf("the key is %d bytes, at most %d", len(key), MaxKeyLen)
 	}
 	for i := 0; i < len(key); i++ {
 		if c := key[i]; c < 0x21 || c > 0x7e {
-			return "", fmt.Errorf("Idempotency-Key: byte %d (0x%02x) is not visible ASCII", i, c)
+			return fmt.Errorf("byte %d (0x%02x) is not visible ASCII", i, c)
 		}
 	}
-	return key, nil
+	return nil
 }

@@ -70,6 +70,7 @@ var (
 	insertBatchSQL   = query("insert_batch")
 	getBatchSQL      = query("get_batch")
 	fenceSQL         = query("fence")
+	forgetFencesSQL  = query("forget_fences")
 	getSQL           = query("get")
 	freeDanglingSQL  = query("free_dangling_key")
 	listSQL          = query("list")
@@ -303,10 +304,13 @@ type NewEffect struct {
 	Tenant, Key, Type string
 	Payload           json.RawMessage
 	// JobID and JobEpoch, when JobID is set, name the queue job asking and its lease epoch, for fencing;
-	// JobQueue its queue, when the client named it.
-	JobID    string
-	JobEpoch int64
-	JobQueue string
+	// JobQueue its queue, when the client named it, and JobCreated the job's creation in the queue (unix
+	// milliseconds; 0 when the client did not send it). A job is fenced within its queue by the pair
+	// (JobCreated, JobEpoch): a job enqueued again under its ID is newer than the old one's every lease.
+	JobID      string
+	JobEpoch   int64
+	JobQueue   string
+	JobCreated int64
 	// Tags are the client's own labels, kept as sent; Terms what an operator's search finds the effect by
 	// (effect.SearchTerms: the tags and the provider's recipients, lowercased). Neither is part of the
 	// fingerprint: a retry that adds a tag is the same effect, and keeps the first request's.
@@ -520,6 +524,17 @@ func (s *Store) Retry(ctx context.Context, tenant, key string) (*Effect, error) 
 	return e, err
 }
 
+// ForgetFences deletes up to limit fences of queue jobs that asked for no effect for the keys' hold
+// (retention.keys), the oldest first, and returns how many it deleted. The gateways' heartbeats call it, so
+// that the fences kept are those of recent jobs, not of every job ID ever seen.
+func (s *Store) ForgetFences(ctx context.Context, limit int) (int64, error) {
+	var n int64
+	if err := s.db.QueryRow(ctx, forgetFencesSQL, s.keyHold(), limit).Scan(&n); err != nil {
+		return 0, translate("forget fences", err)
+	}
+	return n, nil
+}
+
 // createFenced raises the job's fence and records the effect in one transaction; pgx.ErrNoRows means the
 // key existed, as for an unfenced insert.
 func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc json.RawMessage, stableID string) (*Effect, error) {
@@ -527,7 +542,7 @@ func (s *Store) createFenced(ctx context.Context, ne NewEffect, fp []byte, tc js
 	var insertErr error
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		var epoch int64
-		if err := tx.QueryRow(ctx, fenceSQL, ne.Tenant, ne.JobID, ne.JobEpoch).Scan(&epoch); err != nil {
+		if err := tx.QueryRow(ctx, fenceSQL, ne.Tenant, ne.JobQueue, ne.JobID, ne.JobCreated, ne.JobEpoch).Scan(&epoch); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return &FencedError{JobID: ne.JobID, Epoch: ne.JobEpoch}
 			}

@@ -1,12 +1,15 @@
 package gateway
 
 import (
+	"context"
 	"fmt"
-	"github.com/oncegate/oncegate/internal/reliability"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/oncegate/oncegate/dedup"
+	"github.com/oncegate/oncegate/internal/reliability"
 )
 
 // Every row of the API's status table, against the real server and database.
@@ -283,6 +286,20 @@ func TestListFiltersAndPages(t *testing.T) {
 	if n := h.count("SELECT count(*) FROM oncegate_effects WHERE key = 'query-refused'"); n != 0 {
 		t.Fatalf("a create with a refused query string recorded %d effects", n)
 	}
+	// A key in the path is held to the header's rules: a NUL byte reached Postgres and came back as its
+	// refusal to store a payload, and a key longer than any create takes was a 404.
+	long := strings.Repeat("k", dedup.MaxKeyLen+1)
+	for _, path := range []string{"/v1/effects/%00", "/v1/effects/%FF?wait=1s", "/v1/effects/a%20b", "/v1/effects/" + long,
+		"/v1/effects/%00/retry"} {
+		method := "GET"
+		if strings.HasSuffix(path, "/retry") {
+			method = "POST"
+		}
+		r := h.req(method, path, acmeKey, "")
+		if r.status != http.StatusBadRequest || r.body["field"] != "key" || strings.Contains(r.raw, "UTF8") {
+			t.Errorf("%s %s: %d %s, want a 400 naming the key", method, path, r.status, r.raw)
+		}
+	}
 }
 
 // A job's effects are fenced by its lease epoch: once a request came with epoch 2, epoch 1 starts nothing.
@@ -326,5 +343,67 @@ func TestJobEpochFence(t *testing.T) {
 		if r := h.req("POST", "/v1/effects", acmeKey, analytics("x"), append([]string{"Idempotency-Key: z"}, bad...)...); r.status != 400 {
 			t.Errorf("%v: %d %s", bad, r.status, r.raw)
 		}
+	}
+}
+
+// A job is fenced within its queue and by its creation before its epoch: the same job ID in a second queue,
+// or enqueued again after its queue was destroyed (epochs start again), was refused at every lease below the
+// old job's epoch, used up its attempts and went dead (an outside test: 300 of 300 jobs of a queue made
+// again). A run of the same job is still fenced by its epoch, and fences untouched for the keys' hold go.
+func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
+	t.Parallel()
+	h := startGateway(t, nil)
+	n := 0
+	send := func(queue, created, epoch string) response {
+		n++
+		headers := []string{fmt.Sprintf("Idempotency-Key: k%d", n), "Oncegate-Job-Id: user_7", "Oncegate-Job-Epoch: " + epoch}
+		if queue != "" {
+			headers = append(headers, "Oncegate-Job-Queue: "+queue)
+		}
+		if created != "" {
+			headers = append(headers, "Oncegate-Job-Created: "+created)
+		}
+		return h.req("POST", "/v1/effects", acmeKey, analytics("x"), headers...)
+	}
+	for i, c := range []struct {
+		queue, created, epoch string
+		want                  int
+	}{
+		{"emails", "1700000000000", "5", 202},
+		{"crm", "1700000000500", "1", 202},    // another queue: another job
+		{"emails", "1700000000000", "4", 409}, // the same job, an older lease
+		{"emails", "1700000060000", "1", 202}, // enqueued again (its queue made again): newer
+		{"emails", "1700000000000", "9", 409}, // the old job's run, whatever its epoch
+		{"emails", "", "9", 409},              // a client that sends no creation: ranked below
+		{"", "", "7", 202},                    // no queue named: the fence of the jobs of no named queue
+		{"", "", "6", 409},                    // ... which its epochs rank, as before
+		{"crm", "1700000000500", "2", 202},    // the other queue's job goes on
+		{"emails", "1700000060000", "2", 202}, // and so does the new one
+		{"emails", "1700000060000", "1", 409}, // whose older lease is fenced
+	} {
+		if r := send(c.queue, c.created, c.epoch); r.status != c.want {
+			t.Fatalf("request %d (queue %q, created %q, epoch %s): %d %s, want %d", i, c.queue, c.created, c.epoch,
+				r.status, r.raw, c.want)
+		}
+	}
+	for _, bad := range [][]string{{"Oncegate-Job-Created: 1700000000000"}, {"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: 1",
+		"Oncegate-Job-Created: 017"}, {"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: 1", "Oncegate-Job-Created: -5"}} {
+		r := h.req("POST", "/v1/effects", acmeKey, analytics("x"), append([]string{"Idempotency-Key: bad"}, bad...)...)
+		if r.status != 400 || r.body["field"] != "Oncegate-Job-Created" {
+			t.Errorf("%v: %d %s, want a 400 naming Oncegate-Job-Created", bad, r.status, r.raw)
+		}
+	}
+
+	// Fences untouched for the keys' hold are forgotten, the others kept.
+	if _, err := h.pool.Exec(context.Background(), `UPDATE oncegate_run_fences SET updated_at = now() - interval '2 days'
+		WHERE queue = 'crm'`); err != nil {
+		t.Fatal(err)
+	}
+	forgot, err := h.g.store.ForgetFences(context.Background(), 100)
+	if err != nil || forgot != 1 {
+		t.Fatalf("forgot %d fences (%v), want the one untouched for 2 days", forgot, err)
+	}
+	if n := h.count("SELECT count(*) FROM oncegate_run_fences"); n != 2 {
+		t.Fatalf("%d fences left, want 2", n)
 	}
 }

@@ -103,11 +103,15 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return invalid("Oncegate-Job-Queue", err.Error())
 	}
+	jobCreated, err := jobCreatedHeader(r, jobID)
+	if err != nil {
+		return invalid("Oncegate-Job-Created", err.Error())
+	}
 
 	ctx, cancel := context.WithTimeout(r.Context(), time.Duration(g.cfg.Timeouts.Database))
 	defer cancel()
 	e, replayed, err := g.store.Create(ctx, dedup.NewEffect{Tenant: tenant, Key: key, Type: req.Type, Payload: req.Payload,
-		JobID: jobID, JobEpoch: epoch, JobQueue: jobQueue, Tags: tags, Terms: effect.SearchTerms(tags, providers.Recipients(p, req.Payload)),
+		JobID: jobID, JobEpoch: epoch, JobQueue: jobQueue, JobCreated: jobCreated, Tags: tags, Terms: effect.SearchTerms(tags, providers.Recipients(p, req.Payload)),
 		Destination: providers.Destination(p, req.Payload)})
 	if err != nil {
 		return about(err, key, req.Type)
@@ -174,6 +178,23 @@ func jobHeaders(r *http.Request) (string, int64, error) {
 			"from 1, without sign or leading zero) go together")
 	}
 	return id, epoch, nil
+}
+
+// jobCreatedHeader reads Oncegate-Job-Created: when the job was enqueued, in unix milliseconds, which ranks a
+// job enqueued again under its ID above the old one's leases (migration 00034). 0 when not sent.
+func jobCreatedHeader(r *http.Request, jobID string) (int64, error) {
+	raw := r.Header.Get("Oncegate-Job-Created")
+	if raw == "" {
+		return 0, nil
+	}
+	if jobID == "" {
+		return 0, errors.New("is when a job was enqueued: send it with Oncegate-Job-Id and Oncegate-Job-Epoch")
+	}
+	ms, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil || raw[0] < '1' || raw[0] > '9' || strings.Trim(raw, "0123456789") != "" {
+		return 0, errors.New("unix milliseconds: decimal digits, without sign or leading zero")
+	}
+	return ms, nil
 }
 
 // jobQueueHeader reads Oncegate-Job-Queue: the queue of the job that Oncegate-Job-Id names, stored with the
@@ -342,8 +363,17 @@ func (g *Gateway) get(ctx context.Context, tenant, key string) (*dedup.Effect, e
 	return g.store.Get(ctx, tenant, key)
 }
 
+// pathKey is the key a path names, held to the header's rules: a key no create could have recorded is a 400
+// naming it, not a 404 (or, for a NUL byte, Postgres's refusal).
 func pathKey(r *http.Request) (string, error) {
-	return url.PathUnescape(mux.Vars(r)["key"])
+	key, err := url.PathUnescape(mux.Vars(r)["key"])
+	if err != nil {
+		return "", invalid("key", "the key in the path is not validly escaped")
+	}
+	if err := dedup.CheckKey(key); err != nil {
+		return "", invalid("key", "the key in the path: "+err.Error())
+	}
+	return key, nil
 }
 
 // effectPath is the effect's API path: effect.Path, shared with the Go client.
@@ -389,7 +419,7 @@ func routeOf(r *http.Request) string {
 func (g *Gateway) getEffect(w http.ResponseWriter, r *http.Request) error {
 	key, err := pathKey(r)
 	if err != nil {
-		return invalid("key", "the key in the path is not validly escaped")
+		return err
 	}
 	q, err := query(r, "wait")
 	if err != nil {
@@ -460,7 +490,7 @@ func (g *Gateway) listEffects(w http.ResponseWriter, r *http.Request) error {
 func (g *Gateway) retryEffect(w http.ResponseWriter, r *http.Request) error {
 	key, err := pathKey(r)
 	if err != nil {
-		return invalid("key", "the key in the path is not validly escaped")
+		return err
 	}
 	if _, err := query(r); err != nil {
 		return err

@@ -58,8 +58,9 @@ var (
 		Means: "The path exists but does not take this method.",
 		Do:    "Use one of the methods in the Allow header."}
 	probFenced = &ProblemKind{Slug: "job-fenced", Status: 409, Title: "Job lease superseded",
-		Means: "The queue job named by Oncegate-Job-Id was leased again under a newer epoch than Oncegate-Job-Epoch: " +
-			"this worker lost the job to another, and may not start effects for it.",
+		Means: "The queue job named by Oncegate-Job-Id (in the queue Oncegate-Job-Queue names) was leased again " +
+			"under a newer epoch than Oncegate-Job-Epoch, or a newer job was enqueued under its ID (a later " +
+			"Oncegate-Job-Created): this worker lost the job to another, and may not start effects for it.",
 		Do: "Stop the handler without retrying. The job's current run performs its effects."}
 	probNotRetryable = &ProblemKind{Slug: "not-retryable", Status: 409, Title: "Effect not retryable",
 		Means: "Only dead, failed and unknown effects can be sent back to pending; this one is pending, " +

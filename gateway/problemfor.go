@@ -71,8 +71,8 @@ func problemFor(err error) *problemError {
 		return pe
 	case errors.As(err, &fenced):
 		return &problemError{kind: probFenced, field: "Oncegate-Job-Epoch", detail: fmt.Sprintf("job %q was "+
-			"leased again under a newer epoch than %d: this worker lost the job and may not start effects for "+
-			"it; stop the handler", fenced.JobID, fenced.Epoch)}
+			"leased again under a newer epoch than %d, or enqueued again since: this worker lost the job and may "+
+			"not start effects for it; stop the handler", fenced.JobID, fenced.Epoch)}
 	case errors.As(err, &reused):
 		return &problemError{kind: probKeyReused, field: "Idempotency-Key", detail: fmt.Sprintf("the key %q was "+
 			"used for another request; use a new key for a new request, or send exactly the same request to get "+

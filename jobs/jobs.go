@@ -101,7 +101,7 @@ func decode(job *queue.Job, v any) error {
 
 // perform runs one effect of the job and turns the gateway's refusals into what the queue should do.
 func (h *handlers) perform(ctx context.Context, job *queue.Job, name, typ string, payload any) error {
-	_, err := h.c.ForJob(job.ID, job.Epoch).InQueue(h.cfg.Queue).Perform(ctx, name, typ, payload,
+	_, err := h.c.ForJob(job.ID, job.Epoch).InQueue(h.cfg.Queue).CreatedAt(job.CreatedAt).Perform(ctx, name, typ, payload,
 		&client.PerformOptions{Wait: h.cfg.Wait})
 	switch {
 	case err == nil:

@@ -118,7 +118,7 @@ dispatcher: { poll_interval: 100ms }
 	if n := pgtest.Count(t, pool, "SELECT count(*) FROM analytics_events WHERE key = 'audit:job-1'"); n != 1 {
 		t.Fatalf("audit event recorded %d times", n)
 	}
-	if n := pgtest.Count(t, pool, "SELECT epoch FROM oncegate_job_fences WHERE job_id = 'job-1'"); n != 2 {
+	if n := pgtest.Count(t, pool, "SELECT epoch FROM oncegate_run_fences WHERE job_id = 'job-1'"); n != 2 {
 		t.Fatalf("the job's fence is at %d", n)
 	}
 
@@ -133,6 +133,96 @@ dispatcher: { poll_interval: 100ms }
 	} {
 		if !strings.Contains(m, want) {
 			t.Errorf("worker metrics lack %s", want)
+		}
+	}
+}
+
+// A job enqueued again under an ID its queue has forgotten starts its epochs again: in a queue destroyed and
+// made again (or whose record Redis lost), and in a second queue that uses the same business ID. The
+// gateway fenced by job ID alone, so each such job was refused (409) at every lease below the old job's
+// epoch, and went dead without its effect (an outside test: 300 of 300 jobs). Real worker processes; the
+// effects are counted where they land.
+func TestAJobEnqueuedAgainIsNotFencedByTheOldJobsEpochs(t *testing.T) {
+	t.Parallel()
+	dbURL := pgtest.Database(t)
+	pool := pgtest.Pool(t, dbURL)
+	config := writeFile(t, fmt.Sprintf(`listen: 127.0.0.1:0
+database_url: %s
+tenants: { acme: { api_keys: [%s] } }
+effect_types:
+  clicks: { provider: postgres }
+dispatcher: { poll_interval: 100ms }
+`, dbURL, apiKey))
+	_, base := startGateway(t, config)
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	name := testenv.Name(t, "q")
+	open := func(name string) *queue.Queue {
+		q, err := queue.New(rdb, name, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = q.Destroy(context.Background()) })
+		return q
+	}
+	worker := func(q *queue.Queue) *proctest.Proc {
+		p := proctest.Start(t, exec.Command(filepath.Join(bin, "worker"), "run", "--queue", q.Name(), "--wait", "15s",
+			"--gateway", base, "--api-key", apiKey, "--redis", testenv.RedisURL()))
+		p.WaitLine("worker ", 30*time.Second)
+		return p
+	}
+	// run enqueues a job of one effect (its own name, so each run is a new effect) and waits for its end.
+	run := func(q *queue.Queue, id, effect string) *queue.Job {
+		t.Helper()
+		payload, _ := json.Marshal(jobs.Effects{Effects: []jobs.Effect{
+			{Name: effect, Type: "clicks", Payload: json.RawMessage(`{"name":"` + effect + `"}`)}}})
+		if _, err := q.Enqueue(ctx, queue.NewJob{ID: id, Kind: jobs.KindEffects, Payload: payload, MaxAttempts: 2}); err != nil {
+			t.Fatal(err)
+		}
+		var j *queue.Job
+		testenv.Eventually(t, 30*time.Second, "job "+id+" of "+q.Name()+" ends", func() bool {
+			var err error
+			j, err = q.Job(ctx, id)
+			return err == nil && (j.State == queue.StateCompleted || j.State == queue.StateDead)
+		})
+		if j.State != queue.StateCompleted {
+			t.Fatalf("job %s of %s: %s (%s)", id, q.Name(), j.State, j.DeadReason)
+		}
+		return j
+	}
+
+	// Jobs one after the other raise the queue's epochs: each starts above the last one that completed.
+	q := open(name)
+	w := worker(q)
+	for i := range 4 {
+		run(q, fmt.Sprintf("warm-%d", i), fmt.Sprintf("warm-%d", i))
+	}
+	if j := run(q, "user_1", "welcome"); j.Epoch < 5 {
+		t.Fatalf("user_1 ran under epoch %d, want the fifth job's", j.Epoch)
+	}
+	w.Signal(syscall.SIGTERM)
+	_ = w.Wait(20 * time.Second)
+
+	// The same ID in a second queue, then in the queue made again: epoch 1 each.
+	other := open(name + "-crm")
+	w = worker(other)
+	if j := run(other, "user_1", "crm-sync"); j.Epoch != 1 {
+		t.Fatalf("the second queue's job ran under epoch %d", j.Epoch)
+	}
+	w.Signal(syscall.SIGTERM)
+	_ = w.Wait(20 * time.Second)
+	if err := q.Destroy(ctx); err != nil {
+		t.Fatal(err)
+	}
+	q = open(name)
+	w = worker(q)
+	defer w.Signal(syscall.SIGTERM)
+	if j := run(q, "user_1", "reminder"); j.Epoch != 1 {
+		t.Fatalf("the job enqueued again ran under epoch %d", j.Epoch)
+	}
+	for _, effect := range []string{"welcome", "crm-sync", "reminder"} {
+		if n := pgtest.Count(t, pool, "SELECT count(*) FROM analytics_events WHERE key = $1", effect+":user_1"); n != 1 {
+			t.Errorf("effect %s:user_1 recorded %d times, want once", effect, n)
 		}
 	}
 }

@@ -323,6 +323,10 @@ func retryable(status int) bool {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body []byte, headers http.Header) (*Effect, error) {
+	if c == nil || c.http == nil || c.tries < 1 {
+		// A Client{} literal has no gateway, key or tries: its calls failed "after 0 tries" with no error to wrap.
+		return nil, errors.New("client: a Client is made by client.New, with the gateway's URL and an API key")
+	}
 	var lastErr error
 	for try := 1; try <= c.tries; try++ {
 		e, wait, err := c.once(ctx, method, path, body, headers)

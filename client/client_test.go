@@ -217,8 +217,16 @@ func TestUnsendableRequestsFailAtOnceWithoutARequest(t *testing.T) {
 			t.Errorf("%s: %v, want ErrInvalid naming %s", c2.name, err, c2.field)
 		}
 	}
-	if _, err := c.ForJob("job\r\n1", 1).Perform(ctx, "welcome", "analytics", payload, nil); !errors.Is(err, ErrInvalid) {
-		t.Errorf("ForJob with a line break in the job ID: %v", err)
+	// The queue takes such IDs; the key made of one is not the caller's to fix, the job's ID is.
+	for _, id := range []string{"job\r\n1", "ctrl\nid", "user é", "a b"} {
+		_, err := c.ForJob(id, 1).Perform(ctx, "welcome", "analytics", payload, nil)
+		var ie *InvalidError
+		if !errors.As(err, &ie) || ie.Field != "Oncegate-Job-Id" {
+			t.Errorf("ForJob with the job ID %q: %v, want ErrInvalid naming Oncegate-Job-Id", id, err)
+		}
+	}
+	if _, err := (&Client{}).Perform(ctx, "k", "analytics", payload, nil); err == nil || strings.Contains(err.Error(), "%!") {
+		t.Errorf("a Client{} not made by New: %v", err)
 	}
 	if _, err := c.Get(ctx, "a\nb", 0); !errors.Is(err, ErrInvalid) {
 		t.Errorf("Get with a line break in the key: %v", err)

@@ -2,6 +2,7 @@ package client
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
 
@@ -49,5 +50,18 @@ func (j *JobEffects) Perform(ctx context.Context, name, typ string, payload any,
 		o = *opts
 	}
 	o.JobID, o.JobEpoch, o.JobQueue, o.JobCreated = j.id, j.epoch, j.queue, j.created
-	return j.c.Perform(ctx, j.Key(name), typ, payload, &o)
+	key := j.Key(name)
+	if err := checkKey(key); err != nil {
+		// The key is made of the job's ID: say which part is at fault, rather than a byte of a key the
+		// caller never wrote. The queue takes IDs (any UTF-8, up to 512 bytes) that no key can hold.
+		for i := 0; i < len(j.id); i++ {
+			if c := j.id[i]; c < 0x21 || c > 0x7e {
+				return nil, &InvalidError{Field: "Oncegate-Job-Id", Reason: fmt.Sprintf("the job ID has byte %d "+
+					"(0x%02x), and its effects' keys (<name>:<job id>) must be visible ASCII: give jobs whose "+
+					"effects go through the gateway IDs of visible ASCII", i, c)}
+			}
+		}
+		return nil, err
+	}
+	return j.c.Perform(ctx, key, typ, payload, &o)
 }

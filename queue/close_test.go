@@ -156,28 +156,27 @@ func TestGracefulCloseHandsAJobBackOnlyAfterItsHandlerReturned(t *testing.T) {
 func TestGracefulCloseHandsBackLeasesWhoseAnswerWasLost(t *testing.T) {
 	t.Parallel()
 	q, _ := newQueue(t, nil)
-	// Idle for long: no lease call is answered between the lost one and the close, so only the close can
-	// tell the lease lost.
-	w, err := NewWorker(q, HandlerFunc(func(context.Context, *Job) error { return nil }),
-		&WorkerConfig{IdleBlock: 10 * time.Second})
+	// Its one slot held by a job that runs until the close: no lease call of its own is out or answered
+	// between the lost one and the close, so only the close can tell the lease lost. (A ghost made due from
+	// the delayed set while the worker idled could wake it to lease the ghost itself, first.)
+	w, err := NewWorker(q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		<-ctx.Done()
+		return ctx.Err()
+	}), &WorkerConfig{Concurrency: 1, DrainTimeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	testenv.Eventually(t, 10*time.Second, "the worker is up", func() bool {
-		st, err := q.Stats(context.Background())
-		return err == nil && st.Workers == 1
+	mustEnqueue(t, q, NewJob{ID: "busy"})
+	testenv.Eventually(t, 10*time.Second, "the worker runs the job that holds its slot", func() bool {
+		return mustJob(t, q, "busy").State == StateActive
 	})
-	// Leased to the running worker's ID without its knowing: what a lease whose answer was lost leaves. Made
-	// due as a delayed job, so that nothing wakes the worker to lease it itself.
-	mustEnqueue(t, q, NewJob{ID: "ghost", Delay: time.Hour})
-	if err := q.rdb.ZAdd(context.Background(), q.keys.delayed, redisZ(1, "ghost")).Err(); err != nil {
-		t.Fatal(err)
-	}
-	if got := leaseAs(t, q, w.ID(), 1, time.Hour); len(got) != 1 {
-		t.Fatalf("leased %d jobs", len(got))
+	// Leased to the running worker's ID without its knowing: what a lease whose answer was lost leaves.
+	mustEnqueue(t, q, NewJob{ID: "ghost"})
+	if got := leaseAs(t, q, w.ID(), 1, time.Hour); len(got) != 1 || got[0].ID != "ghost" {
+		t.Fatalf("leased %v", got)
 	}
 	cancel()
 	if err := <-done; err != nil {

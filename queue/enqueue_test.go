@@ -839,7 +839,7 @@ func TestEnqueueManyRefusesAnInvalidJobBeforeSending(t *testing.T) {
 	q, rdb := newQueue(t, nil)
 	for _, bad := range []NewJob{{ID: strings.Repeat("x", 513)}, {ID: "late", Delay: -time.Second}} {
 		res, err := q.EnqueueMany(context.Background(), []NewJob{{ID: "fine"}, bad})
-		if err == nil || res != nil || !strings.Contains(err.Error(), "job 1 of 2") {
+		if err == nil || res != nil || !strings.Contains(err.Error(), "jobs[1], job 2 of 2") {
 			t.Fatalf("EnqueueMany with %+v = %v, %v", bad, res, err)
 		}
 	}

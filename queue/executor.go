@@ -160,15 +160,28 @@ func (w *Worker) runJob(ctx context.Context, job *Job, called func()) (unrecorde
 }
 
 // call runs the handler, turning a panic into an error so that one bad job cannot kill the process and
-// strand every other job it holds.
-func (w *Worker) call(ctx context.Context, job *Job) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			w.log.Error("handler panicked", "job", job.ID, "panic", r, "stack", string(debug.Stack()))
-			err = fmt.Errorf("handler panicked: %v", r)
-		}
+// strand every other job it holds. The handler runs on a goroutine of its own, so that one that calls
+// runtime.Goexit (t.FailNow in a shared helper, say) ends that goroutine and not the run's: the run then
+// ended without a result, which is a failed attempt, as a panic is. Before, the run's goroutine ended mid-way:
+// its job stayed leased, its heartbeat kept it, and its slot was never given back while the worker lived.
+func (w *Worker) call(ctx context.Context, job *Job) error {
+	done := make(chan error, 1)
+	go func() {
+		returned := false
+		defer func() {
+			if r := recover(); r != nil {
+				w.log.Error("handler panicked", "job", job.ID, "panic", r, "stack", string(debug.Stack()))
+				done <- fmt.Errorf("handler panicked: %v", r)
+			} else if !returned {
+				w.log.Error("handler called runtime.Goexit; the attempt failed", "job", job.ID)
+				done <- errors.New("handler called runtime.Goexit before returning")
+			}
+		}()
+		err := w.h.Handle(ctx, job)
+		returned = true
+		done <- err
 	}()
-	return w.h.Handle(ctx, job)
+	return <-done
 }
 
 // lose cancels one run whose lease is gone. Its slot stays taken until its handler returns.

@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -173,6 +175,10 @@ type Queue struct {
 // New returns a handle on the queue called name. Names are 1 to 200 characters without braces, which
 // would break the hash tag.
 func New(rdb redis.UniversalClient, name string, opts *Options) (*Queue, error) {
+	if rdb == nil || isNilPointer(rdb) {
+		return nil, errors.New("queue: New needs a Redis client (redis.NewClient, redis.NewFailoverClient or " +
+			"redis.NewClusterClient)")
+	}
 	// Control characters and invalid UTF-8 would reach logs, metrics' labels and the operator's terminal.
 	if name == "" || len(name) > 200 || strings.ContainsAny(name, "{}") || !utf8.ValidString(name) ||
 		strings.ContainsFunc(name, unicode.IsControl) {
@@ -318,7 +324,7 @@ func (q *Queue) EnqueueMany(ctx context.Context, jobs []NewJob) ([]*EnqueueResul
 	jobs = slices.Clone(jobs) // checkNewJob fills in IDs; the caller's slice stays as it was
 	for i := range jobs {
 		if err := checkNewJob(&jobs[i]); err != nil {
-			return nil, fmt.Errorf("%w (job %d of %d)", err, i, len(jobs))
+			return nil, fmt.Errorf("%w (jobs[%d], job %d of %d)", err, i, i+1, len(jobs))
 		}
 	}
 	ctx, span := q.tracer.Start(ctx, q.enqueueSpan, trace.WithSpanKind(trace.SpanKindProducer),
@@ -677,4 +683,11 @@ func randomID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// isNilPointer reports whether v is a nil pointer in an interface, which is not itself nil: a
+// (*redis.Client)(nil) passed as a client.
+func isNilPointer(v any) bool {
+	r := reflect.ValueOf(v)
+	return r.Kind() == reflect.Pointer && r.IsNil()
 }

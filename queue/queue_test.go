@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -495,6 +496,27 @@ func TestPermanentErrorAndPanicAreRecorded(t *testing.T) {
 	}
 }
 
+// A handler that calls runtime.Goexit (t.FailNow in a shared helper) failed its attempt in OnJobDone's eyes,
+// but ended the run's own goroutine: the job stayed leased by heartbeats, and with Concurrency 1 the next
+// job never ran (an outside test). It is a failed attempt, as a panic is, and the slot is given back.
+func TestAHandlerThatCallsGoexitFailsItsAttempt(t *testing.T) {
+	t.Parallel()
+	q, _ := newQueue(t, nil)
+	runWorker(t, q, HandlerFunc(func(ctx context.Context, j *Job) error {
+		if j.ID == "exits" {
+			runtime.Goexit()
+		}
+		return nil
+	}), &WorkerConfig{Concurrency: 1, RetryBase: time.Millisecond})
+	mustEnqueue(t, q, NewJob{ID: "exits", MaxAttempts: 2})
+	j := waitState(t, q, "exits", StateDead, 5*time.Second)
+	if j.Failures != 2 || !strings.Contains(j.LastError, "runtime.Goexit") {
+		t.Fatalf("the job whose handler called Goexit is %+v", j)
+	}
+	mustEnqueue(t, q, NewJob{ID: "after"})
+	waitState(t, q, "after", StateCompleted, 5*time.Second)
+}
+
 // A record the worker cannot read (written by hand, or by another version) is sent to dead with the reason,
 // and the jobs beside it run: no handler is given a job it cannot be given whole, and none runs twice.
 func TestAnUndecodableRecordIsBuriedAndTheRestRun(t *testing.T) {
@@ -931,11 +953,22 @@ func TestInvalidInputIsRefused(t *testing.T) {
 	// A negative setting was read as "the default" without a word (an outside tester's finding).
 	for name, c := range map[string]WorkerConfig{"Concurrency": {Concurrency: -5},
 		"HeartbeatInterval": {HeartbeatInterval: -time.Second}, "DrainTimeout": {DrainTimeout: -time.Second},
-		"StopGrace": {StopGrace: -time.Second}, "LeaseTTL": {LeaseTTL: -time.Second}} {
+		"StopGrace": {StopGrace: -time.Second}, "LeaseTTL": {LeaseTTL: -time.Second},
+		"RetryBase": {RetryBase: -time.Second}, "RetryMax": {RetryMax: -time.Second}} {
 		if _, err := NewWorker(q, HandlerFunc(func(context.Context, *Job) error { return nil }), &c); err == nil ||
 			!strings.Contains(err.Error(), name) {
 			t.Errorf("a negative %s: %v, want refused naming it", name, err)
 		}
+	}
+	// A nil queue or client is an error, not a panic later (a nil dereference in NewWorker, in Enqueue).
+	if _, err := NewWorker(nil, HandlerFunc(func(context.Context, *Job) error { return nil }), nil); err == nil {
+		t.Error("NewWorker took a nil queue")
+	}
+	if _, err := New(nil, "q", nil); err == nil {
+		t.Error("New took a nil client")
+	}
+	if _, err := New((*redis.Client)(nil), "q", nil); err == nil {
+		t.Error("New took a nil *redis.Client")
 	}
 }
 

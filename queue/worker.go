@@ -1,6 +1,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,9 +106,9 @@ func (c *WorkerConfig) WithDefaults() WorkerConfig {
 	def(&o.DrainTimeout, DefaultDrainTimeout)
 	def(&o.StopGrace, DefaultStopGrace)
 	def(&o.IdleBlock, DefaultIdleBlock)
-	if o.RetryBase <= 0 || o.RetryMax <= 0 {
+	if o.RetryBase == 0 || o.RetryMax == 0 {
 		p := backoff.Policy{Base: o.RetryBase, Max: o.RetryMax}.WithDefaults()
-		o.RetryBase, o.RetryMax = p.Base, p.Max
+		o.RetryBase, o.RetryMax = cmp.Or(o.RetryBase, p.Base), cmp.Or(o.RetryMax, p.Max)
 	}
 	return o
 }
@@ -146,6 +147,10 @@ func (c WorkerConfig) validate() error {
 	if c.SweepInterval > c.LeaseTTL {
 		return fmt.Errorf("queue: SweepInterval %v is over LeaseTTL %v: expired leases would wait for the sweep "+
 			"longer than they lasted", c.SweepInterval, c.LeaseTTL)
+	}
+	if c.RetryBase < 0 || c.RetryMax < 0 {
+		return fmt.Errorf("queue: RetryBase %v and RetryMax %v: neither may be negative (0 is the default)",
+			c.RetryBase, c.RetryMax)
 	}
 	if c.RetryBase > c.RetryMax {
 		return fmt.Errorf("queue: RetryBase %v is over RetryMax %v", c.RetryBase, c.RetryMax)
@@ -194,6 +199,9 @@ type Worker struct {
 
 // NewWorker returns a worker that runs h for the jobs of q. It refuses settings that cannot work.
 func NewWorker(q *Queue, h Handler, cfg *WorkerConfig) (*Worker, error) {
+	if q == nil {
+		return nil, errors.New("queue: NewWorker needs a queue (queue.New)")
+	}
 	if h == nil {
 		return nil, errors.New("queue: NewWorker needs a handler")
 	}
@@ -237,7 +245,7 @@ func (w *Worker) ID() string { return w.id }
 // not answer; a DrainTimeout at least that long hides it.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.started.CompareAndSwap(false, true) {
-		return errors.New("queue: worker already started")
+		return errors.New("queue: this worker ran already: a Worker runs once; make another with NewWorker")
 	}
 	top, warnings := w.q.CheckRedis(ctx)
 	w.log.Info("redis topology", "role", top.Role, "replicas", top.Replicas, "min_replicas_to_write",

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/extra/redisotel/v9"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/oncegate/oncegate/client"
 	"github.com/oncegate/oncegate/internal/telemetry"
@@ -88,6 +89,7 @@ func run(args []string) error {
 		return err
 	}
 	defer stopTelemetry()
+	redis.SetLogger(telemetry.RedisLog{Log: log})
 
 	rdb, err := queue.OpenRedis(*redisURL)
 	if err != nil {

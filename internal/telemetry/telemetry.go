@@ -149,3 +149,13 @@ func Start(level, name string) (log *slog.Logger, tel *Telemetry, stop func(), e
 		_ = tel.Shutdown(ctx)
 	}, nil
 }
+
+// RedisLog passes go-redis's own messages (a pool that cannot dial, a Sentinel that does not answer) to log
+// as warnings, through redis.SetLogger: go-redis prints them as plain lines on stderr, into a stream that is
+// otherwise JSON, where a log collector could not read them.
+type RedisLog struct{ Log *slog.Logger }
+
+// Printf logs one message of go-redis.
+func (l RedisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.Log.WarnContext(ctx, "redis: "+strings.TrimSpace(fmt.Sprintf(format, v...)))
+}

@@ -3,6 +3,8 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -405,5 +407,51 @@ func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
 	}
 	if n := h.count("SELECT count(*) FROM oncegate_run_fences"); n != 2 {
 		t.Fatalf("%d fences left, want 2", n)
+	}
+}
+
+// /metrics names every tenant, destination and breaker, and the API's address is the tenants': with
+// metrics_listen set it is served there only, with the probes, and the API's address answers 404 (an outside
+// tester read another tenant's open breaker from /metrics without a key).
+func TestMetricsListenKeepsTheMetricsOffTheAPIsAddress(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	h := startGateway(t, func(c *Config) { c.MetricsListen = addr })
+	if r := h.req("GET", "/metrics", "", ""); r.status != http.StatusNotFound {
+		t.Fatalf("/metrics on the API's address: %d %s", r.status, r.raw)
+	}
+	if r := h.req("GET", "/metrics", acmeKey, ""); r.status != http.StatusNotFound {
+		t.Fatalf("/metrics on the API's address, with a tenant's key: %d", r.status)
+	}
+	for path, want := range map[string]string{"/metrics": "oncegate_", "/readyz": "", "/healthz": ""} {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("%s on metrics_listen: %d %.200s", path, resp.StatusCode, body)
+		}
+	}
+	resp, err := http.Get("http://" + addr + "/v1/effects")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || resp.Header.Get("Content-Type") != "application/problem+json" {
+		t.Errorf("the API on metrics_listen: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	// The address is checked with the rest of the configuration.
+	for _, bad := range []string{"notanaddr", "127.0.0.1:99999"} {
+		c := (&Config{MetricsListen: bad}).WithDefaults()
+		if err := c.validate(); err == nil || !strings.Contains(err.Error(), "metrics_listen") {
+			t.Errorf("metrics_listen %q: %v, want refused naming it", bad, err)
+		}
 	}
 }

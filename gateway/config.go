@@ -16,6 +16,10 @@ import (
 type Config struct {
 	// Listen is the HTTP API's address. Defaults to DefaultListen.
 	Listen string `yaml:"listen"`
+	// MetricsListen, when set, is the address of /metrics (and of /healthz and /readyz, for probes), which
+	// Listen then no longer serves: the metrics name every tenant, destination and breaker, and whoever
+	// reaches the API is a tenant. Empty serves /metrics on Listen, to anyone who reaches it.
+	MetricsListen string `yaml:"metrics_listen"`
 	// DatabaseURL is the Postgres database, as a URL or keyword/value string. Defaults to the environment's
 	// DATABASE_URL, then DefaultDatabaseURL. Its pool_max_conns and connect_timeout are used as given; when
 	// it leaves them out they default to DefaultMaxConns and DefaultConnectTimeout. Through a pooler such as

@@ -74,7 +74,7 @@ func TestConfigDefaultsWithoutAFile(t *testing.T) {
 	// Every listen address Go binds passes the check made as the file is read: a zoned IPv6 address too.
 	for _, listen := range []string{"[::1]:0", "[fe80::1%lo]:65535", "localhost:http", ":8080", "ip6-localhost:0",
 		"0.0.0.0:80", "gw-1.internal.example:8080"} {
-		if err := checkListen(listen); err != nil {
+		if err := checkListen("listen", listen); err != nil {
 			t.Errorf("listen %s: %v", listen, err)
 		}
 	}

@@ -41,7 +41,9 @@ func (g *Gateway) routes() *mux.Router {
 	get := []string{http.MethodGet, http.MethodHead}
 	r.HandleFunc("/healthz", g.healthz).Methods(get...)
 	r.HandleFunc("/readyz", g.readyz).Methods(get...)
-	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
+	if g.cfg.MetricsListen == "" {
+		r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
+	}
 	r.HandleFunc("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
 		_, _ = w.Write(openAPI)
@@ -71,6 +73,24 @@ func (g *Gateway) routes() *mux.Router {
 		refuseUnread(w, req, probMethodNotAllowed, fmt.Sprintf("%s is not a method of this path", req.Method))
 	})
 	return r
+}
+
+// metricsRoutes are metrics_listen's: /metrics, and the probes, so that a probe need not reach the API's
+// address either.
+func (g *Gateway) metricsRoutes() http.Handler {
+	r := mux.NewRouter()
+	get := []string{http.MethodGet, http.MethodHead}
+	r.HandleFunc("/healthz", g.healthz).Methods(get...)
+	r.HandleFunc("/readyz", g.readyz).Methods(get...)
+	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
+	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		refuseUnread(w, req, probNotFound, "no such route: this address serves /metrics, /healthz and /readyz")
+	})
+	r.MethodNotAllowedHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Allow", "GET, HEAD")
+		refuseUnread(w, req, probMethodNotAllowed, fmt.Sprintf("%s is not a method of this path", req.Method))
+	})
+	return g.recoverer(r)
 }
 
 // allowedMethods lists the methods that root serves at req's path, for the Allow header of a 405.

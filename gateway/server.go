@@ -6,9 +6,11 @@ package gateway
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 )
@@ -21,8 +23,26 @@ import (
 // request (timeouts.read), the time until the answer is written (timeouts.write), how long a keep-alive
 // connection may sit idle (timeouts.idle), the size of headers (limits.max_header) and of bodies
 // (limits.max_body), and the number of open connections (limits.max_connections).
+//
+// With metrics_listen set, it also serves /metrics and the probes there, and returns at once when that address
+// cannot be listened on.
 func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	t := g.cfg.Timeouts
+	var metrics *http.Server
+	if addr := g.cfg.MetricsListen; addr != "" {
+		ml, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("metrics_listen: %q: %w", addr, err)
+		}
+		metrics = &http.Server{Handler: g.metricsRoutes(), ReadHeaderTimeout: time.Duration(t.ReadHeader),
+			ReadTimeout: time.Duration(t.Read), WriteTimeout: time.Duration(t.Write), IdleTimeout: time.Duration(t.Idle),
+			MaxHeaderBytes: int(g.cfg.Limits.MaxHeader), ErrorLog: slog.NewLogLogger(g.log.Handler(), slog.LevelWarn)}
+		g.log.Info("metrics listening", "metrics_listen", addr, "addr", ml.Addr().String())
+		go func() { _ = metrics.Serve(ml) }()
+	} else if ap, err := netip.ParseAddrPort(l.Addr().String()); err == nil && !ap.Addr().IsLoopback() {
+		g.log.Warn("/metrics is served on the API's address, to every client that reaches it, and names every " +
+			"tenant, destination and breaker: set metrics_listen to an address only the scraper reaches")
+	}
 	srv := &http.Server{Handler: g.handler, ReadHeaderTimeout: time.Duration(t.ReadHeader),
 		ReadTimeout: time.Duration(t.Read), WriteTimeout: time.Duration(t.Write), IdleTimeout: time.Duration(t.Idle),
 		MaxHeaderBytes: int(g.cfg.Limits.MaxHeader),
@@ -85,6 +105,10 @@ func (g *Gateway) Serve(ctx context.Context, l net.Listener) error {
 	stopAnnounce()
 	stopBG()
 	wg.Wait()
+	if metrics != nil {
+		// Last, so that the drain above is scraped and probed to its end.
+		_ = metrics.Close()
+	}
 	if !marked {
 		g.markStopped()
 	}

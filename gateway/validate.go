@@ -20,8 +20,17 @@ import (
 
 // validate checks a configuration that WithDefaults has filled: every error names the field at fault.
 func (c *Config) validate() error {
-	if err := checkListen(c.Listen); err != nil {
+	if err := checkListen("listen", c.Listen); err != nil {
 		return err
+	}
+	if c.MetricsListen != "" {
+		if err := checkListen("metrics_listen", c.MetricsListen); err != nil {
+			return err
+		}
+		if c.MetricsListen == c.Listen {
+			return fmt.Errorf("metrics_listen: %q is listen's address: give the metrics an address of their own, "+
+				"or leave metrics_listen out to serve them on listen", c.MetricsListen)
+		}
 	}
 	if _, err := c.poolConfig(); err != nil {
 		return err
@@ -256,13 +265,13 @@ func (r DeliveryRate) validate(path string) error {
 // checkListen refuses a listen address the gateway could not bind as it is written, while the file is read:
 // found at the bind, it stopped a gateway that had already connected to Postgres and migrated it, and the
 // error named neither the field nor its line.
-func checkListen(addr string) error {
+func checkListen(field, addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("listen: %q is not host:port (%v)", addr, err)
+		return fmt.Errorf("%s: %q is not host:port (%v)", field, addr, err)
 	}
 	if _, ipErr := netip.ParseAddr(host); host != "" && ipErr != nil && !validHostName(host) {
-		return fmt.Errorf("listen: %q: %q is neither an IP address nor a host name", addr, host)
+		return fmt.Errorf("%s: %q: %q is neither an IP address nor a host name", field, addr, host)
 	}
 	n, err := strconv.Atoi(port)
 	if err != nil { // a service name, such as http
@@ -271,7 +280,7 @@ func checkListen(addr string) error {
 		err = errors.New("out of range")
 	}
 	if err != nil {
-		return fmt.Errorf("listen: %q: the port %q is not 0 to 65535 or a service name", addr, port)
+		return fmt.Errorf("%s: %q: the port %q is not 0 to 65535 or a service name", field, addr, port)
 	}
 	return nil
 }

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/propagation"
@@ -265,10 +266,13 @@ func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts
 		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "a job's queue needs the job's ID and epoch"}
 	case strings.IndexFunc(o.JobQueue, isControl) >= 0:
 		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "the queue name has a control character, which no header can carry"}
+	case !utf8.ValidString(o.JobQueue) || !utf8.ValidString(o.JobID):
+		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "the job's ID and queue name must be UTF-8"}
 	case !o.JobCreated.IsZero() && o.JobID == "":
 		return nil, &InvalidError{Field: "Oncegate-Job-Created", Reason: "a job's creation needs the job's ID and epoch"}
-	case !o.JobCreated.IsZero() && o.JobCreated.UnixMilli() < 1:
-		return nil, &InvalidError{Field: "Oncegate-Job-Created", Reason: "a job's creation is after 1970"}
+	case !o.JobCreated.IsZero() && (o.JobCreated.Year() < 1970 || o.JobCreated.Year() > 9999 || o.JobCreated.UnixMilli() < 1):
+		return nil, &InvalidError{Field: "Oncegate-Job-Created", Reason: fmt.Sprintf("a job's creation (queue.Job.CreatedAt) "+
+			"is between 1970 and 9999, not %v", o.JobCreated)}
 	}
 	raw, err := json.Marshal(payload)
 	if err != nil {

@@ -209,6 +209,9 @@ func TestUnsendableRequestsFailAtOnceWithoutARequest(t *testing.T) {
 		{"a line break in the job ID", "k", "analytics", payload, &PerformOptions{JobID: "job\n1", JobEpoch: 1}, "Oncegate-Job-Id"},
 		{"a job ID over 512 bytes", "k", "analytics", payload, &PerformOptions{JobID: strings.Repeat("j", 513), JobEpoch: 1}, "Oncegate-Job-Id"},
 		{"a job ID without an epoch", "k", "analytics", payload, &PerformOptions{JobID: "job-1"}, "Oncegate-Job-Epoch"},
+		{"a queue name that is not UTF-8", "k", "analytics", payload, &PerformOptions{JobID: "job-1", JobEpoch: 1, JobQueue: "q\xff"}, "Oncegate-Job-Queue"},
+		{"a creation past 9999", "k", "analytics", payload, &PerformOptions{JobID: "job-1", JobEpoch: 1, JobCreated: time.Unix(1<<62, 0)}, "Oncegate-Job-Created"},
+		{"a creation before 1970", "k", "analytics", payload, &PerformOptions{JobID: "job-1", JobEpoch: 1, JobCreated: time.Unix(-5, 0)}, "Oncegate-Job-Created"},
 	}
 	for _, c2 := range cases {
 		_, err := c.Perform(ctx, c2.key, c2.typ, c2.payload, c2.opts)

@@ -91,6 +91,9 @@ func (g *Gateway) createEffect(w http.ResponseWriter, r *http.Request) error {
 		return invalid("wait", err.Error())
 	}
 
+	if name, why := jobHeadersOnce(r); name != "" {
+		return invalid(name, why)
+	}
 	jobID, epoch, err := jobHeaders(r)
 	if err != nil {
 		return invalid("Oncegate-Job-Epoch", err.Error())
@@ -161,6 +164,23 @@ func requestTags(r *http.Request, body []string) ([]string, string, error) {
 	return body, "tags", effect.CheckTags(body)
 }
 
+// jobHeaderNames are the headers that name a queue job's run: each is sent once, with a value, or not at all.
+var jobHeaderNames = []string{"Oncegate-Job-Id", "Oncegate-Job-Epoch", "Oncegate-Job-Queue", "Oncegate-Job-Created"}
+
+// jobHeadersOnce names a job header sent twice (whose first value would have counted: a fence raised under
+// one queue while the effect named another) or sent empty (an empty queue was read as none), and why.
+func jobHeadersOnce(r *http.Request) (string, string) {
+	for _, name := range jobHeaderNames {
+		switch vs := r.Header.Values(name); {
+		case len(vs) > 1:
+			return name, "is sent twice: send it once"
+		case len(vs) == 1 && vs[0] == "":
+			return name, "is empty: send it with a value, or leave it out"
+		}
+	}
+	return "", ""
+}
+
 // jobHeaders reads Oncegate-Job-Id and Oncegate-Job-Epoch, which a worker sends to have its effects fenced
 // by its job's lease epoch.
 func jobHeaders(r *http.Request) (string, int64, error) {
@@ -173,12 +193,15 @@ func jobHeaders(r *http.Request) (string, int64, error) {
 	// that another reader of the header (a proxy's rule, a log search) need not take for the same epoch.
 	epoch, err := strconv.ParseInt(raw, 10, 64)
 	plain := raw != "" && raw[0] >= '1' && raw[0] <= '9' && strings.Trim(raw, "0123456789") == ""
-	if id == "" || len(id) > 512 || err != nil || !plain {
-		return "", 0, errors.New("Oncegate-Job-Id (at most 512 bytes) and Oncegate-Job-Epoch (decimal digits, " +
+	if id == "" || len(id) > 512 || !utf8.ValidString(id) || err != nil || !plain {
+		return "", 0, errors.New("Oncegate-Job-Id (UTF-8, at most 512 bytes) and Oncegate-Job-Epoch (decimal digits, " +
 			"from 1, without sign or leading zero) go together")
 	}
 	return id, epoch, nil
 }
+
+// maxCreatedAhead is how far ahead of the gateway's clock Oncegate-Job-Created may be.
+const maxCreatedAhead = time.Hour
 
 // jobCreatedHeader reads Oncegate-Job-Created: when the job was enqueued, in unix milliseconds, which ranks a
 // job enqueued again under its ID above the old one's leases (migration 00034). 0 when not sent.
@@ -194,6 +217,12 @@ func jobCreatedHeader(r *http.Request, jobID string) (int64, error) {
 	if err != nil || raw[0] < '1' || raw[0] > '9' || strings.Trim(raw, "0123456789") != "" {
 		return 0, errors.New("unix milliseconds: decimal digits, without sign or leading zero")
 	}
+	// A creation ahead of every clock would rank this job above every run of its ID to come: each later job
+	// under the ID would be refused until the fence is forgotten. An hour covers clocks apart.
+	if ahead := time.Until(time.UnixMilli(ms)); ahead > maxCreatedAhead {
+		return 0, fmt.Errorf("is %v ahead of this gateway's clock (at most %v): a job's creation is when Redis "+
+			"took it (queue.Job.CreatedAt)", ahead.Round(time.Second), maxCreatedAhead)
+	}
 	return ms, nil
 }
 
@@ -207,8 +236,8 @@ func jobQueueHeader(r *http.Request, jobID string) (string, error) {
 		return "", nil
 	case jobID == "":
 		return "", errors.New("names the queue of a job: send it with Oncegate-Job-Id and Oncegate-Job-Epoch")
-	case len(q) > 200 || strings.ContainsAny(q, "{}") || strings.IndexFunc(q, unicode.IsControl) >= 0:
-		return "", errors.New("a queue name is 1 to 200 characters, without braces or control characters")
+	case len(q) > 200 || !utf8.ValidString(q) || strings.ContainsAny(q, "{}") || strings.IndexFunc(q, unicode.IsControl) >= 0:
+		return "", errors.New("a queue name is 1 to 200 bytes of UTF-8, without braces or control characters")
 	}
 	return q, nil
 }

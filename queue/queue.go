@@ -172,18 +172,19 @@ type Queue struct {
 	repl replication // durable writes (replication.go)
 }
 
-// New returns a handle on the queue called name. Names are 1 to 200 characters without braces, which
-// would break the hash tag.
+// New returns a handle on the queue called name. Names are 1 to 200 bytes of UTF-8 without braces, which
+// would break the hash tag, control characters or spaces at either end.
 func New(rdb redis.UniversalClient, name string, opts *Options) (*Queue, error) {
 	if rdb == nil || isNilPointer(rdb) {
 		return nil, errors.New("queue: New needs a Redis client (redis.NewClient, redis.NewFailoverClient or " +
 			"redis.NewClusterClient)")
 	}
 	// Control characters and invalid UTF-8 would reach logs, metrics' labels and the operator's terminal.
+	// Nor spaces at either end, which HTTP drops from a header: the gateway would file a job of " q " under q.
 	if name == "" || len(name) > 200 || strings.ContainsAny(name, "{}") || !utf8.ValidString(name) ||
-		strings.ContainsFunc(name, unicode.IsControl) {
-		return nil, fmt.Errorf("queue: invalid queue name %q: want 1-200 characters of UTF-8, without braces or "+
-			"control characters", name)
+		strings.ContainsFunc(name, unicode.IsControl) || strings.TrimSpace(name) != name {
+		return nil, fmt.Errorf("queue: invalid queue name %q: want 1-200 bytes of UTF-8, without braces, "+
+			"control characters or spaces at either end", name)
 	}
 	o := opts.WithDefaults()
 	if rt := readTimeout(rdb); o.Replicas != ReplicasOff && rt > 0 && o.ReplicaTimeout >= rt {

@@ -964,6 +964,12 @@ func TestInvalidInputIsRefused(t *testing.T) {
 	if _, err := NewWorker(nil, HandlerFunc(func(context.Context, *Job) error { return nil }), nil); err == nil {
 		t.Error("NewWorker took a nil queue")
 	}
+	// HTTP drops spaces at either end of a header: the gateway would file a job of " q " under "q".
+	for _, name := range []string{" q", "q ", "\tq"} {
+		if _, err := New(testenv.Redis(t), name, nil); err == nil {
+			t.Errorf("the queue name %q was taken", name)
+		}
+	}
 	if _, err := New(nil, "q", nil); err == nil {
 		t.Error("New took a nil client")
 	}

@@ -242,3 +242,41 @@ func TestLinksEncodeDataExactlyOnce(t *testing.T) {
 		}
 	}
 }
+
+// A job ID, a queue's name or an error with a character a reader cannot see as itself is shown with it
+// escaped, as the CLI shows it, while links still carry the ID as it is: an unclosed bidi override in a job
+// ID reversed the rest of its cell (an outside tester's finding), and a zero-width space makes two IDs alike.
+func TestInvisibleCharactersAreShownEscaped(t *testing.T) {
+	t.Parallel()
+	const hidden = "j\u202eevil\u200bx-"
+	e := setup(t, options{effects: 10, deadPrefix: hidden})
+	ctx := t.Context()
+	job := e.dead[0]
+	if _, err := e.db.Exec(ctx, "UPDATE oncegate_effects SET job_id = $1, job_queue = $2 WHERE id = (SELECT min(id) FROM oncegate_effects)",
+		job, e.queue); err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	if err := e.db.QueryRow(ctx, "SELECT key FROM oncegate_effects WHERE job_id = $1", job).Scan(&key); err != nil {
+		t.Fatal(err)
+	}
+	c := e.client(admin.RoleOperator)
+	for _, page := range []string{
+		"/queue?" + url.Values{"name": {e.queue}, "state": {"dead"}}.Encode(),
+		"/job?" + url.Values{"queue": {e.queue}, "id": {job}}.Encode(),
+		"/effects?" + url.Values{"job": {job}}.Encode(),
+	} {
+		code, _, body := e.get(c, page)
+		if code != 200 {
+			t.Fatalf("GET %s: %d", page, code)
+		}
+		text := html.UnescapeString(body)
+		if !strings.Contains(text, `j\u202eevil\u200bx-`) {
+			t.Errorf("%s does not show the job ID escaped", page)
+		}
+		// Raw, it may stand only where a link or a form carries it (percent-encoded or in an attribute).
+		for _, m := range regexp.MustCompile(`>[^<]*\x{202e}[^<]*<`).FindAllString(body, -1) {
+			t.Errorf("%s shows a bidi override raw in its text: %q", page, m)
+		}
+	}
+}

@@ -66,10 +66,14 @@ var funcs = template.FuncMap{
 		}
 		return strconv.Itoa(*n)
 	},
-	"persec":      func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + "/s" },
-	"when":        when,
-	"whenp":       func(t *time.Time) string { return whenPtr(t) },
-	"str":         func(s *string) string { return deref(s) },
+	"persec": func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) + "/s" },
+	"when":   when,
+	"whenp":  func(t *time.Time) string { return whenPtr(t) },
+	"str":    func(s *string) string { return deref(s) },
+	// shown is text a tenant, a worker or another operator wrote (a job ID, a queue's name, an error), with
+	// what a reader cannot see as itself (a bidi override, a zero-width space, a control) written as its
+	// escape, as the CLI shows it: an override reordered the rest of its cell.
+	"shown":       admin.Printable,
 	"i64":         func(n *int64) string { return derefInt(n) },
 	"ms":          func(f *float64) string { return msString(f) },
 	"pct":         func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/oncegate/oncegate/dedup"
 	"github.com/oncegate/oncegate/internal/reliability"
@@ -376,23 +377,41 @@ func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
 		{"emails", "1700000000000", "4", 409}, // the same job, an older lease
 		{"emails", "1700000060000", "1", 202}, // enqueued again (its queue made again): newer
 		{"emails", "1700000000000", "9", 409}, // the old job's run, whatever its epoch
-		{"emails", "", "9", 409},              // a client that sends no creation: ranked below
 		{"", "", "7", 202},                    // no queue named: the fence of the jobs of no named queue
 		{"", "", "6", 409},                    // ... which its epochs rank, as before
 		{"crm", "1700000000500", "2", 202},    // the other queue's job goes on
 		{"emails", "1700000060000", "2", 202}, // and so does the new one
 		{"emails", "1700000060000", "1", 409}, // whose older lease is fenced
+		// A worker that sends no creation (an older version, beside newer ones in a rolling upgrade) is ranked
+		// by its epoch alone: its stale run is refused, its successor's run taken, and a newer worker's run
+		// below that successor refused in turn (ranked below every creation, the stale run was taken).
+		{"emails", "", "1", 409},
+		{"emails", "", "3", 202},
+		{"emails", "1700000060000", "2", 409},
+		{"emails", "1700000060000", "4", 202},
 	} {
 		if r := send(c.queue, c.created, c.epoch); r.status != c.want {
 			t.Fatalf("request %d (queue %q, created %q, epoch %s): %d %s, want %d", i, c.queue, c.created, c.epoch,
 				r.status, r.raw, c.want)
 		}
 	}
-	for _, bad := range [][]string{{"Oncegate-Job-Created: 1700000000000"}, {"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: 1",
-		"Oncegate-Job-Created: 017"}, {"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: 1", "Oncegate-Job-Created: -5"}} {
-		r := h.req("POST", "/v1/effects", acmeKey, analytics("x"), append([]string{"Idempotency-Key: bad"}, bad...)...)
-		if r.status != 400 || r.body["field"] != "Oncegate-Job-Created" {
-			t.Errorf("%v: %d %s, want a 400 naming Oncegate-Job-Created", bad, r.status, r.raw)
+	job := []string{"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: 1"}
+	future := fmt.Sprint(time.Now().Add(2 * time.Hour).UnixMilli())
+	for field, bad := range map[string][][]string{
+		"Oncegate-Job-Created": {{"Oncegate-Job-Created: 1700000000000"}, append(job, "Oncegate-Job-Created: 017"),
+			append(job, "Oncegate-Job-Created: -5"), append(job, "Oncegate-Job-Created: "+future),
+			append(job, "Oncegate-Job-Created: 1", "Oncegate-Job-Created: 2")},
+		// Sent twice, the first value counted; sent empty, the queue was none.
+		"Oncegate-Job-Queue": {append(job, "Oncegate-Job-Queue: qz", "Oncegate-Job-Queue: qa"), append(job, "Oncegate-Job-Queue: "),
+			append(job, "Oncegate-Job-Queue: q\xff")},
+		"Oncegate-Job-Epoch": {{"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: 1", "Oncegate-Job-Epoch: 2"}},
+		"Oncegate-Job-Id":    {{"Oncegate-Job-Id: j", "Oncegate-Job-Id: k", "Oncegate-Job-Epoch: 1"}},
+	} {
+		for _, headers := range bad {
+			r := h.req("POST", "/v1/effects", acmeKey, analytics("x"), append([]string{"Idempotency-Key: bad"}, headers...)...)
+			if r.status != 400 || r.body["field"] != field {
+				t.Errorf("%q: %d %s, want a 400 naming %s", headers, r.status, r.raw, field)
+			}
 		}
 	}
 
@@ -427,6 +446,11 @@ func TestMetricsListenKeepsTheMetricsOffTheAPIsAddress(t *testing.T) {
 	}
 	if r := h.req("GET", "/metrics", acmeKey, ""); r.status != http.StatusNotFound {
 		t.Fatalf("/metrics on the API's address, with a tenant's key: %d", r.status)
+	}
+	for _, path := range []string{"/readyz", "/healthz"} {
+		if r := h.req("GET", path, "", ""); r.status != http.StatusNotFound {
+			t.Fatalf("%s on the API's address: %d %s", path, r.status, r.raw)
+		}
 	}
 	for path, want := range map[string]string{"/metrics": "oncegate_", "/readyz": "", "/healthz": ""} {
 		resp, err := http.Get("http://" + addr + path)

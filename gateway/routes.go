@@ -39,9 +39,10 @@ func (g *Gateway) routes() *mux.Router {
 	// RFC 9110 §9.1: HEAD wherever GET. net/http answers a HEAD with the status and headers the handler
 	// writes and drops its body.
 	get := []string{http.MethodGet, http.MethodHead}
-	r.HandleFunc("/healthz", g.healthz).Methods(get...)
-	r.HandleFunc("/readyz", g.readyz).Methods(get...)
 	if g.cfg.MetricsListen == "" {
+		// With metrics_listen set these are served there only: /readyz's body tells the database's replication.
+		r.HandleFunc("/healthz", g.healthz).Methods(get...)
+		r.HandleFunc("/readyz", g.readyz).Methods(get...)
 		r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
 	}
 	r.HandleFunc("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {

@@ -110,7 +110,7 @@ func Main(ctx context.Context, args []string, env Env) int {
 		// (max_attempts, --max-attempts): say it as the flag.
 		msg = "--" + strings.ReplaceAll(ie.Field, "_", "-") + ": " + ie.Reason
 	}
-	fmt.Fprintln(env.Stderr, "oncegate: "+Printable(oneLine(msg)))
+	fmt.Fprintln(env.Stderr, "oncegate: "+admin.Printable(oneLine(msg)))
 	return code
 }
 

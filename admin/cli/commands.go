@@ -14,7 +14,6 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 	"unicode/utf16"
 
 	"github.com/oncegate/oncegate/admin"
@@ -71,38 +70,17 @@ func (c *command) out(v any, table func(w *tabwriter.Writer)) error {
 	return w.Flush()
 }
 
-// Printable makes s safe to show on an operator's terminal. Keys, job IDs, error texts and reasons come
-// from tenants, workers and other operators: an ESC in one would otherwise start a terminal escape sequence
-// (clear the screen, retitle the window, move the cursor to forge lines), a carriage return overwrite a line,
-// a bidi override reorder it, a line separator or a zero-width character hide or split what is shown. Every
-// such character is shown as its Go escape (\x1b, \r, \u202e, \u2028, \u200b) instead.
-func Printable(s string) string {
-	if !strings.ContainsFunc(s, obeyed) {
-		return s
-	}
-	var b strings.Builder
-	for _, r := range s {
-		if obeyed(r) {
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-		} else {
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
 // jsonEscaped escapes, in encoded JSON, every character a terminal would obey as \uXXXX (a surrogate pair
 // beyond the BMP), which every JSON reader decodes to the same string: encoding/json writes C1 controls
 // (U+009B is a CSI on many terminals), bidi overrides and zero-width characters raw. Only strings can hold
 // them, so the document's structure is untouched; its own newlines and indentation are not in strings.
 func jsonEscaped(doc string) string {
-	if !strings.ContainsFunc(doc, obeyed) {
+	if !strings.ContainsFunc(doc, admin.Obeyed) {
 		return doc
 	}
 	var b strings.Builder
 	for _, r := range doc {
-		if !obeyed(r) {
+		if !admin.Obeyed(r) {
 			b.WriteRune(r)
 			continue
 		}
@@ -116,12 +94,6 @@ func jsonEscaped(doc string) string {
 	return b.String()
 }
 
-// obeyed reports whether a terminal would act on r rather than show it (the newline and tab of the CLI's
-// own layout excepted).
-func obeyed(r rune) bool {
-	return r != '\n' && r != '\t' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Bidi_Control)
-}
-
 // inline is Printable for a value printed within a line or a table's cell: a tab, a newline or a carriage
 // return in it is shown as its escape too, rather than as a space (a job ID "a\nb" was shown as "a b", which
 // names no job) or raw (splitting the line).
@@ -132,7 +104,7 @@ func inline(s string) string {
 	if strings.ContainsAny(s, "\t\n\\") {
 		s = strings.NewReplacer("\\", `\\`, "\t", `\t`, "\n", `\n`).Replace(s)
 	}
-	return Printable(s)
+	return admin.Printable(s)
 }
 
 // verbatim is a cell printed as it is: text the command made safe to show itself (shellQuote's).
@@ -149,7 +121,7 @@ func shellQuote(s string) string {
 	switch {
 	case safe:
 		return s
-	case !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f || obeyed(r) }):
+	case !strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f || admin.Obeyed(r) }):
 		return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 	}
 	var b strings.Builder
@@ -165,7 +137,7 @@ func shellQuote(s string) string {
 			b.WriteString(`\n`)
 		case r < 0x20 || r == 0x7f:
 			fmt.Fprintf(&b, `\x%02x`, r)
-		case obeyed(r):
+		case admin.Obeyed(r):
 			// As its UTF-8 bytes: bash reads \u only in a UTF-8 locale, and under LC_ALL=C kept "\u2066" as text.
 			for _, c := range []byte(string(r)) {
 				fmt.Fprintf(&b, `\x%02x`, c)
@@ -183,7 +155,7 @@ func shellQuote(s string) string {
 type printableWriter struct{ w io.Writer }
 
 func (p printableWriter) Write(b []byte) (int, error) {
-	if _, err := io.WriteString(p.w, Printable(string(b))); err != nil {
+	if _, err := io.WriteString(p.w, admin.Printable(string(b))); err != nil {
 		return 0, err
 	}
 	return len(b), nil

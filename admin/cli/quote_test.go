@@ -3,6 +3,8 @@ package cli
 import (
 	"os/exec"
 	"testing"
+
+	"github.com/oncegate/oncegate/admin"
 )
 
 // A command the CLI prints for pasting reads, in a real shell, as the very words it names: a job ID is a
@@ -25,7 +27,7 @@ func TestShellQuoteIsReadBackByBash(t *testing.T) {
 		}
 		// What is printed is shown as it is: no character in it that a terminal would obey.
 		for _, r := range q {
-			if r < 0x20 || obeyed(r) {
+			if r < 0x20 || admin.Obeyed(r) {
 				t.Errorf("%q quoted as %q holds %q", s, q, r)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -279,6 +280,10 @@ func mailbox(addr string) (box string, nonASCII bool, err error) {
 		return "", false, errors.New("no @")
 	}
 	local, domain := addr[:at], addr[at+1:]
+	if r, bad := invisible(local); bad {
+		return "", false, fmt.Errorf("the local part holds %U, a control, format or separator character no "+
+			"reader sees", r)
+	}
 	var b strings.Builder
 	if isDotString(local) {
 		b.WriteString(local)
@@ -336,12 +341,27 @@ func checkDomain(d string) error {
 	for _, label := range strings.Split(d, ".") {
 		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' ||
 			strings.IndexFunc(label, func(r rune) bool {
-				return r < utf8.RuneSelf && !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-')
+				if r >= utf8.RuneSelf { // a UTF-8 label's letters, digits and combining marks (RFC 5891)
+					return !unicode.IsLetter(r) && !unicode.IsDigit(r) && !unicode.IsMark(r)
+				}
+				return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-')
 			}) >= 0 {
 			return fmt.Errorf("the domain %q is not host names (labels of letters, digits and hyphens, 1 to 63 octets)", d)
 		}
 	}
 	return nil
+}
+
+// invisible finds in s a character beyond ASCII that a reader does not see as itself: a C1 control (U+0085),
+// a line or paragraph separator (U+2028), a format character (a bidi override, a zero-width space) or a space.
+// Such a character in an address is sent raw, where it can hide or reorder what a person reads.
+func invisible(s string) (rune, bool) {
+	for _, r := range s {
+		if r >= utf8.RuneSelf && (!unicode.IsGraphic(r) || unicode.IsSpace(r)) {
+			return r, true
+		}
+	}
+	return 0, false
 }
 
 func isASCII(s string) bool {

@@ -55,6 +55,19 @@ func TestHeadersCannotChangeShapeOrRouting(t *testing.T) {
 		"Original-From":               "spy@evil.test",
 		"Original-Recipient":          "rfc822;spy@evil.test",
 		"Keywords":                    "a, b",
+		// Written by the receiving or signing systems (an outside tester forged Authentication-Results).
+		"Authentication-Results":     "mx.example.test; dkim=pass",
+		"ARC-Seal":                   "i=1; a=rsa-sha256",
+		"ARC-Message-Signature":      "i=1",
+		"ARC-Authentication-Results": "i=1; mx; spf=pass",
+		"DKIM-Signature":             "v=1; a=rsa-sha256",
+		"DomainKey-Signature":        "a=rsa-sha1",
+		"Received-SPF":               "pass",
+		"X-Received":                 "by 10.0.0.1",
+		"X-Original-To":              "spy@evil.test",
+		"X-Envelope-To":              "spy@evil.test",
+		"X-Confirm-Reading-To":       "spy@evil.test",
+		"Bounces-To":                 "spy@evil.test",
 	} {
 		var fe *providers.FieldError
 		if err := validate(t, map[string]string{name: value}); !errors.As(err, &fe) || fe.Field != "payload.headers."+name {

@@ -57,6 +57,18 @@ var routingHeaders = map[string]string{
 	"Original-From":               "is an address field (RFC 5703): Reply-To is the one a payload may set",
 	"Original-Recipient":          "is an address field (RFC 3798): Reply-To is the one a payload may set",
 	"Keywords":                    "is a structured field (RFC 5322 section 3.6.5, a list of phrases) the gateway does not parse",
+	"X-Received":                  "is a trace field that each relay writes",
+	"X-Original-To":               "is a trace field that the receiving system writes",
+	"X-Envelope-To":               "is a trace field that the receiving system writes",
+	"Received-Spf":                "is a trace field (RFC 7208 section 9.1) that the receiving system writes",
+	"Authentication-Results":      "is written by the receiving system (RFC 8601): a sender's would forge its checks",
+	"Arc-Authentication-Results":  "is written by the relays that sign a message's chain (RFC 8617)",
+	"Arc-Message-Signature":       "is written by the relays that sign a message's chain (RFC 8617)",
+	"Arc-Seal":                    "is written by the relays that sign a message's chain (RFC 8617)",
+	"Dkim-Signature":              "is written by the signing system (RFC 6376), not by a payload",
+	"Domainkey-Signature":         "is written by the signing system, not by a payload",
+	"X-Confirm-Reading-To":        "would send read receipts to an address of the payload's choosing",
+	"Bounces-To":                  "would send bounces to an address of the payload's choosing",
 }
 
 // refused says why a payload may not set the header ck (in canonical form), or "" when it may.
@@ -158,6 +170,17 @@ func (p *parsed) address(s string) (address, error) {
 	box, nonASCII, err := mailbox(a.Address)
 	if err != nil {
 		return address{}, fmt.Errorf("cannot be sent: %v", err)
+	}
+	// The name as net/mail decoded it: an encoded word can carry what the raw text may not (=0D=0A), and a
+	// reader that decodes it, then writes the header again, would write a line break of the payload's.
+	for _, r := range a.Name {
+		if r < ' ' && r != '\t' || r == 0x7f {
+			return address{}, fmt.Errorf("has a display name that holds %U once decoded", r)
+		}
+	}
+	if r, bad := invisible(a.Name); bad && r != '\u00a0' && r != ' ' {
+		return address{}, fmt.Errorf("has a display name that holds %U, a control, format or separator "+
+			"character", r)
 	}
 	p.nonASCII = p.nonASCII || nonASCII
 	return address{name: a.Name, mailbox: box}, nil

@@ -105,18 +105,28 @@ func (c Config) resolve() (*Provider, error) {
 	if len(secrets) == 0 {
 		return nil, fmt.Errorf("webhook: secret: at least one is required (whsec_ and base64)")
 	}
+	fieldOf := func(i int) string {
+		field := fmt.Sprintf("secrets[%d]", i) // secrets is secret, if set, then the list
+		if c.Secret != "" {
+			field = "secret"
+			if i > 0 {
+				field = fmt.Sprintf("secrets[%d]", i-1)
+			}
+		}
+		return field
+	}
 	for i, s := range secrets {
 		b64, ok := strings.CutPrefix(s, "whsec_")
 		key, err := base64.StdEncoding.DecodeString(b64)
 		if !ok || err != nil || len(key) < MinSecretBytes {
-			field := fmt.Sprintf("secrets[%d]", i) // secrets is secret, if set, then the list
-			if c.Secret != "" {
-				field = "secret"
-				if i > 0 {
-					field = fmt.Sprintf("secrets[%d]", i-1)
-				}
+			return nil, fmt.Errorf("webhook: %s: want whsec_ and the base64 of at least %d bytes", fieldOf(i), MinSecretBytes)
+		}
+		// A secret listed twice signs twice: every request carries two equal signatures, and a rotation
+		// that meant to add a new secret (and pasted the old one) adds none.
+		for j, k := range p.keys {
+			if bytes.Equal(k, key) {
+				return nil, fmt.Errorf("webhook: %s: the same secret as %s: list each secret once", fieldOf(i), fieldOf(j))
 			}
-			return nil, fmt.Errorf("webhook: %s: want whsec_ and the base64 of at least %d bytes", field, MinSecretBytes)
 		}
 		p.keys = append(p.keys, key)
 	}

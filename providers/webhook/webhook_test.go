@@ -201,6 +201,9 @@ func TestConfigIsChecked(t *testing.T) {
 		{URL: "ftp://h.example/x", Secret: secretA},
 		{URL: "https://user:pw@h.example/x", Secret: secretA},
 		{Secret: secretA},
+		// A secret listed twice, which signs every request twice (an outside tester's).
+		{URL: "https://h.example/x", Secret: secretA, Secrets: []string{secretB, secretA}},
+		{URL: "https://h.example/x", Secrets: []string{secretB, secretB}},
 	} {
 		if _, err := New(c); err == nil {
 			t.Errorf("%+v accepted", c)

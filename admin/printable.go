@@ -1,0 +1,36 @@
+package admin
+
+import (
+	"strconv"
+	"strings"
+	"unicode"
+)
+
+// Printable makes s safe to show on an operator's terminal, or in the console's pages. Keys, job IDs, error texts and reasons come
+// from tenants, workers and other operators: an ESC in one would otherwise start a terminal escape sequence
+// (clear the screen, retitle the window, move the cursor to forge lines), a carriage return overwrite a line,
+// a bidi override reorder it, a line separator or a zero-width character hide or split what is shown. Every
+// such character is shown as its Go escape (\x1b, \r, \u202e, \u2028, \u200b) instead. In a page, where
+// the markup is escaped apart, a bidi override reorders the rest of its cell and a zero-width character makes
+// two IDs that differ look alike.
+func Printable(s string) string {
+	if !strings.ContainsFunc(s, Obeyed) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if Obeyed(r) {
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		} else {
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// Obeyed reports whether a terminal would act on r rather than show it (the newline and tab of the CLI's
+// own layout excepted).
+func Obeyed(r rune) bool {
+	return r != '\n' && r != '\t' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Bidi_Control)
+}

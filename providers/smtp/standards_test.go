@@ -121,14 +121,14 @@ func TestUnsendableInputIsRefused(t *testing.T) {
 		"payload.headers.X-Long": base(map[string]any{"headers": map[string]string{"X-Long": strings.Repeat("x", 1000)}}),
 		// Sent raw, an invisible character hides or reorders what a person reads (an outside tester's): a C1
 		// control, a line separator, a bidi override, a zero-width space, in a local part or a domain.
-		"payload.to[2]": base(map[string]any{"to": []string{"a@example.test", "b@example.test", "ab@example.test"}}),
-		"payload.to[3]": base(map[string]any{"to": []string{"a@example.test", "b@example.test", "c@example.test", "\"a b\"@example.test"}}),
-		"payload.to[4]": base(map[string]any{"to": []string{"a@example.test", "b@example.test", "c@example.test", "d@example.test", "a‮b@example.test"}}),
-		"payload.cc[1]": base(map[string]any{"cc": []string{"a@example.test", "a@exa mple.test"}}),
-		"payload.cc[2]": base(map[string]any{"cc": []string{"a@example.test", "b@example.test", "a@exa​mple.test"}}),
+		"payload.to[2]": base(map[string]any{"to": []string{"a@example.test", "b@example.test", "a\u0085b@example.test"}}),
+		"payload.to[3]": base(map[string]any{"to": []string{"a@example.test", "b@example.test", "c@example.test", "\"a\u2028b\"@example.test"}}),
+		"payload.to[4]": base(map[string]any{"to": []string{"a@example.test", "b@example.test", "c@example.test", "d@example.test", "a\u202eb@example.test"}}),
+		"payload.cc[1]": base(map[string]any{"cc": []string{"a@example.test", "a@exa\u2028mple.test"}}),
+		"payload.cc[2]": base(map[string]any{"cc": []string{"a@example.test", "b@example.test", "a@exa\u200bmple.test"}}),
 		// A display name whose encoded word decodes to a line break.
 		"payload.bcc[1]": base(map[string]any{"bcc": []string{"a@example.test", "=?utf-8?q?X=0D=0ABcc=3A_evil=40evil.test?= <a@example.test>"}}),
-		"payload.bcc[2]": base(map[string]any{"bcc": []string{"a@example.test", "b@example.test", "Ann‮ <a@example.test>"}}),
+		"payload.bcc[2]": base(map[string]any{"bcc": []string{"a@example.test", "b@example.test", "Ann\u202e <a@example.test>"}}),
 	} {
 		var fe *providers.FieldError
 		if err := p.Validate(payload); !errors.As(err, &fe) || fe.Field != field {

@@ -39,7 +39,7 @@ func (g *Gateway) routes() *mux.Router {
 	// RFC 9110 §9.1: HEAD wherever GET. net/http answers a HEAD with the status and headers the handler
 	// writes and drops its body.
 	get := []string{http.MethodGet, http.MethodHead}
-	if g.cfg.MetricsListen == "" {
+	if g.cfg == nil || g.cfg.MetricsListen == "" {
 		// With metrics_listen set these are served there only: /readyz's body tells the database's replication.
 		r.HandleFunc("/healthz", g.healthz).Methods(get...)
 		r.HandleFunc("/readyz", g.readyz).Methods(get...)

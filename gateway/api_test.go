@@ -357,9 +357,9 @@ func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
 	t.Parallel()
 	h := startGateway(t, nil)
 	n := 0
-	send := func(queue, created, epoch string) response {
+	send := func(job, queue, created, epoch string) response {
 		n++
-		headers := []string{fmt.Sprintf("Idempotency-Key: k%d", n), "Oncegate-Job-Id: user_7", "Oncegate-Job-Epoch: " + epoch}
+		headers := []string{fmt.Sprintf("Idempotency-Key: k%d", n), "Oncegate-Job-Id: " + job, "Oncegate-Job-Epoch: " + epoch}
 		if queue != "" {
 			headers = append(headers, "Oncegate-Job-Queue: "+queue)
 		}
@@ -368,31 +368,51 @@ func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
 		}
 		return h.req("POST", "/v1/effects", acmeKey, analytics("x"), headers...)
 	}
+	// A fence the version before migration 00034 recorded (one epoch per job ID), as an old gateway of the
+	// fleet does during a rolling upgrade.
+	if _, err := h.pool.Exec(context.Background(),
+		"INSERT INTO oncegate_job_fences (tenant, job_id, epoch) VALUES ('acme', 'user_9', 5)"); err != nil {
+		t.Fatal(err)
+	}
 	for i, c := range []struct {
-		queue, created, epoch string
-		want                  int
+		job, queue, created, epoch string
+		want                       int
 	}{
-		{"emails", "1700000000000", "5", 202},
-		{"crm", "1700000000500", "1", 202},    // another queue: another job
-		{"emails", "1700000000000", "4", 409}, // the same job, an older lease
-		{"emails", "1700000060000", "1", 202}, // enqueued again (its queue made again): newer
-		{"emails", "1700000000000", "9", 409}, // the old job's run, whatever its epoch
-		{"", "", "7", 202},                    // no queue named: the fence of the jobs of no named queue
-		{"", "", "6", 409},                    // ... which its epochs rank, as before
-		{"crm", "1700000000500", "2", 202},    // the other queue's job goes on
-		{"emails", "1700000060000", "2", 202}, // and so does the new one
-		{"emails", "1700000060000", "1", 409}, // whose older lease is fenced
+		{"user_7", "emails", "1700000000000", "5", 202},
+		{"user_7", "crm", "1700000000500", "1", 202},    // another queue: another job
+		{"user_7", "emails", "1700000000000", "4", 409}, // the same job, an older lease
+		{"user_7", "emails", "1700000060000", "1", 202}, // enqueued again (its queue made again): newer
+		{"user_7", "emails", "1700000000000", "9", 409}, // the old job's run, whatever its epoch
+		{"user_7", "", "", "7", 202},                    // no queue named: the fence of the jobs of no named queue
+		{"user_7", "", "", "6", 409},                    // ... which its epochs rank, as before
+		{"user_7", "crm", "1700000000500", "2", 202},    // the other queue's job goes on
+		{"user_7", "emails", "1700000060000", "2", 202}, // and so does the new one
+		{"user_7", "emails", "1700000060000", "1", 409}, // whose older lease is fenced
 		// A worker that sends no creation (an older version, beside newer ones in a rolling upgrade) is ranked
 		// by its epoch alone: its stale run is refused, its successor's run taken, and a newer worker's run
 		// below that successor refused in turn (ranked below every creation, the stale run was taken).
-		{"emails", "", "1", 409},
-		{"emails", "", "3", 202},
-		{"emails", "1700000060000", "2", 409},
-		{"emails", "1700000060000", "4", 202},
+		{"user_8", "emails", "1700000060000", "5", 202},
+		{"user_8", "emails", "", "4", 409},
+		{"user_8", "emails", "", "6", 202},
+		{"user_8", "emails", "1700000060000", "5", 409},
+		{"user_8", "emails", "1700000060000", "7", 202},
+		// Such a worker is fenced by the old gateways' fence too, as it was before: a stale run of a job an
+		// old gateway saw at epoch 5 is refused by this one; a run that sends its creation is ranked by
+		// this version's fence alone (the old one is one epoch per ID, whatever the queue or the job).
+		{"user_9", "emails", "", "4", 409},
+		{"user_9", "emails", "", "5", 202},
+		{"user_9", "crm", "1700000000000", "1", 202},
 	} {
-		if r := send(c.queue, c.created, c.epoch); r.status != c.want {
-			t.Fatalf("request %d (queue %q, created %q, epoch %s): %d %s, want %d", i, c.queue, c.created, c.epoch,
-				r.status, r.raw, c.want)
+		if r := send(c.job, c.queue, c.created, c.epoch); r.status != c.want {
+			t.Fatalf("request %d (job %s, queue %q, created %q, epoch %s): %d %s, want %d", i, c.job, c.queue, c.created,
+				c.epoch, r.status, r.raw, c.want)
+		}
+	}
+	// The old gateways' fence is raised by this one's requests, never lowered, so that they fence what it
+	// saw (and a rollback does).
+	for job, want := range map[string]int{"user_7": 7, "user_8": 7, "user_9": 5} {
+		if got := h.count("SELECT epoch FROM oncegate_job_fences WHERE tenant = 'acme' AND job_id = $1", job); got != want {
+			t.Errorf("the old fence of %s is at %d, want %d", job, got, want)
 		}
 	}
 	job := []string{"Oncegate-Job-Id: j", "Oncegate-Job-Epoch: 1"}
@@ -417,15 +437,15 @@ func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
 
 	// Fences untouched for the keys' hold are forgotten, the others kept.
 	if _, err := h.pool.Exec(context.Background(), `UPDATE oncegate_run_fences SET updated_at = now() - interval '2 days'
-		WHERE queue = 'crm'`); err != nil {
+		WHERE queue = 'crm' AND job_id = 'user_7'`); err != nil {
 		t.Fatal(err)
 	}
 	forgot, err := h.g.store.ForgetFences(context.Background(), 100)
 	if err != nil || forgot != 1 {
 		t.Fatalf("forgot %d fences (%v), want the one untouched for 2 days", forgot, err)
 	}
-	if n := h.count("SELECT count(*) FROM oncegate_run_fences"); n != 2 {
-		t.Fatalf("%d fences left, want 2", n)
+	if n := h.count("SELECT count(*) FROM oncegate_run_fences"); n != 5 {
+		t.Fatalf("%d fences left, want 5", n)
 	}
 }
 

@@ -4,15 +4,29 @@
 -- creation (0, a worker of an older version) is ranked by its epoch alone against the fence, and leaves the
 -- fence's creation as it was, so that a rolling upgrade's old and new workers of one job still fence each
 -- other by epoch (ranked below every creation, an old worker's stale run of a job was taken as the newer, and
--- its successor's next run refused). Returns no row when the fence is above the token already: the job was
--- leased again since, or is a newer job, and the asking worker may not start effects any more. The upsert
--- locks the job's row, so one job's requests queue on it.
+-- its successor's next run refused). The upsert locks the job's row, so one job's requests queue on it.
+--
+-- The fence of the version before 00034 (oncegate_job_fences: one epoch per tenant and job ID) is raised too,
+-- never lowered, so that gateways of that version, in the fleet during a rolling upgrade or after a rollback,
+-- fence what gateways of this one saw. A request without a creation is refused by it as well: that is how
+-- such a request was fenced before, by every gateway of the fleet, and what the old gateways still record.
+-- Returns no row when the request is refused: the job was leased again since, or is a newer job, and the
+-- asking worker may not start effects any more. (The transaction is then rolled back: neither fence moves.)
 -- $1 tenant, $2 queue ('' when the client named none), $3 job id, $4 creation (0: not sent), $5 epoch
-INSERT INTO oncegate_run_fences AS f (tenant, queue, job_id, created_ms, epoch)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (tenant, queue, job_id) DO UPDATE
-SET created_ms = CASE WHEN EXCLUDED.created_ms = 0 THEN f.created_ms ELSE EXCLUDED.created_ms END,
-    epoch = EXCLUDED.epoch, updated_at = now()
-WHERE CASE WHEN EXCLUDED.created_ms = 0 OR f.created_ms = 0 THEN f.epoch <= EXCLUDED.epoch
-           ELSE (f.created_ms, f.epoch) <= (EXCLUDED.created_ms, EXCLUDED.epoch) END
-RETURNING epoch
+WITH before_00034 AS (
+    INSERT INTO oncegate_job_fences AS f (tenant, job_id, epoch)
+    VALUES ($1, $3, $5)
+    ON CONFLICT (tenant, job_id) DO UPDATE SET epoch = EXCLUDED.epoch, updated_at = now()
+    WHERE f.epoch <= EXCLUDED.epoch
+    RETURNING epoch
+), raised AS (
+    INSERT INTO oncegate_run_fences AS f (tenant, queue, job_id, created_ms, epoch)
+    VALUES ($1, $2, $3, $4, $5)
+    ON CONFLICT (tenant, queue, job_id) DO UPDATE
+    SET created_ms = CASE WHEN EXCLUDED.created_ms = 0 THEN f.created_ms ELSE EXCLUDED.created_ms END,
+        epoch = EXCLUDED.epoch, updated_at = now()
+    WHERE CASE WHEN EXCLUDED.created_ms = 0 OR f.created_ms = 0 THEN f.epoch <= EXCLUDED.epoch
+               ELSE (f.created_ms, f.epoch) <= (EXCLUDED.created_ms, EXCLUDED.epoch) END
+    RETURNING epoch
+)
+SELECT epoch FROM raised WHERE $4::bigint <> 0 OR EXISTS (SELECT FROM before_00034)

@@ -266,8 +266,10 @@ func (c *Client) Perform(ctx context.Context, key, typ string, payload any, opts
 		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "a job's queue needs the job's ID and epoch"}
 	case strings.IndexFunc(o.JobQueue, isControl) >= 0:
 		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "the queue name has a control character, which no header can carry"}
-	case !utf8.ValidString(o.JobQueue) || !utf8.ValidString(o.JobID):
-		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "the job's ID and queue name must be UTF-8"}
+	case !utf8.ValidString(o.JobID):
+		return nil, &InvalidError{Field: "Oncegate-Job-Id", Reason: "the job ID is not UTF-8"}
+	case !utf8.ValidString(o.JobQueue):
+		return nil, &InvalidError{Field: "Oncegate-Job-Queue", Reason: "the queue name is not UTF-8"}
 	case !o.JobCreated.IsZero() && o.JobID == "":
 		return nil, &InvalidError{Field: "Oncegate-Job-Created", Reason: "a job's creation needs the job's ID and epoch"}
 	case !o.JobCreated.IsZero() && (o.JobCreated.Year() < 1970 || o.JobCreated.Year() > 9999 || o.JobCreated.UnixMilli() < 1):

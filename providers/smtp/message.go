@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/oncegate/oncegate/providers"
 )
@@ -173,14 +175,13 @@ func (p *parsed) address(s string) (address, error) {
 	}
 	// The name as net/mail decoded it: an encoded word can carry what the raw text may not (=0D=0A), and a
 	// reader that decodes it, then writes the header again, would write a line break of the payload's.
+	// Beyond ASCII, what a reader does not see as itself is refused as in an address, but for spaces (a
+	// no-break space in a name is a name's).
 	for _, r := range a.Name {
-		if r < ' ' && r != '\t' || r == 0x7f {
-			return address{}, fmt.Errorf("has a display name that holds %U once decoded", r)
+		if r < ' ' && r != '\t' || r == 0x7f || r >= utf8.RuneSelf && !unicode.IsGraphic(r) {
+			return address{}, fmt.Errorf("has a display name that holds %U once decoded, a control, format or "+
+				"separator character", r)
 		}
-	}
-	if r, bad := invisible(a.Name); bad && r != '\u00a0' && r != ' ' {
-		return address{}, fmt.Errorf("has a display name that holds %U, a control, format or separator "+
-			"character", r)
 	}
 	p.nonASCII = p.nonASCII || nonASCII
 	return address{name: a.Name, mailbox: box}, nil

@@ -129,6 +129,7 @@ func TestUnsendableInputIsRefused(t *testing.T) {
 		// A display name whose encoded word decodes to a line break.
 		"payload.bcc[1]": base(map[string]any{"bcc": []string{"a@example.test", "=?utf-8?q?X=0D=0ABcc=3A_evil=40evil.test?= <a@example.test>"}}),
 		"payload.bcc[2]": base(map[string]any{"bcc": []string{"a@example.test", "b@example.test", "Ann\u202e <a@example.test>"}}),
+		"payload.bcc[3]": base(map[string]any{"bcc": []string{"a@example.test", "b@example.test", "c@example.test", "Ann\u00a0B\u202e <a@example.test>"}}),
 	} {
 		var fe *providers.FieldError
 		if err := p.Validate(payload); !errors.As(err, &fe) || fe.Field != field {

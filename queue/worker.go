@@ -1,7 +1,6 @@
 package queue
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -106,9 +105,9 @@ func (c *WorkerConfig) WithDefaults() WorkerConfig {
 	def(&o.DrainTimeout, DefaultDrainTimeout)
 	def(&o.StopGrace, DefaultStopGrace)
 	def(&o.IdleBlock, DefaultIdleBlock)
-	if o.RetryBase == 0 || o.RetryMax == 0 {
+	if (o.RetryBase == 0 || o.RetryMax == 0) && o.RetryBase >= 0 && o.RetryMax >= 0 {
 		p := backoff.Policy{Base: o.RetryBase, Max: o.RetryMax}.WithDefaults()
-		o.RetryBase, o.RetryMax = cmp.Or(o.RetryBase, p.Base), cmp.Or(o.RetryMax, p.Max)
+		o.RetryBase, o.RetryMax = p.Base, p.Max
 	}
 	return o
 }

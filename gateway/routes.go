@@ -41,9 +41,7 @@ func (g *Gateway) routes() *mux.Router {
 	get := []string{http.MethodGet, http.MethodHead}
 	if g.cfg == nil || g.cfg.MetricsListen == "" {
 		// With metrics_listen set these are served there only: /readyz's body tells the database's replication.
-		r.HandleFunc("/healthz", g.healthz).Methods(get...)
-		r.HandleFunc("/readyz", g.readyz).Methods(get...)
-		r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
+		g.probes(r)
 	}
 	r.HandleFunc("/openapi.yaml", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/yaml")
@@ -80,10 +78,7 @@ func (g *Gateway) routes() *mux.Router {
 // address either.
 func (g *Gateway) metricsRoutes() http.Handler {
 	r := mux.NewRouter()
-	get := []string{http.MethodGet, http.MethodHead}
-	r.HandleFunc("/healthz", g.healthz).Methods(get...)
-	r.HandleFunc("/readyz", g.readyz).Methods(get...)
-	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
+	g.probes(r)
 	r.NotFoundHandler = http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		refuseUnread(w, req, probNotFound, "no such route: this address serves /metrics, /healthz and /readyz")
 	})
@@ -92,6 +87,14 @@ func (g *Gateway) metricsRoutes() http.Handler {
 		refuseUnread(w, req, probMethodNotAllowed, fmt.Sprintf("%s is not a method of this path", req.Method))
 	})
 	return g.recoverer(r)
+}
+
+// probes serves /healthz, /readyz and /metrics on r.
+func (g *Gateway) probes(r *mux.Router) {
+	get := []string{http.MethodGet, http.MethodHead}
+	r.HandleFunc("/healthz", g.healthz).Methods(get...)
+	r.HandleFunc("/readyz", g.readyz).Methods(get...)
+	r.Handle("/metrics", promhttp.HandlerFor(g.registry, promhttp.HandlerOpts{})).Methods(get...)
 }
 
 // allowedMethods lists the methods that root serves at req's path, for the Allow header of a 405.

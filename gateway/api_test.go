@@ -472,7 +472,11 @@ func TestMetricsListenKeepsTheMetricsOffTheAPIsAddress(t *testing.T) {
 			t.Fatalf("%s on the API's address: %d %s", path, r.status, r.raw)
 		}
 	}
-	for path, want := range map[string]string{"/metrics": "oncegate_", "/readyz": "", "/healthz": ""} {
+	// Every configured type has its backlog's series, 0 while nothing waits: a dashboard saw none until the
+	// first backlog.
+	for _, c := range [][2]string{{"/metrics", `oncegate_outbox_backlog{type="analytics"} 0`},
+		{"/metrics", `oncegate_rate_limited_total{bucket="requests",tenant="acme"} 0`}, {"/readyz", ""}, {"/healthz", ""}} {
+		path, want := c[0], c[1]
 		resp, err := http.Get("http://" + addr + path)
 		if err != nil {
 			t.Fatal(err)

@@ -17,7 +17,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -159,7 +161,14 @@ func New(cfg *Config, opts Options) (*Gateway, error) {
 		store = store.WithBodiesApart()
 	}
 	store = store.Following(follow).WithGroupCommit(groupCommit)
-	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics), map[string]*pgxpool.Pool{"main": pool, "outcomes": outcomes})
+	m := newMetrics(store, time.Duration(cfg.Timeouts.Metrics), map[string]*pgxpool.Pool{"main": pool, "outcomes": outcomes},
+		slices.Sorted(maps.Keys(cfg.EffectTypes)))
+	// Each tenant's refusals are counted from 0, so that a rate of them reads 0, not a missing series.
+	for tenant := range cfg.Tenants {
+		for _, bucket := range []string{"requests", "bytes", "connections"} {
+			m.rateLimited.WithLabelValues(tenant, bucket)
+		}
+	}
 	w := newWaiters()
 	attempts := dedup.NewAttemptLog(pool, 0, log)
 	d, err := outbox.New(pool, outbox.Config{

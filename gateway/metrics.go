@@ -35,7 +35,7 @@ type metrics struct {
 	connectionsClosed *prometheus.CounterVec
 }
 
-func newMetrics(store *dedup.Store, scrapeTimeout time.Duration, pools map[string]*pgxpool.Pool) *metrics {
+func newMetrics(store *dedup.Store, scrapeTimeout time.Duration, pools map[string]*pgxpool.Pool, types []string) *metrics {
 	m := &metrics{
 		registry:   prometheus.NewRegistry(),
 		dispatcher: outbox.NewMetrics(),
@@ -91,7 +91,7 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration, pools map[strin
 	}
 	m.registry.MustRegister(m.held, m.heldCut, m.connections, m.connectionsClosed)
 	m.registry.MustRegister(m.effectsCreated, m.replays, m.proxied, m.keyReuses, m.rateLimited, m.notificationsWorking,
-		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout}, groupCommitCollector{store: store},
+		m.notificationChecks, backlogCollector{store: store, timeout: scrapeTimeout, types: types}, groupCommitCollector{store: store},
 		poolCollector(pools),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registry.MustRegister(m.dispatcher.Collectors()...)
@@ -102,6 +102,9 @@ func newMetrics(store *dedup.Store, scrapeTimeout time.Duration, pools map[strin
 type backlogCollector struct {
 	store   *dedup.Store
 	timeout time.Duration
+	// types are the configured effect types: each has its series, 0 while nothing waits, so that an alert
+	// on the backlog sees 0 rather than no series (an outside tester's dashboards saw the metric missing).
+	types []string
 }
 
 var (
@@ -119,9 +122,17 @@ func (b backlogCollector) Collect(ch chan<- prometheus.Metric) {
 	if err != nil {
 		return
 	}
+	seen := map[string]bool{}
 	for _, bl := range backlogs {
+		seen[bl.Type] = true
 		ch <- prometheus.MustNewConstMetric(backlogRows, prometheus.GaugeValue, float64(bl.Rows), bl.Type)
 		ch <- prometheus.MustNewConstMetric(backlogAge, prometheus.GaugeValue, bl.OldestDue.Seconds(), bl.Type)
+	}
+	for _, typ := range b.types {
+		if !seen[typ] {
+			ch <- prometheus.MustNewConstMetric(backlogRows, prometheus.GaugeValue, 0, typ)
+			ch <- prometheus.MustNewConstMetric(backlogAge, prometheus.GaugeValue, 0, typ)
+		}
 	}
 }
 

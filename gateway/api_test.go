@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -356,10 +357,9 @@ func TestJobEpochFence(t *testing.T) {
 func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
 	t.Parallel()
 	h := startGateway(t, nil)
-	n := 0
+	var n atomic.Int64
 	send := func(job, queue, created, epoch string) response {
-		n++
-		headers := []string{fmt.Sprintf("Idempotency-Key: k%d", n), "Oncegate-Job-Id: " + job, "Oncegate-Job-Epoch: " + epoch}
+		headers := []string{fmt.Sprintf("Idempotency-Key: k%d", n.Add(1)), "Oncegate-Job-Id: " + job, "Oncegate-Job-Epoch: " + epoch}
 		if queue != "" {
 			headers = append(headers, "Oncegate-Job-Queue: "+queue)
 		}
@@ -408,6 +408,36 @@ func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
 				c.epoch, r.status, r.raw, c.want)
 		}
 	}
+	// A successor's run through an old gateway raises only the old fence: a stale run that sends its creation
+	// is refused by this gateway too (it was taken: an outside test).
+	if r := send("user_10", "emails", "1700000000000", "1"); r.status != 202 {
+		t.Fatalf("user_10 epoch 1: %d %s", r.status, r.raw)
+	}
+	if _, err := h.pool.Exec(context.Background(), `UPDATE oncegate_job_fences SET epoch = 2, updated_at = now()
+		WHERE tenant = 'acme' AND job_id = 'user_10'`); err != nil { // what an old gateway's upsert writes
+		t.Fatal(err)
+	}
+	for epoch, want := range map[string]int{"1": 409, "2": 202} {
+		if r := send("user_10", "emails", "1700000000000", epoch); r.status != want {
+			t.Fatalf("user_10 epoch %s after an old gateway saw epoch 2: %d %s, want %d", epoch, r.status, r.raw, want)
+		}
+	}
+	// Requests of one job with and without a creation at once: one order of the two fences' locks for
+	// all (in two orders they deadlocked, and a legitimate run got a 500).
+	for round := range 15 {
+		job := fmt.Sprintf("race-%d", round)
+		var wg sync.WaitGroup
+		codes := make([]int, 3)
+		for i, c := range [][2]string{{"1700000000000", "1"}, {"", "2"}, {"1700000000000", "3"}} {
+			wg.Go(func() { codes[i] = send(job, "emails", c[0], c[1]).status })
+		}
+		wg.Wait()
+		for i, code := range codes {
+			if code != 202 && code != 409 || i == 2 && code != 202 {
+				t.Fatalf("round %d: answers %v (epochs 1, 2, 3), want 202 or 409, and 202 for the newest", round, codes)
+			}
+		}
+	}
 	// The old gateways' fence is raised by this one's requests, never lowered, so that they fence what it
 	// saw (and a rollback does).
 	for job, want := range map[string]int{"user_7": 7, "user_8": 7, "user_9": 5} {
@@ -444,8 +474,8 @@ func TestJobFenceIsPerQueueAndRanksAJobEnqueuedAgainAbove(t *testing.T) {
 	if err != nil || forgot != 1 {
 		t.Fatalf("forgot %d fences (%v), want the one untouched for 2 days", forgot, err)
 	}
-	if n := h.count("SELECT count(*) FROM oncegate_run_fences"); n != 5 {
-		t.Fatalf("%d fences left, want 5", n)
+	if n := h.count("SELECT count(*) FROM oncegate_run_fences"); n != 21 {
+		t.Fatalf("%d fences left, want 21", n)
 	}
 }
 

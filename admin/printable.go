@@ -1,6 +1,7 @@
 package admin
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"unicode"
@@ -21,7 +22,14 @@ func Printable(s string) string {
 	for _, r := range s {
 		if Obeyed(r) {
 			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
+			switch {
+			case q[1] == '\\':
+				b.WriteString(q[1 : len(q)-1])
+			case r > 0xFFFF: // printable to strconv (a default-ignorable letter): written as its escape all the same
+				fmt.Fprintf(&b, `\U%08x`, r)
+			default:
+				fmt.Fprintf(&b, `\u%04x`, r)
+			}
 		} else {
 			b.WriteRune(r)
 		}
@@ -31,6 +39,10 @@ func Printable(s string) string {
 
 // Obeyed reports whether a terminal would act on r rather than show it (the newline and tab of the CLI's
 // own layout excepted).
+//
+// Default-ignorable characters that are letters or marks (a Hangul filler U+3164, a combining grapheme joiner
+// U+034F, a variation selector U+FE0F) show as nothing too, so that two IDs that differ by one look alike.
 func Obeyed(r rune) bool {
-	return r != '\n' && r != '\t' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Bidi_Control)
+	return r != '\n' && r != '\t' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Bidi_Control,
+		unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector)
 }

@@ -339,10 +339,11 @@ func checkDomain(d string) error {
 		return fmt.Errorf("the domain is %d octets, over the 255 RFC 5321 allows", len(d))
 	}
 	for _, label := range strings.Split(d, ".") {
-		if label == "" || len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' ||
+		first, _ := utf8.DecodeRuneInString(label)
+		if label == "" || unicode.IsMark(first) || // a label may not start with a combining mark (RFC 5891 4.2.3.2) len(label) > 63 || label[0] == '-' || label[len(label)-1] == '-' ||
 			strings.IndexFunc(label, func(r rune) bool {
 				if r >= utf8.RuneSelf { // a UTF-8 label's letters, digits and combining marks (RFC 5891)
-					return !unicode.IsLetter(r) && !unicode.IsDigit(r) && !unicode.IsMark(r)
+					return !unicode.IsLetter(r) && !unicode.IsDigit(r) && !unicode.IsMark(r) || hidden(r)
 				}
 				return !('a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '-')
 			}) >= 0 {
@@ -357,11 +358,19 @@ func checkDomain(d string) error {
 // Such a character in an address is sent raw, where it can hide or reorder what a person reads.
 func invisible(s string) (rune, bool) {
 	for _, r := range s {
-		if r >= utf8.RuneSelf && (!unicode.IsGraphic(r) || unicode.IsSpace(r)) {
+		if r >= utf8.RuneSelf && (hidden(r) || unicode.IsSpace(r)) {
 			return r, true
 		}
 	}
 	return 0, false
+}
+
+// hidden reports a character beyond ASCII that shows as nothing, or as something else: not graphic (a
+// control, a format character, a separator), or graphic and still default-ignorable (a Hangul filler
+// U+3164, a combining grapheme joiner U+034F, a variation selector U+FE0F), or the blank braille pattern.
+func hidden(r rune) bool {
+	return !unicode.IsGraphic(r) || unicode.In(r, unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector) ||
+		r == '\u2800'
 }
 
 func isASCII(s string) bool {

@@ -68,6 +68,16 @@ func TestHeadersCannotChangeShapeOrRouting(t *testing.T) {
 		"X-Envelope-To":              "spy@evil.test",
 		"X-Confirm-Reading-To":       "spy@evil.test",
 		"Bounces-To":                 "spy@evil.test",
+		// Vendors' spellings of verdicts, and more trace and identity fields (a third round's).
+		"X-Original-Authentication-Results": "mx; dkim=pass",
+		"X-Google-DKIM-Signature":           "v=1",
+		"X-Spam-Status":                     "No",
+		"X-Virus-Scanned":                   "clean",
+		"X-MS-Exchange-Organization-AuthAs": "Internal",
+		"X-Authenticated-Sender":            "boss@acme.test",
+		"X-Original-From":                   "boss@acme.test",
+		"Approved":                          "moderator@list.test",
+		"Original-Envelope-Id":              "x",
 	} {
 		var fe *providers.FieldError
 		if err := validate(t, map[string]string{name: value}); !errors.As(err, &fe) || fe.Field != "payload.headers."+name {

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/oncegate/oncegate/providers"
@@ -71,6 +70,16 @@ var routingHeaders = map[string]string{
 	"Domainkey-Signature":         "is written by the signing system, not by a payload",
 	"X-Confirm-Reading-To":        "would send read receipts to an address of the payload's choosing",
 	"Bounces-To":                  "would send bounces to an address of the payload's choosing",
+	"X-Apparently-To":             "is a trace field that the receiving system writes",
+	"X-Forwarded-To":              "is a trace field that a forwarding system writes",
+	"X-Original-Recipient":        "is a trace field that the receiving system writes",
+	"X-Envelope-From":             "is a trace field that the receiving system writes",
+	"X-Original-From":             "is an address field that a forwarding system writes: Reply-To is the one a payload may set",
+	"X-Original-Sender":           "is an address field that a list or forwarding system writes",
+	"X-Authenticated-Sender":      "is written by the submission server that authenticated the sender",
+	"X-Sender":                    "is written by the submission server",
+	"Original-Envelope-Id":        "is a delivery-status field (RFC 3464) the sending system writes",
+	"Approved":                    "approves a moderated post to a mailing list (RFC 1036 usage): a payload may not",
 }
 
 // refused says why a payload may not set the header ck (in canonical form), or "" when it may.
@@ -83,6 +92,11 @@ func refused(ck string) string {
 		return "is a MIME field: the gateway alone writes the message's structure (RFC 2045, 2183)"
 	case strings.HasPrefix(lower, "resent-"):
 		return "is a resent field (RFC 5322 section 3.6.6): the gateway sends a message, it does not resend one"
+	case strings.HasSuffix(lower, "authentication-results"), strings.HasSuffix(lower, "dkim-signature"),
+		strings.HasPrefix(lower, "x-spam-"), strings.HasPrefix(lower, "x-virus-"), strings.HasPrefix(lower, "x-ms-exchange-"):
+		// Their vendors' spellings too (X-Original-Authentication-Results, X-Google-DKIM-Signature): a
+		// filter that reads one believes a check the sender wrote.
+		return "is a receiving, signing or filtering system's verdict, which a sender's copy would forge"
 	}
 	return routingHeaders[ck]
 }
@@ -173,18 +187,25 @@ func (p *parsed) address(s string) (address, error) {
 	if err != nil {
 		return address{}, fmt.Errorf("cannot be sent: %v", err)
 	}
-	// The name as net/mail decoded it: an encoded word can carry what the raw text may not (=0D=0A), and a
-	// reader that decodes it, then writes the header again, would write a line break of the payload's.
-	// Beyond ASCII, what a reader does not see as itself is refused as in an address, but for spaces (a
-	// no-break space in a name is a name's).
-	for _, r := range a.Name {
-		if r < ' ' && r != '\t' || r == 0x7f || r >= utf8.RuneSelf && !unicode.IsGraphic(r) {
-			return address{}, fmt.Errorf("has a display name that holds %U once decoded, a control, format or "+
-				"separator character", r)
-		}
+	if err := checkName(a.Name); err != nil {
+		return address{}, err
 	}
 	p.nonASCII = p.nonASCII || nonASCII
 	return address{name: a.Name, mailbox: box}, nil
+}
+
+// checkName checks a display name as net/mail decoded it: an encoded word can carry what the raw text may
+// not (=0D=0A), and a reader that decodes it, then writes the header again, would write a line break of the
+// payload's. Beyond ASCII, what a reader does not see as itself is refused as in an address (invisible), but
+// for spaces: a no-break space in a name is a name's. To, Cc, Bcc and Reply-To alike.
+func checkName(name string) error {
+	for _, r := range name {
+		if r < ' ' && r != '\t' || r == 0x7f || r >= utf8.RuneSelf && hidden(r) {
+			return fmt.Errorf("has a display name that holds %U once decoded, a control, format, separator or "+
+				"invisible character", r)
+		}
+	}
+	return nil
 }
 
 // headers checks and renders the payload's headers, in the order of their names, so that every attempt
@@ -223,6 +244,9 @@ func (p *parsed) headers() error {
 				box, nonASCII, err := mailbox(a.Address)
 				if err != nil {
 					return providers.Invalid("headers."+k, "%q cannot be sent: %v", a.Address, err)
+				}
+				if err := checkName(a.Name); err != nil {
+					return providers.Invalid("headers."+k, "%q %v", a.Address, err)
 				}
 				p.nonASCII = p.nonASCII || nonASCII
 				as[j] = address{name: a.Name, mailbox: box}

@@ -130,6 +130,14 @@ func TestUnsendableInputIsRefused(t *testing.T) {
 		"payload.bcc[1]": base(map[string]any{"bcc": []string{"a@example.test", "=?utf-8?q?X=0D=0ABcc=3A_evil=40evil.test?= <a@example.test>"}}),
 		"payload.bcc[2]": base(map[string]any{"bcc": []string{"a@example.test", "b@example.test", "Ann\u202e <a@example.test>"}}),
 		"payload.bcc[3]": base(map[string]any{"bcc": []string{"a@example.test", "b@example.test", "c@example.test", "Ann\u00a0B\u202e <a@example.test>"}}),
+		// Graphic and still invisible: a Hangul filler, a variation selector, a combining grapheme joiner; a
+		// label that starts with a combining mark.
+		"payload.to[5]":  base(map[string]any{"to": []string{"a@example.test", "b@example.test", "c@example.test", "d@example.test", "e@example.test", "a\u3164b@example.test"}}),
+		"payload.cc[3]":  base(map[string]any{"cc": []string{"a@example.test", "b@example.test", "c@example.test", "a@exa\u034fmple.test"}}),
+		"payload.cc[4]":  base(map[string]any{"cc": []string{"a@example.test", "b@example.test", "c@example.test", "d@example.test", "a@\u0301example.test"}}),
+		"payload.bcc[4]": base(map[string]any{"bcc": []string{"a@example.test", "b@example.test", "c@example.test", "d@example.test", "X\ufe0fY <a@example.test>"}}),
+		// Reply-To's names are held to the same rules (it took an encoded line break).
+		"payload.headers.Reply-To": base(map[string]any{"headers": map[string]string{"Reply-To": "=?utf-8?b?WA0KQmNjOiBldmls?= <e@x.test>"}}),
 	} {
 		var fe *providers.FieldError
 		if err := p.Validate(payload); !errors.As(err, &fe) || fe.Field != field {

@@ -46,3 +46,16 @@ func Obeyed(r rune) bool {
 	return r != '\n' && r != '\t' && unicode.In(r, unicode.Cc, unicode.Cf, unicode.Zl, unicode.Zp, unicode.Bidi_Control,
 		unicode.Other_Default_Ignorable_Code_Point, unicode.Variation_Selector)
 }
+
+// Inline is Printable for a value shown within a line or a table's cell: a tab, a newline or a carriage
+// return in it is shown as its escape too, rather than as a space (a job ID "a\nb" was shown as "a b", which
+// names no job) or raw (splitting the line).
+//
+// A backslash is shown as \\, so that the escape of a character (\u202e, \t) and the characters a value
+// may hold as typed (a backslash, then u202e) are told apart.
+func Inline(s string) string {
+	if strings.ContainsAny(s, "\t\n\\") {
+		s = strings.NewReplacer("\\", `\\`, "\t", `\t`, "\n", `\n`).Replace(s)
+	}
+	return Printable(s)
+}

@@ -22,3 +22,18 @@ func TestPrintableEscapesWhatShowsAsNothing(t *testing.T) {
 		}
 	}
 }
+
+// Inline tells a character's escape from the same text typed: a backslash is \\ (the console showed a job ID
+// that holds U+202E and one that holds the six characters \u202e alike).
+func TestInlineTellsAnEscapeFromTypedText(t *testing.T) {
+	for in, want := range map[string]string{
+		"job\u202e": `job\u202e`,
+		`job\u202e`: `job\\u202e`,
+		"a\tb\nc":   `a\tb\nc`,
+		`a\tb`:      `a\\tb`,
+	} {
+		if got := Inline(in); got != want {
+			t.Errorf("Inline(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -72,8 +72,9 @@ var funcs = template.FuncMap{
 	"str":    func(s *string) string { return deref(s) },
 	// shown is text a tenant, a worker or another operator wrote (a job ID, a queue's name, an error), with
 	// what a reader cannot see as itself (a bidi override, a zero-width space, a control) written as its
-	// escape, as the CLI shows it: an override reordered the rest of its cell.
-	"shown":       admin.Printable,
+	// escape, and a backslash as \\, as the CLI shows it: an override reordered the rest of its cell, and a
+	// job ID that holds the typed text \u202e looked like one that holds the character.
+	"shown":       admin.Inline,
 	"i64":         func(n *int64) string { return derefInt(n) },
 	"ms":          func(f *float64) string { return msString(f) },
 	"pct":         func(f float64) string { return fmt.Sprintf("%.1f%%", 100*f) },

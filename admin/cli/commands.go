@@ -94,18 +94,8 @@ func jsonEscaped(doc string) string {
 	return b.String()
 }
 
-// inline is Printable for a value printed within a line or a table's cell: a tab, a newline or a carriage
-// return in it is shown as its escape too, rather than as a space (a job ID "a\nb" was shown as "a b", which
-// names no job) or raw (splitting the line).
-//
-// A backslash is shown as \\, so that the escape of a tab (\t) and the two characters backslash and t, which
-// an ID may hold, are told apart.
-func inline(s string) string {
-	if strings.ContainsAny(s, "\t\n\\") {
-		s = strings.NewReplacer("\\", `\\`, "\t", `\t`, "\n", `\n`).Replace(s)
-	}
-	return admin.Printable(s)
-}
+// inline is admin.Inline, for a value printed within a line or a table's cell.
+func inline(s string) string { return admin.Inline(s) }
 
 // verbatim is a cell printed as it is: text the command made safe to show itself (shellQuote's).
 type verbatim string
